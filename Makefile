@@ -1,0 +1,38 @@
+# serveproto: the two commands of the README.
+#   make serve   start the decision server on the default model (HOST, PORT, MODEL, SERVEPROTO_API_KEY)
+#   make test    run the tests
+# Both create .venv, build the engines and fetch the default model; a second run reuses all of it.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
+MODEL  ?=
+export SERVEPROTO_CACHE ?= $(HOME)/.cache/serveproto
+
+.PHONY: serve test venv engines model clean
+
+serve: venv engines model
+	$(VENV)/bin/serveproto serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL))
+
+test: venv engines model
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+engines: venv
+	$(MAKE) -C engines all
+
+model: venv
+	$(PY) -m fixtures.default_model
+
+clean:
+	$(MAKE) -C engines clean
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+# fragment for engines/common (filled in by its engine)

@@ -1,0 +1,1 @@
+# fragment for engines/llama (filled in by its engine)

@@ -1,0 +1,1 @@
+"""Gateway: engine supervisor, HTTP server, Jev routes."""

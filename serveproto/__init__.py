@@ -1,0 +1,1 @@
+"""The serve protocol, sans-IO."""
