@@ -1,7 +1,8 @@
 """The ``serveproto`` command: one sub-command per job.
 
 ``serve`` (the decision server) lives in :mod:`gateway.cli_serve`; ``drive``
-and ``score`` (driving an engine by hand) in :mod:`gateway.cli_drive`.
+and ``score`` (driving an engine by hand) in :mod:`gateway.cli_drive`;
+``chat`` (the terminal client of a running server) in :mod:`gateway.cli_chat`.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gateway import cli_drive, cli_serve
+    from gateway import cli_chat, cli_drive, cli_serve
 
     parser = argparse.ArgumentParser(
         prog="serveproto",
@@ -19,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     cli_serve.add_parsers(sub)
     cli_drive.add_parsers(sub)
+    cli_chat.add_parsers(sub)
     return parser
 
 
