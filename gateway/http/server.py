@@ -1,0 +1,319 @@
+"""A small HTTP/1.1 server: h11 for the protocol, anyio for the sockets.
+
+One task per connection, one request at a time per connection: keep-alive is
+kept, and pipelined requests are answered in order (h11 holds the bytes of the
+next request until this one's response is sent). Header block and body sizes
+are bounded (431 / 413), the head and the body each have a read timeout (408),
+and ``Content-Encoding`` bodies are decoded with a bound on their output.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from email.utils import formatdate
+from http import HTTPStatus
+
+import anyio
+import anyio.abc
+import attrs
+import h11
+import orjson
+
+from gateway.http.encoding import decode_body
+from gateway.http.message import HTTPError, Request, Response
+
+log = logging.getLogger("serveproto.http")
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+_RECEIVE = 65536
+_SERVER_NAME = b"serveproto"
+
+
+@attrs.frozen
+class Limits:
+    """Bounds and timeouts of the server.
+
+    Sizes in bytes, times in seconds. ``max_header_bytes``: the request line
+    plus headers (431 above it). ``max_body_bytes``: the body as sent on the
+    wire (413). ``max_decoded_bytes``: the body after ``Content-Encoding``
+    decoding (413). ``header_timeout``: from the first byte of a request to
+    the end of its head; ``body_timeout``: reading the body; both answer 408.
+    ``keepalive_timeout``: an idle keep-alive connection is closed after it.
+    """
+
+    max_header_bytes: int = 16 * 1024
+    max_body_bytes: int = 16 << 20
+    max_decoded_bytes: int = 64 << 20
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    keepalive_timeout: float = 75.0
+
+
+def new_request_id() -> str:
+    """A fresh request id, ``req_`` + 24 hex digits (96 random bits)."""
+    return "req_" + os.urandom(12).hex()
+
+
+def _error_response(status: int, error_type: str, message: str) -> Response:
+    return HTTPError(status, error_type, message).response()
+
+
+class _Closed(Exception):
+    """The peer went away; the connection ends without a response."""
+
+
+class HTTPConnection:
+    """Serves the requests of one accepted byte stream with ``handler``."""
+
+    def __init__(self, stream: anyio.abc.ByteStream, handler: Handler, limits: Limits, client: str = "") -> None:
+        self.stream = stream
+        self.handler = handler
+        self.limits = limits
+        self.client = client
+        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
+
+    async def _receive(self) -> None:
+        try:
+            data = await self.stream.receive(_RECEIVE)
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            data = b""
+        self.conn.receive_data(data)
+
+    async def _next_event(self):
+        while True:
+            event = self.conn.next_event()
+            if event is h11.NEED_DATA:
+                if self.conn.they_are_waiting_for_100_continue:
+                    await self._send(h11.InformationalResponse(status_code=100, headers=[]))
+                await self._receive()
+                continue
+            return event
+
+    async def _send(self, event) -> None:
+        data = self.conn.send(event)
+        if data:
+            try:
+                await self.stream.send(data)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+                raise _Closed() from exc
+
+    async def serve(self) -> None:
+        """Answer requests until the peer closes, a timeout, or a response that ends the connection."""
+        try:
+            while True:
+                if not await self._serve_one():
+                    break
+                self.conn.start_next_cycle()
+        except _Closed:
+            pass
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.stream.aclose()
+
+    async def _read_head(self) -> h11.Request | None:
+        """Wait (keep-alive idle) for a request and read its head. None when the peer closed."""
+        if not self.conn.trailing_data[0]:
+            with anyio.move_on_after(self.limits.keepalive_timeout):
+                await self._receive()
+            if not self.conn.trailing_data[0]:
+                return None
+        with anyio.fail_after(self.limits.header_timeout):
+            while True:
+                self._check_head_size()
+                event = self.conn.next_event()
+                if event is not h11.NEED_DATA:
+                    break
+                await self._receive()
+        if isinstance(event, h11.ConnectionClosed):
+            return None
+        assert isinstance(event, h11.Request), event
+        return event
+
+    def _check_head_size(self) -> None:
+        # h11 bounds only a head that is still incomplete; one that arrives
+        # whole in a single read is bounded here.
+        limit = self.limits.max_header_bytes
+        buf = self.conn.trailing_data[0]
+        end = buf.find(b"\r\n\r\n", 0, limit + 4)
+        if (end == -1 and len(buf) > limit) or end + 4 > limit:
+            raise h11.RemoteProtocolError("request header block too large", error_status_hint=431)
+
+    async def _read_body(self, head: h11.Request) -> bytes:
+        """The body as sent on the wire; 413 as soon as it is over the bound."""
+        limit = self.limits.max_body_bytes
+        for name, value in head.headers:
+            if name == b"content-length" and int(value) > limit:
+                raise HTTPError(413, "request_too_large", f"the request body is over {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        with anyio.fail_after(self.limits.body_timeout):
+            while True:
+                event = await self._next_event()
+                if isinstance(event, h11.Data):
+                    size += len(event.data)
+                    if size > limit:
+                        raise HTTPError(413, "request_too_large", f"the request body is over {limit} bytes")
+                    chunks.append(event.data)
+                elif isinstance(event, h11.EndOfMessage):
+                    return b"".join(chunks)
+                elif isinstance(event, h11.ConnectionClosed):
+                    raise _Closed()
+
+    async def _serve_one(self) -> bool:
+        """One request cycle. Returns True when the connection may serve another."""
+        started = time.perf_counter()
+        request_id = new_request_id()
+        try:
+            head = await self._read_head()
+        except h11.RemoteProtocolError as exc:
+            await self._send_error_and_close(exc.error_status_hint, "invalid_request_error", str(exc) or "malformed request", request_id)
+            return False
+        except TimeoutError:
+            await self._send_error_and_close(408, "request_timeout", "the request head was not received in time", request_id)
+            return False
+        if head is None:
+            return False
+        try:
+            raw = await self._read_body(head)
+            encoding = _header(head.headers, b"content-encoding")
+            if encoding and len(raw) > 1 << 18:
+                body = await anyio.to_thread.run_sync(decode_body, raw, encoding, self.limits.max_decoded_bytes)
+            else:
+                body = decode_body(raw, encoding, self.limits.max_decoded_bytes)
+        except h11.RemoteProtocolError as exc:
+            await self._send_error_and_close(exc.error_status_hint, "invalid_request_error", str(exc) or "malformed request", request_id)
+            return False
+        except TimeoutError:
+            await self._send_error_and_close(408, "request_timeout", "the request body was not received in time", request_id)
+            return False
+        except HTTPError as exc:
+            # The rest of the body may still be on the wire: answer and close.
+            await self._send_response(self._finish(exc.response(), request_id, close=True), head.method == b"HEAD")
+            return False
+        request = Request(
+            method=head.method.decode("ascii"),
+            target=head.target.decode("latin-1"),
+            headers=tuple(head.headers),
+            body=body,
+            request_id=request_id,
+            http_version=head.http_version.decode("ascii"),
+            client=self.client,
+        )
+        try:
+            response = await self.handler(request)
+        except HTTPError as exc:
+            response = exc.response()
+        except Exception:  # the handler's bug: the client gets a 500 with the request id
+            log.exception("request %s failed", request_id)
+            response = _error_response(500, "api_error", f"internal error (request {request_id})")
+        await self._send_response(self._finish(response, request_id), request.method == "HEAD")
+        log.debug("%s %s %s %.1fms", request_id, request.method, request.target, (time.perf_counter() - started) * 1e3)
+        return self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
+
+    def _finish(self, response: Response, request_id: str, close: bool = False) -> Response:
+        names = {name.lower() for name, _ in response.headers}
+        headers = list(response.headers)
+        if "x-typesafe-request-id" not in names:
+            headers.append(("x-typesafe-request-id", request_id))
+        if close:
+            headers.append(("connection", "close"))
+        return Response(response.status, headers, response.body)
+
+    async def _send_error_and_close(self, status: int, error_type: str, message: str, request_id: str) -> None:
+        if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+            return
+        response = self._finish(_error_response(status, error_type, message), request_id, close=True)
+        try:
+            await self._send_response(response, False)
+        except h11.LocalProtocolError:
+            pass
+
+    async def _send_response(self, response: Response, head_only: bool) -> None:
+        headers = [(b"server", _SERVER_NAME), (b"date", formatdate(usegmt=True).encode("ascii"))]
+        headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers]
+        body = response.body
+        if isinstance(body, (bytes, bytearray)):
+            headers.append((b"content-length", str(len(body)).encode("ascii")))
+            await self._send(h11.Response(status_code=response.status, headers=headers, reason=_reason(response.status)))
+            if body and not head_only:
+                await self._send(h11.Data(data=bytes(body)))
+            await self._send(h11.EndOfMessage())
+            return
+        # A streamed body: chunked on HTTP/1.1 (h11 frames it), close-delimited on 1.0.
+        await self._send(h11.Response(status_code=response.status, headers=headers, reason=_reason(response.status)))
+        try:
+            async for chunk in body:
+                if chunk:
+                    await self._send(h11.Data(data=chunk))
+            await self._send(h11.EndOfMessage())
+        finally:
+            aclose = getattr(body, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()
+
+
+def _reason(status: int) -> bytes:
+    try:
+        return HTTPStatus(status).phrase.encode("ascii")
+    except ValueError:
+        return b""
+
+
+def _header(headers, name: bytes) -> str | None:
+    for k, v in headers:
+        if k == name:
+            return v.decode("latin-1")
+    return None
+
+
+class HTTPServer:
+    """Accepts connections on a listener and serves each with ``handler``.
+
+    Use ``port = await server.start(task_group, host, port)`` to listen (port
+    0 picks a free one) and serve in ``task_group``; cancelling the task
+    group stops the server and every connection with it.
+    """
+
+    def __init__(self, handler: Handler, limits: Limits | None = None) -> None:
+        self.handler = handler
+        self.limits = limits or Limits()
+
+    async def _handle(self, stream: anyio.abc.SocketStream) -> None:
+        try:
+            host, port = stream.extra(anyio.abc.SocketAttribute.remote_address)[:2]
+            client = f"{host}:{port}"
+        except Exception:
+            client = ""
+        await HTTPConnection(stream, self.handler, self.limits, client).serve()
+
+    async def start(self, tg: anyio.abc.TaskGroup, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Listen on ``host:port`` and serve in ``tg``. Returns the bound port."""
+        listener = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
+        bound = listener.extra(anyio.abc.SocketAttribute.local_port)
+        tg.start_soon(listener.serve, self._handle)
+        return bound
+
+    async def serve_forever(self, host: str, port: int) -> None:
+        """Listen and serve until cancelled."""
+        async with anyio.create_task_group() as tg:
+            await self.start(tg, host, port)
+
+
+def access_line(request: Request, status: int, seconds: float, extra: dict | None = None) -> str:
+    """The structured log line of one request: one JSON object (orjson) on one line."""
+    record = {
+        "request_id": request.request_id,
+        "method": request.method,
+        "path": request.path,
+        "status": status,
+        "ms": round(seconds * 1e3, 3),
+        "client": request.client,
+        "bytes_in": len(request.body),
+    }
+    if extra:
+        record.update(extra)
+    return orjson.dumps(record).decode()
