@@ -1,1 +1,20 @@
-# fragment for engines/common (filled in by its engine)
+# engines/common: the frame codec and JSON reader every engine links, and
+# codec-check, the conformance driver of tests/test_c_codec.py.
+# An engine links $(COMMON_LIB) and compiles with $(COMMON_CFLAGS) (then -lm).
+COMMON_CFLAGS := -Icommon
+COMMON_HDR    := common/frame.h common/json.h
+COMMON_OBJ    := $(BIN)/obj/common/frame.o $(BIN)/obj/common/json.o
+COMMON_LIB    := $(BIN)/libspcommon.a
+
+all: $(BIN)/codec-check
+
+$(BIN)/obj/common/%.o: common/%.c $(COMMON_HDR)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(COMMON_CFLAGS) -c $< -o $@
+
+$(COMMON_LIB): $(COMMON_OBJ)
+	@mkdir -p $(BIN)
+	$(AR) rcs $@ $^
+
+$(BIN)/codec-check: common/codec_check.c $(COMMON_LIB)
+	$(CC) $(CFLAGS) $(COMMON_CFLAGS) $< $(COMMON_LIB) -lm -o $@

@@ -1,0 +1,803 @@
+/* frame.c: the serve protocol's frame codec, engine side. See frame.h; the
+ * rules cited as "section N" are spec/serve-protocol.md's. */
+#include "frame.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define READ_CHUNK   65536        /* bytes asked of one read() */
+#define MAX_FIELDS   32           /* fields of a request line we look at */
+#define MAX_SKIP     ((uint64_t)1 << 62) /* larger byte counts are not trusted for skipping */
+
+enum { ST_LINE = 0, ST_PAYLOAD, ST_DISCARD_LINE };
+
+const char *sp_kind_name(sp_kind kind)
+{
+    switch (kind) {
+    case SP_SUBMIT: return "SUBMIT";
+    case SP_IMAGE: return "IMAGE";
+    case SP_STOP: return "STOP";
+    case SP_CANCEL: return "CANCEL";
+    case SP_DECIDE: return "DECIDE";
+    case SP_SCORE: return "SCORE";
+    case SP_PING: return "PING";
+    }
+    return "?";
+}
+
+void sp_request_free(sp_request *rq)
+{
+    free(rq->payload);
+    free(rq->grammar);
+    memset(rq, 0, sizeof *rq);
+}
+
+/* ---- numbers (section 1) ---- */
+
+int sp_parse_uint(const char *s, size_t n, uint64_t *out)
+{
+    if (n == 0 || n > 20 || (s[0] == '0' && n > 1))
+        return -1;
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        unsigned d = (unsigned)(s[i] - '0');
+        if (v > (UINT64_MAX - d) / 10)
+            return -1;
+        v = v * 10 + d;
+    }
+    *out = v;
+    return 0;
+}
+
+/* -?(inf|nan|[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?) */
+int sp_parse_float(const char *s, size_t n, double *out)
+{
+    size_t i = 0;
+    int neg = 0;
+    if (i < n && s[i] == '-') {
+        neg = 1;
+        i++;
+    }
+    if (n - i == 3 && memcmp(s + i, "inf", 3) == 0) {
+        *out = neg ? -INFINITY : INFINITY;
+        return 0;
+    }
+    if (n - i == 3 && memcmp(s + i, "nan", 3) == 0) {
+        *out = NAN;
+        return 0;
+    }
+    size_t digits = 0;
+    while (i < n && s[i] >= '0' && s[i] <= '9') {
+        i++;
+        digits++;
+    }
+    if (digits == 0)
+        return -1;
+    if (i < n && s[i] == '.') {
+        i++;
+        while (i < n && s[i] >= '0' && s[i] <= '9')
+            i++;
+    }
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        i++;
+        if (i < n && (s[i] == '+' || s[i] == '-'))
+            i++;
+        size_t exp_digits = 0;
+        while (i < n && s[i] >= '0' && s[i] <= '9') {
+            i++;
+            exp_digits++;
+        }
+        if (exp_digits == 0)
+            return -1;
+    }
+    if (i != n || n >= 64)
+        return -1;
+    char tmp[64];
+    memcpy(tmp, s, n);
+    tmp[n] = '\0';
+    *out = strtod(tmp, NULL);
+    return 0;
+}
+
+char *sp_format_float(char out[SP_FLOAT_MAX], double x)
+{
+    if (isnan(x))
+        strcpy(out, "nan");
+    else if (isinf(x))
+        strcpy(out, x > 0 ? "inf" : "-inf");
+    else
+        snprintf(out, SP_FLOAT_MAX, "%.9g", x);
+    return out;
+}
+
+/* ---- reader ---- */
+
+int sp_reader_init(sp_reader *rd, unsigned ext)
+{
+    memset(rd, 0, sizeof *rd);
+    rd->cap = READ_CHUNK * 2;
+    rd->buf = malloc(rd->cap);
+    rd->ext = ext;
+    return rd->buf ? 0 : -1;
+}
+
+void sp_reader_free(sp_reader *rd)
+{
+    sp_request_free(&rd->cur);
+    free(rd->buf);
+    memset(rd, 0, sizeof *rd);
+}
+
+/* Makes room for at least n more bytes after end. */
+static int reserve(sp_reader *rd, size_t n)
+{
+    if (rd->start > 0 && (rd->start == rd->end || rd->cap - rd->end < n)) {
+        memmove(rd->buf, rd->buf + rd->start, rd->end - rd->start);
+        rd->end -= rd->start;
+        rd->start = 0;
+    }
+    if (rd->cap - rd->end >= n)
+        return 0;
+    size_t cap = rd->cap;
+    while (cap - rd->end < n)
+        cap *= 2;
+    unsigned char *b = realloc(rd->buf, cap);
+    if (!b)
+        return -1;
+    rd->buf = b;
+    rd->cap = cap;
+    return 0;
+}
+
+ssize_t sp_reader_fill(sp_reader *rd, int fd)
+{
+    if (reserve(rd, READ_CHUNK) < 0) {
+        errno = ENOMEM;
+        return -1;
+    }
+    ssize_t got = read(fd, rd->buf + rd->end, rd->cap - rd->end);
+    if (got > 0)
+        rd->end += (size_t)got;
+    else if (got == 0)
+        rd->eof = 1;
+    return got;
+}
+
+int sp_reader_feed(sp_reader *rd, const void *data, size_t n)
+{
+    if (n == 0) {
+        rd->eof = 1;
+        return 0;
+    }
+    if (reserve(rd, n) < 0)
+        return -1;
+    memcpy(rd->buf + rd->end, data, n);
+    rd->end += n;
+    return 0;
+}
+
+static sp_status bad(sp_error *err, uint64_t id, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static sp_status bad(sp_error *err, uint64_t id, const char *fmt, ...)
+{
+    err->id = id;
+    snprintf(err->code, sizeof err->code, "BAD_FRAME");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->reason, sizeof err->reason, fmt, ap);
+    va_end(ap);
+    for (char *c = err->reason; *c; c++)
+        if (*c == '\n')
+            *c = ' ';
+    return SP_BAD;
+}
+
+typedef struct field {
+    const char *s;
+    size_t n;
+} field;
+
+static int is_upper_kind(const char *s, size_t n)
+{
+    if (n == 0 || !(s[0] >= 'A' && s[0] <= 'Z'))
+        return 0;
+    for (size_t i = 1; i < n; i++)
+        if (!((s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_'))
+            return 0;
+    return 1;
+}
+
+static int is_key(const char *s, size_t n)
+{
+    if (n == 0 || !((s[0] >= 'a' && s[0] <= 'z') || s[0] == '_'))
+        return 0;
+    for (size_t i = 1; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_'))
+            return 0;
+    return 1;
+}
+
+static int field_is(const field *f, const char *lit)
+{
+    return f->n == strlen(lit) && memcmp(f->s, lit, f->n) == 0;
+}
+
+/* Printable, bounded copy of a field for an error reason. */
+static const char *show(const field *f, char out[64])
+{
+    size_t n = f->n < 40 ? f->n : 40;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)f->s[i];
+        out[i] = (c >= 0x20 && c < 0x7f) ? (char)c : '?';
+    }
+    strcpy(out + n, f->n > n ? "..." : "");
+    return out;
+}
+
+/* Parses one request line (without its '\n'). On success fills rd->cur and
+ * rd->need[] and returns SP_FRAME; on failure fills err, sets rd->skip to the
+ * announced payload bytes when they could be read, and returns SP_BAD. */
+static sp_status parse_line(sp_reader *rd, const char *line, size_t n, sp_error *err)
+{
+    field f[MAX_FIELDS];
+    size_t nf = 0;
+    int spacing_ok = 1;
+    size_t i = 0;
+    for (;;) {
+        size_t j = i;
+        while (j < n && line[j] != ' ')
+            j++;
+        if (nf == MAX_FIELDS)
+            return bad(err, 0, "too many fields");
+        f[nf].s = line + i;
+        f[nf].n = j - i;
+        if (f[nf].n == 0)
+            spacing_ok = 0;
+        nf++;
+        if (j == n)
+            break;
+        i = j + 1;
+    }
+    if (n == 0)
+        return bad(err, 0, "empty line");
+    char shown[64];
+    if (!is_upper_kind(f[0].s, f[0].n))
+        return bad(err, 0, "bad kind '%s'", show(&f[0], shown));
+
+    sp_kind kind;
+    if (field_is(&f[0], "SUBMIT")) kind = SP_SUBMIT;
+    else if (field_is(&f[0], "IMAGE")) kind = SP_IMAGE;
+    else if (field_is(&f[0], "STOP")) kind = SP_STOP;
+    else if (field_is(&f[0], "CANCEL")) kind = SP_CANCEL;
+    else if (field_is(&f[0], "DECIDE")) kind = SP_DECIDE;
+    else if (field_is(&f[0], "SCORE") && (rd->ext & SP_EXT_SCORE)) kind = SP_SCORE;
+    else if (field_is(&f[0], "PING") && (rd->ext & SP_EXT_HEALTH)) kind = SP_PING;
+    else
+        return bad(err, 0, "unknown kind %s", show(&f[0], shown));
+    const char *kn = sp_kind_name(kind);
+
+    /* The id, and the payload byte counts, as far as they can be read:
+     * errors name the id and skip the payload (section 7). */
+    uint64_t id = 0, bytes = 0, gbytes = 0;
+    int has_bytes = 0, has_gbytes = 0;
+    if (nf > 1 && (sp_parse_uint(f[1].s, f[1].n, &id) < 0 || id == 0))
+        id = 0;
+    size_t bytes_at = kind == SP_SUBMIT || kind == SP_DECIDE || kind == SP_SCORE ? 3
+                    : kind == SP_IMAGE ? 2 : 0;
+    if (bytes_at && nf > bytes_at && sp_parse_uint(f[bytes_at].s, f[bytes_at].n, &bytes) == 0
+        && bytes < MAX_SKIP)
+        has_bytes = 1;
+    if (kind == SP_SUBMIT && nf > 7 && !memchr(f[7].s, '=', f[7].n)
+        && sp_parse_uint(f[7].s, f[7].n, &gbytes) == 0 && gbytes < MAX_SKIP)
+        has_gbytes = 1;
+    if (has_bytes)
+        rd->skip = bytes + 1 + (has_gbytes ? gbytes + 1 : 0);
+
+    sp_request *rq = &rd->cur;
+    memset(rq, 0, sizeof *rq);
+    rq->kind = kind;
+    if (!spacing_ok)
+        return bad(err, id, "%s: fields must be separated by exactly one space", kn);
+    if (nf < 2 || id == 0)
+        return bad(err, id, "%s: bad id", kn);
+    rq->id = id;
+
+    size_t npos = kind == SP_SUBMIT ? 7 : kind == SP_IMAGE ? 5 : kind == SP_DECIDE || kind == SP_SCORE ? 4 : 2;
+    if (nf < npos || (kind != SP_SUBMIT && nf != npos))
+        return bad(err, id, "%s: expected %zu fields, got %zu", kn, npos - 1, nf - 1);
+
+    switch (kind) {
+    case SP_SUBMIT: {
+        if (sp_parse_uint(f[2].s, f[2].n, &rq->slot) < 0)
+            return bad(err, id, "SUBMIT: bad slot '%s'", show(&f[2], shown));
+        if (!has_bytes)
+            return bad(err, id, "SUBMIT: bad bytes '%s'", show(&f[3], shown));
+        if (sp_parse_uint(f[4].s, f[4].n, &rq->max_tokens) < 0)
+            return bad(err, id, "SUBMIT: bad max_tokens '%s'", show(&f[4], shown));
+        if (sp_parse_float(f[5].s, f[5].n, &rq->temperature) < 0 || !isfinite(rq->temperature)
+            || rq->temperature < 0)
+            return bad(err, id, "SUBMIT: bad temp '%s'", show(&f[5], shown));
+        if (sp_parse_float(f[6].s, f[6].n, &rq->top_p) < 0 || !(rq->top_p > 0 && rq->top_p <= 1))
+            return bad(err, id, "SUBMIT: bad top_p '%s'", show(&f[6], shown));
+        size_t k = 7;
+        if (nf > 7 && !memchr(f[7].s, '=', f[7].n)) {
+            if (!has_gbytes)
+                return bad(err, id, "SUBMIT: bad gbytes '%s'", show(&f[7], shown));
+            rq->has_gbytes = 1;
+            k = 8;
+        }
+        int seen_logprobs = 0, seen_pin = 0, seen_ids = 0, seen_counters = 0;
+        for (; k < nf; k++) {
+            const char *eq = memchr(f[k].s, '=', f[k].n);
+            if (!eq)
+                return bad(err, id, "SUBMIT: expected key=value, got '%s'", show(&f[k], shown));
+            field key = {f[k].s, (size_t)(eq - f[k].s)};
+            field val = {eq + 1, f[k].n - key.n - 1};
+            if (!is_key(key.s, key.n) || val.n == 0)
+                return bad(err, id, "SUBMIT: bad key=value '%s'", show(&f[k], shown));
+            int *seen, *dst;
+            uint64_t maxv;
+            if (field_is(&key, "logprobs")) { seen = &seen_logprobs; dst = &rq->logprobs; maxv = SP_MAX_LOGPROBS; }
+            else if (field_is(&key, "pin")) { seen = &seen_pin; dst = &rq->pin; maxv = 1; }
+            else if (field_is(&key, "ids")) { seen = &seen_ids; dst = &rq->ids; maxv = 1; }
+            else if (field_is(&key, "counters") && (rd->ext & SP_EXT_COUNTERS)) {
+                seen = &seen_counters; dst = &rq->counters; maxv = 1;
+            } else
+                return bad(err, id, "SUBMIT: unknown key '%s'", show(&key, shown));
+            if (*seen)
+                return bad(err, id, "SUBMIT: key '%s' given twice", show(&key, shown));
+            *seen = 1;
+            uint64_t v;
+            if (sp_parse_uint(val.s, val.n, &v) < 0 || v > maxv)
+                return bad(err, id, "SUBMIT: bad %s '%s'", show(&key, shown),
+                           show(&val, (char[64]){0}));
+            *dst = (int)v;
+        }
+        if (rq->max_tokens == 0 && rq->logprobs == 0)
+            return bad(err, id, "SUBMIT: max_tokens=0 needs logprobs>0");
+        rd->need[0] = (size_t)bytes;
+        rd->need[1] = rq->has_gbytes ? (size_t)gbytes : 0;
+        break;
+    }
+    case SP_IMAGE:
+        if (!has_bytes)
+            return bad(err, id, "IMAGE: bad bytes '%s'", show(&f[2], shown));
+        if (sp_parse_uint(f[3].s, f[3].n, &rq->grid_h) < 0)
+            return bad(err, id, "IMAGE: bad grid_h '%s'", show(&f[3], shown));
+        if (sp_parse_uint(f[4].s, f[4].n, &rq->grid_w) < 0)
+            return bad(err, id, "IMAGE: bad grid_w '%s'", show(&f[4], shown));
+        rd->need[0] = (size_t)bytes;
+        rd->need[1] = 0;
+        break;
+    case SP_DECIDE:
+    case SP_SCORE:
+        if (sp_parse_uint(f[2].s, f[2].n, &rq->slot) < 0)
+            return bad(err, id, "%s: bad slot '%s'", kn, show(&f[2], shown));
+        if (!has_bytes)
+            return bad(err, id, "%s: bad bytes '%s'", kn, show(&f[3], shown));
+        rd->need[0] = (size_t)bytes;
+        rd->need[1] = 0;
+        break;
+    default:
+        break;
+    }
+    if (bytes > SP_MAX_PAYLOAD || gbytes > SP_MAX_PAYLOAD)
+        return bad(err, id, "%s: payload over %zu bytes", kn, SP_MAX_PAYLOAD);
+    rd->skip = 0;
+    return SP_FRAME;
+}
+
+static int has_payload(sp_kind k)
+{
+    return k == SP_SUBMIT || k == SP_IMAGE || k == SP_DECIDE || k == SP_SCORE;
+}
+
+/* Starts copying payload part p (allocated with a trailing NUL). */
+static int start_part(sp_reader *rd, int p)
+{
+    unsigned char *b = malloc(rd->need[p] + 1);
+    if (!b)
+        return -1;
+    b[rd->need[p]] = '\0';
+    if (p == 0) {
+        rd->cur.payload = b;
+        rd->cur.payload_len = rd->need[0];
+    } else {
+        rd->cur.grammar = b;
+        rd->cur.grammar_len = rd->need[1];
+    }
+    rd->part = p;
+    rd->got = 0;
+    return 0;
+}
+
+sp_status sp_reader_next(sp_reader *rd, sp_request *rq, sp_error *err)
+{
+    for (;;) {
+        size_t avail = rd->end - rd->start;
+        if (rd->skip) {
+            size_t take = rd->skip < avail ? (size_t)rd->skip : avail;
+            rd->start += take;
+            rd->skip -= take;
+            if (rd->skip && !rd->eof)
+                return SP_NEED_DATA;
+            rd->skip = 0;
+            *err = rd->pending;
+            return SP_BAD;
+        }
+        if (rd->state == ST_DISCARD_LINE) {
+            unsigned char *nl = memchr(rd->buf + rd->start, '\n', avail);
+            rd->start = nl ? (size_t)(nl - rd->buf) + 1 : rd->end;
+            if (!nl)
+                return rd->eof ? SP_EOF : SP_NEED_DATA;
+            rd->state = ST_LINE;
+            continue;
+        }
+        if (rd->state == ST_LINE) {
+            unsigned char *line = rd->buf + rd->start;
+            unsigned char *nl = memchr(line, '\n', avail < SP_MAX_LINE ? avail : SP_MAX_LINE);
+            if (!nl) {
+                if (avail >= SP_MAX_LINE) {
+                    rd->state = ST_DISCARD_LINE;
+                    rd->start += avail;
+                    return bad(err, 0, "line over %d bytes", SP_MAX_LINE);
+                }
+                if (!rd->eof)
+                    return SP_NEED_DATA;
+                if (avail == 0)
+                    return SP_EOF;
+                rd->start = rd->end;
+                return bad(err, 0, "line cut short by the end of input");
+            }
+            size_t n = (size_t)(nl - line);
+            rd->start += n + 1;
+            sp_status st = parse_line(rd, (const char *)line, n, err);
+            if (st == SP_BAD) {
+                sp_request_free(&rd->cur);
+                if (rd->skip) {
+                    rd->pending = *err;
+                    continue;
+                }
+                return SP_BAD;
+            }
+            if (!has_payload(rd->cur.kind)) {
+                *rq = rd->cur;
+                memset(&rd->cur, 0, sizeof rd->cur);
+                return SP_FRAME;
+            }
+            if (start_part(rd, 0) < 0) {
+                /* out of memory: refuse the frame, keep the stream in step */
+                uint64_t id = rd->cur.id;
+                rd->skip = rd->need[0] + 1 + (rd->cur.has_gbytes ? rd->need[1] + 1 : 0);
+                sp_request_free(&rd->cur);
+                bad(&rd->pending, id, "payload of %zu bytes: out of memory", rd->need[0]);
+                continue;
+            }
+            rd->state = ST_PAYLOAD;
+            continue;
+        }
+        /* ST_PAYLOAD */
+        size_t want = rd->need[rd->part] - rd->got;
+        size_t take = want < avail ? want : avail;
+        unsigned char *dst = rd->part == 0 ? rd->cur.payload : rd->cur.grammar;
+        memcpy(dst + rd->got, rd->buf + rd->start, take);
+        rd->got += take;
+        rd->start += take;
+        avail -= take;
+        if (rd->got < rd->need[rd->part] || avail == 0) {
+            if (!rd->eof)
+                return SP_NEED_DATA;
+            uint64_t id = rd->cur.id;
+            sp_request_free(&rd->cur);
+            rd->state = ST_LINE;
+            return bad(err, id, "payload cut short by the end of input");
+        }
+        if (rd->buf[rd->start] != '\n') {
+            uint64_t id = rd->cur.id;
+            sp_request_free(&rd->cur);
+            rd->state = ST_LINE;
+            return bad(err, id, "payload not followed by '\\n'");
+        }
+        rd->start++;
+        if (rd->part == 0 && rd->cur.has_gbytes) {
+            if (start_part(rd, 1) < 0) {
+                uint64_t id = rd->cur.id;
+                rd->skip = rd->need[1] + 1;
+                sp_request_free(&rd->cur);
+                rd->state = ST_LINE;
+                bad(&rd->pending, id, "grammar of %zu bytes: out of memory", rd->need[1]);
+            }
+            continue;
+        }
+        rd->state = ST_LINE;
+        *rq = rd->cur;
+        memset(&rd->cur, 0, sizeof rd->cur);
+        return SP_FRAME;
+    }
+}
+
+/* ---- writer ---- */
+
+int sp_write_fd_sink(void *fd_ptr, const unsigned char *frame, size_t len)
+{
+    int fd = *(int *)fd_ptr;
+    while (len > 0) {
+        ssize_t n = write(fd, frame, len);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        frame += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+int sp_writer_init(sp_writer *w, int fd)
+{
+    memset(w, 0, sizeof *w);
+    w->cap = 4096;
+    w->buf = malloc(w->cap);
+    w->fd = fd;
+    w->sink = sp_write_fd_sink;
+    w->ctx = &w->fd;
+    return w->buf ? 0 : -1;
+}
+
+void sp_writer_set_sink(sp_writer *w, sp_sink_fn sink, void *ctx)
+{
+    w->sink = sink;
+    w->ctx = ctx;
+}
+
+void sp_writer_free(sp_writer *w)
+{
+    free(w->buf);
+    memset(w, 0, sizeof *w);
+}
+
+static int wb_reserve(sp_writer *w, size_t n)
+{
+    if (w->cap - w->len >= n)
+        return 0;
+    size_t cap = w->cap;
+    while (cap - w->len < n)
+        cap *= 2;
+    unsigned char *b = realloc(w->buf, cap);
+    if (!b)
+        return -1;
+    w->buf = b;
+    w->cap = cap;
+    return 0;
+}
+
+static int wb_bytes(sp_writer *w, const void *p, size_t n)
+{
+    if (wb_reserve(w, n) < 0)
+        return -1;
+    if (n)
+        memcpy(w->buf + w->len, p, n);
+    w->len += n;
+    return 0;
+}
+
+static int wb_vprintf(sp_writer *w, const char *fmt, va_list ap)
+{
+    va_list ap2;
+    va_copy(ap2, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap2);
+    va_end(ap2);
+    if (n < 0 || wb_reserve(w, (size_t)n + 1) < 0)
+        return -1;
+    vsnprintf((char *)w->buf + w->len, (size_t)n + 1, fmt, ap);
+    w->len += (size_t)n;
+    return 0;
+}
+
+static int wb_printf(sp_writer *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static int wb_printf(sp_writer *w, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int r = wb_vprintf(w, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+static int wb_float(sp_writer *w, double x)
+{
+    char s[SP_FLOAT_MAX];
+    sp_format_float(s, x);
+    return wb_bytes(w, s, strlen(s));
+}
+
+/* Text to the end of the line, with each '\n' made a space. */
+static int wb_text(sp_writer *w, const char *s)
+{
+    size_t start = w->len;
+    if (wb_bytes(w, s, strlen(s)) < 0)
+        return -1;
+    for (size_t i = start; i < w->len; i++)
+        if (w->buf[i] == '\n')
+            w->buf[i] = ' ';
+    return 0;
+}
+
+static int wb_alts(sp_writer *w, int k, const sp_alt *top)
+{
+    int r = wb_printf(w, " %d", k);
+    for (int i = 0; i < k && r == 0; i++) {
+        r |= wb_printf(w, " %lld ", (long long)top[i].token_id);
+        r |= wb_float(w, top[i].logprob);
+    }
+    return r;
+}
+
+/* Sends the buffered frame; an earlier formatting failure (r != 0) drops it. */
+static int emit(sp_writer *w, int r)
+{
+    size_t len = w->len;
+    w->len = 0;
+    if (w->failed)
+        return -1;
+    if (r != 0)
+        return -1;
+    if (w->sink(w->ctx, w->buf, len) < 0) {
+        w->failed = 1;
+        return -1;
+    }
+    return 0;
+}
+
+int sp_write_ready(sp_writer *w)
+{
+    return emit(w, wb_bytes(w, "\x01\x01READY\x01\x01\n", 9));
+}
+
+int sp_write_caps(sp_writer *w, const char *fields)
+{
+    return emit(w, wb_printf(w, "CAPS %s\n", fields));
+}
+
+int sp_write_stat(sp_writer *w, const double *fields, int n)
+{
+    int r = wb_bytes(w, "STAT", 4);
+    for (int i = 0; i < n; i++) {
+        r |= wb_bytes(w, " ", 1);
+        r |= wb_float(w, fields[i]);
+    }
+    r |= wb_bytes(w, "\n", 1);
+    return emit(w, r);
+}
+
+int sp_write_load_fail(sp_writer *w, const char *kind, const char *detail)
+{
+    int r = wb_printf(w, "LOAD_FAIL kind=%s", kind);
+    if (detail && *detail) {
+        r |= wb_bytes(w, " ", 1);
+        r |= wb_text(w, detail);
+    }
+    r |= wb_bytes(w, "\n", 1);
+    return emit(w, r);
+}
+
+int sp_write_accept(sp_writer *w, uint64_t id, uint64_t prompt_tokens)
+{
+    return emit(w, wb_printf(w, "ACCEPT %llu %llu\n", (unsigned long long)id,
+                             (unsigned long long)prompt_tokens));
+}
+
+int sp_write_echo(sp_writer *w, uint64_t id, uint64_t position, double logprob,
+                  int k, const sp_alt *top, const void *text, size_t n)
+{
+    int r = wb_printf(w, "ECHO %llu %zu %llu ", (unsigned long long)id, n,
+                      (unsigned long long)position);
+    r |= wb_float(w, logprob);
+    r |= wb_alts(w, k, top);
+    r |= wb_bytes(w, "\n", 1);
+    r |= wb_bytes(w, text, n);
+    r |= wb_bytes(w, "\n", 1);
+    return emit(w, r);
+}
+
+int sp_write_data(sp_writer *w, uint64_t id, const void *text, size_t n,
+                  int has_tail, double logprob, int k, const sp_alt *top)
+{
+    int r = wb_printf(w, "DATA %llu %zu", (unsigned long long)id, n);
+    if (has_tail) {
+        r |= wb_bytes(w, " ", 1);
+        r |= wb_float(w, logprob);
+        r |= wb_alts(w, k, top);
+    }
+    r |= wb_bytes(w, "\n", 1);
+    r |= wb_bytes(w, text, n);
+    r |= wb_bytes(w, "\n", 1);
+    return emit(w, r);
+}
+
+int sp_write_decision(sp_writer *w, uint64_t id, const void *json, size_t n)
+{
+    int r = wb_printf(w, "DECISION %llu %zu\n", (unsigned long long)id, n);
+    r |= wb_bytes(w, json, n);
+    r |= wb_bytes(w, "\n", 1);
+    return emit(w, r);
+}
+
+int sp_write_done(sp_writer *w, uint64_t id, const sp_done *d)
+{
+    int r = wb_printf(w, "DONE %llu STAT %llu ", (unsigned long long)id,
+                      (unsigned long long)d->emitted);
+    r |= wb_float(w, d->tok_s);
+    r |= wb_bytes(w, " ", 1);
+    r |= wb_float(w, d->hit_pct);
+    r |= wb_bytes(w, " ", 1);
+    r |= wb_float(w, d->rss_gb);
+    r |= wb_printf(w, " %llu %d", (unsigned long long)d->prompt_tokens, d->length_limited ? 1 : 0);
+    if (d->has_counters)
+        r |= wb_printf(w, " computed=%llu reused=%llu snapshot=%s",
+                       (unsigned long long)d->computed, (unsigned long long)d->reused,
+                       d->snapshot ? d->snapshot : "none");
+    r |= wb_bytes(w, "\n", 1);
+    return emit(w, r);
+}
+
+int sp_write_error(sp_writer *w, uint64_t id, const char *code, const char *reason_fmt, ...)
+{
+    int r = wb_printf(w, "ERROR %llu %s", (unsigned long long)id, code);
+    if (reason_fmt && *reason_fmt) {
+        char reason[SP_REASON_MAX];
+        va_list ap;
+        va_start(ap, reason_fmt);
+        vsnprintf(reason, sizeof reason, reason_fmt, ap);
+        va_end(ap);
+        if (reason[0]) {
+            r |= wb_bytes(w, " ", 1);
+            r |= wb_text(w, reason);
+        }
+    }
+    r |= wb_bytes(w, "\n", 1);
+    return emit(w, r);
+}
+
+int sp_write_scored(sp_writer *w, uint64_t id, uint64_t group, uint64_t option,
+                    uint64_t context_tokens, int n, const double *logprobs)
+{
+    int r = wb_printf(w, "SCORED %llu %llu %llu %llu %d", (unsigned long long)id,
+                      (unsigned long long)group, (unsigned long long)option,
+                      (unsigned long long)context_tokens, n);
+    for (int i = 0; i < n; i++) {
+        r |= wb_bytes(w, " ", 1);
+        r |= wb_float(w, logprobs[i]);
+    }
+    r |= wb_bytes(w, "\n", 1);
+    return emit(w, r);
+}
+
+int sp_write_pong(sp_writer *w, uint64_t id, const char *fields)
+{
+    int r = wb_printf(w, "PONG %llu", (unsigned long long)id);
+    if (fields && *fields)
+        r |= wb_printf(w, " %s", fields);
+    r |= wb_bytes(w, "\n", 1);
+    return emit(w, r);
+}
+
+int sp_write_line(sp_writer *w, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int r = wb_vprintf(w, fmt, ap);
+    va_end(ap);
+    r |= wb_bytes(w, "\n", 1);
+    return emit(w, r);
+}
