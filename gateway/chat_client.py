@@ -215,6 +215,17 @@ def error_message(status: int, raw: bytes) -> str:
     return raw.decode("utf-8", "replace").strip()[:200]
 
 
+def _why(exc: BaseException) -> str:
+    """A few words on why a connection failed."""
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, socket.gaierror):
+        return "unknown host"
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return "timed out"
+    return exc.strerror or exc.__class__.__name__ if isinstance(exc, OSError) else repr(exc)
+
+
 class Client:
     """A blocking HTTP client of one running serveproto (or Jev-compatible) server.
 
@@ -257,7 +268,7 @@ class Client:
             resp = conn.getresponse()
         except (ConnectionError, socket.gaierror, socket.timeout, OSError) as exc:
             conn.close()
-            raise ServerUnreachable(f"no server at {self.base_url} ({exc.__class__.__name__}: {exc})") from None
+            raise ServerUnreachable(f"no server at {self.base_url} ({_why(exc)})") from None
         except http.client.HTTPException as exc:
             conn.close()
             raise ServerError(0, f"{self.base_url} broke the HTTP exchange ({exc!r})") from None

@@ -139,7 +139,7 @@ class ChatSession:
 
     # -- output helpers ---------------------------------------------------
     def say(self, text: str, style: str = "") -> None:
-        self.console.print(text, style=style, markup=False, highlight=False)
+        self.console.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
 
     def fail(self, text: str) -> None:
         self.say(f"  ✗ {text}", style="red")

@@ -1,0 +1,231 @@
+"""``serveproto chat --attach`` driven through a pseudo-terminal (pexpect) against a fake server.
+
+The screen is read with the ANSI escapes stripped; the fake server records what
+the client sent so the requests are checked exactly, not only the screen.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pexpect = pytest.importorskip("pexpect", reason="pexpect is not installed (pip install -e '.[test]')")
+
+from test_chat_client import FakeServer, choice_reply, entropy_oracle, free_port  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-B]|\x1b[=>]|[\r\x08]")
+
+
+class Term:
+    """The client in a 40x120 pseudo-terminal; ``wait_for`` reads until a text shows."""
+
+    def __init__(self, *args: str):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SERVEPROTO_API_KEY", "NO_COLOR"))}
+        env.update(TERM="xterm-256color", PROMPT_TOOLKIT_NO_CPR="1", COLUMNS="120", LINES="40")
+        self.child = pexpect.spawn(sys.executable, ["-m", "gateway.cli", "chat", *args], cwd=str(ROOT), env=env,
+                                   dimensions=(40, 120), encoding="utf-8", timeout=20)
+        self.screen = ""  # everything shown since the last wait_for matched, escapes stripped
+        self.seen = ""    # everything shown, escapes stripped
+
+    def wait_for(self, text: str, timeout: float = 20.0) -> str:
+        """Read until ``text`` appears; return what was shown up to and including it."""
+        deadline = time.monotonic() + timeout
+        while text not in self.screen:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{text!r} never showed; screen so far:\n{self.screen}")
+            try:
+                chunk = self.child.read_nonblocking(4096, timeout=min(left, 0.5))
+            except pexpect.TIMEOUT:
+                continue
+            except pexpect.EOF:
+                raise AssertionError(f"the client exited before {text!r}; screen:\n{self.screen}") from None
+            clean = ANSI.sub("", chunk)
+            self.screen += clean
+            self.seen += clean
+        head, _, tail = self.screen.partition(text)
+        self.screen = tail
+        return head + text
+
+    def line(self, text: str) -> None:
+        self.child.send(text + "\r")
+
+    def close(self) -> int:
+        if self.child.isalive():
+            self.line("/quit")  # typed ahead if the prompt is not up yet
+            self.child.expect(pexpect.EOF, timeout=10)
+        self.child.close()
+        return self.child.exitstatus
+
+
+@pytest.fixture
+def term_factory():
+    terms: list[Term] = []
+
+    def make(*args):
+        t = Term(*args)
+        terms.append(t)
+        return t
+
+    yield make
+    for t in terms:
+        t.child.terminate(force=True)
+
+
+PROBS = {"merge": 0.064, "request changes": 0.936, "close": 0.0}
+
+
+def test_chat_then_decide_draws_bars_and_entropy(term_factory):
+    with FakeServer(decide=lambda body: (200, choice_reply(PROBS)),
+                    chat=lambda body: (200, ["The PR ", "has no ", "tests."])) as srv:
+        t = term_factory("--attach", srv.url)
+        t.wait_for("model fake-model")
+        t.wait_for("›")
+        t.line("What about this PR?")
+        t.wait_for("The PR has no tests.")
+        # TAB completes the command; the rest is typed once the completion shows.
+        t.child.send("/dec\t")
+        t.wait_for("/decide")
+        t.line(" merge | request changes | close")
+        t.wait_for("✦ System One · 3 options")
+        t.wait_for("◆ ›")
+        t.line("What should we do?")
+        shown = t.wait_for("nothing generated")
+        t.line("/decide")
+        t.wait_for("✦ chat")
+        t.line("/quit")
+        t.wait_for("bye")
+        assert t.close() == 0
+
+        [(_, _, _, body)] = srv.posts("/v1/systemone")
+        [(_, _, _, chat_body)] = srv.posts("/v1/chat/completions")
+    assert chat_body["messages"] == [{"role": "user", "content": "What about this PR?"}]
+    assert chat_body["stream"] is True and chat_body["model"] == "fake-model"
+    assert body["state"] == "User: What about this PR?\nAssistant: The PR has no tests."
+    assert body["questions"] == {"decision": {"type": "choice", "instructions": "What should we do?",
+                                              "criteria": {"merge": None, "request changes": None, "close": None}}}
+    # Bars, most likely first, each label padded to the longest.
+    rows = [ln.strip() for ln in shown.splitlines() if "%" in ln]
+    assert rows == [
+        "request changes  " + "█" * 24 + "░" * 2 + "   93.6%",
+        "merge            " + "█" * 2 + "░" * 24 + "    6.4%",
+        "close            " + "░" * 26 + "    0.0%",
+    ]
+    h = entropy_oracle([0.064, 0.936, 0.0])
+    assert f"→ request changes  entropy {h:.3f}  (sure)" in shown
+    assert "131 prompt tokens · 4 option tokens read · nothing generated" in shown
+    assert re.search(r"\d+\.\d\ds · 131 prompt tokens", shown)
+
+
+def test_completion_of_colon_decide_and_an_unsure_answer(term_factory):
+    probs = {"yes": 0.5, "no": 0.3, "maybe": 0.2}
+    with FakeServer(decide=lambda body: (200, choice_reply(probs, input_tokens=12, output_tokens=3))) as srv:
+        t = term_factory("--attach", srv.url)
+        t.wait_for("›")
+        t.child.send(":d\t")
+        t.wait_for(":decide")
+        t.line(" yes | no | maybe")
+        t.wait_for("◆ ›")
+        t.line("Is it raining?")
+        shown = t.wait_for("nothing generated")
+        t.close()
+        [(_, _, _, body)] = srv.posts("/v1/systemone")
+    assert body["state"] == ""
+    h = entropy_oracle([0.5, 0.3, 0.2])
+    assert 0.8 < h  # 0.937: the seed's "does not know"
+    assert f"→ yes  entropy {h:.3f}  (does not know)" in shown
+
+
+def test_ctrl_c_cancels_a_request_and_the_client_stays(term_factory):
+    release = threading.Event()
+    calls = []
+
+    def slow_then_fast(body):
+        calls.append(body["questions"]["decision"]["instructions"])
+        if len(calls) == 1:
+            release.wait(30)
+        return 200, choice_reply({"a": 0.9, "b": 0.1})
+
+    with FakeServer(decide=slow_then_fast) as srv:
+        t = term_factory("--attach", srv.url)
+        t.wait_for("›")
+        t.line("/decide a | b")
+        t.wait_for("◆ ›")
+        t.line("slow question")
+        t.wait_for("scoring")
+        while not calls:
+            time.sleep(0.05)
+        t.child.sendintr()
+        t.wait_for("✗ cancelled")
+        release.set()
+        t.wait_for("◆ ›")
+        t.line("fast question")
+        shown = t.wait_for("nothing generated")
+        assert "→ a  entropy" in shown
+        t.line("/quit")
+        t.wait_for("bye")
+        assert t.close() == 0
+        # The cancelled question did not join the conversation.
+        bodies = [b for (_, _, _, b) in srv.posts("/v1/systemone")]
+    assert calls == ["slow question", "fast question"]
+    assert bodies[1]["state"] == ""
+
+
+def test_ctrl_c_cancels_a_streamed_chat_reply(term_factory):
+    with FakeServer(chat=lambda body: (200, ["first part", None, "never shown"])) as srv:
+        t = term_factory("--attach", srv.url)
+        t.wait_for("›")
+        t.line("tell me a long story")
+        t.wait_for("first part")
+        t.child.sendintr()
+        t.wait_for("✗ cancelled; this turn is not kept")
+        t.wait_for("›")
+        srv.hold.set()
+        t.line("/quit")
+        t.wait_for("bye")
+        assert t.close() == 0
+    assert "never shown" not in t.seen
+
+
+def test_server_down_is_a_clear_line_not_a_traceback(term_factory):
+    url = f"http://127.0.0.1:{free_port()}"
+    t = term_factory("--attach", url)
+    t.wait_for(f"✗ no server at {url} (connection refused); is `serveproto serve` running there?")
+    t.line("/decide a | b")
+    t.line("anything")
+    t.wait_for("✗ no server at")
+    t.line("hello")
+    t.wait_for("✗ no server at")
+    t.line("/quit")
+    t.wait_for("bye")
+    assert t.close() == 0
+    assert "Traceback" not in t.seen
+
+
+def test_errors_from_the_server_are_one_line(term_factory):
+    body422 = {"detail": [{"loc": ["body", "questions", "decision", "criteria"], "msg": "too many labels",
+                           "type": "value_error"}]}
+    with FakeServer(decide=lambda body: (422, body422), api_key="sekrit") as srv:
+        t = term_factory("--attach", srv.url, "--api-key", "wrong")
+        t.wait_for("›")
+        t.line("/decide a | b")
+        t.line("q")
+        t.wait_for("✗ HTTP 401: wrong or missing API key (pass --api-key or set SERVEPROTO_API_KEY)")
+        t.close()
+        t2 = term_factory("--attach", srv.url, "--api-key", "sekrit")
+        t2.wait_for("›")
+        t2.line("/decide a | b")
+        t2.line("q")
+        t2.wait_for("✗ HTTP 422: body.questions.decision.criteria: too many labels")
+        t2.line("/decide a | a")
+        t2.wait_for("✗ options: 'a' is given twice")
+        t2.line("/nonsense")
+        t2.wait_for("✗ unknown command /nonsense")
+        t2.close()
+    assert "Traceback" not in t.seen + t2.seen
