@@ -1,7 +1,7 @@
 /* codec_check.c: runs bytes and events through the C frame codec so tests can
  * compare it with the Python implementation and spec/vectors/.
  *
- *   codec-check read [--ext all|none|score,counters,health]
+ *   codec-check read [--ext all|none|score,counters,health] [--max-line N] [--max-payload N]
  *       stdin: request frames (bytes). stdout: one JSON object per line per
  *       event the reader gives, in order:
  *         {"event": "Submit", "id": 1, "slot": 0, "prompt": "<hex>", "max_tokens": 0,
@@ -12,6 +12,8 @@
  *         {"event": "Decide"|"Score", "id", "slot", "record"|"payload": "<hex>"}
  *         {"event": "Error", "id", "code", "reason"}     (a refused frame)
  *       and {"event": "EOF"} last. Floats are strings so nan/inf survive JSON.
+ *       Every object also has "consumed": the input bytes the reader had
+ *       used up when it gave the event. Submit has "token_ids" (a list) with ids=1.
  *   codec-check write
  *       stdin: one JSON object per line, an event to write with the field
  *       names of serveproto's events (bytes as hex strings, floats as numbers
@@ -75,11 +77,12 @@ static void put_float(double x)
     printf("\"%s\"", s);
 }
 
-static int do_read(unsigned ext)
+static int do_read(unsigned ext, size_t max_line, size_t max_payload)
 {
     sp_reader rd;
     if (sp_reader_init(&rd, ext) < 0)
         die("out of memory");
+    sp_reader_set_limits(&rd, max_line, max_payload);
     for (;;) {
         sp_request rq;
         sp_error err;
@@ -89,12 +92,13 @@ static int do_read(unsigned ext)
                 die("read failed");
             continue;
         }
+        printf("{\"consumed\": %llu, ", (unsigned long long)sp_reader_consumed(&rd));
         if (st == SP_EOF) {
-            printf("{\"event\": \"EOF\"}\n");
+            printf("\"event\": \"EOF\"}\n");
             break;
         }
         if (st == SP_BAD) {
-            printf("{\"event\": \"Error\", \"id\": %llu, \"code\": ", (unsigned long long)err.id);
+            printf("\"event\": \"Error\", \"id\": %llu, \"code\": ", (unsigned long long)err.id);
             put_str(err.code);
             printf(", \"reason\": ");
             put_str(err.reason);
@@ -104,7 +108,7 @@ static int do_read(unsigned ext)
         unsigned long long id = (unsigned long long)rq.id;
         switch (rq.kind) {
         case SP_SUBMIT:
-            printf("{\"event\": \"Submit\", \"id\": %llu, \"slot\": %llu, \"prompt\": ", id,
+            printf("\"event\": \"Submit\", \"id\": %llu, \"slot\": %llu, \"prompt\": ", id,
                    (unsigned long long)rq.slot);
             put_hex(rq.payload, rq.payload_len);
             printf(", \"max_tokens\": %llu, \"temperature\": ", (unsigned long long)rq.max_tokens);
@@ -116,19 +120,25 @@ static int do_read(unsigned ext)
                 put_hex(rq.grammar, rq.grammar_len);
             else
                 printf("null");
+            if (rq.ids) {
+                printf(", \"token_ids\": [");
+                for (size_t i = 0; i < rq.n_token_ids; i++)
+                    printf("%s%llu", i ? ", " : "", (unsigned long long)rq.token_ids[i]);
+                printf("]");
+            }
             printf(", \"logprobs\": %d, \"pin\": %s, \"ids\": %s, \"counters\": %s}\n", rq.logprobs,
                    rq.pin ? "true" : "false", rq.ids ? "true" : "false",
                    rq.counters ? "true" : "false");
             break;
         case SP_IMAGE:
-            printf("{\"event\": \"Image\", \"id\": %llu, \"data\": ", id);
+            printf("\"event\": \"Image\", \"id\": %llu, \"data\": ", id);
             put_hex(rq.payload, rq.payload_len);
             printf(", \"grid_h\": %llu, \"grid_w\": %llu}\n", (unsigned long long)rq.grid_h,
                    (unsigned long long)rq.grid_w);
             break;
         case SP_DECIDE:
         case SP_SCORE:
-            printf("{\"event\": \"%s\", \"id\": %llu, \"slot\": %llu, \"%s\": ",
+            printf("\"event\": \"%s\", \"id\": %llu, \"slot\": %llu, \"%s\": ",
                    rq.kind == SP_DECIDE ? "Decide" : "Score", id, (unsigned long long)rq.slot,
                    rq.kind == SP_DECIDE ? "record" : "payload");
             put_hex(rq.payload, rq.payload_len);
@@ -137,7 +147,7 @@ static int do_read(unsigned ext)
         case SP_STOP:
         case SP_CANCEL:
         case SP_PING:
-            printf("{\"event\": \"%s\", \"id\": %llu}\n",
+            printf("\"event\": \"%s\", \"id\": %llu}\n",
                    rq.kind == SP_STOP ? "Stop" : rq.kind == SP_CANCEL ? "Cancel" : "Ping", id);
             break;
         }
@@ -409,18 +419,27 @@ int main(int argc, char **argv)
         die("usage: codec-check read [--ext all|none|LIST] | write | json");
     if (!strcmp(argv[1], "read")) {
         unsigned ext = SP_EXT_ALL;
-        if (argc == 4 && !strcmp(argv[2], "--ext")) {
-            ext = 0;
-            if (!strcmp(argv[3], "all"))
-                ext = SP_EXT_ALL;
-            else if (strcmp(argv[3], "none")) {
-                if (strstr(argv[3], "score")) ext |= SP_EXT_SCORE;
-                if (strstr(argv[3], "counters")) ext |= SP_EXT_COUNTERS;
-                if (strstr(argv[3], "health")) ext |= SP_EXT_HEALTH;
-            }
-        } else if (argc != 2)
-            die("usage: codec-check read [--ext all|none|LIST]");
-        return do_read(ext);
+        size_t max_line = SP_MAX_LINE, max_payload = SP_MAX_PAYLOAD;
+        for (int i = 2; i + 1 < argc; i += 2) {
+            if (!strcmp(argv[i], "--ext")) {
+                ext = 0;
+                if (!strcmp(argv[i + 1], "all"))
+                    ext = SP_EXT_ALL;
+                else if (strcmp(argv[i + 1], "none")) {
+                    if (strstr(argv[i + 1], "score")) ext |= SP_EXT_SCORE;
+                    if (strstr(argv[i + 1], "counters")) ext |= SP_EXT_COUNTERS;
+                    if (strstr(argv[i + 1], "health")) ext |= SP_EXT_HEALTH;
+                }
+            } else if (!strcmp(argv[i], "--max-line"))
+                max_line = strtoull(argv[i + 1], NULL, 10);
+            else if (!strcmp(argv[i], "--max-payload"))
+                max_payload = strtoull(argv[i + 1], NULL, 10);
+            else
+                die("usage: codec-check read [--ext all|none|LIST] [--max-line N] [--max-payload N]");
+        }
+        if (argc % 2)
+            die("usage: codec-check read [--ext all|none|LIST] [--max-line N] [--max-payload N]");
+        return do_read(ext, max_line, max_payload);
     }
     if (!strcmp(argv[1], "write"))
         return do_write();

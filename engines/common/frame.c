@@ -34,6 +34,7 @@ void sp_request_free(sp_request *rq)
 {
     free(rq->payload);
     free(rq->grammar);
+    free(rq->token_ids);
     memset(rq, 0, sizeof *rq);
 }
 
@@ -125,7 +126,20 @@ int sp_reader_init(sp_reader *rd, unsigned ext)
     rd->cap = READ_CHUNK * 2;
     rd->buf = malloc(rd->cap);
     rd->ext = ext;
+    rd->max_line = SP_MAX_LINE;
+    rd->max_payload = SP_MAX_PAYLOAD;
     return rd->buf ? 0 : -1;
+}
+
+void sp_reader_set_limits(sp_reader *rd, size_t max_line, size_t max_payload)
+{
+    rd->max_line = max_line;
+    rd->max_payload = max_payload;
+}
+
+uint64_t sp_reader_consumed(const sp_reader *rd)
+{
+    return rd->fed - (rd->end - rd->start);
 }
 
 void sp_reader_free(sp_reader *rd)
@@ -163,8 +177,10 @@ ssize_t sp_reader_fill(sp_reader *rd, int fd)
         return -1;
     }
     ssize_t got = read(fd, rd->buf + rd->end, rd->cap - rd->end);
-    if (got > 0)
+    if (got > 0) {
         rd->end += (size_t)got;
+        rd->fed += (uint64_t)got;
+    }
     else if (got == 0)
         rd->eof = 1;
     return got;
@@ -180,6 +196,7 @@ int sp_reader_feed(sp_reader *rd, const void *data, size_t n)
         return -1;
     memcpy(rd->buf + rd->end, data, n);
     rd->end += n;
+    rd->fed += n;
     return 0;
 }
 
@@ -298,7 +315,7 @@ static sp_status parse_line(sp_reader *rd, const char *line, size_t n, sp_error 
     if (kind == SP_SUBMIT && nf > 7 && !memchr(f[7].s, '=', f[7].n)
         && sp_parse_uint(f[7].s, f[7].n, &gbytes) == 0 && gbytes < MAX_SKIP)
         has_gbytes = 1;
-    if (has_bytes)
+    if (has_bytes && spacing_ok)
         rd->skip = bytes + 1 + (has_gbytes ? gbytes + 1 : 0);
 
     sp_request *rq = &rd->cur;
@@ -389,10 +406,44 @@ static sp_status parse_line(sp_reader *rd, const char *line, size_t n, sp_error 
     default:
         break;
     }
-    if (bytes > SP_MAX_PAYLOAD || gbytes > SP_MAX_PAYLOAD)
-        return bad(err, id, "%s: payload over %zu bytes", kn, SP_MAX_PAYLOAD);
+    if (bytes > rd->max_payload || gbytes > rd->max_payload)
+        return bad(err, id, "%s: payload over %zu bytes", kn, rd->max_payload);
     rd->skip = 0;
     return SP_FRAME;
+}
+
+int sp_parse_token_ids(const unsigned char *p, size_t n, uint64_t **out, size_t *count)
+{
+    if (n == 0)
+        return -1;
+    size_t cnt = 1;
+    for (size_t i = 0; i < n; i++)
+        cnt += p[i] == ' ';
+    uint64_t *ids = malloc(cnt * sizeof *ids);
+    if (!ids)
+        return -1;
+    size_t k = 0, i = 0;
+    for (;;) {
+        size_t j = i;
+        while (j < n && p[j] != ' ')
+            j++;
+        if (sp_parse_uint((const char *)p + i, j - i, &ids[k]) < 0) {
+            free(ids);
+            return -1;
+        }
+        k++;
+        if (j == n)
+            break;
+        i = j + 1;
+    }
+    *out = ids;
+    *count = k;
+    return 0;
+}
+
+static int parse_ids(sp_request *rq)
+{
+    return sp_parse_token_ids(rq->payload, rq->payload_len, &rq->token_ids, &rq->n_token_ids);
 }
 
 static int has_payload(sp_kind k)
@@ -434,21 +485,24 @@ sp_status sp_reader_next(sp_reader *rd, sp_request *rq, sp_error *err)
             return SP_BAD;
         }
         if (rd->state == ST_DISCARD_LINE) {
+            /* an overlong line: reported once its '\n' is consumed */
             unsigned char *nl = memchr(rd->buf + rd->start, '\n', avail);
             rd->start = nl ? (size_t)(nl - rd->buf) + 1 : rd->end;
-            if (!nl)
-                return rd->eof ? SP_EOF : SP_NEED_DATA;
+            if (!nl && !rd->eof)
+                return SP_NEED_DATA;
             rd->state = ST_LINE;
-            continue;
+            *err = rd->pending;
+            return SP_BAD;
         }
         if (rd->state == ST_LINE) {
             unsigned char *line = rd->buf + rd->start;
-            unsigned char *nl = memchr(line, '\n', avail < SP_MAX_LINE ? avail : SP_MAX_LINE);
+            unsigned char *nl = memchr(line, '\n', avail < rd->max_line ? avail : rd->max_line);
             if (!nl) {
-                if (avail >= SP_MAX_LINE) {
+                if (avail >= rd->max_line) {
                     rd->state = ST_DISCARD_LINE;
-                    rd->start += avail;
-                    return bad(err, 0, "line over %d bytes", SP_MAX_LINE);
+                    rd->start += rd->max_line;
+                    bad(&rd->pending, 0, "line over %zu bytes", rd->max_line);
+                    continue;
                 }
                 if (!rd->eof)
                     return SP_NEED_DATA;
@@ -518,6 +572,11 @@ sp_status sp_reader_next(sp_reader *rd, sp_request *rq, sp_error *err)
             continue;
         }
         rd->state = ST_LINE;
+        if (rd->cur.ids && parse_ids(&rd->cur) < 0) {
+            uint64_t id = rd->cur.id;
+            sp_request_free(&rd->cur);
+            return bad(err, id, "SUBMIT: ids=1 payload is not token ids separated by single spaces");
+        }
         *rq = rd->cur;
         memset(&rd->cur, 0, sizeof rd->cur);
         return SP_FRAME;
@@ -661,11 +720,13 @@ static int emit(sp_writer *w, int r)
 
 int sp_write_ready(sp_writer *w)
 {
-    return emit(w, wb_bytes(w, "\x01\x01READY\x01\x01\n", 9));
+    return emit(w, wb_bytes(w, "\x01\x01READY\x01\x01\n", 10));
 }
 
 int sp_write_caps(sp_writer *w, const char *fields)
 {
+    if (!fields || !*fields)
+        return emit(w, wb_bytes(w, "CAPS\n", 5));
     return emit(w, wb_printf(w, "CAPS %s\n", fields));
 }
 

@@ -90,6 +90,11 @@ typedef struct sp_request {
     size_t payload_len;
     unsigned char *grammar; /* SUBMIT's second payload when has_gbytes, else NULL */
     size_t grammar_len;
+    /* SUBMIT with ids=1: the payload's token ids, parsed (the reader refuses
+     * a payload that is not uints separated by single spaces, or is empty,
+     * with BAD_FRAME). Range checks against the vocabulary are the engine's. */
+    uint64_t *token_ids;
+    size_t n_token_ids;
 } sp_request;
 
 /* Frees a request's payloads and zeroes it. Safe on a zeroed request. */
@@ -113,6 +118,9 @@ typedef struct sp_reader {
     unsigned char *buf;   /* buffered input, buf[start .. end) unread */
     size_t cap, start, end;
     unsigned ext;         /* SP_EXT_* flags */
+    size_t max_line;      /* SP_MAX_LINE unless set */
+    size_t max_payload;   /* SP_MAX_PAYLOAD unless set */
+    uint64_t fed;         /* bytes ever given to the reader */
     int eof;              /* the input has ended */
     /* a frame whose payloads are being read (state != 0) */
     int state;
@@ -128,6 +136,10 @@ typedef struct sp_reader {
  * out of memory. */
 int sp_reader_init(sp_reader *rd, unsigned ext);
 void sp_reader_free(sp_reader *rd);
+/* Overrides the line limit ('\n' included) and the payload limit, in bytes. */
+void sp_reader_set_limits(sp_reader *rd, size_t max_line, size_t max_payload);
+/* Bytes of input used up so far (parsed, or skipped as a bad frame's). */
+uint64_t sp_reader_consumed(const sp_reader *rd);
 
 /* One read() from fd into the buffer. Returns the bytes read (> 0), 0 at end
  * of input (the reader is then at EOF), or -1 with errno set (EINTR and
@@ -145,6 +157,9 @@ sp_status sp_reader_next(sp_reader *rd, sp_request *rq, sp_error *err);
  * Each returns 0 on success, -1 when s[0..n) is not the production. */
 int sp_parse_uint(const char *s, size_t n, uint64_t *out);
 int sp_parse_float(const char *s, size_t n, double *out);
+/* ASCII decimal token ids separated by single spaces (SUBMIT ids=1), at
+ * least one; *out is malloc'd (the caller frees it). */
+int sp_parse_token_ids(const unsigned char *p, size_t n, uint64_t **out, size_t *count);
 
 /* Formats x as the protocol writes floats: "%.9g", "nan", "inf", "-inf".
  * out needs SP_FLOAT_MAX bytes. Returns out. */
