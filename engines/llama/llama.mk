@@ -1,1 +1,95 @@
-# fragment for engines/llama (filled in by its engine)
+# engines/llama: llama.cpp's static libraries, built once into the cache, and the engine.
+#
+#   make -C engines all                    the CPU engine (fetches + builds llama.cpp the first time)
+#   make -C engines all CUDA=1             the CUDA backend (GPU machine; needs nvcc, cuBLAS)
+#   make -C engines llama-src DEST=DIR     copy the llama.cpp source subset to DIR (to carry it to a
+#                                          machine without network, then build there with
+#                                          LLAMA_SRC=DIR)
+#   make -C engines llama-libs             only llama.cpp's libraries
+#
+# llama.cpp comes from the PyPI sdist of llama-cpp-python (it vendors llama.cpp); no llama.cpp
+# source is committed. The sdist, the extracted subset and each build live in
+# $(SERVEPROTO_CACHE)/llama.cpp/<version>/, so a relink of the engine never rebuilds llama.cpp.
+
+LLAMA_PY_VERSION := 0.3.36
+SERVEPROTO_CACHE ?= $(HOME)/.cache/serveproto
+LLAMA_CACHE  := $(SERVEPROTO_CACHE)/llama.cpp/$(LLAMA_PY_VERSION)
+LLAMA_SDIST  := $(LLAMA_CACHE)/sdist/llama_cpp_python-$(LLAMA_PY_VERSION).tar.gz
+# The source subset; override with a carried copy (LLAMA_SRC=.llama-src) where there is no network.
+LLAMA_SRC    ?= $(LLAMA_CACHE)/src
+LLAMA_SUBSET := CMakeLists.txt cmake ggml src include vendor LICENSE
+LLAMA_JOBS   ?= 2
+# Python with pip, to fetch the sdist (the project venv when it exists).
+LLAMA_PIP_PY ?= $(shell test -x ../.venv/bin/python && echo ../.venv/bin/python || echo python3)
+
+LLAMA_CMAKE_FLAGS := -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_COMMON=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+  -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=OFF
+
+ifeq ($(CUDA),1)
+LLAMA_VARIANT     := cuda
+LLAMA_CMAKE_FLAGS += -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$(or $(CUDA_ARCH),90)
+LLAMA_EXTRA_LIBS  := ggml/src/ggml-cuda/libggml-cuda.a
+LLAMA_SYS_LIBS    := -L$(or $(CUDA_HOME),/usr/local/cuda)/lib64 -lcudart -lcublas -lcublasLt -lcuda
+else
+LLAMA_VARIANT     := cpu
+LLAMA_EXTRA_LIBS  :=
+LLAMA_SYS_LIBS    :=
+endif
+
+LLAMA_BUILD := $(LLAMA_CACHE)/build-$(LLAMA_VARIANT)
+# Link order: llama first, then the backends, then ggml-base.
+LLAMA_LIBS  := $(LLAMA_BUILD)/src/libllama.a $(addprefix $(LLAMA_BUILD)/,$(LLAMA_EXTRA_LIBS)) \
+  $(LLAMA_BUILD)/ggml/src/libggml.a $(LLAMA_BUILD)/ggml/src/libggml-cpu.a \
+  $(LLAMA_BUILD)/ggml/src/libggml-base.a
+LLAMA_STAMP := $(LLAMA_BUILD)/.serveproto-built
+LLAMA_INC   := -I$(LLAMA_SRC)/include -I$(LLAMA_SRC)/ggml/include
+
+LLAMA_ENGINE_SRCS := $(wildcard llama/*.c)
+LLAMA_ENGINE_HDRS := $(wildcard llama/*.h)
+
+.PHONY: llama-libs llama-src
+all: $(BIN)/serveproto-llama $(BIN)/llama-prefill-ref
+
+llama-libs: $(LLAMA_STAMP)
+
+$(LLAMA_SDIST):
+	mkdir -p $(dir $@)
+	$(LLAMA_PIP_PY) -m pip download -q --no-deps --no-binary :all: --no-build-isolation \
+	  -d $(dir $@) llama-cpp-python==$(LLAMA_PY_VERSION)
+	test -f $@
+
+# Only the subset that the C libraries need (36 MB instead of the whole sdist).
+$(LLAMA_CACHE)/src/.extracted: $(LLAMA_SDIST)
+	rm -rf $(LLAMA_CACHE)/src.tmp && mkdir -p $(LLAMA_CACHE)/src.tmp
+	tar -xzf $< -C $(LLAMA_CACHE)/src.tmp --strip-components=3 \
+	  $(addprefix llama_cpp_python-$(LLAMA_PY_VERSION)/vendor/llama.cpp/,$(LLAMA_SUBSET))
+	touch $(LLAMA_CACHE)/src.tmp/.extracted
+	rm -rf $(LLAMA_CACHE)/src && mv $(LLAMA_CACHE)/src.tmp $(LLAMA_CACHE)/src
+
+$(LLAMA_STAMP): $(LLAMA_SRC)/.extracted
+	cmake -S $(LLAMA_SRC) -B $(LLAMA_BUILD) $(if $(shell command -v ninja),-G Ninja) $(LLAMA_CMAKE_FLAGS)
+	cmake --build $(LLAMA_BUILD) --target llama -j$(LLAMA_JOBS)
+	touch $@
+
+# A carried copy (LLAMA_SRC=DIR) counts as extracted once its files are there.
+ifneq ($(LLAMA_SRC),$(LLAMA_CACHE)/src)
+$(LLAMA_SRC)/.extracted:
+	test -f $(LLAMA_SRC)/CMakeLists.txt || { echo "LLAMA_SRC=$(LLAMA_SRC) has no llama.cpp source" >&2; exit 1; }
+	touch $@
+endif
+
+llama-src: $(LLAMA_CACHE)/src/.extracted
+	test -n "$(DEST)" || { echo "usage: make -C engines llama-src DEST=DIR" >&2; exit 1; }
+	mkdir -p $(DEST) && cp -a $(LLAMA_CACHE)/src/. $(DEST)/
+
+LLAMA_CFLAGS := $(CFLAGS) -pthread $(LLAMA_INC) $(COMMON_CFLAGS)
+LLAMA_LDLIBS := $(LLAMA_LIBS) $(LLAMA_SYS_LIBS) -lstdc++ -lm -fopenmp -lpthread
+
+# The frame codec and JSON reader come from engines/common ($(COMMON_LIB)).
+$(BIN)/serveproto-llama: $(LLAMA_ENGINE_SRCS) $(LLAMA_ENGINE_HDRS) $(COMMON_LIB) $(COMMON_HDR) $(LLAMA_STAMP) | $(BIN)
+	$(CC) $(LLAMA_CFLAGS) -o $@ $(LLAMA_ENGINE_SRCS) $(COMMON_LIB) $(LLAMA_LDLIBS)
+
+# The reference for bench/engine.py: llama.cpp's own batched decode of a prompt, nothing else.
+$(BIN)/llama-prefill-ref: llama/bench/prefill_ref.c $(LLAMA_STAMP) | $(BIN)
+	$(CC) $(LLAMA_CFLAGS) -o $@ $< $(LLAMA_LDLIBS)

@@ -1,0 +1,117 @@
+/* engine.h: the llama engine's shared state (engines/llama, spec/serve-protocol.md).
+ *
+ * One process serves one model. KV slot s is llama.cpp sequence s; SCORE
+ * borrows the sequences above the slots as scratch, one per continuation,
+ * in a unified KV cache so copied prefix rows are shared, not duplicated.
+ * Requests run one at a time; between decode steps the engine polls stdin
+ * so STOP / CANCEL / PING are answered while a request runs.
+ */
+#ifndef SERVEPROTO_LLAMA_ENGINE_H
+#define SERVEPROTO_LLAMA_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "frame.h"
+#include "llama.h"
+
+#define ENGINE_MAX_LOGPROBS   SP_MAX_LOGPROBS /* CAPS max_logprobs */
+#define ENGINE_DEFAULT_SLOTS  1
+#define ENGINE_DEFAULT_CTX    4096            /* tokens per slot, capped by the model's n_ctx_train */
+#define ENGINE_DEFAULT_PINS   4               /* snapshots kept (CAPS pin_slots) */
+#define ENGINE_SCORE_SEQS     128             /* scratch sequences for SCORE continuations */
+#define ENGINE_MAX_SCORED     200             /* scored tokens per SCORE option (spec 9.1) */
+#define ENGINE_QUEUE_MAX      256             /* requests in flight, the running one included */
+#define ENGINE_UBATCH         512             /* llama.cpp's physical batch */
+
+/* A request taken from stdin and not yet answered. */
+typedef struct pending {
+    sp_request rq;
+    int stop;       /* STOP arrived: generate nothing more */
+} pending;
+
+/* The tokens whose KV rows sequence `slot` holds, positions 0 .. n-1. */
+typedef struct slot_state {
+    llama_token *tokens; /* capacity n_ctx */
+    int n;
+} slot_state;
+
+/* A pin=1 snapshot: token ids, the slot whose KV rows hold them, and the
+ * logits of the last position (they predict the first position after it). */
+typedef struct snapshot {
+    int used;
+    int slot;
+    llama_token *tokens; /* owned, n entries */
+    int n;
+    float *logits;       /* owned, n_vocab entries */
+    uint64_t last_use;   /* LRU clock */
+} snapshot;
+
+/* How a request's prompt positions were obtained (counters of spec 9.2). */
+typedef struct reuse_info {
+    int reused;          /* positions taken from the KV cache or a snapshot */
+    const char *snapshot;/* "none", "hit", "stale" */
+    const float *pred;   /* logits predicting position `reused` (a snapshot's), or NULL */
+} reuse_info;
+
+typedef struct engine {
+    struct llama_model *model;
+    struct llama_context *ctx;
+    const struct llama_vocab *vocab;
+    int n_vocab;
+    int n_slots;
+    int n_ctx;           /* per slot */
+    int n_pins;
+    int n_score_seqs;
+    int n_batch;
+    char model_name[256];
+
+    slot_state *slots;
+    snapshot *snaps;
+    uint64_t clock;
+
+    struct llama_batch batch;   /* n_batch tokens, up to n_score_seqs seq ids each */
+    double *lsm;                /* n_vocab scratch for log-softmax */
+    float *pred_buf;            /* n_vocab: logits carried across decode calls */
+    llama_token_data *cand;     /* n_vocab candidates for the sampler */
+    uint32_t seed;              /* sampling seed (--seed), mixed with the request id */
+
+    sp_reader rd;
+    sp_writer w;
+    int in_eof;                 /* stdin ended */
+    int out_failed;             /* stdout is gone */
+
+    pending queue[ENGINE_QUEUE_MAX];
+    int n_queue;                /* queue[0] is the running request once started */
+    int running;                /* queue[0] is being served */
+    int cancel_running;         /* CANCEL arrived for queue[0] */
+    uint64_t skip_submit_id;    /* a refused IMAGE's id: its SUBMIT is dropped */
+} engine;
+
+/* model.c */
+int model_tokenize(engine *e, const char *text, size_t len, llama_token **out, int *n_out);
+int model_piece(engine *e, llama_token tok, char *buf, size_t cap);
+double model_logsumexp(const float *logits, int n);
+int model_top_k(engine *e, const float *logits, double lse, int k, sp_alt *out);
+int model_decode(engine *e, int *err_code);
+void batch_clear(struct llama_batch *b);
+void batch_add(struct llama_batch *b, llama_token tok, int pos, const int *seqs, int n_seqs, int logits);
+double rss_gb(void);
+
+/* slots.c: prefix reuse and snapshots */
+int lcp(const llama_token *a, int na, const llama_token *b, int nb);
+int snapshot_valid(engine *e, const snapshot *s);
+snapshot *snapshot_find(engine *e, const llama_token *toks, int n, int max_len, int *stale);
+void snapshot_take(engine *e, int slot, const llama_token *toks, int n, const float *logits);
+void slot_truncate(engine *e, int slot, int keep);
+void slot_restore(engine *e, int slot, snapshot *s);
+void slot_append(engine *e, int slot, const llama_token *toks, int n);
+
+/* main.c: the request loop */
+void engine_poll(engine *e);
+
+/* submit.c / score.c: one request each, answered whole (ACCEPT .. DONE or ERROR) */
+void serve_submit(engine *e, pending *p);
+void serve_score(engine *e, pending *p);
+
+#endif

@@ -1,0 +1,467 @@
+/* serveproto-llama: a serve-protocol engine over llama.cpp (spec/serve-protocol.md).
+ *
+ * Reads top to bottom: options, model load (LOAD_FAIL with its kind), the
+ * handshake (READY, CAPS, STAT), then the request loop: frames are read from
+ * stdin and queued, requests run one at a time, and between decode steps the
+ * running request polls stdin so STOP / CANCEL / PING are served at once.
+ * stdout carries only protocol frames; llama.cpp's logs go to stderr.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine.h"
+
+/* ---- options ---- */
+
+typedef struct options {
+    const char *model;
+    int slots, ctx, pins, threads, score_seqs;
+    uint32_t seed;
+    int kv_f16;     /* --kv-type f16: half the KV memory, logprobs off by ~1e-3 */
+    int flash_attn; /* --flash-attn: faster on GPUs; on the CPU it rounds through F16 */
+} options;
+
+static void usage(void)
+{
+    fprintf(stderr,
+            "usage: serveproto-llama --model PATH [--slots N] [--ctx N] [--pin-slots N]\n"
+            "                        [--threads N] [--score-seqs N] [--seed N] [--kv-type f32|f16]\n"
+            "                        [--flash-attn]\n"
+            "Speaks the serve protocol (spec/serve-protocol.md) on stdin/stdout.\n");
+}
+
+static int parse_int_arg(const char *name, const char *v, int lo, int hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || end == v || x < lo || x > hi) {
+        fprintf(stderr, "serveproto-llama: %s must be an integer in %d..%d, got '%s'\n", name, lo, hi, v);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+static int parse_options(int argc, char **argv, options *o)
+{
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    *o = (options){ NULL, ENGINE_DEFAULT_SLOTS, 0, ENGINE_DEFAULT_PINS, ncpu > 0 ? (int)ncpu : 1, ENGINE_SCORE_SEQS, 42, 0, 0 };
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage();
+            exit(0);
+        }
+        if (!strcmp(a, "--flash-attn")) {
+            o->flash_attn = 1;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "serveproto-llama: %s needs a value\n", a);
+            return -1;
+        }
+        const char *v = argv[++i];
+        int seed = 0, rc = 0;
+        if (!strcmp(a, "--model"))
+            o->model = v;
+        else if (!strcmp(a, "--slots"))
+            rc = parse_int_arg(a, v, 1, 128, &o->slots);
+        else if (!strcmp(a, "--ctx"))
+            rc = parse_int_arg(a, v, 8, 1 << 20, &o->ctx);
+        else if (!strcmp(a, "--pin-slots"))
+            rc = parse_int_arg(a, v, 1, 1024, &o->pins);
+        else if (!strcmp(a, "--threads"))
+            rc = parse_int_arg(a, v, 1, 1024, &o->threads);
+        else if (!strcmp(a, "--score-seqs"))
+            rc = parse_int_arg(a, v, 1, 255, &o->score_seqs);
+        else if (!strcmp(a, "--kv-type")) {
+            if (strcmp(v, "f32") && strcmp(v, "f16")) {
+                fprintf(stderr, "serveproto-llama: --kv-type must be f32 or f16, got '%s'\n", v);
+                return -1;
+            }
+            o->kv_f16 = !strcmp(v, "f16");
+        } else if (!strcmp(a, "--seed")) {
+            rc = parse_int_arg(a, v, 0, 0x7fffffff, &seed);
+            o->seed = (uint32_t)seed;
+        } else {
+            fprintf(stderr, "serveproto-llama: unknown option %s\n", a);
+            return -1;
+        }
+        if (rc)
+            return -1;
+    }
+    if (!o->model) {
+        fprintf(stderr, "serveproto-llama: --model is required\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- llama.cpp logs: to stderr, the errors kept to classify a failed load ---- */
+
+static char g_log_tail[4096];
+
+static void log_cb(enum ggml_log_level level, const char *text, void *ud)
+{
+    (void)ud;
+    fputs(text, stderr);
+    if (level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN || level == GGML_LOG_LEVEL_CONT) {
+        size_t have = strlen(g_log_tail), add = strlen(text);
+        if (have + add >= sizeof g_log_tail)
+            have = 0;
+        memcpy(g_log_tail + have, text, add < sizeof g_log_tail ? add + 1 : 1);
+        g_log_tail[sizeof g_log_tail - 1] = '\0';
+    }
+}
+
+/* The last log line with text, newlines folded, for LOAD_FAIL details. */
+static const char *log_detail(void)
+{
+    for (char *c = g_log_tail; *c; c++)
+        if (*c == '\n' || *c == '\r')
+            *c = ' ';
+    size_t n = strlen(g_log_tail);
+    while (n && g_log_tail[n - 1] == ' ')
+        g_log_tail[--n] = '\0';
+    return n > 300 ? g_log_tail + n - 300 : g_log_tail;
+}
+
+static int log_has(const char *needle)
+{
+    return strstr(g_log_tail, needle) != NULL;
+}
+
+/* ---- load ---- */
+
+static int load_fail(engine *e, const char *kind, const char *fmt, ...)
+{
+    char detail[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "serveproto-llama: LOAD_FAIL %s: %s\n", kind, detail);
+    sp_write_load_fail(&e->w, kind, detail);
+    return -1;
+}
+
+/* File stem without directories, ".gguf" or spaces: the CAPS model name. */
+static void model_name(const char *path, char *out, size_t cap)
+{
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    size_t n = strlen(base);
+    if (n > 5 && !strcmp(base + n - 5, ".gguf"))
+        n -= 5;
+    if (n >= cap)
+        n = cap - 1;
+    for (size_t i = 0; i < n; i++)
+        out[i] = (base[i] == ' ' || (unsigned char)base[i] < 0x21 || base[i] == 0x7f) ? '_' : base[i];
+    out[n] = '\0';
+    if (n == 0)
+        snprintf(out, cap, "model");
+}
+
+static int load(engine *e, const options *o)
+{
+    /* io / format are told apart before llama.cpp sees the file. */
+    int fd = open(o->model, O_RDONLY);
+    if (fd < 0)
+        return load_fail(e, "io", "%s: %s", o->model, strerror(errno));
+    unsigned char magic[4];
+    ssize_t got = read(fd, magic, sizeof magic);
+    int rerr = errno;
+    close(fd);
+    if (got < 0)
+        return load_fail(e, "io", "%s: %s", o->model, strerror(rerr));
+    if (got < 4 || memcmp(magic, "GGUF", 4) != 0)
+        return load_fail(e, "format", "%s: not a GGUF file (bad magic)", o->model);
+
+    struct llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = 999;
+    g_log_tail[0] = '\0';
+    e->model = llama_model_load_from_file(o->model, mp);
+    if (!e->model) {
+        if (log_has("unknown model architecture") || log_has("unsupported"))
+            return load_fail(e, "unsupported", "%s", log_detail());
+        if (log_has("alloc") || log_has("Cannot allocate memory") || log_has("out of memory"))
+            return load_fail(e, "nomem", "%s", log_detail());
+        return load_fail(e, "format", "%s", log_detail());
+    }
+    e->vocab = llama_model_get_vocab(e->model);
+    e->n_vocab = llama_vocab_n_tokens(e->vocab);
+    int train = llama_model_n_ctx_train(e->model);
+    e->n_ctx = o->ctx ? o->ctx : (train > 0 && train < ENGINE_DEFAULT_CTX ? train : ENGINE_DEFAULT_CTX);
+    e->n_slots = o->slots;
+    e->n_pins = o->pins;
+    e->n_score_seqs = o->score_seqs < 256 - o->slots ? o->score_seqs : 256 - o->slots;
+    e->n_batch = e->n_ctx < 2048 ? e->n_ctx : 2048;
+    e->seed = o->seed;
+    model_name(o->model, e->model_name, sizeof e->model_name);
+
+    struct llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = (uint32_t)e->n_ctx * (uint32_t)(e->n_slots + 1); /* the slots + SCORE scratch */
+    cp.n_batch = (uint32_t)e->n_batch;
+    cp.n_ubatch = (uint32_t)(e->n_batch < ENGINE_UBATCH ? e->n_batch : ENGINE_UBATCH);
+    cp.n_seq_max = (uint32_t)(e->n_slots + e->n_score_seqs);
+    cp.n_threads = o->threads;
+    cp.n_threads_batch = o->threads;
+    cp.kv_unified = true;
+    cp.no_perf = true;
+    /* F32 keys and values by default: an F16 KV cache moves logprobs by ~1e-3. */
+    cp.type_k = o->kv_f16 ? GGML_TYPE_F16 : GGML_TYPE_F32;
+    cp.type_v = cp.type_k;
+    /* Flash attention off by default: ggml's CPU kernel rounds Q and the
+     * accumulators through F16, which moves logprobs by ~1e-3. */
+    cp.flash_attn_type = o->flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    g_log_tail[0] = '\0';
+    e->ctx = llama_init_from_model(e->model, cp);
+    if (!e->ctx)
+        return load_fail(e, "nomem", "creating the context of %u tokens failed: %s", cp.n_ctx, log_detail());
+
+    e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
+    e->snaps = calloc((size_t)e->n_pins, sizeof *e->snaps);
+    e->lsm = malloc((size_t)e->n_vocab * sizeof *e->lsm);
+    e->pred_buf = malloc((size_t)e->n_vocab * sizeof *e->pred_buf);
+    e->cand = malloc((size_t)e->n_vocab * sizeof *e->cand);
+    int ok = e->slots && e->snaps && e->lsm && e->pred_buf && e->cand;
+    for (int s = 0; ok && s < e->n_slots; s++)
+        ok = (e->slots[s].tokens = malloc((size_t)e->n_ctx * sizeof(llama_token))) != NULL;
+    if (!ok)
+        return load_fail(e, "nomem", "allocating the engine's buffers failed");
+    e->batch = llama_batch_init(e->n_batch, 0, e->n_score_seqs);
+    return 0;
+}
+
+static void engine_free(engine *e)
+{
+    if (e->slots)
+        for (int s = 0; s < e->n_slots; s++)
+            free(e->slots[s].tokens);
+    if (e->snaps)
+        for (int i = 0; i < e->n_pins; i++) {
+            free(e->snaps[i].tokens);
+            free(e->snaps[i].logits);
+        }
+    free(e->slots);
+    free(e->snaps);
+    free(e->lsm);
+    free(e->pred_buf);
+    free(e->cand);
+    if (e->batch.token)
+        llama_batch_free(e->batch);
+    if (e->ctx)
+        llama_free(e->ctx);
+    if (e->model)
+        llama_model_free(e->model);
+    for (int i = 0; i < e->n_queue; i++)
+        sp_request_free(&e->queue[i].rq);
+    sp_reader_free(&e->rd);
+    sp_writer_free(&e->w);
+}
+
+static void handshake(engine *e)
+{
+    char caps[512];
+    snprintf(caps, sizeof caps,
+             "chat=1 slots=%d n_ctx=%d n_vocab=%d model=%s pin_slots=%d max_logprobs=%d x_score=1 x_counters=1 x_health=1",
+             e->n_slots, e->n_ctx, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS);
+    sp_write_ready(&e->w);
+    sp_write_caps(&e->w, caps);
+    double stat[4] = { 0.0, 0.0, 0.0, rss_gb() };
+    sp_write_stat(&e->w, stat, 4);
+}
+
+/* ---- frames in ---- */
+
+static int find_queued(engine *e, uint64_t id)
+{
+    for (int i = 0; i < e->n_queue; i++)
+        if (e->queue[i].rq.id == id)
+            return i;
+    return -1;
+}
+
+static void remove_queued(engine *e, int i)
+{
+    sp_request_free(&e->queue[i].rq);
+    memmove(&e->queue[i], &e->queue[i + 1], (size_t)(e->n_queue - i - 1) * sizeof e->queue[0]);
+    e->n_queue--;
+}
+
+/* Takes one parsed request frame: control frames are answered now, work is
+ * queued (or refused). Takes ownership of *rq. */
+static void dispatch(engine *e, sp_request *rq)
+{
+    int i = find_queued(e, rq->id);
+    switch (rq->kind) {
+    case SP_SUBMIT:
+    case SP_SCORE:
+        if (rq->kind == SP_SUBMIT && e->skip_submit_id == rq->id) {
+            e->skip_submit_id = 0; /* its IMAGE was already refused */
+            break;
+        }
+        if (i >= 0) {
+            sp_write_error(&e->w, rq->id, "DUPLICATE_ID", "id %llu is in flight", (unsigned long long)rq->id);
+            break;
+        }
+        if (rq->slot >= (uint64_t)e->n_slots) {
+            sp_write_error(&e->w, rq->id, "BAD_REQUEST", "slot %llu is out of range 0..%d",
+                           (unsigned long long)rq->slot, e->n_slots - 1);
+            break;
+        }
+        for (int j = 0; j < e->n_queue; j++)
+            if (e->queue[j].rq.slot == rq->slot) {
+                sp_write_error(&e->w, rq->id, "SLOT_BUSY", "slot %llu is serving request %llu",
+                               (unsigned long long)rq->slot, (unsigned long long)e->queue[j].rq.id);
+                goto done;
+            }
+        if (e->n_queue == ENGINE_QUEUE_MAX) {
+            sp_write_error(&e->w, rq->id, "BAD_REQUEST", "too many requests in flight (%d)", ENGINE_QUEUE_MAX);
+            break;
+        }
+        e->queue[e->n_queue].rq = *rq;
+        e->queue[e->n_queue].stop = 0;
+        e->n_queue++;
+        memset(rq, 0, sizeof *rq);
+        return;
+    case SP_IMAGE:
+        sp_write_error(&e->w, rq->id, "NOT_SUPPORTED", "this engine has no image tower (vision=0)");
+        e->skip_submit_id = rq->id;
+        break;
+    case SP_DECIDE:
+        sp_write_error(&e->w, rq->id, "NOT_SUPPORTED", "this engine has no decision mode (decide=0)");
+        break;
+    case SP_STOP:
+        if (i < 0)
+            sp_write_error(&e->w, rq->id, "NOT_FOUND", "no request %llu in flight", (unsigned long long)rq->id);
+        else
+            e->queue[i].stop = 1;
+        break;
+    case SP_CANCEL:
+        if (i < 0)
+            sp_write_error(&e->w, rq->id, "NOT_FOUND", "no request %llu in flight", (unsigned long long)rq->id);
+        else if (i == 0 && e->running)
+            e->cancel_running = 1;
+        else {
+            sp_write_error(&e->w, rq->id, "CANCELLED", "cancelled before it ran");
+            remove_queued(e, i);
+        }
+        break;
+    case SP_PING:
+        if (i >= 0) {
+            sp_write_error(&e->w, rq->id, "DUPLICATE_ID", "id %llu is in flight", (unsigned long long)rq->id);
+        } else {
+            char f[64];
+            snprintf(f, sizeof f, "active=%d", e->n_queue);
+            sp_write_pong(&e->w, rq->id, f);
+        }
+        break;
+    }
+done:
+    sp_request_free(rq);
+}
+
+/* Parses and dispatches every complete frame buffered. */
+static void drain(engine *e)
+{
+    for (;;) {
+        sp_request rq;
+        sp_error err;
+        memset(&rq, 0, sizeof rq);
+        sp_status st = sp_reader_next(&e->rd, &rq, &err);
+        if (st == SP_FRAME)
+            dispatch(e, &rq);
+        else if (st == SP_BAD)
+            sp_write_error(&e->w, err.id, err.code, "%s", err.reason);
+        else {
+            if (st == SP_EOF)
+                e->in_eof = 1;
+            return;
+        }
+    }
+}
+
+/* One read of stdin; at EOF or on a read error the input is over. */
+static void fill(engine *e)
+{
+    ssize_t r = sp_reader_fill(&e->rd, 0);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN))
+        return;
+    if (r < 0) {
+        fprintf(stderr, "serveproto-llama: reading stdin: %s\n", strerror(errno));
+        sp_reader_feed(&e->rd, NULL, 0);
+    }
+}
+
+/* Non-blocking: takes whatever stdin has now (called between decode steps). */
+void engine_poll(engine *e)
+{
+    if (!e->in_eof) {
+        struct pollfd pfd = { 0, POLLIN, 0 };
+        while (poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLIN | POLLHUP | POLLERR))) {
+            fill(e);
+            drain(e);
+            if (e->in_eof)
+                break;
+        }
+    }
+    drain(e);
+}
+
+int main(int argc, char **argv)
+{
+    options o;
+    if (parse_options(argc, argv, &o) != 0) {
+        usage();
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    static engine e; /* large; zero-initialised */
+    if (sp_reader_init(&e.rd, SP_EXT_ALL) != 0 || sp_writer_init(&e.w, 1) != 0) {
+        fprintf(stderr, "serveproto-llama: out of memory\n");
+        return 1;
+    }
+    llama_log_set(log_cb, NULL);
+    llama_backend_init();
+    if (load(&e, &o) != 0) {
+        engine_free(&e);
+        llama_backend_free();
+        return 1;
+    }
+    handshake(&e);
+    while (!e.w.failed) {
+        if (e.n_queue > 0) {
+            e.running = 1;
+            e.cancel_running = 0;
+            if (e.queue[0].rq.kind == SP_SCORE)
+                serve_score(&e, &e.queue[0]);
+            else
+                serve_submit(&e, &e.queue[0]);
+            e.running = 0;
+            e.cancel_running = 0;
+            remove_queued(&e, 0);
+            continue;
+        }
+        drain(&e);
+        if (e.n_queue > 0)
+            continue;
+        if (e.in_eof)
+            break;
+        fill(&e);
+    }
+    int rc = e.w.failed ? 1 : 0;
+    if (e.w.failed)
+        fprintf(stderr, "serveproto-llama: stdout is gone, exiting\n");
+    engine_free(&e);
+    llama_backend_free();
+    return rc;
+}

@@ -1,0 +1,400 @@
+/* score.c: SCORE, the batched scoring extension (spec section 9.1).
+ *
+ * Every option text prefix + stem + option is tokenized whole. The trunk,
+ * the tokens all of them share, goes into the slot's own sequence (reused
+ * from the slot or a snapshot where it can be). Everything after the trunk
+ * is a token trie: each node is one distinct (context, token) position, put
+ * in the batch once and tagged with the sequence ids of every option whose
+ * path runs through it. Option q uses scratch sequence n_slots + q, a copy of
+ * the slot's trunk (a copy in the unified KV cache shares the cells). So one
+ * llama_decode computes each stem once and each option's own tokens once,
+ * and the logits row of a node predicts the next token of every option below
+ * it. More options than scratch sequences, or more nodes than one batch,
+ * spill into further chunks, each one llama_decode.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "json.h"
+
+typedef struct option_tokens {
+    llama_token *toks; /* prefix + stem + option, owned */
+    int n;
+    int ctx;           /* context_tokens: lcp with prefix + stem */
+    int group, index;
+    int *path;         /* node of positions trunk .. n-1 (chunk-local), owned */
+} option_tokens;
+
+typedef struct trie_node {
+    int first_child, next_sibling;
+    double lse;        /* logsumexp of its logits row once computed, else NAN */
+} trie_node;
+
+typedef struct score_job {
+    option_tokens *opts;
+    int n_opts;
+    int trunk;         /* tokens shared by every option, in the slot's sequence */
+    int longest;       /* max ctx + scored tokens: ACCEPT's prompt_tokens */
+} score_job;
+
+static void job_free(score_job *j)
+{
+    for (int i = 0; i < j->n_opts; i++) {
+        free(j->opts[i].toks);
+        free(j->opts[i].path);
+    }
+    free(j->opts);
+    memset(j, 0, sizeof *j);
+}
+
+static char *concat3(const char *a, size_t na, const char *b, size_t nb, const char *c, size_t nc)
+{
+    char *s = malloc(na + nb + nc + 1);
+    if (!s)
+        return NULL;
+    memcpy(s, a, na);
+    memcpy(s + na, b, nb);
+    memcpy(s + na + nb, c, nc);
+    s[na + nb + nc] = '\0';
+    return s;
+}
+
+/* Reads the payload into a job. Returns 0, or -1 with the reason in msg
+ * (answered as BAD_REQUEST, the field path first). */
+static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, char *msg, size_t cap)
+{
+    spj_value root;
+    char jerr[SPJ_ERR_MAX];
+    memset(job, 0, sizeof *job);
+    if (spj_parse((const char *)rq->payload, rq->payload_len, &root, jerr) != 0) {
+        snprintf(msg, cap, "payload: not JSON (%s)", jerr);
+        return -1;
+    }
+    int rc = -1;
+    llama_token *ptoks = NULL;
+    int np = 0;
+    const spj_value *prefix = spj_get(&root, "prefix"), *groups = spj_get(&root, "groups"), *pv = spj_get(&root, "pin");
+    if (root.type != SPJ_OBJECT) {
+        snprintf(msg, cap, "payload: expected an object, got %s", spj_type_name(root.type));
+        goto out;
+    }
+    if (!prefix || prefix->type != SPJ_STRING) {
+        snprintf(msg, cap, "prefix: expected a string");
+        goto out;
+    }
+    if (!groups || groups->type != SPJ_ARRAY || groups->n == 0) {
+        snprintf(msg, cap, "groups: expected a non-empty array");
+        goto out;
+    }
+    if (pv && pv->type != SPJ_BOOL) {
+        snprintf(msg, cap, "pin: expected a boolean");
+        goto out;
+    }
+    *pin = pv ? pv->boolean : 0;
+    size_t total = 0;
+    for (size_t g = 0; g < groups->n; g++) {
+        const spj_value *gr = &groups->items[g], *stem = spj_get(gr, "stem"), *os = spj_get(gr, "options");
+        if (gr->type != SPJ_OBJECT || !stem || stem->type != SPJ_STRING) {
+            snprintf(msg, cap, "groups[%zu].stem: expected a string", g);
+            goto out;
+        }
+        if (!os || os->type != SPJ_ARRAY || os->n == 0) {
+            snprintf(msg, cap, "groups[%zu].options: expected a non-empty array", g);
+            goto out;
+        }
+        total += os->n;
+    }
+    job->opts = calloc(total, sizeof *job->opts);
+    if (!job->opts || model_tokenize(e, prefix->str, prefix->len, &ptoks, &np) != 0) {
+        snprintf(msg, cap, "payload: out of memory");
+        goto out;
+    }
+    job->trunk = np;
+    for (size_t g = 0; g < groups->n; g++) {
+        const spj_value *gr = &groups->items[g], *stem = spj_get(gr, "stem"), *os = spj_get(gr, "options");
+        char *gs = concat3(prefix->str, prefix->len, stem->str, stem->len, "", 0);
+        llama_token *gt = NULL;
+        int ng = 0;
+        if (!gs || model_tokenize(e, gs, prefix->len + stem->len, &gt, &ng) != 0) {
+            free(gs);
+            snprintf(msg, cap, "groups[%zu].stem: could not be tokenized", g);
+            goto out;
+        }
+        free(gs);
+        for (size_t o = 0; o < os->n; o++) {
+            const spj_value *ov = &os->items[o];
+            if (ov->type != SPJ_STRING) {
+                free(gt);
+                snprintf(msg, cap, "groups[%zu].options[%zu]: expected a string", g, o);
+                goto out;
+            }
+            option_tokens *ot = &job->opts[job->n_opts++];
+            ot->group = (int)g;
+            ot->index = (int)o;
+            char *s = concat3(prefix->str, prefix->len, stem->str, stem->len, ov->str, ov->len);
+            if (!s || model_tokenize(e, s, prefix->len + stem->len + ov->len, &ot->toks, &ot->n) != 0) {
+                free(s);
+                free(gt);
+                snprintf(msg, cap, "groups[%zu].options[%zu]: could not be tokenized", g, o);
+                goto out;
+            }
+            free(s);
+            ot->ctx = lcp(gt, ng, ot->toks, ot->n);
+            int scored = ot->n - ot->ctx;
+            const char *why = NULL;
+            if (scored < 1)
+                why = "adds no token after the stem";
+            else if (scored > ENGINE_MAX_SCORED)
+                why = "has more than 200 scored tokens";
+            else if (ot->ctx < 1)
+                why = "has no context before its first token";
+            else if (ot->n > e->n_ctx)
+                why = "is longer than the context";
+            if (why) {
+                free(gt);
+                snprintf(msg, cap, "groups[%zu].options[%zu]: the text %s", g, o, why);
+                goto out;
+            }
+            int t = lcp(ptoks, job->trunk, ot->toks, ot->n);
+            if (t < job->trunk)
+                job->trunk = t;
+            if (ot->ctx < job->trunk)
+                job->trunk = ot->ctx;
+            if (ot->n > job->longest)
+                job->longest = ot->n;
+        }
+        free(gt);
+    }
+    rc = 0;
+out:
+    free(ptoks);
+    spj_free(&root);
+    if (rc)
+        job_free(job);
+    return rc;
+}
+
+/* Brings the trunk into the slot's sequence and the logits of its last
+ * position into e->pred_buf (when trunk > 0). Returns the positions computed,
+ * or -1 after answering an ERROR. */
+static int load_trunk(engine *e, uint64_t id, int slot, const option_tokens *o0, int trunk, reuse_info *ri)
+{
+    int stale = 0, base;
+    const llama_token *toks = o0->toks;
+    ri->snapshot = "none";
+    ri->reused = 0;
+    if (trunk == 0) {
+        slot_truncate(e, slot, 0);
+        return 0;
+    }
+    snapshot *snap = snapshot_find(e, toks, trunk, trunk, &stale);
+    slot_state *sl = &e->slots[slot];
+    int live = lcp(sl->tokens, sl->n, toks, trunk);
+    ri->snapshot = snap ? "hit" : stale ? "stale" : "none";
+    if (snap && snap->n == trunk) {
+        slot_restore(e, slot, snap);
+        memcpy(e->pred_buf, snap->logits, (size_t)e->n_vocab * sizeof(float));
+        ri->reused = trunk;
+        return 0;
+    }
+    if (live > trunk - 1)
+        live = trunk - 1; /* the live rows have no logits: recompute the last */
+    if (snap && snap->n > live) {
+        slot_restore(e, slot, snap);
+        base = snap->n;
+    } else {
+        slot_truncate(e, slot, live);
+        base = live;
+    }
+    ri->reused = base;
+    for (int a = base; a < trunk;) {
+        int b = a + e->n_batch < trunk ? a + e->n_batch : trunk;
+        batch_clear(&e->batch);
+        for (int i = a; i < b; i++)
+            batch_add(&e->batch, toks[i], i, &slot, 1, i == trunk - 1);
+        int rc;
+        if (model_decode(e, &rc) != 0) {
+            slot_truncate(e, slot, 0);
+            sp_write_error(&e->w, id, "BAD_REQUEST", "llama_decode of the prefix failed (%d)", rc);
+            return -1;
+        }
+        slot_append(e, slot, toks + a, b - a);
+        if (b == trunk)
+            memcpy(e->pred_buf, llama_get_logits_ith(e->ctx, b - 1 - a), (size_t)e->n_vocab * sizeof(float));
+        a = b;
+    }
+    return trunk - base;
+}
+
+/* Scores options [first, last) of the job in one llama_decode, writing their
+ * SCORED frames. nodes/trie are scratch of n_batch entries. Returns the
+ * positions computed, or -1 after answering an ERROR. */
+static int run_chunk(engine *e, uint64_t id, int slot, score_job *job, int first, int last,
+                     trie_node *trie, double pred_lse)
+{
+    llama_memory_t mem = llama_get_memory(e->ctx);
+    struct llama_batch *b = &e->batch;
+    const int trunk = job->trunk;
+    batch_clear(b);
+    for (int q = 0; q < last - first; q++) {
+        option_tokens *ot = &job->opts[first + q];
+        int seq = e->n_slots + q, cur = -1;
+        for (int p = trunk; p < ot->n; p++) {
+            int node = cur < 0 ? -1 : trie[cur].first_child;
+            if (cur < 0) {
+                /* roots: nodes at position trunk */
+                for (int i = 0; i < b->n_tokens && node < 0; i++)
+                    if (b->pos[i] == trunk && b->token[i] == ot->toks[p])
+                        node = i;
+            } else {
+                while (node >= 0 && b->token[node] != ot->toks[p])
+                    node = trie[node].next_sibling;
+            }
+            if (node < 0) {
+                node = b->n_tokens;
+                batch_add(b, ot->toks[p], p, &seq, 1, 0);
+                trie[node].first_child = -1;
+                trie[node].next_sibling = cur < 0 ? -1 : trie[cur].first_child;
+                trie[node].lse = NAN;
+                if (cur >= 0)
+                    trie[cur].first_child = node;
+            } else {
+                b->seq_id[node][b->n_seq_id[node]++] = seq;
+            }
+            if (p >= ot->ctx - 1 && p <= ot->n - 2)
+                b->logits[node] = 1;
+            ot->path[p - trunk] = node;
+            cur = node;
+        }
+    }
+    for (int q = 0; q < last - first; q++) {
+        llama_memory_seq_rm(mem, e->n_slots + q, -1, -1);
+        if (trunk > 0)
+            llama_memory_seq_cp(mem, slot, e->n_slots + q, 0, trunk);
+    }
+    int computed = b->n_tokens, rc = 0;
+    if (model_decode(e, &rc) != 0) {
+        for (int q = 0; q < last - first; q++)
+            llama_memory_seq_rm(mem, e->n_slots + q, -1, -1);
+        sp_write_error(&e->w, id, "BAD_REQUEST", rc == 1 ? "the KV cache has no room for the options"
+                                                          : "llama_decode of the options failed");
+        return -1;
+    }
+    for (int j = first; j < last; j++) {
+        option_tokens *ot = &job->opts[j];
+        double lps[ENGINE_MAX_SCORED];
+        int n = 0;
+        for (int p = ot->ctx; p < ot->n; p++) {
+            int prev = p - 1;
+            const float *logits;
+            double lse;
+            if (prev == trunk - 1) {
+                logits = e->pred_buf;
+                lse = pred_lse;
+            } else {
+                int node = ot->path[prev - trunk];
+                logits = llama_get_logits_ith(e->ctx, node);
+                if (isnan(trie[node].lse))
+                    trie[node].lse = model_logsumexp(logits, e->n_vocab);
+                lse = trie[node].lse;
+            }
+            lps[n++] = (double)logits[ot->toks[p]] - lse;
+        }
+        sp_write_scored(&e->w, id, (uint64_t)ot->group, (uint64_t)ot->index, (uint64_t)ot->ctx, n, lps);
+    }
+    for (int q = 0; q < last - first; q++)
+        llama_memory_seq_rm(mem, e->n_slots + q, -1, -1);
+    return computed;
+}
+
+/* Nodes option j would add to a trie already holding options [first, j):
+ * its positions after the longest common prefix with any of them. */
+static int new_nodes(const score_job *job, int first, int j)
+{
+    const option_tokens *ot = &job->opts[j];
+    int shared = job->trunk;
+    for (int i = first; i < j; i++) {
+        int l = lcp(job->opts[i].toks, job->opts[i].n, ot->toks, ot->n);
+        if (l > shared)
+            shared = l;
+    }
+    return ot->n - shared;
+}
+
+void serve_score(engine *e, pending *p)
+{
+    sp_request *rq = &p->rq;
+    const int slot = (int)rq->slot;
+    score_job job;
+    int pin = 0;
+    char msg[SP_REASON_MAX];
+    if (job_parse(e, rq, &job, &pin, msg, sizeof msg) != 0) {
+        sp_write_error(&e->w, rq->id, "BAD_REQUEST", "%s", msg);
+        return;
+    }
+    const int cap_nodes = e->n_batch < e->n_ctx ? e->n_batch : e->n_ctx;
+    for (int j = 0; j < job.n_opts; j++) {
+        if (job.opts[j].n - job.trunk > cap_nodes) {
+            sp_write_error(&e->w, rq->id, "BAD_REQUEST", "groups[%d].options[%d]: the text does not fit one batch of %d",
+                           job.opts[j].group, job.opts[j].index, cap_nodes);
+            job_free(&job);
+            return;
+        }
+        job.opts[j].path = malloc((size_t)(job.opts[j].n - job.trunk + 1) * sizeof(int));
+        if (!job.opts[j].path) {
+            sp_write_error(&e->w, rq->id, "BAD_REQUEST", "out of memory");
+            job_free(&job);
+            return;
+        }
+    }
+    trie_node *trie = malloc((size_t)e->n_batch * sizeof *trie);
+    if (!trie) {
+        sp_write_error(&e->w, rq->id, "BAD_REQUEST", "out of memory");
+        job_free(&job);
+        return;
+    }
+    sp_write_accept(&e->w, rq->id, (uint64_t)job.longest);
+
+    reuse_info ri;
+    int computed = load_trunk(e, rq->id, slot, &job.opts[0], job.trunk, &ri);
+    if (computed < 0)
+        goto out;
+    if (pin && job.trunk > 0)
+        snapshot_take(e, slot, job.opts[0].toks, job.trunk, e->pred_buf);
+    double pred_lse = job.trunk > 0 ? model_logsumexp(e->pred_buf, e->n_vocab) : NAN;
+
+    for (int first = 0; first < job.n_opts;) {
+        int last = first, nodes = 0;
+        while (last < job.n_opts && last - first < e->n_score_seqs) {
+            int add = new_nodes(&job, first, last);
+            if (nodes + add > cap_nodes)
+                break;
+            nodes += add;
+            last++;
+        }
+        int c = run_chunk(e, rq->id, slot, &job, first, last, trie, pred_lse);
+        if (c < 0)
+            goto out;
+        computed += c;
+        first = last;
+        engine_poll(e);
+        if (e->cancel_running) {
+            sp_write_error(&e->w, rq->id, "CANCELLED", "cancelled");
+            goto out;
+        }
+    }
+    sp_done d = { 0 };
+    d.prompt_tokens = (uint64_t)job.longest;
+    d.rss_gb = rss_gb();
+    d.has_counters = 1;
+    d.computed = (uint64_t)computed;
+    d.reused = (uint64_t)ri.reused;
+    d.snapshot = ri.snapshot;
+    sp_write_done(&e->w, rq->id, &d);
+out:
+    free(trie);
+    job_free(&job);
+}

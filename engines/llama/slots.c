@@ -1,0 +1,129 @@
+/* slots.c: KV slots (one llama.cpp sequence each) with truncate-and-extend
+ * prefix reuse, and pin=1 snapshots (spec section 6).
+ *
+ * A llama-architecture model keeps nothing but attention rows indexed by
+ * position, so a snapshot holds only token ids and the logits of its last
+ * position; its rows stay in its slot's sequence. A snapshot is valid while
+ * that slot still holds its tokens as a prefix; once another prompt truncated
+ * the slot below them, the rows were rewritten and the snapshot is stale. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+/* Length of the longest common prefix of two token arrays. */
+int lcp(const llama_token *a, int na, const llama_token *b, int nb)
+{
+    int n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i])
+        i++;
+    return i;
+}
+
+int snapshot_valid(engine *e, const snapshot *s)
+{
+    const slot_state *sl = &e->slots[s->slot];
+    return sl->n >= s->n && lcp(sl->tokens, sl->n, s->tokens, s->n) == s->n;
+}
+
+static void snapshot_release(snapshot *s)
+{
+    free(s->tokens);
+    free(s->logits);
+    memset(s, 0, sizeof *s);
+}
+
+/* The deepest valid snapshot whose tokens are a prefix of toks[0..n) no
+ * longer than max_len (max_len = n - 1 asks for a strict prefix). Matching
+ * snapshots found stale on the way are released and counted in *stale.
+ * Returns NULL when none is valid. */
+snapshot *snapshot_find(engine *e, const llama_token *toks, int n, int max_len, int *stale)
+{
+    snapshot *best = NULL;
+    for (int i = 0; i < e->n_pins; i++) {
+        snapshot *s = &e->snaps[i];
+        if (!s->used || s->n > max_len || s->n > n || lcp(s->tokens, s->n, toks, n) != s->n)
+            continue;
+        if (!snapshot_valid(e, s)) {
+            snapshot_release(s);
+            (*stale)++;
+            continue;
+        }
+        if (!best || s->n > best->n)
+            best = s;
+    }
+    if (best)
+        best->last_use = ++e->clock;
+    return best;
+}
+
+/* Records a snapshot of slot's first n tokens (its KV rows must hold them)
+ * and the logits of position n-1. Replaces a snapshot of the same tokens,
+ * else the least recently used one. Out of memory: no snapshot (logged). */
+void snapshot_take(engine *e, int slot, const llama_token *toks, int n, const float *logits)
+{
+    snapshot *dst = NULL;
+    for (int i = 0; i < e->n_pins && !dst; i++) {
+        snapshot *s = &e->snaps[i];
+        if (s->used && s->n == n && lcp(s->tokens, s->n, toks, n) == n)
+            dst = s;
+    }
+    for (int i = 0; i < e->n_pins && !dst; i++)
+        if (!e->snaps[i].used)
+            dst = &e->snaps[i];
+    if (!dst) {
+        dst = &e->snaps[0];
+        for (int i = 1; i < e->n_pins; i++)
+            if (e->snaps[i].last_use < dst->last_use)
+                dst = &e->snaps[i];
+    }
+    snapshot_release(dst);
+    dst->tokens = malloc((size_t)n * sizeof *dst->tokens);
+    dst->logits = malloc((size_t)e->n_vocab * sizeof *dst->logits);
+    if (!dst->tokens || !dst->logits) {
+        fprintf(stderr, "serveproto-llama: out of memory taking a snapshot of %d tokens\n", n);
+        snapshot_release(dst);
+        return;
+    }
+    memcpy(dst->tokens, toks, (size_t)n * sizeof *toks);
+    memcpy(dst->logits, logits, (size_t)e->n_vocab * sizeof *logits);
+    dst->n = n;
+    dst->slot = slot;
+    dst->used = 1;
+    dst->last_use = ++e->clock;
+}
+
+/* Keeps the slot's first `keep` positions and drops the rest of its rows. */
+void slot_truncate(engine *e, int slot, int keep)
+{
+    slot_state *sl = &e->slots[slot];
+    if (keep < sl->n || keep == 0)
+        llama_memory_seq_rm(llama_get_memory(e->ctx), slot, keep, -1);
+    if (keep < sl->n)
+        sl->n = keep;
+}
+
+/* Makes the slot hold exactly the snapshot's tokens: truncation when the
+ * snapshot is the slot's own, else a sequence copy (cells are shared in the
+ * unified KV cache, nothing is recomputed). */
+void slot_restore(engine *e, int slot, snapshot *s)
+{
+    if (s->slot == slot) {
+        slot_truncate(e, slot, s->n);
+        return;
+    }
+    llama_memory_t mem = llama_get_memory(e->ctx);
+    llama_memory_seq_rm(mem, slot, -1, -1);
+    llama_memory_seq_cp(mem, s->slot, slot, 0, s->n);
+    memcpy(e->slots[slot].tokens, s->tokens, (size_t)s->n * sizeof *s->tokens);
+    e->slots[slot].n = s->n;
+}
+
+/* Records that the slot's sequence now also holds toks at positions n.. */
+void slot_append(engine *e, int slot, const llama_token *toks, int n)
+{
+    slot_state *sl = &e->slots[slot];
+    memcpy(sl->tokens + sl->n, toks, (size_t)n * sizeof *toks);
+    sl->n += n;
+}
