@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fixtures import default_model, oracle, tiny_gguf
+from fixtures import default_model, oracle, tiny_gguf, vocab
 from fixtures.gguf_read import GGUFFile, GGUFFormatError
 
 
@@ -245,3 +245,24 @@ def test_oracle_rejects_bad_token_ids(tiny):
         oracle.logits(tiny, [1, 49152])
     with pytest.raises(ValueError, match="k: must lie"):
         oracle.top_k(tiny, [1, 2], 0)
+
+
+# --------------------------------------------------------------------------- vocabulary bytes
+
+def test_byte_level_decoding_by_hand():
+    assert vocab.decode_token("Ġthe") == b" the"
+    assert vocab.decode_token("ĊĊ") == b"\n\n"
+    assert vocab.decode_token("cafÃ©") == "café".encode()
+    assert sorted(vocab._DECODER.values()) == list(range(256))     # a bijection on bytes
+    with pytest.raises(ValueError, match="not byte-level"):
+        vocab.decode_token("€")
+
+
+def test_vocab_of_the_tiny_model(tiny):
+    v = vocab.load(tiny)
+    assert len(v) == 49152
+    assert v.pieces[:3] == [b"<|endoftext|>", b"<|im_start|>", b"<|im_end|>"]
+    assert v.types[2] == vocab.CONTROL and v.types[198] == vocab.NORMAL
+    assert v.pieces[198] == b"\n" and v.id_of(b"\n") == 198
+    with pytest.raises(KeyError):
+        v.id_of(b"<|im_end|>")            # control tokens are not text
