@@ -119,6 +119,22 @@ def test_a_question_gets_bars_winner_and_entropy(browser):
     assert browser.find_element(By.ID, "doc-info").text == f"{len(TICKET)} characters"
 
 
+def test_an_edited_document_marks_answers_stale_until_asked_again(browser):
+    with FakeServer(decide=lambda body: (200, choice_reply({"yes": 0.7, "no": 0.3}, qid="q"))) as srv:
+        fresh(browser, srv.url)
+        browser.find_element(By.ID, "doc").send_keys("Version one.")
+        ask(browser, "Ship it?", "yes | no")
+        el = wait(browser, lambda d: answered(d, 1))
+        assert "stale" not in el.get_attribute("class")
+        browser.find_element(By.ID, "doc").send_keys(" Version two.")
+        assert "stale" in el.get_attribute("class")
+        browser.find_element(By.ID, "ask-all").click()
+        wait(browser, lambda d: len(srv.posts("/v1/systemone")) == 2 and answered(d, 1))
+        assert "stale" not in el.get_attribute("class")
+        states = [b["state"] for (_, _, _, b) in srv.posts("/v1/systemone")]
+    assert states == ["Version one.", "Version one. Version two."]
+
+
 def test_questions_accumulate_and_keep_running_while_chatting(browser):
     release = threading.Event()
 
