@@ -7,7 +7,7 @@ import pytest
 import serveproto as sp
 from serveproto import _writers
 
-from protocol_support import CodecGateway, b, decode_all, engine, expected_event, load, same
+from test_protocol_support import CodecGateway, b, decode_all, engine, expected_event, load, same
 
 REQUESTS = load("requests")
 REPLIES = load("replies")
