@@ -1,0 +1,181 @@
+"""The decision server's application: routes, auth, errors, metrics and the access log.
+
+:class:`App` is the HTTP handler (``await app(request) -> Response``) over one
+engine (the supervisor's ``gateway.engine.Engine``, or anything with its
+interface). Route modules (``routes_jev``, ``routes_openai``, ``routes_ops``)
+register their handlers on the app's router; this module maps what they
+raise to HTTP: validation to 422, the engine's per-request errors by their
+protocol code, an engine that is down to 503 with ``Retry-After``.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+import orjson
+
+from gateway.chat_template import ChatTemplate
+from gateway.http import HTTPError, Request, Response, Router, access_line
+from gateway.jev import JevValidationError
+from gateway.metrics import Metrics
+from gateway.prompts import PromptBuilder
+from gateway import auth
+
+log = logging.getLogger("serveproto.access")
+
+#: Seconds a client is told to wait when the engine is down or busy.
+RETRY_AFTER = "1"
+#: Routes answered without an API key.
+PUBLIC_ROUTES = frozenset({"/health", "/metrics", "/"})
+
+
+@attrs.frozen
+class ModelInfo:
+    """What the server says about its model: ``name`` (reply ``model``), ``release_date`` (YYYY-MM-DD),
+    ``description``, the chat ``template`` and the GGUF ``path`` when known."""
+
+    name: str
+    release_date: str
+    description: str
+    template: ChatTemplate
+    path: str | None = None
+
+    @classmethod
+    def load(cls, caps_model: str | None, path: str | Path | None = None) -> "ModelInfo":
+        """From the engine's CAPS ``model`` and, when given, the GGUF (its chat template and file date).
+
+        Blocking (reads the GGUF's metadata): call it in a worker thread.
+        """
+        template = ChatTemplate.chatml()
+        date = _dt.date.today().isoformat()
+        name = caps_model or "serveproto"
+        if path is not None:
+            p = Path(path)
+            template = ChatTemplate.from_gguf(p)
+            date = _dt.date.fromtimestamp(p.stat().st_mtime).isoformat()
+            if not caps_model:
+                name = p.stem
+        return cls(name, date, f"{name} served by serveproto: calibrated System One decisions by scoring options", template,
+                   None if path is None else str(path))
+
+
+def _is_engine_error(exc: BaseException) -> bool:
+    # The supervisor's error classes (gateway.engine) are recognised by name so
+    # that a fake engine in tests, or an older supervisor, maps the same way.
+    return any(c.__name__ in ("EngineError",) for c in type(exc).__mro__)
+
+
+def _is_request_error(exc: BaseException) -> bool:
+    return any(c.__name__ == "RequestError" for c in type(exc).__mro__) and hasattr(exc, "code")
+
+
+def engine_http_error(exc: BaseException) -> HTTPError:
+    """Map an engine failure to the HTTP error the client sees.
+
+    ``RequestError`` by its code (spec section 7): ``DECIDE_INVALID
+    <field>: <reason>`` 422 naming the field, ``DECIDE_FAILED`` 500,
+    ``SLOT_BUSY`` / ``CANCELLED`` 503 + ``Retry-After``, ``BAD_REQUEST`` /
+    ``EMPTY_PROMPT`` / ``NOT_SUPPORTED`` 400. Any ``EngineError`` (crashed,
+    timed out, unavailable, failed to load) 503 + ``Retry-After``.
+    """
+    retry = [("retry-after", RETRY_AFTER)]
+    if _is_request_error(exc):
+        code, reason = exc.code, getattr(exc, "reason", "")
+        if code == "DECIDE_INVALID":
+            field, _, why = reason.partition(": ")
+            loc = ["body", *[p for p in field.split(".") if p]] if why else ["body"]
+            detail = [{"loc": loc, "msg": why or reason or "refused by the decision engine", "type": "decide_invalid"}]
+            return HTTPError(422, "invalid_request_error", reason, body={"detail": detail})
+        if code == "DECIDE_FAILED":
+            return HTTPError(500, "api_error", f"the decision engine failed: {reason}")
+        if code in ("SLOT_BUSY", "CANCELLED"):
+            return HTTPError(503, "overloaded_error", f"engine: {code} {reason}".strip(), headers=retry)
+        if code in ("BAD_REQUEST", "EMPTY_PROMPT", "NOT_SUPPORTED"):
+            return HTTPError(400, "invalid_request_error", f"the engine refused the request: {code} {reason}".strip())
+        return HTTPError(502, "api_error", f"engine error {code} {reason}".strip())
+    return HTTPError(503, "overloaded_error", f"the engine is unavailable: {exc}", headers=retry)
+
+
+def parse_json(request: Request) -> Any:
+    """The request body as JSON (orjson). Raises a 422 ``json_invalid`` with Jev's ``detail`` list."""
+    try:
+        return orjson.loads(request.body)
+    except orjson.JSONDecodeError as exc:
+        detail = [{"loc": ["body", exc.pos], "msg": f"JSON decode error: {exc.msg}", "type": "json_invalid"}]
+        raise HTTPError(422, "invalid_request_error", "the body is not valid JSON", body={"detail": detail}) from None
+
+
+class App:
+    """The HTTP handler over one engine.
+
+    ``engine``: the supervisor's engine (``caps``, ``healthy``, ``score``,
+    ``decide``, ``submit``, ``read_out``). ``model``: :class:`ModelInfo`.
+    ``api_key``: required bearer token, or None for none.
+    ``request_timeout``: seconds one engine call may take before the client
+    gets a 503.
+    """
+
+    def __init__(self, engine: Any, model: ModelInfo, *, api_key: str | None = None, request_timeout: float = 120.0) -> None:
+        self.engine = engine
+        self.model = model
+        self.api_key = api_key
+        self.request_timeout = request_timeout
+        self.prompts = PromptBuilder(model.template)
+        self.metrics = Metrics(
+            engine_restarts=lambda: float(getattr(engine, "restarts", 0) or 0),
+            engine_up=lambda: 1.0 if getattr(engine, "healthy", True) else 0.0,
+        )
+        self.router = Router()
+        self._slot_locks: dict[int, anyio.Lock] = {}
+        self.started = time.time()
+        from gateway import routes_jev, routes_openai, routes_ops
+
+        routes_ops.register(self)
+        routes_jev.register(self)
+        routes_openai.register(self)
+
+    @property
+    def caps(self):
+        return self.engine.caps
+
+    def slot_lock(self, slot: int) -> anyio.Lock:
+        """One lock per KV slot: requests that name a slot take turns on it instead of getting SLOT_BUSY."""
+        lock = self._slot_locks.get(slot)
+        if lock is None:
+            lock = self._slot_locks[slot] = anyio.Lock()
+        return lock
+
+    async def __call__(self, request: Request) -> Response:
+        started = time.perf_counter()
+        route = "unknown"
+        extra: dict[str, Any] = {}
+        try:
+            route, handler = self.router.resolve(request)
+            if route not in PUBLIC_ROUTES:
+                auth.check(request, self.api_key)
+            response = await handler(request)
+        except HTTPError as exc:
+            response = exc.response()
+            extra["error"] = exc.error_type
+        except JevValidationError as exc:
+            response = Response.json(exc.body(), 422)
+            extra["error"] = "validation"
+        except Exception as exc:
+            if _is_engine_error(exc) or _is_request_error(exc):
+                err = engine_http_error(exc)
+                response = err.response()
+                extra["error"] = f"engine: {exc}"[:300]
+            else:
+                log.exception("request %s failed", request.request_id)
+                response = HTTPError(500, "api_error", f"internal error (request {request.request_id})").response()
+                extra["error"] = repr(exc)[:300]
+        seconds = time.perf_counter() - started
+        self.metrics.observe_request(route, request.method, response.status, seconds)
+        if log.isEnabledFor(logging.INFO):
+            log.info(access_line(request, response.status, seconds, extra))
+        return response

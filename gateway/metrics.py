@@ -1,0 +1,51 @@
+"""Prometheus metrics of the server, in one registry per app (``prometheus-client``).
+
+Requests by route and status, request latency by route, prompt positions
+computed vs reused by the engine, snapshot outcomes, questions answered by
+type and path, and the engine's restarts and health (read from the engine at
+scrape time).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+
+#: Latency buckets in seconds: sub-millisecond gateway work up to cold model prefills.
+BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Metrics:
+    """The server's metrics. ``render()`` gives the text exposition format and its content type."""
+
+    def __init__(self, engine_restarts: Callable[[], float] | None = None, engine_up: Callable[[], float] | None = None) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("serveproto_http_requests", "HTTP requests answered", ["route", "method", "status"], registry=r)
+        self.latency = Histogram("serveproto_http_request_duration_seconds", "Time from a request's head to its answer",
+                                 ["route"], buckets=BUCKETS, registry=r)
+        self.positions = Counter("serveproto_prompt_positions", "Prompt positions the engine computed or reused",
+                                 ["kind"], registry=r)
+        self.snapshots = Counter("serveproto_snapshots", "Snapshot outcomes of scoring requests", ["result"], registry=r)
+        self.questions = Counter("serveproto_questions", "Questions answered", ["type", "path"], registry=r)
+        self.option_tokens = Counter("serveproto_option_tokens", "Option tokens read (scored, not generated)", registry=r)
+        self.generated = Counter("serveproto_generated_tokens", "Tokens generated on the chat and completion routes", registry=r)
+        restarts = Gauge("serveproto_engine_restarts", "Times the engine process was restarted", registry=r)
+        up = Gauge("serveproto_engine_up", "1 when the engine is healthy", registry=r)
+        restarts.set_function(engine_restarts or (lambda: 0.0))
+        up.set_function(engine_up or (lambda: 1.0))
+
+    def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, method, str(status)).inc()
+        self.latency.labels(route).observe(seconds)
+
+    def observe_counters(self, computed: int | None, reused: int | None, snapshot: str | None) -> None:
+        if computed is not None:
+            self.positions.labels("computed").inc(computed)
+        if reused is not None:
+            self.positions.labels("reused").inc(reused)
+        if snapshot is not None:
+            self.snapshots.labels(snapshot).inc()
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,318 @@
+"""``POST /v1/systemone`` (TypeSafe's Jev) and ``POST /v1/decisions`` (OpenAI's Decisions API shape).
+
+Both answer through :func:`decide_questions`: on a language model each
+question is a prompt of the seed's table scored option by option (one batched
+``SCORE`` when the engine advertises ``x_score``, else the seed's pin + SUBMIT
+sequence; the supervisor picks), on a ``decide=1`` engine the whole request is
+one ``DECIDE`` record. A question with a single option is answered without
+the engine.
+"""
+from __future__ import annotations
+
+import time
+import zlib
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import attrs
+
+from gateway import decision_record, jev, scoring
+from gateway.app import RETRY_AFTER, parse_json
+from gateway.http import HTTPError, Request, Response
+from gateway.jev import JevValidationError, Question, SystemOneRequest
+from gateway.prompts import as_text
+
+if TYPE_CHECKING:
+    from gateway.app import App
+
+#: How many recent states the server remembers to decide ``pin_state`` on its own.
+SEEN_STATES = 1024
+
+
+@attrs.define
+class Decided:
+    """The outcome of one request's questions.
+
+    ``probs``: reported probabilities by question id (reply order of
+    options); ``input_tokens``: the longest prompt; ``output_tokens``: option
+    tokens read (0 on a decision engine); ``engine_ms``: the engine's time;
+    ``path``: ``"score"``, ``"decide"`` or ``"none"`` (no engine call);
+    ``warnings``: text for ``x_warnings``; counters of the scoring call.
+    """
+
+    probs: dict[str, list[float]]
+    input_tokens: int = 0
+    output_tokens: int = 0
+    engine_ms: float = 0.0
+    path: str = "none"
+    warnings: list[str] = attrs.field(factory=list)
+    computed: int | None = None
+    reused: int | None = None
+    snapshot: str | None = None
+
+
+class _Memory:
+    """Per-app memory of the scoring path: states seen lately, fixed prefixes photographed per slot."""
+
+    def __init__(self) -> None:
+        self.states: OrderedDict[int, None] = OrderedDict()
+        self.fixed: dict[int, str] = {}
+
+    def seen(self, key: str) -> bool:
+        h = hash(key)
+        was = h in self.states
+        self.states[h] = None
+        self.states.move_to_end(h)
+        while len(self.states) > SEEN_STATES:
+            self.states.popitem(last=False)
+        return was
+
+
+def _memory(app: "App") -> _Memory:
+    mem = getattr(app, "_jev_memory", None)
+    if mem is None:
+        mem = app._jev_memory = _Memory()
+    return mem
+
+
+def _slot(app: "App", request: SystemOneRequest, key: str) -> int:
+    slots = max(1, int(app.caps.slots or 1))
+    if request.cache_slot is not None:
+        if request.cache_slot >= slots:
+            raise JevValidationError([{"loc": ["body", "cache_slot"],
+                                       "msg": f"The engine has {slots} KV slot(s): 0..{slots - 1}", "type": "less_than"}])
+        return request.cache_slot
+    return zlib.crc32(key.encode("utf-8")) % slots
+
+
+async def _engine_call(app: "App", fn, *args, **kwargs):
+    try:
+        with anyio.fail_after(app.request_timeout):
+            return await fn(*args, **kwargs)
+    except TimeoutError:
+        raise HTTPError(503, "overloaded_error", f"the engine did not answer within {app.request_timeout:g} s",
+                        headers=[("retry-after", RETRY_AFTER)]) from None
+
+
+async def _score_path(app: "App", request: SystemOneRequest, questions: list[Question], out: Decided) -> None:
+    mem = _memory(app)
+    prompts = app.prompts
+    prefix_text = prompts.prefix(request.state, request.prefix)
+    slot = _slot(app, request, request.prefix if request.prefix else prefix_text)
+    groups = []
+    for q in questions:
+        qp = prompts.question(q.type, q.instructions, q.criteria)
+        groups.append((qp.stem, list(qp.options)))
+    seen = mem.seen(prefix_text)
+    pin = request.pin_state if request.pin_state is not None else (len(groups) >= 2 or seen)
+    engine = app.engine
+    t0 = time.perf_counter()
+    async with app.slot_lock(slot):
+        if request.prefix and mem.fixed.get(slot) != request.prefix:
+            await _engine_call(app, engine.read_out, prompts.fixed_prefix(request.prefix), logprobs=1, pin=True, slot=slot)
+            mem.fixed[slot] = request.prefix
+        result = await _engine_call(app, engine.score, prefix_text, groups, pin=pin, slot=slot)
+    out.engine_ms = (time.perf_counter() - t0) * 1e3
+    out.path = "score"
+    done = getattr(result, "done", None)
+    out.computed = getattr(result, "computed", None)
+    out.reused = getattr(result, "reused", None)
+    out.snapshot = getattr(done, "snapshot", None) if done is not None else None
+    if request.prefix and out.snapshot not in (None, "hit"):
+        mem.fixed.pop(slot, None)  # evicted: retake it next time
+    longest = 0
+    read = 0
+    for q, group in zip(questions, result.groups):
+        lps = [tuple(o.logprobs) for o in group]
+        counts = {len(x) for x in lps}
+        if request.normalize == "mean" and len(counts) > 1:
+            out.warnings.append(f"question {q.id!r}: normalize=mean over options of different token counts "
+                                f"({min(counts)} to {max(counts)}): a per-token average favours the longer options")
+        try:
+            out.probs[q.id] = scoring.decide(lps, request.normalize)
+        except ValueError as exc:
+            raise HTTPError(502, "api_error", f"the engine's scores for {q.id!r} are unusable: {exc}") from None
+        for o in group:
+            longest = max(longest, int(o.context_tokens) + len(o.logprobs))
+            read += len(o.logprobs)
+    out.input_tokens = longest
+    out.output_tokens = read
+
+
+async def _decide_path(app: "App", request: SystemOneRequest, questions: list[Question], out: Decided) -> None:
+    if request.prefix is not None:
+        raise JevValidationError([{"loc": ["body", "prefix"], "type": "value_error",
+                                   "msg": "A decision engine takes no prefix: put that text in state or instructions"}])
+    slot = request.cache_slot if request.cache_slot is not None else 0
+    _slot(app, request, "")  # range check of cache_slot
+    raw = (getattr(app.caps, "decide_record", None) or "") == "raw"
+    record = decision_record.serialize(decision_record.build(request, tuple(questions), raw=raw))
+    t0 = time.perf_counter()
+    async with app.slot_lock(slot):
+        decision, done = await _engine_call(app, app.engine.decide, record, slot=slot)
+    wall_ms = (time.perf_counter() - t0) * 1e3
+    try:
+        probs = decision_record.probabilities(decision, tuple(questions))
+    except decision_record.DecisionError as exc:
+        raise HTTPError(500, "api_error", f"the decision engine's answer is unusable: {exc}") from None
+    for q in questions:
+        out.probs[q.id] = scoring.report(probs[q.id])
+    tokens = decision.get("input_tokens")
+    if not isinstance(tokens, int) or isinstance(tokens, bool):
+        tokens = getattr(done, "prompt_tokens", 0) or 0
+    out.input_tokens = int(tokens)
+    engine_ms = decision.get("engine_ms")
+    out.engine_ms = float(engine_ms) if isinstance(engine_ms, (int, float)) and not isinstance(engine_ms, bool) else wall_ms
+    out.path = "decide"
+
+
+async def decide_questions(app: "App", request: SystemOneRequest) -> Decided:
+    """Answer every question of ``request``: probabilities by question id, usage and counters.
+
+    Raises :class:`JevValidationError` (422) for a request the served engine
+    cannot take (``cache_slot`` out of range, ``prefix`` on a decision
+    engine), :class:`HTTPError` for an engine failure, and lets the engine's
+    own errors through for :class:`gateway.app.App` to map.
+    """
+    out = Decided(probs={})
+    asked = []
+    for q in request.questions:
+        if q.n_options == 1:
+            out.probs[q.id] = [1.0]
+        else:
+            asked.append(q)
+    if asked:
+        if app.caps.decide:
+            await _decide_path(app, request, asked, out)
+        else:
+            await _score_path(app, request, asked, out)
+    metrics = app.metrics
+    for q in request.questions:
+        metrics.questions.labels(q.type, out.path if q.n_options > 1 else "none").inc()
+    metrics.option_tokens.inc(out.output_tokens)
+    metrics.observe_counters(out.computed, out.reused, out.snapshot)
+    return out
+
+
+def _headers(request: Request, decided: Decided) -> list[tuple[str, str]]:
+    return [("x-serveproto-engine-ms", f"{decided.engine_ms:.3f}"), ("x-serveproto-path", decided.path)]
+
+
+async def systemone(app: "App", request: Request) -> Response:
+    parsed = jev.parse_request(parse_json(request))
+    decided = await decide_questions(app, parsed)
+    answers = {q.id: jev.answer(q, decided.probs[q.id]) for q in parsed.questions}
+    extra: dict[str, Any] = {"x_request_id": request.request_id, "x_engine_ms": round(decided.engine_ms, 3), "x_path": decided.path}
+    if decided.computed is not None:
+        extra["x_positions"] = {"computed": decided.computed, "reused": decided.reused, "snapshot": decided.snapshot}
+    if decided.warnings:
+        extra["x_warnings"] = decided.warnings
+    body = jev.reply(app.model.name, answers, decided.input_tokens, decided.output_tokens, extra)
+    return Response.json(body, headers=_headers(request, decided))
+
+
+# --- OpenAI's Decisions API shape -------------------------------------------------------------
+
+_OPENAI_TYPES = {"predicate": "noul", "choice": "choice", "score": "score"}
+
+
+def _openai_error(message: str, param: str) -> HTTPError:
+    return HTTPError(400, "invalid_request_error", message,
+                     body={"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}})
+
+
+def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
+    """Read a ``/v1/decisions`` body into the equivalent System One request.
+
+    ``{"model"?, "input", "questions": [{"type": "predicate"|"choice"|"score", "name"?,
+    "question"|"instructions"?, "choices": [{"value", "description"?}], "levels":
+    [{"label", "description"?}]}]}``. Returns the request (question ids are the
+    positions ``"0".."n-1"``) and the questions as sent. Raises
+    :class:`HTTPError` 400 in OpenAI's error envelope, naming the parameter.
+    """
+    if not isinstance(body, dict):
+        raise _openai_error("the body must be a JSON object", "")
+    if "input" not in body:
+        raise _openai_error("'input' is required", "input")
+    qs = body.get("questions")
+    if not isinstance(qs, list) or not 1 <= len(qs) <= jev.MAX_QUESTIONS:
+        raise _openai_error(f"'questions' must be an array of 1 to {jev.MAX_QUESTIONS} questions", "questions")
+    converted: dict[str, Any] = {}
+    for i, q in enumerate(qs):
+        param = f"questions[{i}]"
+        if not isinstance(q, dict) or q.get("type") not in _OPENAI_TYPES:
+            raise _openai_error(f"{param}.type must be 'predicate', 'choice' or 'score'", f"{param}.type")
+        text = q.get("question", q.get("instructions"))
+        jq: dict[str, Any] = {"type": _OPENAI_TYPES[q["type"]]}
+        if text is not None:
+            jq["instructions"] = text
+        if q["type"] == "choice":
+            choices = q.get("choices")
+            if not isinstance(choices, list) or not choices:
+                raise _openai_error(f"{param}.choices must be a non-empty array", f"{param}.choices")
+            crit = {}
+            for j, c in enumerate(choices):
+                if not isinstance(c, dict) or not isinstance(c.get("value"), str) or not c["value"]:
+                    raise _openai_error(f"{param}.choices[{j}].value must be a non-empty string", f"{param}.choices[{j}].value")
+                if c["value"] in crit:
+                    raise _openai_error(f"{param}.choices[{j}].value repeats {c['value']!r}", f"{param}.choices[{j}].value")
+                crit[c["value"]] = c.get("description")
+            jq["criteria"] = crit
+        elif q["type"] == "score":
+            levels = q.get("levels")
+            if not isinstance(levels, list) or not levels:
+                raise _openai_error(f"{param}.levels must be a non-empty array", f"{param}.levels")
+            crit_l = []
+            for j, lv in enumerate(levels):
+                if not isinstance(lv, dict) or not isinstance(lv.get("label"), str):
+                    raise _openai_error(f"{param}.levels[{j}].label must be a string", f"{param}.levels[{j}].label")
+                desc = lv.get("description")
+                crit_l.append(f"{lv['label']}: {as_text(desc)}" if desc else lv["label"])
+            jq["criteria"] = crit_l
+        converted[str(i)] = jq
+    try:
+        parsed = jev.parse_request({"state": body["input"], "questions": converted, "model": body.get("model")})
+    except JevValidationError as exc:
+        e = exc.errors[0]
+        loc = e["loc"][1:]
+        param = "input" if loc[:1] == ["state"] else ".".join(map(str, loc))
+        raise _openai_error(e["msg"], param) from None
+    return parsed, qs
+
+
+async def decisions(app: "App", request: Request) -> Response:
+    parsed, sent = parse_decisions(parse_json(request))
+    decided = await decide_questions(app, parsed)
+    answers = []
+    for q, raw in zip(parsed.questions, sent):
+        p = decided.probs[q.id]
+        a: dict[str, Any] = {"type": raw["type"]}
+        if raw.get("name") is not None:
+            a["name"] = raw["name"]
+        if q.type == "noul":
+            a["probability"] = scoring.r6(p[1])
+        elif q.type == "choice":
+            labels = list(q.criteria)
+            best = max(range(len(p)), key=lambda i: (p[i], -i))
+            a.update(choice=labels[best], probabilities=[{"value": v, "probability": p[i]} for i, v in enumerate(labels)],
+                     confidence=scoring.r6(scoring.confidence(p)))
+        else:
+            a.update(score=scoring.r6(scoring.expected_level(p)),
+                     probabilities=[{"value": i, "label": lv["label"], "probability": p[i]} for i, lv in enumerate(raw["levels"])],
+                     confidence=scoring.r6(scoring.confidence(p)))
+        answers.append(a)
+    body = {"id": request.request_id, "object": "decision", "created": int(time.time()), "model": app.model.name,
+            "answers": answers, "usage": {"input_tokens": decided.input_tokens, "output_tokens": decided.output_tokens}}
+    return Response.json(body, headers=_headers(request, decided))
+
+
+def register(app: "App") -> None:
+    async def _systemone(request: Request) -> Response:
+        return await systemone(app, request)
+
+    async def _decisions(request: Request) -> Response:
+        return await decisions(app, request)
+
+    app.router.route("/v1/systemone", "POST", _systemone)
+    app.router.route("/v1/decisions", "POST", _decisions)

@@ -1,0 +1,287 @@
+"""The routes through real HTTP on loopback, over a fake engine whose numbers are worked out by hand."""
+from __future__ import annotations
+
+import json
+import math
+
+import httpx2
+import orjson
+import pytest
+
+from gateway.prompts import SYSTEM
+from test_routes_support import (EngineCrashed, FakeCaps, FakeEngine, RequestError, char_logprob, make_app,
+                                 running)
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+TICKET = {
+    "state": "Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing.",
+    "model": "jev-latest",
+    "questions": {
+        "urgency": {"type": "noul", "instructions": "Does this message express urgency?"},
+        "department": {"type": "choice", "instructions": "Which team should handle this?",
+                       "criteria": {"billing": "payments, invoices", "technical": "bugs, integration errors", "sales": None}},
+        "severity": {"type": "score", "instructions": "How severe is the customer impact?",
+                     "criteria": ["no impact", "minor", "blocked", "losing money", "business down"]},
+    },
+}
+
+
+def oracle(options: list[str], normalize: str = "sum") -> list[float]:
+    """Softmax of the toy's option scores, by hand with math (independent of gateway.scoring)."""
+    scores = []
+    for o in options:
+        lps = [char_logprob(c) for c in o]
+        scores.append(sum(lps) if normalize == "sum" else sum(lps) / len(lps))
+    m = max(scores)
+    e = [math.exp(s - m) for s in scores]
+    return [x / sum(e) for x in e]
+
+
+async def post(base, path, body, **kw):
+    async with httpx2.AsyncClient(base_url=base) as c:
+        return await c.post(path, content=orjson.dumps(body), headers={"content-type": "application/json", **kw.pop("headers", {})}, **kw)
+
+
+async def get(base, path, **kw):
+    async with httpx2.AsyncClient(base_url=base) as c:
+        return await c.get(path, **kw)
+
+
+async def test_systemone_scores_every_question_against_the_oracle():
+    eng = FakeEngine()
+    async with running(make_app(eng)) as base:
+        r = await post(base, "/v1/systemone", TICKET)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model"] == "fake-model"
+    assert r.headers["x-typesafe-request-id"] == body["x_request_id"]
+    ans = body["answers"]
+    assert list(ans) == ["urgency", "department", "severity"]
+    p = oracle(["no", "yes"])
+    assert ans["urgency"] == {"type": "noul", "noul": pytest.approx(p[1], abs=1e-6)}
+    p = oracle(["billing", "technical", "sales"])
+    dep = ans["department"]
+    # billing and sales tie in the toy (to 1e-16): the first of the tied labels is the choice
+    assert dep["choice"] == "billing" and p[0] == pytest.approx(p[2], abs=1e-12) and p[0] > p[1]
+    assert [dep["probabilities"][k] for k in ("billing", "technical", "sales")] == pytest.approx(p, abs=1e-6)
+    assert dep["confidence"] == pytest.approx((3 * max(p) - 1) / 2, abs=2e-6)
+    p = oracle(["1", "2", "3", "4", "5"])
+    sev = ans["severity"]
+    assert sev["legend"] == {str(i): v for i, v in enumerate(TICKET["questions"]["severity"]["criteria"])}
+    assert list(sev["probabilities"].values()) == pytest.approx(p, abs=1e-6)
+    assert sev["score"] == pytest.approx(sum(i * x for i, x in enumerate(p)), abs=1e-5)
+    for a in (dep, sev):
+        assert round(sum(a["probabilities"].values()) * 1e6) == 1_000_000
+    # one scoring call: the state once, the options never in it, pinned since 3 questions share it
+    [(kind, prefix, groups, pin, slot)] = eng.calls
+    assert kind == "score" and pin is True and 0 <= slot < 2
+    assert prefix == f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{TICKET['state']}"
+    assert [g[1] for g in groups] == [["no", "yes"], ["billing", "technical", "sales"], ["1", "2", "3", "4", "5"]]
+    assert groups[1][0] == ("\n\nWhich team should handle this?\nbilling: payments, invoices\n"
+                            "technical: bugs, integration errors\nsales\nAnswer with one label.<|im_end|>\n<|im_start|>assistant\n")
+    n_read = len("noyes") + len("billingtechnicalsales") + 5
+    assert body["usage"] == {"input_tokens": max(len(prefix) + len(s) + max(len(o) for o in opts) for s, opts in groups),
+                             "output_tokens": n_read}
+    assert body["x_positions"] == {"computed": n_read, "reused": len(prefix), "snapshot": "none"}
+
+
+async def test_single_option_question_needs_no_engine_and_mean_warns():
+    eng = FakeEngine()
+    async with running(make_app(eng)) as base:
+        r = await post(base, "/v1/systemone", {"state": "s", "questions": {"only": {"type": "choice", "criteria": {"x": None}}}})
+        assert r.status_code == 200
+        assert r.json()["answers"]["only"] == {"type": "choice", "choice": "x", "probabilities": {"x": 1.0}, "confidence": 1.0,
+                                                "x_entropy": 0.0}
+        assert r.json()["usage"] == {"input_tokens": 0, "output_tokens": 0}
+        assert eng.calls == []
+        r = await post(base, "/v1/systemone", {"state": "s", "normalize": "mean", "pin_state": False,
+                                               "questions": {"q": {"type": "choice", "criteria": {"ab": None, "abcd": None}}}})
+    assert r.json()["answers"]["q"]["probabilities"]["ab"] == pytest.approx(oracle(["ab", "abcd"], "mean")[0], abs=1e-6)
+    assert "normalize=mean" in r.json()["x_warnings"][0]
+    assert eng.calls[-1][3] is False  # pin_state=false
+
+
+async def test_validation_errors_are_422_with_detail():
+    async with running(make_app()) as base:
+        r = await post(base, "/v1/systemone", {"questions": {"q": {"type": "score", "criteria": {"a": 1}}}})
+        assert r.status_code == 422
+        assert [(d["loc"], d["type"]) for d in r.json()["detail"]] == [
+            (["body", "state"], "missing"), (["body", "questions", "q", "criteria"], "list_type")]
+        async with httpx2.AsyncClient(base_url=base) as c:
+            r = await c.post("/v1/systemone", content=b"{nope", headers={"content-type": "application/json"})
+        assert r.status_code == 422 and r.json()["detail"][0]["type"] == "json_invalid"
+        r = await post(base, "/v1/systemone", {"state": "s", "cache_slot": 2, "questions": {"q": {"type": "noul"}}})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "cache_slot"]
+
+
+async def test_auth_bearer_key():
+    async with running(make_app(api_key="sekret")) as base:
+        r = await get(base, "/v1/models")
+        assert r.status_code == 401 and r.json()["detail"]["error_type"] == "authentication_error"
+        r = await get(base, "/v1/models", headers={"authorization": "Bearer wrong"})
+        assert r.status_code == 401
+        r = await get(base, "/v1/models", headers={"authorization": "Bearer sekret"})
+        assert r.status_code == 200
+        assert (await get(base, "/health")).status_code == 200
+    async with running(make_app()) as base:
+        assert (await get(base, "/v1/models", headers={"authorization": "Bearer anything"})).status_code == 200
+
+
+async def test_prefix_is_photographed_once_per_slot():
+    eng = FakeEngine()
+    body = {"state": "frame 1", "prefix": "RULES", "cache_slot": 1, "questions": {"q": {"type": "noul"}}}
+    async with running(make_app(eng)) as base:
+        assert (await post(base, "/v1/systemone", body)).status_code == 200
+        assert (await post(base, "/v1/systemone", dict(body, state="frame 2"))).status_code == 200
+    kinds = [c[0] for c in eng.calls]
+    assert kinds == ["read_out", "score", "score"]
+    assert eng.calls[0][1].endswith("<|im_start|>user\nRULES\n\n") and eng.calls[0][3] is True and eng.calls[0][4] == 1
+    assert eng.calls[1][1].endswith("user\nRULES\n\nframe 1") and eng.calls[2][4] == 1
+
+
+DECIDE_CAPS = FakeCaps(chat=False, decide=True, slots=1, model="fake-decider")
+
+
+async def test_decision_engine_path_record_and_reply():
+    eng = FakeEngine(DECIDE_CAPS)
+    req = {"state": {"subject": "Dup", "body": "charged twice"}, "questions": {
+        "department": {"type": "choice", "instructions": "Which department?", "criteria": {"billing": "invoices", "other": None}},
+        "urgency": {"type": "score", "instructions": "How urgent?", "criteria": ["not urgent", "blocking"]},
+        "churn": {"type": "noul", "instructions": "Leaving?"},
+        "solo": {"type": "choice", "criteria": {"only": None}}}}
+    async with running(make_app(eng)) as base:
+        r = await post(base, "/v1/systemone", req)
+        chat = await post(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+        models = await get(base, "/v1/models")
+    assert r.status_code == 200, r.text
+    [(kind, record, slot)] = eng.calls
+    assert kind == "decide" and slot == 0
+    assert record == (
+        '{"state": "{\\"subject\\": \\"Dup\\", \\"body\\": \\"charged twice\\"}", "state_type": "object", "questions": ['
+        '{"id": "department", "type": "choice", "instructions": "Which department?", "options": [{"label": "billing", "text": "invoices"}, {"label": "other", "text": null}]}, '
+        '{"id": "urgency", "type": "score", "instructions": "How urgent?", "options": [{"label": "0", "text": "not urgent"}, {"label": "1", "text": "blocking"}]}, '
+        '{"id": "churn", "type": "noul", "instructions": "Leaving?", "options": [{"label": "false", "text": null}, {"label": "true", "text": null}]}]}'
+    ).encode()
+    body = r.json()
+    assert body["answers"]["department"]["probabilities"] == {"billing": 0.333333, "other": 0.666667}
+    assert body["answers"]["urgency"]["score"] == 0.666667
+    assert body["answers"]["churn"] == {"type": "noul", "noul": 0.666667}
+    assert body["answers"]["solo"]["choice"] == "only"
+    assert body["usage"] == {"input_tokens": 42, "output_tokens": 0}
+    assert r.headers["x-serveproto-engine-ms"] == "1.500"
+    assert chat.status_code == 400 and "/v1/systemone" in chat.json()["error"]["message"]
+    assert models.json()["data"][0]["capabilities"] == ["systemone", "decision"]
+
+
+async def test_raw_record_form():
+    eng = FakeEngine(FakeCaps(chat=False, decide=True, decide_record="raw", slots=1))
+    req = {"state": {"b": 1, "a": "é"}, "questions": {
+        "n": {"type": "noul", "criteria": {"true": ""}},
+        "c": {"type": "choice", "instructions": {"z": 1, "y": 2}, "criteria": {"x": {"k": [1, 2]}, "w": ""}}}}
+    async with running(make_app(eng)) as base:
+        assert (await post(base, "/v1/systemone", req)).status_code == 200
+    assert eng.calls[0][1] == (
+        '{"record": "raw", "state": "{\\"a\\":\\"é\\",\\"b\\":1}", "state_type": "object", "questions": ['
+        '{"id": "n", "type": "noul", "instructions": null, "options": [{"label": "false"}, {"label": "true", "text": ""}]}, '
+        '{"id": "c", "type": "choice", "instructions": "{\\"y\\":2,\\"z\\":1}", "options": [{"label": "x", "text": "{\\"k\\":[1,2]}", "json": true}, {"label": "w", "text": ""}]}]}'
+    ).encode("utf-8")
+
+
+@pytest.mark.parametrize("error, status", [
+    (RequestError("DECIDE_INVALID", "questions.department.options: too many options"), 422),
+    (RequestError("DECIDE_FAILED", "out of memory"), 500),
+    (EngineCrashed("engine 'fixture' exited with 3"), 503),
+    (RequestError("SLOT_BUSY", ""), 503),
+])
+async def test_engine_errors_map_to_http(error, status):
+    eng = FakeEngine(DECIDE_CAPS, fail=error)
+    async with running(make_app(eng)) as base:
+        r = await post(base, "/v1/systemone", {"state": "s", "questions": {"department": {"type": "noul"}}})
+    assert r.status_code == status
+    if status == 422:
+        assert r.json()["detail"] == [{"loc": ["body", "questions", "department", "options"], "msg": "too many options",
+                                       "type": "decide_invalid"}]
+    if status == 503:
+        assert r.headers["retry-after"] == "1"
+
+
+async def test_health_models_index_metrics():
+    eng = FakeEngine()
+    async with running(make_app(eng)) as base:
+        assert (await get(base, "/health")).json() == {"status": "ok", "model": "fake-model"}
+        m = (await get(base, "/v1/models")).json()
+        assert m["models"] == [{"name": "fake-model", "description": "a fake model", "release_date": "2026-11-30",
+                                "capabilities": ["chat", "systemone"]}]
+        assert m["data"][0]["id"] == "fake-model" and m["object"] == "list"
+        assert any(r["path"] == "/v1/systemone" for r in (await get(base, "/v1")).json()["routes"])
+        await post(base, "/v1/systemone", TICKET)
+        await post(base, "/v1/systemone", TICKET)
+        eng.healthy = False
+        h = await get(base, "/health")
+        assert h.status_code == 503 and h.headers["retry-after"] == "1"
+        text = (await get(base, "/metrics")).text
+    assert 'serveproto_http_requests_total{method="POST",route="/v1/systemone",status="200"} 2.0' in text
+    assert 'serveproto_snapshots_total{result="none"} 1.0' in text
+    assert 'serveproto_snapshots_total{result="hit"} 1.0' in text
+    assert 'serveproto_questions_total{path="score",type="choice"} 2.0' in text
+    assert "serveproto_engine_up 0.0" in text
+    assert 'serveproto_http_request_duration_seconds_count{route="/v1/systemone"} 2.0' in text
+
+
+async def test_chat_completions_whole_and_streamed():
+    eng = FakeEngine(reply="Hello there friend")
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    async with running(make_app(eng)) as base:
+        r = await post(base, "/v1/chat/completions", {"messages": msgs, "max_tokens": 2})
+        body = r.json()
+        assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hello there"}
+        assert body["choices"][0]["finish_reason"] == "length"
+        assert eng.calls[-1][1] == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        async with httpx2.AsyncClient(base_url=base) as c:
+            async with c.stream("POST", "/v1/chat/completions", content=orjson.dumps(
+                    {"messages": msgs, "stream": True, "stop": [" fr"], "stream_options": {"include_usage": True}})) as s:
+                raw = b"".join([chunk async for chunk in s.aiter_bytes()])
+    events = [e[len(b"data: "):] for e in raw.split(b"\n\n") if e]
+    assert events[-1] == b"[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == "Hello there"
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
+    assert chunks[-1]["usage"]["completion_tokens"] == 2
+
+
+async def test_completions_echo_logprobs_reads_the_prompt():
+    eng = FakeEngine(reply="ok")
+    async with running(make_app(eng)) as base:
+        r = await post(base, "/v1/completions", {"prompt": "abc", "echo": True, "logprobs": 2, "max_tokens": 0})
+        r2 = await post(base, "/v1/completions", {"prompt": "abc", "max_tokens": 0})
+    lp = r.json()["choices"][0]["logprobs"]
+    assert r.json()["choices"][0]["text"] == "abc"
+    assert lp["tokens"] == ["a", "b", "c"] and lp["text_offset"] == [0, 1, 2]
+    assert lp["token_logprobs"] == [None, char_logprob("b"), char_logprob("c")]
+    assert lp["top_logprobs"][1] == {"<0>": -0.5, "<1>": -1.5}
+    assert r2.status_code == 400
+
+
+async def test_decisions_route_openai_shape():
+    eng = FakeEngine()
+    req = {"model": "x", "input": "The PR has no tests.", "questions": [
+        {"type": "predicate", "name": "risky", "question": "Is it risky?"},
+        {"type": "choice", "question": "What now?", "choices": [{"value": "merge"}, {"value": "close", "description": "drop"}]},
+        {"type": "score", "question": "Quality?", "levels": [{"label": "bad", "description": "poor"}, {"label": "good"}]}]}
+    async with running(make_app(eng)) as base:
+        r = await post(base, "/v1/decisions", req)
+        bad = await post(base, "/v1/decisions", {"input": "x", "questions": [{"type": "choice", "choices": []}]})
+    a = r.json()["answers"]
+    assert a[0] == {"type": "predicate", "name": "risky", "probability": pytest.approx(oracle(["no", "yes"])[1], abs=1e-6)}
+    p = oracle(["merge", "close"])
+    assert a[1]["probabilities"] == [{"value": "merge", "probability": pytest.approx(p[0], abs=1e-6)},
+                                     {"value": "close", "probability": pytest.approx(p[1], abs=1e-6)}]
+    assert [x["label"] for x in a[2]["probabilities"]] == ["bad", "good"]
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "questions[0].choices"
