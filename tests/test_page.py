@@ -101,6 +101,7 @@ def test_a_question_gets_bars_winner_and_entropy(browser):
         el = wait(browser, lambda d: answered(d, 1))
         shot = os.environ.get("SERVEPROTO_PAGE_SCREENSHOT")
         if shot:
+            time.sleep(0.6)  # let the bars' 0.35 s width transition finish before the picture
             browser.save_screenshot(shot)
         [(_, _, headers, body)] = srv.posts("/v1/systemone")
     assert body == {"state": TICKET, "questions": {"q": {"type": "choice", "instructions": "Which team should handle this?",
