@@ -229,3 +229,29 @@ def test_errors_from_the_server_are_one_line(term_factory):
         t2.wait_for("✗ unknown command /nonsense")
         t2.close()
     assert "Traceback" not in t.seen + t2.seen
+
+
+def test_help_clear_and_ctrl_d(term_factory):
+    with FakeServer(chat=lambda body: (200, ["ok"])) as srv:
+        t = term_factory("--attach", srv.url.removeprefix("http://"))  # a bare host:port works too
+        t.wait_for(f"attached to {srv.url}")
+        t.wait_for("›")
+        t.line("/help")
+        shown = t.wait_for("/exit")
+        assert "/decide  System One: /decide a | b | c; alone, back to chat" in shown
+        t.line("first")
+        t.wait_for("ok")
+        t.line("/clear")
+        t.wait_for("✦ conversation cleared")
+        t.line("second")
+        t.wait_for("ok")
+        t.wait_for("›")
+        t.child.sendeof()
+        t.wait_for("bye")
+        t.child.expect(pexpect.EOF, timeout=10)
+        t.child.close()
+        assert t.child.exitstatus == 0
+        bodies = [b for (_, _, _, b) in srv.posts("/v1/chat/completions")]
+    # After /clear the second turn goes alone.
+    assert [b["messages"] for b in bodies] == [[{"role": "user", "content": "first"}],
+                                               [{"role": "user", "content": "second"}]]
