@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import anyio
 import attrs
 import orjson
 
@@ -131,7 +130,6 @@ class App:
             engine_up=lambda: 1.0 if getattr(engine, "healthy", True) else 0.0,
         )
         self.router = Router()
-        self._slot_locks: dict[int, anyio.Lock] = {}
         self.started = time.time()
         from gateway import routes_jev, routes_openai, routes_ops
 
@@ -142,13 +140,6 @@ class App:
     @property
     def caps(self):
         return self.engine.caps
-
-    def slot_lock(self, slot: int) -> anyio.Lock:
-        """One lock per KV slot: requests that name a slot take turns on it instead of getting SLOT_BUSY."""
-        lock = self._slot_locks.get(slot)
-        if lock is None:
-            lock = self._slot_locks[slot] = anyio.Lock()
-        return lock
 
     async def __call__(self, request: Request) -> Response:
         started = time.perf_counter()

@@ -1,7 +1,97 @@
-"""``serveproto serve``: the decision server (filled in with the HTTP server)."""
+"""``serveproto serve``: the decision server, an engine under the supervisor behind the HTTP server.
+
+    serveproto serve [--model PATH] [--host H] [--port P] [--api-key KEY] [--engine CMD ...]
+
+With no ``--engine`` it serves ``engines/bin/serveproto-llama --model PATH``
+(``PATH`` defaulting to the fetched SmolLM2 model). ``--engine`` takes the
+rest of the command line as the engine's argv, e.g. ``--engine
+engines/bin/serveproto-fixture --mode decide``. Once listening it prints one
+line, ``serveproto: serving <model> on http://<host>:<port>``.
+"""
 from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from gateway.auth import API_KEY_ENV, key_from_env
+from gateway.paths import default_model_path, engine_bin
 
 
 def add_parsers(sub) -> None:
-    p = sub.add_parser("serve", help="start the decision server")
-    p.set_defaults(func=lambda args: print("not yet") or 1)
+    p = sub.add_parser("serve", help="start the decision server (POST /v1/systemone and the OpenAI routes)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="GGUF model for the llama engine (default: the fetched SmolLM2-135M-Instruct); "
+                                   "also read for its chat template when --engine is given")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--api-key", default=None, help=f"required bearer key (default ${API_KEY_ENV}; none: any key passes)")
+    p.add_argument("--slots", type=int, default=None, help="KV slots of the llama engine")
+    p.add_argument("--ctx", type=int, default=None, help="context size per slot of the llama engine")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads of the llama engine")
+    p.add_argument("--request-timeout", type=float, default=120.0, help="seconds one engine call may take (503 after)")
+    p.add_argument("--handshake-timeout", type=float, default=180.0, help="seconds the engine may take to load")
+    p.add_argument("--max-body", type=int, default=16 << 20, help="largest request body in bytes (413 above)")
+    p.add_argument("--log-level", default="INFO", help="logging level (INFO logs one JSON line per request)")
+    p.add_argument("--engine", nargs=argparse.REMAINDER, default=None,
+                   help="the engine command and its arguments (everything after --engine)")
+    p.set_defaults(func=run)
+
+
+def engine_argv(args) -> tuple[list[str], str | None]:
+    """The engine's argv and the GGUF whose chat template the prompts use (None: ChatML)."""
+    if args.engine:
+        argv = shlex.split(args.engine[0]) + list(args.engine[1:]) if len(args.engine) == 1 else list(args.engine)
+        return argv, args.model
+    model = args.model or str(default_model_path())
+    if not Path(model).exists():
+        raise SystemExit(f"serveproto serve: model {model} not found (run `make model`, or pass --model PATH)")
+    argv = [str(engine_bin("serveproto-llama")), "--model", model]
+    for flag, value in (("--slots", args.slots), ("--ctx", args.ctx), ("--threads", args.threads)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if not os.access(argv[0], os.X_OK):
+        raise SystemExit(f"serveproto serve: {argv[0]} is not built (run `make engines`)")
+    return argv, model
+
+
+async def serve(args, *, task_status=None) -> None:
+    """Start the engine, load the model's description, listen; runs until cancelled."""
+    import anyio
+
+    from gateway.app import App, ModelInfo
+    from gateway.engine import Engine
+    from gateway.http import HTTPServer, Limits
+
+    argv, model_path = engine_argv(args)
+    api_key = args.api_key or key_from_env()
+    async with Engine.spawn(argv, handshake_timeout=args.handshake_timeout) as engine:
+        caps = engine.caps
+        model = await anyio.to_thread.run_sync(ModelInfo.load, caps.model, model_path)
+        app = App(engine, model, api_key=api_key, request_timeout=args.request_timeout)
+        limits = Limits(max_body_bytes=args.max_body, max_decoded_bytes=max(args.max_body, 64 << 20))
+        async with anyio.create_task_group() as tg:
+            port = await HTTPServer(app, limits).start(tg, args.host, args.port)
+            print(f"serveproto: serving {model.name} on http://{args.host}:{port}", flush=True)
+            if task_status is not None:
+                task_status.started(port)
+
+
+def run(args) -> int:
+    import anyio
+
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO), format="%(message)s",
+                        stream=sys.stderr)
+    try:
+        anyio.run(serve, args)
+    except KeyboardInterrupt:
+        return 0
+    except Exception as exc:
+        if any(c.__name__ == "EngineError" for c in type(exc).__mro__):
+            print(f"serveproto serve: the engine did not start: {exc}", file=sys.stderr)
+            return 1
+        raise
+    return 0

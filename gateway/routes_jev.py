@@ -10,7 +10,6 @@ the engine.
 from __future__ import annotations
 
 import time
-import zlib
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +56,7 @@ class _Memory:
 
     def __init__(self) -> None:
         self.states: OrderedDict[int, None] = OrderedDict()
-        self.fixed: dict[int, str] = {}
+        self.fixed: dict[tuple[int | None, str], bool] = {}
 
     def seen(self, key: str) -> bool:
         h = hash(key)
@@ -76,14 +75,12 @@ def _memory(app: "App") -> _Memory:
     return mem
 
 
-def _slot(app: "App", request: SystemOneRequest, key: str) -> int:
+def _check_slot(app: "App", request: SystemOneRequest) -> None:
+    """Check ``cache_slot`` against the engine's slots (422 naming the field)."""
     slots = max(1, int(app.caps.slots or 1))
-    if request.cache_slot is not None:
-        if request.cache_slot >= slots:
-            raise JevValidationError([{"loc": ["body", "cache_slot"],
-                                       "msg": f"The engine has {slots} KV slot(s): 0..{slots - 1}", "type": "less_than"}])
-        return request.cache_slot
-    return zlib.crc32(key.encode("utf-8")) % slots
+    if request.cache_slot is not None and request.cache_slot >= slots:
+        raise JevValidationError([{"loc": ["body", "cache_slot"],
+                                   "msg": f"The engine has {slots} KV slot(s): 0..{slots - 1}", "type": "less_than"}])
 
 
 async def _engine_call(app: "App", fn, *args, **kwargs):
@@ -99,7 +96,8 @@ async def _score_path(app: "App", request: SystemOneRequest, questions: list[Que
     mem = _memory(app)
     prompts = app.prompts
     prefix_text = prompts.prefix(request.state, request.prefix)
-    slot = _slot(app, request, request.prefix if request.prefix else prefix_text)
+    if request.cache_slot is not None:
+        _check_slot(app, request)
     groups = []
     for q in questions:
         qp = prompts.question(q.type, q.instructions, q.criteria)
@@ -107,12 +105,20 @@ async def _score_path(app: "App", request: SystemOneRequest, questions: list[Que
     seen = mem.seen(prefix_text)
     pin = request.pin_state if request.pin_state is not None else (len(groups) >= 2 or seen)
     engine = app.engine
+    slot = request.cache_slot
+    # With no cache_slot the supervisor routes a request to the slot that last
+    # served its prefix; a fixed prefix routes by itself, so the frames that
+    # share it meet its snapshot.
+    route = {}
     t0 = time.perf_counter()
-    async with app.slot_lock(slot):
-        if request.prefix and mem.fixed.get(slot) != request.prefix:
-            await _engine_call(app, engine.read_out, prompts.fixed_prefix(request.prefix), logprobs=1, pin=True, slot=slot)
-            mem.fixed[slot] = request.prefix
-        result = await _engine_call(app, engine.score, prefix_text, groups, pin=pin, slot=slot)
+    if request.prefix:
+        fixed = prompts.fixed_prefix(request.prefix)
+        route = {"route": fixed}
+        key = (slot, fixed)
+        if key not in mem.fixed:
+            await _engine_call(app, engine.read_out, fixed, logprobs=1, pin=True, slot=slot, **route)
+            mem.fixed[key] = True
+    result = await _engine_call(app, engine.score, prefix_text, groups, pin=pin, slot=slot, **route)
     out.engine_ms = (time.perf_counter() - t0) * 1e3
     out.path = "score"
     done = getattr(result, "done", None)
@@ -120,7 +126,7 @@ async def _score_path(app: "App", request: SystemOneRequest, questions: list[Que
     out.reused = getattr(result, "reused", None)
     out.snapshot = getattr(done, "snapshot", None) if done is not None else None
     if request.prefix and out.snapshot not in (None, "hit"):
-        mem.fixed.pop(slot, None)  # evicted: retake it next time
+        mem.fixed.pop((slot, prompts.fixed_prefix(request.prefix)), None)  # evicted: retake it next time
     longest = 0
     read = 0
     for q, group in zip(questions, result.groups):
@@ -145,12 +151,11 @@ async def _decide_path(app: "App", request: SystemOneRequest, questions: list[Qu
         raise JevValidationError([{"loc": ["body", "prefix"], "type": "value_error",
                                    "msg": "A decision engine takes no prefix: put that text in state or instructions"}])
     slot = request.cache_slot if request.cache_slot is not None else 0
-    _slot(app, request, "")  # range check of cache_slot
+    _check_slot(app, request)
     raw = (getattr(app.caps, "decide_record", None) or "") == "raw"
     record = decision_record.serialize(decision_record.build(request, tuple(questions), raw=raw))
     t0 = time.perf_counter()
-    async with app.slot_lock(slot):
-        decision, done = await _engine_call(app, app.engine.decide, record, slot=slot)
+    decision, done = await _engine_call(app, app.engine.decide, record, slot=slot)
     wall_ms = (time.perf_counter() - t0) * 1e3
     try:
         probs = decision_record.probabilities(decision, tuple(questions))

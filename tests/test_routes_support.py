@@ -122,7 +122,7 @@ class FakeEngine:
         if self.fail is not None:
             raise self.fail
 
-    async def score(self, prefix, groups, pin=False, slot=None):
+    async def score(self, prefix, groups, pin=False, slot=None, route=None):
         self.calls.append(("score", prefix, groups, pin, slot))
         self._check()
         ctx = len(prefix)
@@ -166,7 +166,7 @@ class FakeEngine:
             yield Data(1, piece, -0.25 if logprobs else None, tuple((7, -0.25),) if logprobs else ())
         yield Done(1, len(pieces), 10.0, 0.0, 0.1, len(p), len(pieces) == max_tokens and len(words) > max_tokens)
 
-    async def read_out(self, prompt, logprobs=1, pin=False, slot=None):
+    async def read_out(self, prompt, logprobs=1, pin=False, slot=None, route=None):
         self.calls.append(("read_out", prompt, logprobs, pin, slot))
         self._check()
         if pin:
