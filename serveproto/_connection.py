@@ -22,6 +22,9 @@ from ._writers import WRITERS
 __all__ = ["GatewayConnection", "EngineConnection"]
 
 _NEED_DATA = st.NEED_DATA
+_ECHOING = st.ECHOING
+_echo_k1 = g.ECHO_K1_FAST.fullmatch
+_make_echo = rd._make_echo
 _kind_match = g.KIND_RE.fullmatch
 #: How many ids of STOP / CANCEL the gateway remembers, to accept a late
 #: ``ERROR <id> NOT_FOUND`` for a request that had already ended.
@@ -81,18 +84,17 @@ class _Connection:
         self._buf.pull()
         return self._buf.data[self._buf.pos:], self._buf.eof
 
-    def _take_line(self) -> tuple[int, bytes] | None:
-        """Return (index of the ``\\n``, contiguous data) or None when no whole line is buffered."""
+    def _ready(self) -> bool:
+        """Make the fed bytes contiguous; False when nothing new can complete a frame
+        (fewer bytes than ``need``), so the caller waits."""
         buf = self._buf
-        data, pos = buf.data, buf.pos
-        nl = data.find(b"\n", pos, pos + self.max_line)
-        if nl < 0 and buf.has_chunks:
+        if buf.has_chunks:
+            if len(buf) < buf.need:
+                return False
             buf.pull()
-            data, pos = buf.data, buf.pos
-            nl = data.find(b"\n", pos, pos + self.max_line)
-        if nl < 0:
-            return None
-        return nl, data
+            buf.need = 0
+            return True
+        return not buf.need
 
     def _closed(self) -> ev.ConnectionClosed:
         if self._closed_event is None:
@@ -168,16 +170,36 @@ class GatewayConnection(_Connection):
         if self._error is not None:
             raise self._error
         buf = self._buf
-        if len(buf) < buf.need:
+        if buf.has_chunks:
+            if len(buf) < buf.need:
+                return self._wait()
+            buf.pull()
+            buf.need = 0
+        elif buf.need:
             return self._wait()
-        got = self._take_line()
-        if got is None:
+        data, pos = buf.data, buf.pos
+        nl = data.find(b"\n", pos, pos + self.max_line)
+        if nl < 0:
             if len(buf) >= self.max_line:
                 raise self._fail(f"line longer than {self.max_line} bytes")
             buf.need = len(buf) + 1
             return self._wait()
-        nl, data = got
-        pos = buf.pos
+        # Fast path: the next ECHO (k=1) of a read-out already under way, in its
+        # plainest spelling. Anything else, or any doubt, takes the general path.
+        m = _echo_k1(data, pos, nl)
+        if m is not None:
+            i, nb, p, lp, tid, tlp = m.groups()
+            end = nl + 1 + int(nb)
+            if len(data) > end and data[end] == 10:
+                i = int(i)
+                p = int(p)
+                req = self._requests.get(i)
+                if req is not None and req.phase is _ECHOING and req.next_position == p and \
+                        req.logprobs == 1 and (req.prompt_tokens is None or p < req.prompt_tokens):
+                    e = _make_echo(i, p, float(lp), ((int(tid), float(tlp)),), data[nl + 1:end])
+                    req.next_position = p + 1
+                    buf.pos = end + 1
+                    return e
         parts = data[pos:nl].split(b" ")
         kind = parts[0]
         reader = self._readers.get(kind)
@@ -360,18 +382,17 @@ class EngineConnection(_Connection):
         if self._discard or self._discard_line:
             if not self._skip():
                 return self._closed() if buf.eof else _NEED_DATA
-        if len(buf) < buf.need:
+        if not self._ready():
             return self._wait()
-        got = self._take_line()
-        if got is None:
+        data, pos = buf.data, buf.pos
+        nl = data.find(b"\n", pos, pos + self.max_line)
+        if nl < 0:
             if len(buf) >= self.max_line:
                 self._discard_line = True
                 self._skip()
                 raise RemoteProtocolError(f"line longer than {self.max_line} bytes", "BAD_FRAME", 0)
             buf.need = len(buf) + 1
             return self._wait()
-        nl, data = got
-        pos = buf.pos
         parts = data[pos:nl].split(b" ")
         kind = parts[0]
         if kind not in g.REQUEST_KINDS or not self._knows(kind):

@@ -80,3 +80,13 @@ MAX_SCORED_TOKENS = 200
 ERROR_CODES = frozenset({
     "BAD_FRAME", "BAD_REQUEST", "SLOT_BUSY", "DUPLICATE_ID", "EMPTY_PROMPT", "NOT_FOUND",
     "CANCELLED", "DECIDE_INVALID", "DECIDE_FAILED", "NOT_SUPPORTED"})
+
+# --- fast path (not a production: a conservative acceptor) ---------------------------------------
+#: An ``ECHO`` line with ``k=1`` whose every field is in its plainest form:
+#: uints below 10**19, floats with at most 20 integer digits and a 1-2 digit
+#: exponent (so always finite). A line this matches is valid by section 1 and
+#: 5; a line it does not match takes the general path, which decides.
+_FU = rb"(0|[1-9][0-9]{0,18})"
+_FF = rb"(-?[0-9]{1,20}(?:\.[0-9]*)?(?:[eE][-+]?[0-9]{1,2})?)"
+ECHO_K1_FAST = re.compile(rb"ECHO ([1-9][0-9]{0,18}) " + _FU + b" " + _FU + b" " + _FF +
+                          b" 1 " + _FU + b" " + _FF)
