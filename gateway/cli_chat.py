@@ -83,6 +83,11 @@ def command_completer():
     return CommandCompleter()
 
 
+def format_seconds(seconds: float) -> str:
+    """Wall time for people: ``"12.3 ms"`` under a second, ``"58.71s"`` from one on."""
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f}s"
+
+
 def render_decision(decision: Decision, width: int = BAR_WIDTH):
     """The answer as rich renderables: a header, one bar per option (most likely
     first, ties in the request's order), the winner with its entropy and reading,
@@ -112,7 +117,7 @@ def render_decision(decision: Decision, width: int = BAR_WIDTH):
     lines.append(tail)
     lines.append(
         Text(
-            f"  {decision.seconds:.2f}s · {decision.input_tokens} prompt tokens · "
+            f"  {format_seconds(decision.seconds)} · {decision.input_tokens} prompt tokens · "
             f"{decision.output_tokens} option tokens read · nothing generated",
             style="dim",
         )

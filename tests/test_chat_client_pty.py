@@ -120,7 +120,13 @@ def test_chat_then_decide_draws_bars_and_entropy(term_factory):
     h = entropy_oracle([0.064, 0.936, 0.0])
     assert f"→ request changes  entropy {h:.3f}  (sure)" in shown
     assert "131 prompt tokens · 4 option tokens read · nothing generated" in shown
-    assert re.search(r"\d+\.\d\ds · 131 prompt tokens", shown)
+    assert re.search(r"  (\d+\.\d ms|\d+\.\d\ds) · 131 prompt tokens", shown)
+
+
+def test_format_seconds():
+    from gateway.cli_chat import format_seconds
+    assert format_seconds(0.01234) == "12.3 ms"
+    assert format_seconds(58.714) == "58.71s"
 
 
 def test_completion_of_colon_decide_and_an_unsure_answer(term_factory):
