@@ -11,6 +11,7 @@ one ends with its DONE, its ``RequestError``, or the engine's typed error.
 """
 from __future__ import annotations
 
+import json
 import os
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Sequence, Union
@@ -445,13 +446,15 @@ class Engine:
                      timeout: float | None = None) -> tuple[dict, Done]:
         """``DECIDE`` one decision record (spec/decision-record.md) on a ``decide=1`` engine.
 
-        ``record``: the JSON record as text / bytes, or a dict (serialised with
-        orjson). Returns ``(decision, done)``: the DECISION's JSON parsed to a
+        ``record``: the JSON record as text / bytes, or a dict (serialised as
+        the spec's "Serialisation" says: ``json.dumps(record, ensure_ascii=False)``). Returns ``(decision, done)``: the DECISION's JSON parsed to a
         dict, and the DONE. Raises :class:`RequestError` (``DECIDE_INVALID``
         with ``<field>: <reason>``, ``DECIDE_FAILED``; ``NOT_SUPPORTED`` when the
         engine does not advertise ``decide=1``), the engine's errors.
         """
-        data = orjson.dumps(record) if isinstance(record, dict) else _bytes(record, "record")
+        # spec/decision-record.md "Serialisation": json.dumps with its default separators.
+        data = (json.dumps(record, ensure_ascii=False).encode("utf-8")
+                if isinstance(record, dict) else _bytes(record, "record"))
         proc = await self._sup.instance()
         if not proc.caps.decide:
             raise RequestError("NOT_SUPPORTED", f"engine {self.name!r} does not advertise decide=1")
