@@ -297,14 +297,14 @@ class GatewayConnection(_Connection):
             raise LocalProtocolError(f"IMAGE {self._image_id} must be followed by its SUBMIT",
                                      "BAD_SEQUENCE", i)
         if cls in st.KIND_REPLIES or cls is ev.Ping or cls is ev.Image:
-            if i in self._requests or i in self._pings or (cls is not ev.Submit and i == self._image_id):
-                raise LocalProtocolError(f"id {i} is already in flight", "DUPLICATE_ID", i)
             need = _NEEDS.get(cls)
             if cls is ev.Submit and e.counters:  # type: ignore[attr-defined]
                 need = "x_counters"
             if need is not None and not getattr(caps, need):
                 raise LocalProtocolError(f"the engine did not advertise {need}=1 in CAPS",
                                          "NOT_SUPPORTED", i)
+            if i in self._requests or i in self._pings or (cls is not ev.Submit and i == self._image_id):
+                raise LocalProtocolError(f"id {i} is already in flight", "DUPLICATE_ID", i)
         elif cls not in (ev.Stop, ev.Cancel):
             raise LocalProtocolError(f"{cls.__name__} is not a request", "BAD_SEQUENCE", i)
         out = WRITERS[cls](e)
