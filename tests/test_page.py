@@ -164,7 +164,7 @@ def test_questions_accumulate_and_keep_running_while_chatting(browser):
         first = wait(browser, lambda d: answered(d, 1))
         [(_, _, _, chat_body)] = srv.posts("/v1/chat/completions")
     assert chat_texts == ["What is this about?", "It is a payment ticket."]
-    assert chat_body["stream"] is True
+    assert chat_body["stream"] is True and chat_body["max_tokens"] == 256
     assert chat_body["messages"] == [
         {"role": "system", "content": "The user is looking at this document:\n\nRefund request for order 1234."},
         {"role": "user", "content": "What is this about?"},

@@ -8,6 +8,7 @@ const ENDPOINT_DECIDE = "v1/systemone";
 const ENDPOINT_CHAT = "v1/chat/completions";
 const KEY_STORAGE = "serveproto.apiKey";
 const MAX_FILE_BYTES = 4 << 20; // 4 MiB of text is far past any context window
+const CHAT_MAX_TOKENS = 256; // one chat reply's limit, as the terminal client's default
 // Normalised-entropy readings, the seed's table: < 0.4 sure, 0.4..0.8 unsure, > 0.8 does not know.
 const SURE_BELOW = 0.4, UNSURE_UP_TO = 0.8;
 const REFUSED_EXT = {
@@ -316,7 +317,7 @@ const chat = {
     $("#chat-send").disabled = true;
     let reply = "";
     try {
-      const resp = await post(ENDPOINT_CHAT, { messages: [...sys, ...this.messages, turn], stream: true }, controller.signal);
+      const resp = await post(ENDPOINT_CHAT, { messages: [...sys, ...this.messages, turn], stream: true, max_tokens: CHAT_MAX_TOKENS }, controller.signal);
       if (!(resp.headers.get("Content-Type") || "").includes("text/event-stream")) {
         const body = await resp.json();
         reply = body.choices[0].message.content;
