@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import subprocess
 from collections import deque
 from contextlib import asynccontextmanager
@@ -120,6 +121,7 @@ class EngineProcess:
         self._exited = anyio.Event()
         self._shutdown_started = False
         self._closing = False
+        self._eof = False
         self.caps: Caps | None = None
         self.stat: Stat | None = None
         self.router: SlotRouter | None = None
@@ -139,7 +141,8 @@ class EngineProcess:
     @property
     def healthy(self) -> bool:
         """True while the handshake is done and the process has neither failed nor been closed."""
-        return self.caps is not None and self._failure is None and not self._closing
+        return (self.caps is not None and self._failure is None and not self._closing
+                and not self._eof)
 
     @property
     def failure(self) -> BaseException | None:
@@ -292,12 +295,12 @@ class EngineProcess:
                     log.warning("engine %s: did not exit within %.1f s of EOF; terminating",
                                 self.name, self.drain_timeout)
             if proc.returncode is None:
-                _signal(proc.terminate)
+                _signal(proc, signal.SIGTERM)
                 with anyio.move_on_after(self.term_timeout):
                     await proc.wait()
             if proc.returncode is None:
                 log.warning("engine %s: did not exit on SIGTERM; killing", self.name)
-                _signal(proc.kill)
+                _signal(proc, signal.SIGKILL)
                 await proc.wait()
         finally:
             self._mark_failed(EngineUnavailable(f"engine {self.name!r} was closed",
@@ -359,6 +362,7 @@ class EngineProcess:
                 if ev is serveproto.NEED_DATA:
                     break
                 if isinstance(ev, ConnectionClosed):
+                    self._eof = True
                     if self._closing:
                         self._mark_failed(EngineUnavailable(
                             f"engine {self.name!r} was closed", name=self.name))
@@ -495,7 +499,8 @@ class EngineProcess:
 
     async def _write(self, event) -> None:
         async with self._write_lock:
-            if self._failure is not None or self._closing:
+            if self._failure is not None or self._closing or self._eof:
+                # Not sent: the request is failed with the engine's error shortly.
                 return
             data = self._conn.send(event)
             try:
@@ -505,8 +510,14 @@ class EngineProcess:
                 log.debug("engine %s: write failed: %r", self.name, exc)
 
 
-def _signal(fn: Callable[[], None]) -> None:
-    try:
-        fn()
-    except ProcessLookupError:
-        pass
+def _signal(proc, sig: int) -> None:
+    """Send ``sig`` unless the process was reaped.
+
+    ``os.kill`` rather than ``Popen.send_signal``: the latter polls first, and
+    that ``waitpid`` would reap the child behind asyncio's child watcher.
+    """
+    if proc.returncode is None:
+        try:
+            os.kill(proc.pid, sig)
+        except ProcessLookupError:
+            pass

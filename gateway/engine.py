@@ -224,6 +224,12 @@ class Engine:
         return self._sup.last_error
 
     @property
+    def exit_statuses(self) -> tuple[int | None, ...]:
+        """Exit status of each engine process that served and ended, oldest first
+        (negative: killed by that signal; -15 SIGTERM and -9 SIGKILL come from the shutdown ladder)."""
+        return tuple(self._sup.exit_statuses)
+
+    @property
     def pid(self) -> int | None:
         """The serving process's id, or ``None``."""
         cur = self._sup.current

@@ -75,6 +75,8 @@ class Supervisor:
         self.restarts = 0
         #: Why the last process ended, or ``None``.
         self.last_error: BaseException | None = None
+        #: Exit status of each process that served, in order (negative: killed by that signal).
+        self.exit_statuses: list[int | None] = []
 
     @property
     def healthy(self) -> bool:
@@ -105,11 +107,16 @@ class Supervisor:
             cur = self._current
             if cur is not None and cur.healthy:
                 return cur
-            await self._ready.wait()
+            if cur is not None:
+                # Going down (its stdout closed, the exit status on its way).
+                await cur.wait_failed()
+            else:
+                await self._ready.wait()
 
     def _on_process_exit(self) -> None:
         # Called synchronously when the serving process fails: from now on
         # instance() waits for the next one.
+        self._current = None
         if self._ready.is_set() and not self._closing:
             self._ready = anyio.Event()
         self._wake.set()
@@ -141,8 +148,9 @@ class Supervisor:
                             first = False
                             task_status.started()
                         await self._wake.wait()
-                        self.last_error = proc.failure
                         self._current = None
+                    self.last_error = proc.failure
+                    self.exit_statuses.append(proc.returncode)
                 except EngineError as exc:
                     if first:
                         raise

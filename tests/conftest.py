@@ -58,3 +58,10 @@ def child_pids() -> set[int]:
         if int(fields[1]) == me:
             out.add(int(entry))
     return out
+
+
+@pytest.fixture
+def probes():
+    """Leak probes for tests: ``probes.open_fds()`` and ``probes.child_pids()``."""
+    import types
+    return types.SimpleNamespace(open_fds=open_fds, child_pids=child_pids)
