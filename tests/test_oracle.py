@@ -141,9 +141,7 @@ def _assert_top_matches(top, ref_ids, ref_lps, where):
 
 def _assert_echoes_match(tiny, ids, echoes, first):
     """ECHO positions first..n-1 of prompt ``ids`` equal the oracle's read-out."""
-    lp = oracle.logprobs(tiny, ids)
-    k = len(echoes[-1].top)
-    top_ids, top_lps = oracle.top_k(tiny, ids, k)
+    lp, top_ids, top_lps = oracle.readout(tiny, ids, len(echoes[-1].top))
     assert [e.position for e in echoes] == list(range(first, len(ids)))
     for e in echoes:
         if e.position == 0:
