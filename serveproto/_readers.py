@@ -243,6 +243,8 @@ def read_submit(parts: list[bytes], payloads: tuple[bytes, ...], counters_ok: bo
     keys = parts[g.SUBMIT_FIXED_FIELDS:]
     grammar = None
     if keys and b"=" not in keys[0]:
+        if len(payloads) != 2:  # payload_sizes() could not read it as a uint
+            raise BadFrame(f"bad gbytes {keys[0][:40]!r}")
         grammar = payloads[1]
         keys = keys[1:]
     opts: dict[str, object] = {}

@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import struct
 from typing import Any
+
+import attrs
 
 import serveproto as sp
 from serveproto import _connection, _events
@@ -47,17 +50,27 @@ def expected_event(vec: dict[str, Any]) -> sp.Event:
     return getattr(sp, vec["event"])(**kw)
 
 
-def same(a: Any, c: Any) -> bool:
-    """Equality where NaN equals NaN, through tuples, dicts and events."""
+def _f32(x: float) -> bytes:
+    return struct.pack("<f", x)
+
+
+def same(a: Any, c: Any, f32: bool = False) -> bool:
+    """Equality where NaN equals NaN, through tuples, lists and events.
+
+    ``f32``: compare floats after rounding both to float32 (what ``%.9g``
+    text preserves exactly, spec section 1).
+    """
     if isinstance(a, float) and isinstance(c, float):
-        return a == c or (math.isnan(a) and math.isnan(c))
+        if math.isnan(a) or math.isnan(c):
+            return math.isnan(a) and math.isnan(c)
+        return _f32(a) == _f32(c) if f32 else a == c
     if isinstance(a, (tuple, list)) and isinstance(c, (tuple, list)):
-        return type(a) is type(c) and len(a) == len(c) and all(map(same, a, c))
+        return type(a) is type(c) and len(a) == len(c) and \
+            all(same(x, y, f32) for x, y in zip(a, c))
     if isinstance(a, _events.Event):
         if type(a) is not type(c):
             return False
-        import attrs
-        return all(same(getattr(a, f.name), getattr(c, f.name)) for f in attrs.fields(type(a)))
+        return all(same(getattr(a, f.name), getattr(c, f.name), f32) for f in attrs.fields(type(a)))
     return type(a) is type(c) and a == c
 
 
