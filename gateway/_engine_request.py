@@ -85,6 +85,11 @@ class RequestStream:
             self._finished = True
             raise EngineCrashed(f"request {self._req.id} ended without DONE or ERROR",
                                 name=self.name) from None
+        except anyio.ClosedResourceError:
+            # Another task closed this stream (aclose) while we waited for its frames.
+            self._finished = True
+            raise RequestError("CANCELLED", "closed by aclose() in another task",
+                               request_id=self._req.id) from None
         except BaseException:
             # Cancelled by the caller (or anything unexpected): CANCEL, then re-raise.
             with anyio.CancelScope(shield=True):

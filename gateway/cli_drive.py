@@ -52,7 +52,8 @@ def _text(data: bytes) -> str:
 def _num(x: float | None) -> str:
     if x is None:
         return "-"
-    return "nan" if math.isnan(x) else format(x, ".6g")
+    # %.9g, as the protocol prints them: a float32 logprob round-trips exactly.
+    return "nan" if math.isnan(x) else format(x, ".9g")
 
 
 def describe(ev) -> str:
@@ -128,6 +129,7 @@ class DriveSession:
         #: Requests running now, by id (for ``cancel ID``).
         self.running: dict[int, object] = {}
         self._background_count = 0
+        self._change = anyio.Event()
         self._idle = anyio.Event()
         self._idle.set()
 
@@ -181,6 +183,7 @@ class DriveSession:
             self._background_count -= 1
             if self._background_count == 0:
                 self._idle.set()
+            self._changed()
 
     async def wait(self) -> None:
         """Wait for the background commands."""
@@ -273,18 +276,28 @@ class DriveSession:
             try:
                 async with stream:
                     async for ev in stream:
-                        if stream.request_id is not None:
+                        if stream.request_id not in self.running:
                             self.running[stream.request_id] = stream
+                            self._changed()
                         self.out(describe(ev))
             finally:
                 self.running.pop(stream.request_id, None)
+                self._changed()
         return run
+
+    def _changed(self) -> None:
+        self._change.set()
+        self._change = anyio.Event()
 
     def _cancel(self, rid: int):
         async def cancel():
+            # A request started in the background may not have its id yet: wait
+            # until it shows up, or until no background command is left.
+            while rid not in self.running and self._background_count:
+                await self._change.wait()
             stream = self.running.get(rid)
             if stream is None:
-                self.out(f"error: no request {rid} running in the background")
+                self.out(f"error: no request {rid} running")
                 return
             await stream.aclose()
             self.out(f"cancelled {rid}")
