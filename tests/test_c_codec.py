@@ -219,3 +219,83 @@ def test_json_depth_limit_is_exact():
     deep = b"[" * 64 + b"]" * 64
     out = subprocess.run([str(CODEC_CHECK), "json"], input=deep, capture_output=True, timeout=10)
     assert out.returncode == 0
+
+
+# ---- differential fuzzing: the C reader and serveproto's EngineConnection agree ----
+
+hypothesis = pytest.importorskip("hypothesis")
+st = hypothesis.strategies
+serveproto = pytest.importorskip("serveproto")
+
+
+@st.composite
+def _request_stream(draw) -> bytes:
+    """A few request frames with unique ids, each maybe mutated by a byte edit."""
+    frames = []
+    for rid in range(1, draw(st.integers(1, 4)) + 1):
+        kind = draw(st.sampled_from(["SUBMIT", "SUBMIT_KEYS", "SUBMIT_G", "DECIDE", "SCORE", "PING", "IMAGE"]))
+        payload = draw(st.binary(max_size=6))
+        if kind.startswith("SUBMIT"):
+            line = f"SUBMIT {rid} {draw(st.integers(0, 3))} {len(payload)} {draw(st.sampled_from(['0', '1', '16']))} " \
+                   f"{draw(st.sampled_from(['0', '0.7', '1e-3']))} {draw(st.sampled_from(['1', '0.95']))}"
+            extra = b""
+            if kind == "SUBMIT_G":
+                grammar = draw(st.binary(max_size=4))
+                line += f" {len(grammar)}"
+                extra = grammar + b"\n"
+            if kind == "SUBMIT_KEYS":
+                keys = draw(st.lists(st.sampled_from(["logprobs=1", "logprobs=5", "pin=1", "counters=1", "pin=0"]),
+                                     max_size=3, unique=True))
+                line += "".join(" " + k for k in keys)
+            frame = line.encode() + b"\n" + payload + b"\n" + extra
+        elif kind in ("DECIDE", "SCORE"):
+            frame = f"{kind} {rid} {draw(st.integers(0, 2))} {len(payload)}\n".encode() + payload + b"\n"
+        elif kind == "IMAGE":
+            frame = f"IMAGE {rid} {len(payload)} 1 2\n".encode() + payload + b"\n"
+        else:
+            frame = f"PING {rid}\n".encode()
+        if draw(st.booleans()):
+            at = draw(st.integers(0, len(frame) - 1))
+            edit = draw(st.sampled_from(["replace", "delete", "insert"]))
+            byte = draw(st.sampled_from(list(b" \n0=x-9.")))
+            if edit == "replace":
+                frame = frame[:at] + bytes([byte]) + frame[at + 1:]
+            elif edit == "delete":
+                frame = frame[:at] + frame[at + 1:]
+            else:
+                frame = frame[:at] + bytes([byte]) + frame[at:]
+        frames.append(frame)
+    return b"".join(frames)
+
+
+def _python_outcomes(data: bytes) -> list[tuple]:
+    conn = serveproto.EngineConnection()
+    conn.send_handshake({"x_score": "1", "x_counters": "1", "x_health": "1", "vision": "1", "decide": "1"})
+    out = []
+    for chunk in (data, b""):
+        conn.receive_data(chunk)
+        while True:
+            try:
+                ev = conn.next_event()
+            except serveproto.RemoteProtocolError as e:
+                out.append(("Error", e.code, e.request_id))
+                continue
+            if ev is serveproto.NEED_DATA or isinstance(ev, serveproto.ConnectionClosed):
+                break
+            out.append((type(ev).__name__, ev.id))
+    return out
+
+
+def _c_outcomes(data: bytes) -> list[tuple]:
+    out = []
+    for e in _read(data):
+        if e["event"] == "EOF":
+            break
+        out.append(("Error", e["code"], e["id"]) if e["event"] == "Error" else (e["event"], e["id"]))
+    return out
+
+
+@hypothesis.settings(max_examples=200, deadline=None, derandomize=True)
+@hypothesis.given(_request_stream())
+def test_c_reader_agrees_with_python_engine_connection(data):
+    assert _c_outcomes(data) == _python_outcomes(data)

@@ -14,7 +14,7 @@
 #define MAX_FIELDS   32           /* fields of a request line we look at */
 #define MAX_SKIP     ((uint64_t)1 << 62) /* larger byte counts are not trusted for skipping */
 
-enum { ST_LINE = 0, ST_PAYLOAD, ST_DISCARD_LINE };
+enum { ST_LINE = 0, ST_FRAME, ST_DISCARD_LINE };
 
 const char *sp_kind_name(sp_kind kind)
 {
@@ -259,9 +259,9 @@ static const char *show(const field *f, char out[64])
     return out;
 }
 
-/* Parses one request line (without its '\n'). On success fills rd->cur and
- * rd->need[] and returns SP_FRAME; on failure fills err, sets rd->skip to the
- * announced payload bytes when they could be read, and returns SP_BAD. */
+/* Parses one request line (without its '\n'). Fills rd->cur, and the payload
+ * sizes the line announces (rd->sizes_ok, nparts, sizes) as far as they can
+ * be read; returns SP_FRAME, or SP_BAD with err filled. */
 static sp_status parse_line(sp_reader *rd, const char *line, size_t n, sp_error *err)
 {
     field f[MAX_FIELDS];
@@ -315,8 +315,10 @@ static sp_status parse_line(sp_reader *rd, const char *line, size_t n, sp_error 
     if (kind == SP_SUBMIT && nf > 7 && !memchr(f[7].s, '=', f[7].n)
         && sp_parse_uint(f[7].s, f[7].n, &gbytes) == 0 && gbytes < MAX_SKIP)
         has_gbytes = 1;
-    if (has_bytes && spacing_ok)
-        rd->skip = bytes + 1 + (has_gbytes ? gbytes + 1 : 0);
+    rd->sizes_ok = has_bytes && spacing_ok;
+    rd->nparts = rd->sizes_ok ? 1 + has_gbytes : 0;
+    rd->sizes[0] = bytes;
+    rd->sizes[1] = has_gbytes ? gbytes : 0;
 
     sp_request *rq = &rd->cur;
     memset(rq, 0, sizeof *rq);
@@ -380,8 +382,6 @@ static sp_status parse_line(sp_reader *rd, const char *line, size_t n, sp_error 
         }
         if (rq->max_tokens == 0 && rq->logprobs == 0)
             return bad(err, id, "SUBMIT: max_tokens=0 needs logprobs>0");
-        rd->need[0] = (size_t)bytes;
-        rd->need[1] = rq->has_gbytes ? (size_t)gbytes : 0;
         break;
     }
     case SP_IMAGE:
@@ -391,8 +391,6 @@ static sp_status parse_line(sp_reader *rd, const char *line, size_t n, sp_error 
             return bad(err, id, "IMAGE: bad grid_h '%s'", show(&f[3], shown));
         if (sp_parse_uint(f[4].s, f[4].n, &rq->grid_w) < 0)
             return bad(err, id, "IMAGE: bad grid_w '%s'", show(&f[4], shown));
-        rd->need[0] = (size_t)bytes;
-        rd->need[1] = 0;
         break;
     case SP_DECIDE:
     case SP_SCORE:
@@ -400,15 +398,10 @@ static sp_status parse_line(sp_reader *rd, const char *line, size_t n, sp_error 
             return bad(err, id, "%s: bad slot '%s'", kn, show(&f[2], shown));
         if (!has_bytes)
             return bad(err, id, "%s: bad bytes '%s'", kn, show(&f[3], shown));
-        rd->need[0] = (size_t)bytes;
-        rd->need[1] = 0;
         break;
     default:
         break;
     }
-    if (bytes > rd->max_payload || gbytes > rd->max_payload)
-        return bad(err, id, "%s: payload over %zu bytes", kn, rd->max_payload);
-    rd->skip = 0;
     return SP_FRAME;
 }
 
@@ -446,28 +439,58 @@ static int parse_ids(sp_request *rq)
     return sp_parse_token_ids(rq->payload, rq->payload_len, &rq->token_ids, &rq->n_token_ids);
 }
 
-static int has_payload(sp_kind k)
+/* A copy of n bytes with a NUL after them, or NULL when out of memory. */
+static unsigned char *copy_payload(const unsigned char *p, size_t n)
 {
-    return k == SP_SUBMIT || k == SP_IMAGE || k == SP_DECIDE || k == SP_SCORE;
+    unsigned char *b = malloc(n + 1);
+    if (b) {
+        memcpy(b, p, n);
+        b[n] = '\0';
+    }
+    return b;
 }
 
-/* Starts copying payload part p (allocated with a trailing NUL). */
-static int start_part(sp_reader *rd, int p)
+/* The frame in rd->cur is whole in the buffer from rd->start: checks the
+ * payloads' '\n', then gives the line's error or the request. */
+static sp_status finish_frame(sp_reader *rd, sp_request *rq, sp_error *err)
 {
-    unsigned char *b = malloc(rd->need[p] + 1);
-    if (!b)
-        return -1;
-    b[rd->need[p]] = '\0';
-    if (p == 0) {
-        rd->cur.payload = b;
-        rd->cur.payload_len = rd->need[0];
-    } else {
-        rd->cur.grammar = b;
-        rd->cur.grammar_len = rd->need[1];
+    size_t pos = rd->start;
+    uint64_t id = rd->cur.id;
+    rd->state = ST_LINE;
+    for (int p = 0; p < rd->nparts; p++) {
+        size_t n = (size_t)rd->sizes[p];
+        if (rd->buf[pos + n] != '\n') {
+            rd->start = pos + n;
+            sp_request_free(&rd->cur);
+            return bad(err, id, "payload of %zu bytes not followed by '\\n'", n);
+        }
+        pos += n + 1;
     }
-    rd->part = p;
-    rd->got = 0;
-    return 0;
+    if (rd->line_bad) {
+        rd->start = pos;
+        sp_request_free(&rd->cur);
+        *err = rd->pending;
+        return SP_BAD;
+    }
+    size_t at = rd->start;
+    rd->start = pos;
+    rd->cur.payload_len = (size_t)rd->sizes[0];
+    rd->cur.payload = copy_payload(rd->buf + at, rd->cur.payload_len);
+    if (rd->cur.has_gbytes) {
+        rd->cur.grammar_len = (size_t)rd->sizes[1];
+        rd->cur.grammar = copy_payload(rd->buf + at + rd->cur.payload_len + 1, rd->cur.grammar_len);
+    }
+    if (!rd->cur.payload || (rd->cur.has_gbytes && !rd->cur.grammar)) {
+        sp_request_free(&rd->cur);
+        return bad(err, id, "payload of %zu bytes: out of memory", (size_t)rd->sizes[0]);
+    }
+    if (rd->cur.ids && parse_ids(&rd->cur) < 0) {
+        sp_request_free(&rd->cur);
+        return bad(err, id, "SUBMIT: ids=1 payload is not token ids separated by single spaces");
+    }
+    *rq = rd->cur;
+    memset(&rd->cur, 0, sizeof rd->cur);
+    return SP_FRAME;
 }
 
 sp_status sp_reader_next(sp_reader *rd, sp_request *rq, sp_error *err)
@@ -494,88 +517,58 @@ sp_status sp_reader_next(sp_reader *rd, sp_request *rq, sp_error *err)
             *err = rd->pending;
             return SP_BAD;
         }
-        if (rd->state == ST_LINE) {
-            unsigned char *line = rd->buf + rd->start;
-            unsigned char *nl = memchr(line, '\n', avail < rd->max_line ? avail : rd->max_line);
-            if (!nl) {
-                if (avail >= rd->max_line) {
-                    rd->state = ST_DISCARD_LINE;
-                    rd->start += rd->max_line;
-                    bad(&rd->pending, 0, "line over %zu bytes", rd->max_line);
-                    continue;
-                }
-                if (!rd->eof)
-                    return SP_NEED_DATA;
-                if (avail == 0)
-                    return SP_EOF;
-                rd->start = rd->end;
-                return bad(err, 0, "line cut short by the end of input");
-            }
-            size_t n = (size_t)(nl - line);
-            rd->start += n + 1;
-            sp_status st = parse_line(rd, (const char *)line, n, err);
-            if (st == SP_BAD) {
-                sp_request_free(&rd->cur);
-                if (rd->skip) {
-                    rd->pending = *err;
-                    continue;
-                }
-                return SP_BAD;
-            }
-            if (!has_payload(rd->cur.kind)) {
-                *rq = rd->cur;
-                memset(&rd->cur, 0, sizeof rd->cur);
-                return SP_FRAME;
-            }
-            if (start_part(rd, 0) < 0) {
-                /* out of memory: refuse the frame, keep the stream in step */
-                uint64_t id = rd->cur.id;
-                rd->skip = rd->need[0] + 1 + (rd->cur.has_gbytes ? rd->need[1] + 1 : 0);
-                sp_request_free(&rd->cur);
-                bad(&rd->pending, id, "payload of %zu bytes: out of memory", rd->need[0]);
-                continue;
-            }
-            rd->state = ST_PAYLOAD;
-            continue;
-        }
-        /* ST_PAYLOAD */
-        size_t want = rd->need[rd->part] - rd->got;
-        size_t take = want < avail ? want : avail;
-        unsigned char *dst = rd->part == 0 ? rd->cur.payload : rd->cur.grammar;
-        memcpy(dst + rd->got, rd->buf + rd->start, take);
-        rd->got += take;
-        rd->start += take;
-        avail -= take;
-        if (rd->got < rd->need[rd->part] || avail == 0) {
+        if (rd->state == ST_FRAME) {
+            uint64_t total = rd->sizes[0] + rd->sizes[1] + (uint64_t)rd->nparts;
+            if (avail >= total)
+                return finish_frame(rd, rq, err);
             if (!rd->eof)
                 return SP_NEED_DATA;
-            uint64_t id = rd->cur.id;
-            sp_request_free(&rd->cur);
+            rd->start = rd->end;
             rd->state = ST_LINE;
-            return bad(err, id, "payload cut short by the end of input");
-        }
-        if (rd->buf[rd->start] != '\n') {
-            uint64_t id = rd->cur.id;
             sp_request_free(&rd->cur);
-            rd->state = ST_LINE;
-            return bad(err, id, "payload not followed by '\\n'");
+            return bad(err, 0, "end of input inside a frame (%zu bytes dropped)", avail);
         }
-        rd->start++;
-        if (rd->part == 0 && rd->cur.has_gbytes) {
-            if (start_part(rd, 1) < 0) {
-                uint64_t id = rd->cur.id;
-                rd->skip = rd->need[1] + 1;
-                sp_request_free(&rd->cur);
-                rd->state = ST_LINE;
-                bad(&rd->pending, id, "grammar of %zu bytes: out of memory", rd->need[1]);
+        /* ST_LINE */
+        unsigned char *line = rd->buf + rd->start;
+        unsigned char *nl = memchr(line, '\n', avail < rd->max_line ? avail : rd->max_line);
+        if (!nl) {
+            if (avail >= rd->max_line) {
+                rd->state = ST_DISCARD_LINE;
+                rd->start += rd->max_line;
+                bad(&rd->pending, 0, "line over %zu bytes", rd->max_line);
+                continue;
             }
+            if (!rd->eof)
+                return SP_NEED_DATA;
+            if (avail == 0)
+                return SP_EOF;
+            rd->start = rd->end;
+            return bad(err, 0, "end of input inside a line (%zu bytes dropped)", avail);
+        }
+        size_t n = (size_t)(nl - line);
+        rd->start += n + 1;
+        rd->sizes_ok = 0;
+        rd->nparts = 0;
+        sp_status st = parse_line(rd, (const char *)line, n, err);
+        if (rd->sizes_ok) {
+            if (rd->sizes[0] > rd->max_payload || rd->sizes[1] > rd->max_payload) {
+                rd->skip = rd->sizes[0] + rd->sizes[1] + (uint64_t)rd->nparts;
+                bad(&rd->pending, st == SP_BAD ? err->id : rd->cur.id,
+                    "payload over %zu bytes", rd->max_payload);
+                sp_request_free(&rd->cur);
+                continue;
+            }
+            rd->line_bad = st == SP_BAD;
+            if (rd->line_bad) {
+                rd->pending = *err;
+                rd->cur.id = err->id;
+            }
+            rd->state = ST_FRAME;
             continue;
         }
-        rd->state = ST_LINE;
-        if (rd->cur.ids && parse_ids(&rd->cur) < 0) {
-            uint64_t id = rd->cur.id;
+        if (st == SP_BAD) {
             sp_request_free(&rd->cur);
-            return bad(err, id, "SUBMIT: ids=1 payload is not token ids separated by single spaces");
+            return SP_BAD;
         }
         *rq = rd->cur;
         memset(&rd->cur, 0, sizeof rd->cur);

@@ -20,9 +20,14 @@
  *
  * A bad request frame is reported as SP_BAD with the code and the request id
  * to answer with (id 0 when the id cannot be read). When the bad line
- * announced a payload whose byte count could be read, the reader first skips
+ * announced a payload whose byte count could be read, the reader first takes
  * that payload (and its '\n'), so SP_BAD comes only once the stream is back in
- * step (section 7). The reader stays usable after SP_BAD.
+ * step (section 7); a payload byte count over the limit is skipped by
+ * discarding. A frame is judged once it is whole, as serveproto's Python
+ * reader does: first each payload's closing '\n' (a missing one is an error
+ * and the byte in its place is left unread), then the line. A frame cut by
+ * the end of input is BAD_FRAME with id 0. The reader stays usable after
+ * SP_BAD.
  *
  * Writing. An sp_writer formats each reply frame whole (line and payload)
  * into its buffer and hands it to its sink in one call, so every frame is
@@ -122,14 +127,17 @@ typedef struct sp_reader {
     size_t max_payload;   /* SP_MAX_PAYLOAD unless set */
     uint64_t fed;         /* bytes ever given to the reader */
     int eof;              /* the input has ended */
-    /* a frame whose payloads are being read (state != 0) */
+    /* the frame being assembled: its line is parsed, its payloads are
+     * awaited whole (state ST_FRAME), then their '\n' checked, then either
+     * the request or the line's error (line_bad) is given */
     int state;
     sp_request cur;
-    size_t need[2];       /* payload sizes still to take, per payload */
-    size_t got;           /* bytes of the current payload already copied */
-    int part;             /* 0: prompt payload, 1: grammar payload */
-    uint64_t skip;        /* bytes to discard (a bad frame's payloads, '\n' included) */
-    sp_error pending;     /* answered once the skip is done */
+    int line_bad;
+    int sizes_ok;         /* the line's payload byte counts could be read */
+    int nparts;           /* payloads announced: 0, 1, or 2 (SUBMIT with gbytes) */
+    uint64_t sizes[2];
+    uint64_t skip;        /* bytes to discard (a payload over the limit, '\n' included) */
+    sp_error pending;     /* answered once the frame is in or skipped */
 } sp_reader;
 
 /* Initialises a reader accepting the extensions in ext. Returns 0, or -1 when
