@@ -143,5 +143,11 @@ WRITERS: dict[type, Callable[..., bytes]] = {
 
 
 def write(e: ev.Event) -> bytes:
-    """Return the frame of event ``e``. Raises KeyError for ConnectionClosed (not a frame)."""
-    return WRITERS[type(e)](e)
+    """Return the frame of event ``e``, without any state check (``send()`` does those).
+
+    Raises TypeError for anything that is not a frame event (ConnectionClosed included).
+    """
+    writer = WRITERS.get(type(e))
+    if writer is None:
+        raise TypeError(f"{type(e).__name__} has no frame")
+    return writer(e)
