@@ -264,5 +264,6 @@ def test_vocab_of_the_tiny_model(tiny):
     assert v.pieces[:3] == [b"<|endoftext|>", b"<|im_start|>", b"<|im_end|>"]
     assert v.types[2] == vocab.CONTROL and v.types[198] == vocab.NORMAL
     assert v.pieces[198] == b"\n" and v.id_of(b"\n") == 198
+    assert v.id_of(b"<|im_end|>") == 2
     with pytest.raises(KeyError):
-        v.id_of(b"<|im_end|>")            # control tokens are not text
+        v.id_of(b"no such token piece")

@@ -177,6 +177,17 @@ def test_echo_of_text_equals_oracle(engine, tiny):
     _assert_echoes_match(tiny, ids, echoes, first=0)
 
 
+def test_echo_of_a_chat_prompt_equals_oracle(engine, tiny):
+    """ChatML markers in the text are read as SmolLM2's control tokens, one token each."""
+    text = b"<|im_start|>user\nIs the sky green?<|im_end|>\n<|im_start|>assistant\n"
+    echoes = _readout(engine, text, ids=False)
+    v = vocab.load(tiny)
+    ids = [v.id_of(e.text) for e in echoes]
+    assert ids[0] == 1 and ids.count(1) == 2 and ids.count(2) == 1   # <|im_start|>, <|im_end|>
+    assert b"".join(e.text for e in echoes) == text
+    _assert_echoes_match(tiny, ids, echoes, first=0)
+
+
 def test_readout_resumed_from_snapshot_equals_oracle(engine, tiny):
     """A pinned prefix, then prefix + more: the read-out starts at the first fresh
     position, whose logprob comes from the snapshot's saved logits."""
