@@ -218,22 +218,36 @@ def test_greedy_generation_follows_oracle(engine, tiny):
         seq.append(want)
 
 
+def _text_ids(engine, tiny, text: str) -> list[int]:
+    v = vocab.load(tiny)
+    return [v.id_of(e.text) for e in _readout(engine, text.encode(), ids=False, k=1)]
+
+
 def test_score_equals_oracle(engine, tiny):
+    """SCORE of two groups (one- and many-token options) vs the oracle on each whole text."""
     if not engine.caps.x_score:
         pytest.skip("engine does not advertise x_score")
-    v = vocab.load(tiny)
-    prefix, stem = "Paris is in France.", " Is it true? Answer:"
-    options = [" yes", " no", " it depends on the map"]
-    payload = json.dumps({"prefix": prefix, "groups": [{"stem": stem, "options": options}]}).encode()
+    prefix = "Paris is in France."
+    groups = [(" Is it true? Answer:", [" yes", " no", " it depends on the map"]),
+              (" Which country? ", ["France", "Germany"])]
+    payload = json.dumps({"prefix": prefix, "groups": [{"stem": st, "options": opts}
+                                                       for st, opts in groups]}).encode()
     rid = engine.new_id()
     evs = engine.request(Score(id=rid, slot=0, payload=payload))
     assert isinstance(evs[-1], Done), evs[-1]
     scored = [e for e in evs if isinstance(e, Scored)]
-    assert [(s.group, s.option) for s in scored] == [(0, 0), (0, 1), (0, 2)]
-    context = [v.id_of(e.text) for e in _readout(engine, (prefix + stem).encode(), ids=False, k=1)]
-    for s, opt in zip(scored, options):
-        full = [v.id_of(e.text) for e in _readout(engine, (prefix + stem + opt).encode(), ids=False, k=1)]
-        common = next((i for i, (a, b) in enumerate(zip(context, full)) if a != b), min(len(context), len(full)))
-        assert s.context_tokens == common
-        assert len(s.logprobs) == len(full) - common >= 1
-        np.testing.assert_allclose(s.logprobs, oracle.logprobs(tiny, full)[common:], rtol=0, atol=TOL)
+    assert [(s.group, s.option) for s in scored] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    it = iter(scored)
+    n_scored = []
+    for stem, options in groups:
+        context = _text_ids(engine, tiny, prefix + stem)
+        for opt in options:
+            s = next(it)
+            full = _text_ids(engine, tiny, prefix + stem + opt)
+            common = next((i for i, (a, b) in enumerate(zip(context, full)) if a != b),
+                          min(len(context), len(full)))
+            assert s.context_tokens == common
+            assert len(s.logprobs) == len(full) - common >= 1
+            n_scored.append(len(s.logprobs))
+            np.testing.assert_allclose(s.logprobs, oracle.logprobs(tiny, full)[common:], rtol=0, atol=TOL)
+    assert max(n_scored) >= 4 and min(n_scored) == 1
