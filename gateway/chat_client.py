@@ -266,7 +266,7 @@ class Client:
         try:
             conn.request(method, self.prefix + path, body=data, headers=headers)
             resp = conn.getresponse()
-        except (ConnectionError, socket.gaierror, socket.timeout, OSError) as exc:
+        except OSError as exc:  # refused, unknown host, timed out, reset
             conn.close()
             raise ServerUnreachable(f"no server at {self.base_url} ({_why(exc)})") from None
         except http.client.HTTPException as exc:

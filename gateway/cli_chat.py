@@ -144,13 +144,16 @@ class ChatSession:
 
     # -- output helpers ---------------------------------------------------
     def say(self, text: str, style: str = "") -> None:
+        """Print one plain line (no rich markup), wrapped by the terminal, not by rich."""
         self.console.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
 
     def fail(self, text: str) -> None:
+        """Print one red ``✗`` line: how every error reaches the user."""
         self.say(f"  ✗ {text}", style="red")
 
     # -- the loop ---------------------------------------------------------
     def loop(self) -> int:
+        """Greet, then read lines until ``/quit`` or Ctrl-D; returns the exit status (0)."""
         from prompt_toolkit import PromptSession
         from prompt_toolkit.history import InMemoryHistory
 
@@ -169,6 +172,8 @@ class ChatSession:
                 return 0
 
     def greet(self) -> None:
+        """Say where we are attached and which model answers (``GET /v1/models``); a server that
+        is down is reported, not fatal: the next line tries again."""
         self.say(f"  attached to {self.client.base_url}", style="bold")
         try:
             ids = self.client.model_ids()
@@ -180,6 +185,7 @@ class ChatSession:
             self.say(f"  model {self.model or '(server default)'} · chat, or /decide a | b | c · /help", style="dim")
 
     def explain(self, exc: ServerError) -> str:
+        """The one line shown for ``exc``, with a hint where one helps (server down, 401)."""
         if isinstance(exc, ServerUnreachable):
             return f"{exc.message}; is `serveproto serve` running there?"
         if exc.status == 401:
@@ -212,6 +218,7 @@ class ChatSession:
         return True
 
     def set_mode(self, rest: str) -> None:
+        """``/decide`` with ``rest`` = ``"a | b | c"`` enters System One mode; empty returns to chat."""
         if not rest:
             if self.options:
                 self.options = None
@@ -230,6 +237,7 @@ class ChatSession:
         )
 
     def chat(self, text: str) -> None:
+        """Stream the reply to ``text``; the turn joins the conversation only when it completed."""
         turn = {"role": "user", "content": text}
         out = self.console.file
         parts: list[str] = []
@@ -251,6 +259,7 @@ class ChatSession:
         self.messages += [turn, {"role": "assistant", "content": "".join(parts)}]
 
     def decide(self, question: str) -> None:
+        """Ask ``question`` as one ``choice`` among the current options and draw the answer."""
         assert self.options is not None
         try:
             with self.console.status("  scoring…", spinner="dots"):
