@@ -204,6 +204,7 @@ static int load(engine *e, const options *o)
     e->n_pins = o->pins;
     e->n_score_seqs = o->score_seqs < 256 - o->slots ? o->score_seqs : 256 - o->slots;
     e->n_batch = e->n_ctx < 2048 ? e->n_ctx : 2048;
+
     e->seed = o->seed;
     model_name(o->model, e->model_name, sizeof e->model_name);
 
@@ -212,6 +213,8 @@ static int load(engine *e, const options *o)
     cp.n_batch = (uint32_t)e->n_batch;
     cp.n_ubatch = (uint32_t)(e->n_batch < ENGINE_UBATCH ? e->n_batch : ENGINE_UBATCH);
     cp.n_seq_max = (uint32_t)(e->n_slots + e->n_score_seqs);
+    /* llama.cpp reserves room for n_seq_max outputs: never fewer than that */
+    cp.n_outputs_max = cp.n_batch > cp.n_seq_max ? cp.n_batch : cp.n_seq_max;
     cp.n_threads = o->threads;
     cp.n_threads_batch = o->threads;
     cp.kv_unified = true;
