@@ -424,6 +424,8 @@ class EngineProcess:
             line = line[:MAX_STDERR_LINE]
         text = line.decode("utf-8", "replace").rstrip("\r")
         self._stderr_tail.append(text)
+        if not self._stderr_log.isEnabledFor(logging.INFO):
+            return
         now = anyio.current_time()
         if now - self._window_start >= 1.0:
             if self._dropped_lines:

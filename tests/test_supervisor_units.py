@@ -1,0 +1,141 @@
+"""The supervisor's pure parts: slot routing and FIFO queues, restart backoff,
+which read-out positions an option owns, softmax."""
+from __future__ import annotations
+
+import math
+
+import anyio
+import pytest
+
+from gateway._engine_score import OptionScore, option_tokens, softmax
+from gateway._engine_slots import MIN_SHARED_BYTES, SlotRouter
+from gateway.engine import RequestError
+from gateway.supervisor import RestartPolicy
+from serveproto import Echo
+
+pytestmark = pytest.mark.anyio
+
+
+def echoes(start: int, texts: list[bytes], lps: list[float]) -> list[Echo]:
+    return [Echo(id=1, position=start + i, logprob=lp, top=(), text=t)
+            for i, (t, lp) in enumerate(zip(texts, lps))]
+
+
+def test_option_tokens_after_a_snapshot_hit():
+    # prefix+stem is 4 tokens, restored from its snapshot: the read-out starts at 4.
+    known = {0: b"The", 1: b" sky", 2: b" is", 3: b":"}
+    got = option_tokens(echoes(4, [b" blue", b"!"], [-0.5, -2.0]), known, 4)
+    assert got == (4, (-0.5, -2.0))
+
+
+def test_option_tokens_when_the_option_merges_with_the_stem():
+    # The stem ended in " " (token 3); the option " blue" retokenised as " blue" at 3.
+    known = {0: b"The", 1: b" sky", 2: b" is", 3: b" "}
+    ev = echoes(0, [b"The", b" sky", b" is", b" blue"], [math.nan, -1.0, -2.0, -3.0])
+    assert option_tokens(ev, known, 4) == (3, (-3.0,))
+
+
+def test_option_tokens_unknown_positions_count_as_shared():
+    # The option was read from position 2 on (positions 0-1 reused); the stem's
+    # read-out began at 1. Divergence is past the stem's end (3 tokens).
+    known = {1: b" b", 2: b" c"}
+    ev = echoes(2, [b" c", b" d", b" e"], [-1.0, -2.0, -3.0])
+    assert option_tokens(ev, known, 3) == (3, (-2.0, -3.0))
+
+
+def test_option_tokens_refusals_name_the_option():
+    known = {0: b"a", 1: b"b"}
+    with pytest.raises(RequestError) as info:
+        option_tokens(echoes(0, [b"a", b"b"], [math.nan, -1.0]), known, 2, where="groups[0].options[3]")
+    assert info.value.code == "BAD_REQUEST" and info.value.reason.startswith("groups[0].options[3]")
+    with pytest.raises(RequestError, match="first token"):
+        option_tokens(echoes(0, [b"x"], [math.nan]), {0: b"a"}, 1)
+
+
+def test_option_score_sums_in_nats():
+    o = OptionScore(3, (-0.25, -0.5, -1.25), "x")
+    assert (o.n_tokens, o.logprob, o.mean_logprob) == (3, -2.0, -2.0 / 3)
+
+
+def test_softmax_values():
+    assert softmax([0.0, 0.0]) == [0.5, 0.5]
+    p = softmax([math.log(1.0), math.log(3.0)])
+    assert p == pytest.approx([0.25, 0.75], abs=1e-15)
+    assert softmax([-1000.0, -1001.0, -math.inf])[2] == 0.0
+    assert softmax([-1000.0, -1001.0])[0] == pytest.approx(1 / (1 + math.exp(-1)), rel=1e-15)
+    for bad in ([], [math.nan], [math.inf], [-math.inf, -math.inf]):
+        with pytest.raises(ValueError, match="scores"):
+            softmax(bad)
+
+
+def test_restart_policy_backoff_doubles_to_its_cap():
+    policy = RestartPolicy(max_restarts=5, period=10, backoff_initial=0.1, backoff_max=1.0)
+    assert [policy.delay(n) for n in range(1, 7)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    with pytest.raises(ValueError, match="backoff_max"):
+        RestartPolicy(backoff_max=-1)
+
+
+def test_router_prefers_the_slot_sharing_a_long_prefix():
+    r = SlotRouter(3)
+    r._slots[0].key = b"S" * 200 + b"state one"
+    r._slots[1].key = b"S" * 10 + b"x" * 200
+    r._slots[0].last_used, r._slots[1].last_used = 1, 2     # slot 2 never used
+    assert r.route(b"S" * 200 + b"state one, question 2") == 0
+    # A shared prefix under MIN_SHARED_BYTES, or under half the key, does not count:
+    # the least loaded, least recently used slot wins.
+    assert r.route(b"S" * (MIN_SHARED_BYTES - 1)) == 2
+    assert r.route(b"S" * 200 + b"y" * 300) == 2
+    with pytest.raises(ValueError, match="slots"):
+        SlotRouter(0)
+
+
+async def test_router_queues_fifo_and_hands_over_on_close():
+    r = SlotRouter(1)
+    first = await r.acquire(0)
+    order = []
+    async with anyio.create_task_group() as tg:
+        for tag in "abc":
+            async def wait(tag=tag):
+                lease = await r.acquire(0)
+                order.append(tag)
+                lease.close()
+            tg.start_soon(wait)
+            await anyio.wait_all_tasks_blocked()
+        assert r.waiting() == 3 and r.busy() == 1
+        first.begin()          # one request in flight under the lease
+        first.close()          # the holder is done, but its request has not ended
+        await anyio.wait_all_tasks_blocked()
+        assert order == []
+        first.end()            # the engine ended it: the slot passes on, FIFO
+    assert order == ["a", "b", "c"] and r.busy() == 0
+
+
+async def test_router_cancelled_waiter_leaves_the_queue():
+    r = SlotRouter(1)
+    lease = await r.acquire(0)
+    with anyio.move_on_after(0.01):
+        await r.acquire(0)
+    assert r.waiting() == 0
+    lease.close()
+    assert r.busy() == 0
+    with pytest.raises(ValueError, match="slot: 1"):
+        await r.acquire(1)
+
+
+async def test_router_close_fails_waiters_and_later_acquires():
+    r = SlotRouter(1)
+    await r.acquire(0)
+    boom = RuntimeError("engine gone")
+    errors = []
+    async with anyio.create_task_group() as tg:
+        async def wait():
+            try:
+                await r.acquire(0)
+            except RuntimeError as exc:
+                errors.append(exc)
+        tg.start_soon(wait)
+        await anyio.wait_all_tasks_blocked()
+        r.close(boom)
+    assert errors == [boom]
+    with pytest.raises(RuntimeError):
+        await r.acquire(0)
