@@ -25,6 +25,13 @@ QUESTION_ID = "decision"
 SURE_BELOW = 0.4
 UNSURE_UP_TO = 0.8
 
+#: A busy server (429, or 503 while the engine restarts) says when to come back
+#: with ``Retry-After``; the client waits that long (at most MAX_RETRY_AFTER
+#: seconds) and tries again, at most MAX_RETRIES times, as the Jev SDK does.
+RETRY_STATUSES = (429, 503)
+MAX_RETRIES = 2
+MAX_RETRY_AFTER = 10.0
+
 
 class ServerError(Exception):
     """The server answered, but not with a usable reply.
@@ -215,6 +222,26 @@ def error_message(status: int, raw: bytes) -> str:
     return raw.decode("utf-8", "replace").strip()[:200]
 
 
+class _Busy(Exception):
+    """A 429/503 with a usable ``Retry-After``: ``error`` to raise if retries run out, ``delay`` in seconds."""
+
+    def __init__(self, error: ServerError, delay: float):
+        self.error = error
+        self.delay = delay
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header in its delta-seconds form; None when absent,
+    an HTTP date, negative or above :data:`MAX_RETRY_AFTER`."""
+    try:
+        delay = float(value) if value is not None else None
+    except ValueError:
+        return None
+    if delay is None or not 0 <= delay <= MAX_RETRY_AFTER:
+        return None
+    return delay
+
+
 def _why(exc: BaseException) -> str:
     """A few words on why a connection failed."""
     if isinstance(exc, ConnectionRefusedError):
@@ -254,7 +281,21 @@ class Client:
         return cls(self.host, self.port, timeout=self.timeout)
 
     def _open(self, method: str, path: str, body: dict | None):
-        """Send one request; return ``(connection, response)`` for a 2xx, else raise."""
+        """Send one request; return ``(connection, response)`` for a 2xx, else raise.
+
+        A 429/503 carrying ``Retry-After`` (seconds, at most
+        :data:`MAX_RETRY_AFTER`) is retried after that delay, :data:`MAX_RETRIES` times.
+        """
+        for attempt in range(MAX_RETRIES + 1):
+            try:
+                return self._open_once(method, path, body)
+            except _Busy as busy:
+                if attempt == MAX_RETRIES:
+                    raise busy.error from None
+                time.sleep(busy.delay)
+        raise AssertionError("unreachable")
+
+    def _open_once(self, method: str, path: str, body: dict | None):
         headers = {"Accept": "application/json, text/event-stream"}
         data = None
         if body is not None:
@@ -280,7 +321,11 @@ class Client:
                 raw = resp.read()
             finally:
                 conn.close()
-            raise ServerError(resp.status, error_message(resp.status, raw))
+            error = ServerError(resp.status, error_message(resp.status, raw))
+            delay = _retry_after(resp.getheader("Retry-After")) if resp.status in RETRY_STATUSES else None
+            if delay is not None:
+                raise _Busy(error, delay)
+            raise error
         return conn, resp
 
     def _json(self, method: str, path: str, body: dict | None = None) -> dict:

@@ -35,7 +35,7 @@ STATIC = Path(__file__).resolve().parents[1] / "gateway" / "static"
 class FakeServer:
     """A threaded HTTP server on 127.0.0.1 with scripted replies.
 
-    ``decide(body) -> (status, reply_dict)`` answers ``/v1/systemone``;
+    ``decide(body) -> (status, reply_dict[, headers])`` answers ``/v1/systemone``;
     ``chat(body) -> (status, list_of_deltas | reply_dict)`` answers
     ``/v1/chat/completions`` (a list is streamed as SSE); ``api_key`` when set
     makes every ``/v1`` route demand it. ``requests`` records
@@ -58,9 +58,11 @@ class FakeServer:
             def log_message(self, *a):
                 pass
 
-            def _send(self, status, body: bytes, ctype="application/json"):
+            def _send(self, status, body: bytes, ctype="application/json", headers=None):
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -88,8 +90,8 @@ class FakeServer:
                     return self._send(401, json.dumps({"detail": {"error_type": "authentication_error",
                                                                   "message": "wrong or missing API key"}}).encode())
                 if self.path == "/v1/systemone":
-                    status, reply = server.decide(body)
-                    return self._send(status, json.dumps(reply).encode())
+                    status, reply, *extra = server.decide(body)
+                    return self._send(status, json.dumps(reply).encode(), headers=extra[0] if extra else None)
                 if self.path == "/v1/chat/completions":
                     status, reply = server.chat(body)
                     if isinstance(reply, list):
@@ -320,3 +322,33 @@ def test_no_server_is_unreachable():
 def test_model_ids_reads_both_lists():
     with FakeServer() as srv:
         assert Client(srv.url).model_ids() == ["fake-model", "fake-model"]
+
+
+BUSY = {"detail": {"error_type": "overloaded_error", "message": "the engine is restarting"}}
+
+
+@pytest.mark.parametrize("busy_replies, headers, posts, ok", [
+    (1, {"Retry-After": "0"}, 2, True),        # busy once, then answered
+    (5, {"Retry-After": "0"}, 3, False),       # busy throughout: 1 + MAX_RETRIES tries, then the 503
+    (1, {}, 1, False),                         # no Retry-After: no retry
+    (1, {"Retry-After": "60"}, 1, False),      # too long to wait in a terminal
+    (1, {"Retry-After": "Wed, 21 Oct 2026 07:28:00 GMT"}, 1, False),  # date form: not waited for
+])
+def test_busy_server_is_retried_after_retry_after(busy_replies, headers, posts, ok):
+    calls = []
+
+    def decide(body):
+        calls.append(1)
+        if len(calls) <= busy_replies:
+            return 503, BUSY, headers
+        return 200, choice_reply({"a": 0.25, "b": 0.75})
+
+    with FakeServer(decide=decide) as srv:
+        client = Client(srv.url)
+        if ok:
+            assert client.decide("", "q", ("a", "b")).winner == "b"
+        else:
+            with pytest.raises(ServerError) as err:
+                client.decide("", "q", ("a", "b"))
+            assert (err.value.status, err.value.message) == (503, "the engine is restarting")
+        assert len(srv.posts("/v1/systemone")) == posts

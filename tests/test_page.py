@@ -243,3 +243,41 @@ def test_plain_text_files_load_and_pdf_or_word_are_refused(browser, tmp_path):
         "letter.txt": "letter.txt: this is an office document (Word or similar), not plain text; it is not supported.",
         "blob.csv": "blob.csv: not UTF-8 text; only plain-text files can be loaded.",
     }
+
+
+def test_a_busy_server_is_retried_after_retry_after(browser):
+    calls = []
+    busy = {"detail": {"error_type": "overloaded_error", "message": "the engine is restarting"}}
+
+    def decide(body):
+        calls.append(1)
+        if len(calls) == 1:
+            return 503, busy, {"Retry-After": "1"}
+        return 200, choice_reply({"yes": 0.6, "no": 0.4}, qid="q")
+
+    with FakeServer(decide=decide) as srv:
+        fresh(browser, srv.url)
+        ask(browser, "Ready?", "yes | no")
+        status = card(browser, 1).find_element(By.CSS_SELECTOR, ".q-status")
+        wait(browser, lambda d: status.text == "server busy, retrying in 1 s…")
+        el = wait(browser, lambda d: answered(d, 1))
+        assert [b[:2] for b in bars(el)] == [("yes", "60.0%"), ("no", "40.0%")]
+        assert len(srv.posts("/v1/systemone")) == 2
+
+
+def test_stop_cancels_a_chat_reply_and_drops_the_turn(browser):
+    replies = iter([["half a reply", None, " never shown"], ["second answer"]])
+    with FakeServer(chat=lambda body: (200, next(replies))) as srv:
+        fresh(browser, srv.url)
+        browser.find_element(By.ID, "chat-input").send_keys("first question\n")
+        wait(browser, lambda d: "half a reply" in d.find_element(By.CSS_SELECTOR, "#chat-log .msg.assistant").text)
+        browser.find_element(By.ID, "chat-stop").click()
+        msg = wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#chat-log .msg.assistant.error"))[0]
+        assert msg.text == "half a reply\nstopped; this turn is not kept"
+        assert not browser.find_element(By.ID, "chat-stop").is_displayed()
+        srv.hold.set()
+        browser.find_element(By.ID, "chat-input").send_keys("second question\n")
+        wait(browser, lambda d: "second answer" in d.find_element(By.CSS_SELECTOR, "#chat-log li:last-child").text)
+        bodies = [b for (_, _, _, b) in srv.posts("/v1/chat/completions")]
+    # The stopped turn is not part of the conversation sent next.
+    assert [m["content"] for m in bodies[1]["messages"]] == ["second question"]

@@ -79,16 +79,37 @@ function headers() {
   return h;
 }
 
-async function post(path, body, signal) {
-  let resp;
-  try {
-    resp = await fetch(path, { method: "POST", headers: headers(), body: JSON.stringify(body), signal });
-  } catch (e) {
-    if (e.name === "AbortError") throw e;
-    throw new Error("the server did not answer (is `serveproto serve` running?)");
+// A busy server (429, or 503 while its engine restarts) says when to come back with
+// Retry-After: wait that long (10 s at most) and try again, twice at most, as the Jev SDK does.
+const RETRY_STATUSES = [429, 503], MAX_RETRIES = 2, MAX_RETRY_AFTER_S = 10;
+
+function sleep(ms, signal) {
+  return new Promise((resolve, reject) => {
+    const t = setTimeout(resolve, ms);
+    if (signal) signal.addEventListener("abort", () => { clearTimeout(t); reject(new DOMException("aborted", "AbortError")); });
+  });
+}
+
+/** POST JSON; resolves to the 2xx Response, rejects with an Error carrying one readable line.
+ *  onRetry(seconds) is called before waiting out a busy server's Retry-After. */
+async function post(path, body, signal, onRetry) {
+  for (let attempt = 0; ; attempt++) {
+    let resp;
+    try {
+      resp = await fetch(path, { method: "POST", headers: headers(), body: JSON.stringify(body), signal });
+    } catch (e) {
+      if (e.name === "AbortError") throw e;
+      throw new Error("the server did not answer (is `serveproto serve` running?)");
+    }
+    if (resp.ok) return resp;
+    const text = await resp.text();
+    const after = Number(resp.headers.get("Retry-After"));
+    const retry = RETRY_STATUSES.includes(resp.status) && resp.headers.has("Retry-After")
+      && Number.isFinite(after) && after >= 0 && after <= MAX_RETRY_AFTER_S && attempt < MAX_RETRIES;
+    if (!retry) throw new Error(errorMessage(resp.status, text));
+    if (onRetry) onRetry(after);
+    await sleep(after * 1000, signal);
   }
-  if (!resp.ok) throw new Error(errorMessage(resp.status, await resp.text()));
-  return resp;
 }
 
 // ---- the document --------------------------------------------------------------------
@@ -219,7 +240,9 @@ const questions = {
     const body = { state, questions: { q: { type: "choice", instructions: q.text, criteria } } };
     const t0 = performance.now();
     try {
-      const resp = await post(ENDPOINT_DECIDE, body, controller.signal);
+      const resp = await post(ENDPOINT_DECIDE, body, controller.signal, (after) => {
+        $(".q-status", el).textContent = `server busy, retrying in ${after} s…`;
+      });
       const reply = await resp.json();
       if (run !== q.run) return;
       const seconds = (performance.now() - t0) / 1000;
