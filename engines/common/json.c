@@ -258,6 +258,44 @@ static spj_value *grow(parser *p, spj_value *v, size_t *cap)
     return it;
 }
 
+static int same_key(const spj_value *v, size_t a, size_t b)
+{
+    return v->key_lens[a] == v->key_lens[b] && memcmp(v->keys[a], v->keys[b], v->key_lens[a]) == 0;
+}
+
+/* Refuses an object with a key twice, in O(n) expected time (an open
+ * addressing table of key indices), so a hostile record with many keys
+ * costs no more than reading it. */
+static int check_duplicates(parser *p, const spj_value *v)
+{
+    if (v->n < 2)
+        return 0;
+    size_t cap = 4;
+    while (cap < 2 * v->n)
+        cap *= 2;
+    size_t *table = malloc(cap * sizeof *table);
+    if (!table)
+        return fail(p, "out of memory");
+    for (size_t i = 0; i < cap; i++)
+        table[i] = SIZE_MAX;
+    for (size_t k = 0; k < v->n; k++) {
+        uint64_t h = 0xcbf29ce484222325ULL;
+        for (size_t i = 0; i < v->key_lens[k]; i++)
+            h = (h ^ (unsigned char)v->keys[k][i]) * 0x100000001b3ULL;
+        size_t slot = (size_t)h & (cap - 1);
+        while (table[slot] != SIZE_MAX) {
+            if (same_key(v, table[slot], k)) {
+                free(table);
+                return fail(p, "duplicate key \"%.40s\"", v->keys[k]);
+            }
+            slot = (slot + 1) & (cap - 1);
+        }
+        table[slot] = k;
+    }
+    free(table);
+    return 0;
+}
+
 static int parse_container(parser *p, spj_value *v, int depth)
 {
     int obj = p->s[p->i] == '{';
@@ -281,11 +319,6 @@ static int parse_container(parser *p, spj_value *v, int depth)
                 return fail(p, "expected a string key");
             if (parse_string(p, &key, &key_len) < 0)
                 return -1;
-            for (size_t k = 0; k < v->n; k++)
-                if (v->key_lens[k] == key_len && memcmp(v->keys[k], key, key_len) == 0) {
-                    free(key);
-                    return fail(p, "duplicate key \"%.40s\"", v->keys[k]);
-                }
             skip_ws(p);
             if (p->i >= p->n || p->s[p->i] != ':') {
                 free(key);
@@ -311,7 +344,7 @@ static int parse_container(parser *p, spj_value *v, int depth)
         }
         if (p->i < p->n && p->s[p->i] == close) {
             p->i++;
-            return 0;
+            return obj ? check_duplicates(p, v) : 0;
         }
         return fail(p, obj ? "expected ',' or '}'" : "expected ',' or ']'");
     }
