@@ -216,6 +216,38 @@ async def chat_completions(app: "App", request: Request) -> Response:
     return Response(200, [("content-type", "text/event-stream"), ("cache-control", "no-cache")], events())
 
 
+#: How many snapshot levels a read-out is stitched across at most.
+MAX_STITCH = 8
+
+
+async def full_readout(app: "App", prompt: str, k: int, echoes: list) -> list:
+    """The read-out of every position of ``prompt``, given the ``echoes`` the engine sent.
+
+    The engine reads out from the end of the deepest snapshot it restored
+    (spec section 6), so a prompt whose head was photographed comes back
+    without that head. The head is then read out on its own (its own
+    shallower snapshot, if any, is handled the same way) and the parts are
+    stitched: each part's first position is predicted by the saved logits of
+    the snapshot it resumed from, so the stitched read-out equals a cold one.
+    Gives up (returns what it has) if the head does not tokenize to the
+    positions it had in the whole prompt.
+    """
+    data = prompt.encode("utf-8")
+    for _ in range(MAX_STITCH):
+        if not echoes or echoes[0].position == 0:
+            break
+        tail = sum(len(bytes(e.text)) for e in echoes)
+        head = data[: len(data) - tail]
+        if not head:
+            break
+        part = await app.engine.read_out(head.decode("utf-8", "surrogateescape"), logprobs=max(1, k), pin=False, slot=None)
+        got = [e for e in part.echoes if e.position < echoes[0].position]
+        if not got or got[-1].position != echoes[0].position - 1 or b"".join(bytes(e.text) for e in got) != head[len(head) - sum(len(bytes(e.text)) for e in got):]:
+            break
+        echoes = got + echoes
+    return echoes
+
+
 def _token_text(raw: bytes) -> str:
     return bytes(raw).decode("utf-8", "replace")
 
@@ -279,6 +311,8 @@ async def completions(app: "App", request: Request) -> Response:
                     tops.append(_top(ev, k))
             elif kind == "done":
                 finish, done = value, ev
+    if echo:
+        echoes = await full_readout(app, prompt, k, echoes)
     echo_tokens = [_token_text(e.text) for e in echoes]
     if echo:
         echo_lps = [None if (e.logprob is None or math.isnan(e.logprob)) else e.logprob for e in echoes]

@@ -1,0 +1,149 @@
+"""``serveproto serve`` on the llama engine: the tiny random-weight GGUF against the numpy oracle,
+and a smoke test of the default model (SmolLM2-135M) on the seed's support-ticket example.
+
+The oracle test rebuilds, outside the server, what the server must have
+computed: the same prompts (the GGUF's own chat template), their token ids
+(read back through ``/v1/completions`` with ``echo``), the option tokens past
+the longest common token prefix (spec 9.1), their logprobs from
+``fixtures.oracle``, and the softmax by hand.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+
+import anyio
+import httpx2
+import orjson
+import pytest
+from typesafe_sdk import TypeSafeClient
+
+from fixtures import oracle, tiny_gguf, vocab
+from gateway import jev
+from gateway.chat_template import ChatTemplate
+from gateway.cli import build_parser
+from gateway.cli_serve import serve
+from gateway.paths import default_model_path, engine_bin
+from gateway.prompts import PromptBuilder
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+#: logprob agreement with the oracle (fixtures/README.md: llama.cpp with F32 KV meets 1e-4)
+TOL = 1e-4
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    if not os.access(engine_bin("serveproto-llama"), os.X_OK):
+        pytest.skip("engines/bin/serveproto-llama is not built yet (make -C engines all)")
+    return tiny_gguf.ensure()
+
+
+@contextlib.asynccontextmanager
+async def serving(*argv):
+    args = build_parser().parse_args(["serve", "--port", "0", "--log-level", "WARNING", "--threads", "2", *argv])
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(lambda task_status: serve(args, task_status=task_status))
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            tg.cancel_scope.cancel()
+
+
+async def post(client, path, body):
+    r = await client.post(path, content=orjson.dumps(body), headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+REQUEST = {
+    "state": "The invoice was paid twice and the customer wants the money back before Friday.",
+    "questions": {
+        "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
+        "team": {"type": "choice", "instructions": "Who handles it?",
+                 "criteria": {"billing": "invoices and payments", "customer success": None, "legal": "contracts"}},
+    },
+}
+
+
+async def test_tiny_gguf_systemone_and_echo_match_the_oracle(tiny):
+    v = vocab.load(tiny)
+    ids_of = {p: i for i, p in enumerate(v.pieces)}
+
+    async with serving("--model", str(tiny), "--slots", "1", "--ctx", "1024") as base:
+        async with httpx2.AsyncClient(base_url=base, timeout=60) as c:
+            async def tokens(text: str) -> tuple[list[int], list]:
+                body = await post(c, "/v1/completions", {"prompt": text, "max_tokens": 0, "echo": True, "logprobs": 1})
+                lp = body["choices"][0]["logprobs"]
+                return [ids_of[t.encode()] for t in lp["tokens"]], lp["token_logprobs"]
+
+            reply = await post(c, "/v1/systemone", REQUEST)
+            b = PromptBuilder(ChatTemplate.from_gguf(tiny))
+            parsed = jev.parse_request(REQUEST)
+            prefix = b.prefix(parsed.state)
+            expected = {}
+            for q in parsed.questions:
+                qp = b.question(q.type, q.instructions, q.criteria)
+                context, _ = await tokens(prefix + qp.stem)
+                scores = []
+                for opt in qp.options:
+                    full, echo_lps = await tokens(prefix + qp.stem + opt)
+                    ref = oracle.logprobs(tiny, full)
+                    # the echo read-out itself equals the oracle at every position
+                    assert echo_lps[0] is None
+                    assert max(abs(a - r) for a, r in zip(echo_lps[1:], ref[1:])) <= TOL
+                    common = next((i for i, (x, y) in enumerate(zip(context, full)) if x != y), len(context))
+                    assert len(full) > common
+                    scores.append(float(sum(ref[common:])))
+                m = max(scores)
+                e = [math.exp(s - m) for s in scores]
+                expected[q.id] = [x / sum(e) for x in e]
+    ans = reply["answers"]
+    assert ans["refund"]["noul"] == pytest.approx(expected["refund"][1], abs=TOL)
+    assert list(ans["team"]["probabilities"].values()) == pytest.approx(expected["team"], abs=TOL)
+    assert reply["usage"]["output_tokens"] >= 5 and isinstance(reply["usage"]["input_tokens"], int)
+
+
+def test_default_model_answers_the_seed_ticket(llama_engine):
+    """The README's main command on the seed's example: a well-formed, sensible Jev reply, warm on repeat."""
+    ticket = ("Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing. "
+              "I am losing sales. Please help ASAP.")
+    questions = {
+        "urgency": {"type": "noul", "instructions": "Does this message express urgency?"},
+        "department": {"type": "choice", "instructions": "Which team should handle this?",
+                       "criteria": {"billing": "payments, invoices, Stripe payouts",
+                                    "technical": "bugs, outages, integration errors",
+                                    "sales": "pricing, plans, upgrades"}},
+        "severity": {"type": "score", "instructions": "How severe is the customer impact?",
+                     "criteria": ["no impact", "minor inconvenience", "blocked on one task", "losing money", "business down"]},
+    }
+
+    async def main():
+        async with serving("--model", str(default_model_path())) as base:
+            def call():
+                # a generous timeout: the machine running the tests may be shared (the SDK default is 10 s)
+                with TypeSafeClient(api_key="any", base_url=base, timeout=120) as client:
+                    return [client.system_one(state=ticket, questions=questions, model="jev-latest") for _ in range(2)]
+            return await anyio.to_thread.run_sync(call)
+
+    cold, warm = anyio.run(main)
+    for r in (cold, warm):
+        assert r.model.startswith("SmolLM2-135M-Instruct")
+        assert 0 < r.nouls["urgency"].noul < 1
+        dep = r.choices["department"]
+        assert dep.choice == max(dep.probabilities, key=dep.probabilities.get)
+        assert round(sum(dep.probabilities.values()) * 1e6) == 1_000_000
+        sev = r.scores["severity"]
+        assert 0 <= sev.score <= 4 and round(sum(sev.probabilities.values()) * 1e6) == 1_000_000
+        # option tokens read, not generated: yes/no 1 + 1, billing 2 + technical 1 + sales 2, levels 5 x 1
+        assert r.usage.output_tokens == 12
+    assert warm.answers == cold.answers
+    raw = warm.raw_http_response.json()
+    assert raw["x_positions"]["snapshot"] == "hit"
+    assert raw["x_positions"]["computed"] < cold.raw_http_response.json()["x_positions"]["computed"]
