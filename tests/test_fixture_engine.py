@@ -373,3 +373,62 @@ def test_plain_mode_advertises_nothing_and_refuses_extensions():
         ref = tm.ToyEngine()
         assert f.request(submit(4, b"Q: ok?", keys="logprobs=1 pin=1"), 4) == ref.submit(4, b"Q: ok?", logprobs=1, pin=True)
         assert f.request(submit(5, b"Q: ok? yes", keys="logprobs=1"), 5) == ref.submit(5, b"Q: ok? yes", logprobs=1)
+
+
+# ---- random sessions: the engine and the reference agree on every frame ----
+
+hypothesis = pytest.importorskip("hypothesis")
+st = hypothesis.strategies
+
+_text = st.text(alphabet="ab. ", min_size=1, max_size=7).map(str.encode)
+
+
+@st.composite
+def _session(draw):
+    """Requests over 2 slots and 2 snapshot entries, each text an earlier one
+    extended (or a fresh one), so that snapshots hit, go stale and are evicted."""
+    steps, seen = [], [b""]
+
+    def extend() -> bytes:
+        text = draw(st.sampled_from(seen)) + draw(_text)
+        seen.append(text)
+        return text[:14]
+
+    for _ in range(draw(st.integers(1, 12))):
+        slot = draw(st.integers(0, 1))
+        if draw(st.integers(0, 3)) == 0:
+            prefix = extend() if draw(st.booleans()) else b""
+            groups = draw(st.lists(st.tuples(_text, st.lists(_text, min_size=1, max_size=3)), min_size=1, max_size=2))
+            steps.append(("score", slot, prefix, groups, draw(st.booleans())))
+        else:
+            steps.append(("submit", slot, extend(), draw(st.integers(0, 3)), draw(st.integers(0, 3)),
+                          draw(st.booleans()), draw(st.booleans())))
+    return steps
+
+
+@hypothesis.settings(max_examples=60, deadline=None, derandomize=True)
+@hypothesis.given(_session())
+def test_random_sessions_match_reference(steps):
+    ref = tm.ToyEngine(slots=2, n_ctx=24, pin_slots=2)
+    with Fixture("--slots", "2", "--ctx", "24", "--pin-slots", "2") as f:
+        for rid, step in enumerate(steps, start=1):
+            if step[0] == "score":
+                _, slot, prefix, groups, pin = step
+                body = json.dumps({"prefix": prefix.decode(), "pin": pin, "groups": [
+                    {"stem": s.decode(), "options": [o.decode() for o in opts]} for s, opts in groups]}).encode()
+                got = f.request(payload_frame("SCORE", rid, slot, body), rid)
+                no_context = any(not prefix and not stem for stem, _ in groups)
+                too_long = max(len(prefix) + len(s) + len(o) for s, opts in groups for o in opts) > 24
+                if no_context or too_long:  # refused whole: the reference state is untouched
+                    assert got.startswith(b"ERROR %d BAD_REQUEST groups." % rid)
+                    continue
+                assert got == ref.score(rid, prefix, groups, slot=slot, pin=pin)
+            else:
+                _, slot, prompt, max_tokens, logprobs, pin, counters = step
+                if max_tokens == 0 and logprobs == 0:
+                    logprobs = 1
+                keys = " ".join(k for k in (f"logprobs={logprobs}" if logprobs else "", "pin=1" if pin else "",
+                                            "counters=1" if counters else "") if k)
+                got = f.request(submit(rid, prompt, slot=slot, max_tokens=max_tokens, keys=keys), rid)
+                assert got == ref.submit(rid, prompt, slot=slot, max_tokens=max_tokens, logprobs=logprobs,
+                                         pin=pin, counters=counters)
