@@ -432,3 +432,71 @@ def test_random_sessions_match_reference(steps):
                 got = f.request(submit(rid, prompt, slot=slot, max_tokens=max_tokens, keys=keys), rid)
                 assert got == ref.submit(rid, prompt, slot=slot, max_tokens=max_tokens, logprobs=logprobs,
                                          pin=pin, counters=counters)
+
+
+# ---- the engine keeps the protocol's per-request invariants (serveproto checks them) ----
+
+def _converse(f: Fixture, conn, requests) -> list:
+    """Sends each request through ``conn`` to the engine, feeds the replies
+    back, and returns every event the gateway side decoded."""
+    sp = pytest.importorskip("serveproto")
+    events = []
+
+    def drain():
+        while (ev := conn.next_event()) is not sp.NEED_DATA:
+            events.append(ev)
+
+    conn.receive_data(f.handshake)
+    drain()
+    for req in requests:
+        f.send(conn.send(req))
+        conn.receive_data(f.read_until_end(req.id))
+        drain()
+    return events
+
+
+def test_serveproto_gateway_accepts_every_reply():
+    sp = pytest.importorskip("serveproto")
+    conn = sp.GatewayConnection()
+    score = json.dumps({"prefix": "Q: ", "groups": [{"stem": "ok?", "options": [" yes", " no"]}], "pin": True}).encode()
+    reqs = [
+        sp.Submit(id=1, slot=0, prompt=b"Read me out.", max_tokens=0, temperature=0.0, top_p=1.0,
+                  logprobs=4, pin=True, counters=True),
+        sp.Submit(id=2, slot=0, prompt=b"Read me out. Then", max_tokens=6, temperature=0.9, top_p=0.8,
+                  logprobs=2, counters=True),
+        sp.Submit(id=3, slot=1, prompt=b"x", max_tokens=3, temperature=0.0, top_p=1.0),
+        sp.Score(id=4, slot=0, payload=score),
+        sp.Ping(id=5),
+        sp.Submit(id=6, slot=0, prompt=b"", max_tokens=1, temperature=0.0, top_p=1.0),
+    ]
+    with Fixture("--slots", "2") as f:
+        events = _converse(f, conn, reqs)
+    kinds = [type(e).__name__ for e in events]
+    assert kinds[:2] == ["Ready", "Caps"] and kinds[2] == "Stat"
+    assert conn.caps.x_score and conn.caps.x_counters and conn.caps.x_health and conn.caps.slots == 2
+    dones = {e.id: e for e in events if type(e).__name__ == "Done"}
+    assert dones[1].snapshot == "none" and dones[1].computed == 12
+    assert dones[2].snapshot == "hit" and dones[2].reused == 12 and dones[2].emitted == 6
+    assert [e.logprobs for e in events if type(e).__name__ == "Scored"] == [
+        tuple(float(x) for x in line.split(b" ")[6:])
+        for line in tm.ToyEngine().score(4, b"Q: ", [(b"ok?", [b" yes", b" no"])]).split(b"\n") if line.startswith(b"SCORED")]
+    assert [e.code for e in events if type(e).__name__ == "Error"] == ["EMPTY_PROMPT"]
+    assert [e.values["active"] for e in events if type(e).__name__ == "Pong"] == ["0"]
+    assert conn.state is sp.SERVING
+
+
+def test_serveproto_gateway_accepts_decide_replies():
+    sp = pytest.importorskip("serveproto")
+    conn = sp.GatewayConnection()
+    record = json.dumps({"state": "s", "state_type": "string", "questions": [
+        {"id": "q", "type": "choice", "instructions": "i",
+         "options": [{"label": "a", "text": None}, {"label": "b", "text": "bee"}]}]}).encode()
+    with Fixture("--mode", "decide") as f:
+        events = _converse(f, conn, [sp.Decide(id=1, slot=0, record=record), sp.Decide(id=2, slot=0, record=b"{}")])
+    assert conn.caps.decide and not conn.caps.chat
+    decision = [e for e in events if type(e).__name__ == "Decision"][0]
+    got = json.loads(decision.record)
+    got.pop("engine_ms")
+    assert got == tm.decide(json.loads(record))
+    assert [(e.code, e.reason) for e in events if type(e).__name__ == "Error"] == [
+        ("DECIDE_INVALID", "state: expected a string")]
