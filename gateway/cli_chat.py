@@ -153,11 +153,17 @@ class ChatSession:
 
     # -- the loop ---------------------------------------------------------
     def loop(self) -> int:
-        """Greet, then read lines until ``/quit`` or Ctrl-D; returns the exit status (0)."""
+        """Greet, then read lines until ``/quit`` or Ctrl-D (or the end of piped input); returns 0."""
         from prompt_toolkit import PromptSession
         from prompt_toolkit.history import InMemoryHistory
 
         self.greet()
+        if not sys.stdin.isatty():
+            # Piped input (a script, a here-document): one command or question per line, no line editor.
+            for line in sys.stdin:
+                if not self.handle(line):
+                    return 0
+            return 0
         session = PromptSession(history=InMemoryHistory(), completer=command_completer(), complete_while_typing=False)
         while True:
             prompt = "◆ › " if self.options else "› "

@@ -261,3 +261,21 @@ def test_help_clear_and_ctrl_d(term_factory):
     # After /clear the second turn goes alone.
     assert [b["messages"] for b in bodies] == [[{"role": "user", "content": "first"}],
                                                [{"role": "user", "content": "second"}]]
+
+
+def test_piped_input_runs_without_a_terminal():
+    import subprocess
+
+    probs = {"yes": 0.8, "no": 0.2}
+    with FakeServer(decide=lambda body: (200, choice_reply(probs, input_tokens=7, output_tokens=2))) as srv:
+        out = subprocess.run([sys.executable, "-m", "gateway.cli", "chat", "--attach", srv.url], cwd=ROOT,
+                             input="/decide yes | no\nIs it on?\n", capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "COLUMNS": "100"})
+        [(_, _, _, body)] = srv.posts("/v1/systemone")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""
+    assert body["questions"]["decision"]["instructions"] == "Is it on?"
+    lines = out.stdout.splitlines()
+    assert "     yes  " + "█" * 21 + "░" * 5 + "   80.0%" in lines
+    assert "     no   " + "█" * 5 + "░" * 21 + "   20.0%" in lines
+    assert f"     → yes  entropy {entropy_oracle([0.8, 0.2]):.3f}  (unsure)" in lines  # 0.722
