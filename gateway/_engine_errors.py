@@ -90,6 +90,16 @@ class EngineUnavailable(EngineError):
         self.last_error = last_error
 
 
+class EngineBusy(EngineError):
+    """The request was refused without queueing: ``waiting`` callers already
+    wait for a slot, the engine's ``max_waiting`` (an HTTP server answers 503
+    with ``Retry-After``)."""
+
+    def __init__(self, message: str, *, name: str = "", waiting: int = 0) -> None:
+        super().__init__(message, name=name)
+        self.waiting = waiting
+
+
 class RequestError(Exception):
     """The engine ended one request with ``ERROR <id> <code> <reason>``.
 

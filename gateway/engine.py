@@ -23,7 +23,7 @@ import orjson
 from serveproto import (Accept, Caps, Decide, Decision, Done, Echo, Ping, Pong, Score,
                         Scored, Submit)
 
-from gateway._engine_errors import (EngineCrashed, EngineError, EngineLoadError,
+from gateway._engine_errors import (EngineBusy, EngineCrashed, EngineError, EngineLoadError,
                                     EngineProtocolError, EngineTimeout, EngineUnavailable,
                                     RequestError)
 from gateway._engine_request import RequestStream
@@ -34,7 +34,7 @@ from gateway.supervisor import RestartPolicy, Supervisor
 
 __all__ = [
     "Engine", "ReadOut", "ScoreResult", "OptionScore", "RequestStream", "RestartPolicy",
-    "EngineError", "EngineLoadError", "EngineCrashed", "EngineProtocolError",
+    "EngineError", "EngineLoadError", "EngineCrashed", "EngineProtocolError", "EngineBusy",
     "EngineTimeout", "EngineUnavailable", "RequestError", "softmax",
 ]
 
@@ -133,9 +133,11 @@ def _normalize_groups(groups: Groups) -> list[tuple[bytes, list[bytes]]]:
 class Engine:
     """One supervised engine command; see the module docstring. Build with :meth:`spawn`."""
 
-    def __init__(self, supervisor: Supervisor, *, request_timeout: float | None = None) -> None:
+    def __init__(self, supervisor: Supervisor, *, request_timeout: float | None = None,
+                 max_waiting: int | None = None) -> None:
         self._sup = supervisor
         self.request_timeout = request_timeout
+        self.max_waiting = max_waiting
 
     # ------------------------------------------------------------ lifetime
 
@@ -149,7 +151,8 @@ class Engine:
                     max_restarts: int = 3, restart_period: float = 60.0,
                     backoff_initial: float = 0.1, backoff_max: float = 5.0,
                     env: dict[str, str] | None = None, cwd: str | None = None,
-                    stderr_lines_per_s: int = 1000) -> AsyncIterator[Engine]:
+                    stderr_lines_per_s: int = 1000,
+                    max_waiting: int | None = None) -> AsyncIterator[Engine]:
         """Start ``argv`` (a list, no shell), wait for its handshake, yield the :class:`Engine`.
 
         Seconds: ``handshake_timeout`` (READY..STAT), ``stall_timeout`` (no
@@ -161,6 +164,8 @@ class Engine:
         ``backoff_initial`` to ``backoff_max`` s; then health fails for good.
         The engine's stderr is logged line by line to ``gateway.engine.<name>``
         (at most ``stderr_lines_per_s`` lines a second; the rest are counted).
+        ``max_waiting``: with that many callers already queued for slots, a new
+        request raises :class:`EngineBusy` at once (``None``: queue without bound).
 
         Raises, from the first start (never retried): :class:`EngineLoadError`
         (LOAD_FAIL, or ``argv[0]`` cannot be executed), :class:`EngineTimeout`
@@ -178,7 +183,7 @@ class Engine:
             async with anyio.create_task_group() as tg:
                 await tg.start(sup.run)
                 try:
-                    yield cls(sup, request_timeout=request_timeout)
+                    yield cls(sup, request_timeout=request_timeout, max_waiting=max_waiting)
                 finally:
                     sup.close()
         except BaseExceptionGroup as group:
@@ -268,13 +273,20 @@ class Engine:
             proc = await self._sup.instance()
             if slotless:
                 return proc, await proc.begin(make, None)
-            lease = await proc.acquire(slot, key)
+            lease = await self._acquire(proc, slot, key)
             try:
                 return proc, await proc.begin(make, lease)
             finally:
                 lease.close()
 
         return RequestStream(start, timeout=timeout, name=self.name)
+
+    async def _acquire(self, proc: EngineProcess, slot: int | None, key: bytes) -> SlotLease:
+        waiting = proc.router.waiting() if proc.router is not None else 0
+        if self.max_waiting is not None and waiting >= self.max_waiting:
+            raise EngineBusy(f"engine {self.name!r} is busy: {waiting} request(s) already "
+                             f"wait for a slot", name=self.name, waiting=waiting)
+        return await proc.acquire(slot, key)
 
     def _on_lease(self, proc: EngineProcess, lease: SlotLease, make) -> RequestStream:
         async def start():
@@ -406,7 +418,8 @@ class Engine:
         out = []
         for gi, (stem, options) in enumerate(groups):
             proc = await self._sup.instance()
-            lease = await proc.acquire(slot, key)
+            # Only the first group may be refused as busy: a score once begun finishes.
+            lease = await (self._acquire(proc, slot, key) if gi == 0 else proc.acquire(slot, key))
             slot = lease.slot   # every group on the slot that holds the snapshots
             try:
                 if gi == 0 and prefix and stem and (pin or len(groups) > 1):

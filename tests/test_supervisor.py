@@ -11,9 +11,10 @@ import signal
 import anyio
 import pytest
 
-from gateway.engine import (Engine, EngineCrashed, EngineLoadError, EngineProtocolError,
-                            EngineTimeout, EngineUnavailable, RequestError)
-from serveproto import Data, Done
+from gateway.engine import (Engine, EngineBusy, EngineCrashed, EngineLoadError,
+                            EngineProtocolError, EngineTimeout, EngineUnavailable,
+                            RequestError)
+from serveproto import Data
 
 pytestmark = pytest.mark.anyio
 
@@ -300,4 +301,26 @@ async def test_errors_are_typed_at_the_request_level(fixture_engine):
     assert eng.exit_statuses == (0,)
     assert isinstance(eng.last_error, EngineUnavailable)     # closed, not failed
     assert not eng.healthy and not eng.gave_up
-    assert isinstance(Done, type)
+
+
+async def test_max_waiting_refuses_at_once_when_the_queue_is_full(fixture_engine):
+    async with Engine.spawn([fixture_engine, "--token-delay-ms", "5"],
+                            max_waiting=1, **quick()) as eng:
+        async with anyio.create_task_group() as tg:
+            async def gen(n: int):
+                async for _ in eng.submit(b"x", max_tokens=n, slot=0):
+                    pass
+
+            tg.start_soon(gen, 1000)           # runs
+            with anyio.fail_after(10):
+                while eng.in_flight == 0:
+                    await anyio.sleep(0.001)
+            tg.start_soon(gen, 1)              # waits
+            with anyio.fail_after(10):
+                while eng.waiting == 0:
+                    await anyio.sleep(0.001)
+            with pytest.raises(EngineBusy) as info:
+                await eng.read_out(b"third", logprobs=1)
+            assert info.value.waiting == 1
+            tg.cancel_scope.cancel()
+        assert eng.healthy and eng.restarts == 0
