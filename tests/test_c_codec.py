@@ -124,6 +124,17 @@ def test_reader_goes_on_after_each_refused_frame():
         assert events[-2] == {"consumed": len(frame) + 8, "event": "Stop", "id": 99}, vector["name"]
 
 
+@pytest.mark.parametrize("chunk", [1, 2, 7])
+def test_reader_is_incremental(chunk):
+    """Every vector, valid and invalid, back to back, handed over a few bytes
+    at a time: the same events at the same consumed counts as all at once."""
+    vectors = [v for v in _load("requests") + ENGINE_SIDE_INVALID
+               if "caps" not in v and "limits" not in v]
+    stream = b"".join(_b(v["frame"]) for v in vectors)
+    assert _read(stream, "--chunk", str(chunk)) == _read(stream)
+    assert len(_read(stream)) > len(vectors)
+
+
 def _hexify(fields: dict, event: str) -> dict:
     out = {"event": event}
     for key, value in fields.items():
@@ -299,3 +310,4 @@ def _c_outcomes(data: bytes) -> list[tuple]:
 @hypothesis.given(_request_stream())
 def test_c_reader_agrees_with_python_engine_connection(data):
     assert _c_outcomes(data) == _python_outcomes(data)
+    assert _read(data, "--chunk", "1") == _read(data)

@@ -1,7 +1,7 @@
 /* codec_check.c: runs bytes and events through the C frame codec so tests can
  * compare it with the Python implementation and spec/vectors/.
  *
- *   codec-check read [--ext all|none|score,counters,health] [--max-line N] [--max-payload N]
+ *   codec-check read [--ext all|none|score,counters,health] [--max-line N] [--max-payload N] [--chunk N]
  *       stdin: request frames (bytes). stdout: one JSON object per line per
  *       event the reader gives, in order:
  *         {"event": "Submit", "id": 1, "slot": 0, "prompt": "<hex>", "max_tokens": 0,
@@ -77,19 +77,47 @@ static void put_float(double x)
     printf("\"%s\"", s);
 }
 
-static int do_read(unsigned ext, size_t max_line, size_t max_payload)
+static unsigned char *slurp(size_t *len)
+{
+    size_t cap = 1 << 16;
+    unsigned char *buf = malloc(cap);
+    ssize_t n;
+    *len = 0;
+    while (buf && (n = read(0, buf + *len, cap - *len)) > 0) {
+        *len += (size_t)n;
+        if (*len == cap)
+            buf = realloc(buf, cap *= 2);
+    }
+    if (!buf)
+        die("out of memory");
+    return buf;
+}
+
+/* chunk == 0: one read() per NEED_DATA; else all of stdin, then handed to
+ * the reader chunk bytes at a time (incremental parsing must not change
+ * what comes out). */
+static int do_read(unsigned ext, size_t max_line, size_t max_payload, size_t chunk)
 {
     sp_reader rd;
     if (sp_reader_init(&rd, ext) < 0)
         die("out of memory");
     sp_reader_set_limits(&rd, max_line, max_payload);
+    size_t len = 0, fed = 0;
+    unsigned char *input = chunk ? slurp(&len) : NULL;
     for (;;) {
         sp_request rq;
         sp_error err;
         sp_status st = sp_reader_next(&rd, &rq, &err);
         if (st == SP_NEED_DATA) {
-            if (sp_reader_fill(&rd, 0) < 0)
-                die("read failed");
+            if (!chunk) {
+                if (sp_reader_fill(&rd, 0) < 0)
+                    die("read failed");
+                continue;
+            }
+            size_t n = len - fed < chunk ? len - fed : chunk;
+            if (sp_reader_feed(&rd, input + fed, n) < 0)
+                die("out of memory");
+            fed += n;
             continue;
         }
         printf("{\"consumed\": %llu, ", (unsigned long long)sp_reader_consumed(&rd));
@@ -154,6 +182,7 @@ static int do_read(unsigned ext, size_t max_line, size_t max_payload)
         sp_request_free(&rq);
     }
     sp_reader_free(&rd);
+    free(input);
     return 0;
 }
 
@@ -419,7 +448,7 @@ int main(int argc, char **argv)
         die("usage: codec-check read [--ext all|none|LIST] | write | json");
     if (!strcmp(argv[1], "read")) {
         unsigned ext = SP_EXT_ALL;
-        size_t max_line = SP_MAX_LINE, max_payload = SP_MAX_PAYLOAD;
+        size_t max_line = SP_MAX_LINE, max_payload = SP_MAX_PAYLOAD, chunk = 0;
         for (int i = 2; i + 1 < argc; i += 2) {
             if (!strcmp(argv[i], "--ext")) {
                 ext = 0;
@@ -434,12 +463,14 @@ int main(int argc, char **argv)
                 max_line = strtoull(argv[i + 1], NULL, 10);
             else if (!strcmp(argv[i], "--max-payload"))
                 max_payload = strtoull(argv[i + 1], NULL, 10);
+            else if (!strcmp(argv[i], "--chunk"))
+                chunk = strtoull(argv[i + 1], NULL, 10);
             else
-                die("usage: codec-check read [--ext all|none|LIST] [--max-line N] [--max-payload N]");
+                die("usage: codec-check read [--ext all|none|LIST] [--max-line N] [--max-payload N] [--chunk N]");
         }
         if (argc % 2)
-            die("usage: codec-check read [--ext all|none|LIST] [--max-line N] [--max-payload N]");
-        return do_read(ext, max_line, max_payload);
+            die("usage: codec-check read [--ext all|none|LIST] [--max-line N] [--max-payload N] [--chunk N]");
+        return do_read(ext, max_line, max_payload, chunk);
     }
     if (!strcmp(argv[1], "write"))
         return do_write();
