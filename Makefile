@@ -11,12 +11,12 @@ PORT   ?= 8000
 MODEL  ?=
 export SERVEPROTO_CACHE ?= $(HOME)/.cache/serveproto
 
-.PHONY: serve test venv engines model clean
+.PHONY: serve test venv engines model browser clean
 
 serve: venv engines model
 	$(VENV)/bin/serveproto serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL))
 
-test: venv engines model
+test: venv engines model browser
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 venv: $(VENV)/.installed
@@ -32,6 +32,12 @@ engines: venv
 
 model: venv
 	$(PY) -m fixtures.default_model
+
+# Headless Chromium for the System One page tests (Debian's packages; skipped tests without it).
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) || \
+	  echo "chromium could not be installed: the page tests will skip"
 
 clean:
 	$(MAKE) -C engines clean
