@@ -17,64 +17,65 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import numpy as np
-
 #: Probabilities are reported in units of 1 / QUANTUM.
 QUANTUM = 1_000_000
 NORMALIZE = ("sum", "mean")
 
 
-def option_scores(logprobs: Sequence[Sequence[float]], normalize: str = "sum") -> np.ndarray:
+def option_scores(logprobs: Sequence[Sequence[float]], normalize: str = "sum") -> list[float]:
     """One score per option from its tokens' logprobs.
 
     ``logprobs[o]`` are option ``o``'s scored tokens' log-probabilities
     (natural log, each finite, at least one). ``normalize``: ``"sum"`` (the
     option's whole log-probability) or ``"mean"`` (divided by its token
-    count). Returns a ``(n_options,)`` float64 array. Raises ``ValueError``
-    for an unknown ``normalize``, an option with no tokens or a non-finite
-    logprob.
+    count). Returns ``n_options`` floats. Raises ``ValueError`` for an
+    unknown ``normalize``, an option with no tokens or a non-finite logprob.
+    (Plain Python, not numpy: at a few options per question numpy's per-call
+    overhead is most of the cost.)
     """
     if normalize not in NORMALIZE:
         raise ValueError(f"normalize must be one of {NORMALIZE}, got {normalize!r}")
-    out = np.empty(len(logprobs), dtype=np.float64)
+    out = []
     for i, lps in enumerate(logprobs):
-        arr = np.asarray(lps, dtype=np.float64)
-        if arr.size == 0:
+        if len(lps) == 0:
             raise ValueError(f"option {i} has no scored tokens")
-        if not np.all(np.isfinite(arr)):
+        total = math.fsum(lps)
+        if not math.isfinite(total) or not all(math.isfinite(x) for x in lps):
             raise ValueError(f"option {i} has a non-finite logprob: {lps!r}")
-        out[i] = arr.sum() if normalize == "sum" else arr.mean()
+        out.append(total if normalize == "sum" else total / len(lps))
     return out
 
 
-def softmax(scores: Sequence[float]) -> np.ndarray:
-    """``exp(s_i - max) / sum_j exp(s_j - max)``: a ``(n,)`` float64 array summing to 1."""
-    s = np.asarray(scores, dtype=np.float64)
-    if s.size == 0:
+def softmax(scores: Sequence[float]) -> list[float]:
+    """``exp(s_i - max) / sum_j exp(s_j - max)``: ``n`` floats summing to 1."""
+    if len(scores) == 0:
         raise ValueError("softmax of no options")
-    e = np.exp(s - s.max())
-    return e / e.sum()
+    m = max(scores)
+    e = [math.exp(x - m) for x in scores]
+    z = math.fsum(e)
+    return [x / z for x in e]
 
 
 def quantize(probabilities: Sequence[float]) -> list[int]:
     """Probabilities in whole millionths that add up to exactly :data:`QUANTUM`.
 
     Largest remainder: each share is floored, and the units left over go to the
-    options with the largest remainders (ties: the earlier option). Input is a
-    ``(n,)`` non-negative vector summing to 1 (within float error).
+    options with the largest remainders (ties: the earlier option). Input is
+    ``n`` non-negative numbers with a positive sum (normalised here).
     """
-    p = np.asarray(probabilities, dtype=np.float64)
-    if p.size == 0 or not np.all(np.isfinite(p)) or np.any(p < 0):
+    p = [float(x) for x in probabilities]
+    if not p or not all(math.isfinite(x) and x >= 0 for x in p) or sum(p) <= 0:
         raise ValueError(f"not a probability vector: {probabilities!r}")
-    p = p / p.sum()
-    raw = p * QUANTUM
-    units = np.floor(raw).astype(np.int64)
-    left = QUANTUM - int(units.sum())
+    z = math.fsum(p)
+    raw = [x / z * QUANTUM for x in p]
+    units = [int(math.floor(r)) for r in raw]
+    left = QUANTUM - sum(units)
     if left > 0:
-        order = sorted(range(len(p)), key=lambda i: (-(raw[i] - units[i]), i))
+        # remainders equal up to float noise count as a tie (the earlier option wins)
+        order = sorted(range(len(p)), key=lambda i: (-round(raw[i] - units[i], 6), i))
         for i in order[:left]:
             units[i] += 1
-    return [int(u) for u in units]
+    return units
 
 
 def confidence(p: Sequence[float]) -> float:
