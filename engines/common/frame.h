@@ -119,6 +119,7 @@ typedef enum sp_status {
     SP_EOF,           /* the input ended and every buffered byte was used */
 } sp_status;
 
+/* The reader's state: read it through the functions below, not the fields. */
 typedef struct sp_reader {
     unsigned char *buf;   /* buffered input, buf[start .. end) unread */
     size_t cap, start, end;
