@@ -148,6 +148,12 @@ def test_gguf_reader_rejects_malformed_files(tmp_path, tiny):
     cut.write_bytes(tiny.read_bytes()[:5000])         # ends inside the vocabulary
     with pytest.raises(GGUFFormatError, match="truncated|past the end"):
         GGUFFile(cut)
+    # ends inside the token-type array (numeric, read in one piece)
+    data = tiny.read_bytes()
+    types_at = data.index(b"tokenizer.ggml.token_type") + len(b"tokenizer.ggml.token_type")
+    (tmp_path / "cut2.gguf").write_bytes(data[:types_at + 100])
+    with pytest.raises(GGUFFormatError, match="truncated"):
+        GGUFFile(tmp_path / "cut2.gguf")
     empty = tmp_path / "empty.gguf"
     empty.write_bytes(b"")
     with pytest.raises(GGUFFormatError, match="empty"):
