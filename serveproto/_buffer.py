@@ -19,9 +19,10 @@ class ReceiveBuffer:
         pos: index in ``data`` of the first unconsumed byte.
         need: the connection cannot make progress before ``len(self)`` reaches this.
         eof: the peer closed its end (``feed(b"")`` was called).
+        chunked: bytes fed since the last ``pull()`` (not yet in ``data``).
     """
 
-    __slots__ = ("data", "pos", "need", "eof", "_chunks", "_chunked")
+    __slots__ = ("data", "pos", "need", "eof", "chunked", "_chunks")
 
     def __init__(self) -> None:
         self.data = b""
@@ -29,7 +30,7 @@ class ReceiveBuffer:
         self.need = 0
         self.eof = False
         self._chunks: list[bytes] = []
-        self._chunked = 0
+        self.chunked = 0
 
     def feed(self, chunk: bytes) -> None:
         """Append ``chunk`` (bytes-like); an empty chunk marks EOF."""
@@ -37,16 +38,11 @@ class ReceiveBuffer:
             self.eof = True
             return
         self._chunks.append(bytes(chunk))
-        self._chunked += len(chunk)
+        self.chunked += len(chunk)
 
     def __len__(self) -> int:
         """Unconsumed bytes, in bytes."""
-        return len(self.data) - self.pos + self._chunked
-
-    @property
-    def has_chunks(self) -> bool:
-        """True when bytes were fed since the last ``pull()``."""
-        return self._chunked > 0
+        return len(self.data) - self.pos + self.chunked
 
     def pull(self) -> None:
         """Join the fed chunks onto the unconsumed bytes, so ``data[pos:]`` holds all of them."""
@@ -56,7 +52,7 @@ class ReceiveBuffer:
             self.data = b"".join(self._chunks)
             self.pos = 0
             self._chunks = []
-            self._chunked = 0
+            self.chunked = 0
 
     def consume(self, n: int) -> int:
         """Drop up to ``n`` unconsumed bytes; return how many were dropped."""

@@ -88,7 +88,7 @@ class _Connection:
         """Make the fed bytes contiguous; False when nothing new can complete a frame
         (fewer bytes than ``need``), so the caller waits."""
         buf = self._buf
-        if buf.has_chunks:
+        if buf.chunked:
             if len(buf) < buf.need:
                 return False
             buf.pull()
@@ -170,7 +170,7 @@ class GatewayConnection(_Connection):
         if self._error is not None:
             raise self._error
         buf = self._buf
-        if buf.has_chunks:
+        if buf.chunked:
             if len(buf) < buf.need:
                 return self._wait()
             buf.pull()

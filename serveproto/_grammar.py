@@ -83,10 +83,10 @@ ERROR_CODES = frozenset({
 
 # --- fast path (not a production: a conservative acceptor) ---------------------------------------
 #: An ``ECHO`` line with ``k=1`` whose every field is in its plainest form:
-#: uints below 10**19, floats with at most 20 integer digits and a 1-2 digit
-#: exponent (so always finite). A line this matches is valid by section 1 and
+#: uints below 10**19, floats with at most 20 integer digits and a two-digit
+#: exponent as ``%.9g`` writes it (so always finite). A line this matches is valid by section 1 and
 #: 5; a line it does not match takes the general path, which decides.
 _FU = rb"(0|[1-9][0-9]{0,18})"
-_FF = rb"(-?[0-9]{1,20}(?:\.[0-9]*)?(?:[eE][-+]?[0-9]{1,2})?)"
+_FF = rb"(-?[0-9]{1,20}(?:\.[0-9]*)?(?:e[-+][0-9][0-9])?)"
 ECHO_K1_FAST = re.compile(rb"ECHO ([1-9][0-9]{0,18}) " + _FU + b" " + _FU + b" " + _FF +
                           b" 1 " + _FU + b" " + _FF)

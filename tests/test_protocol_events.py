@@ -246,3 +246,29 @@ def test_engine_without_extensions_refuses_their_frames():
         conn.next_event()
     assert (info.value.code, info.value.request_id) == ("BAD_FRAME", 3)
     assert conn.next_event() == sp.Stop(4)
+
+
+def test_echo_fast_path_agrees_with_the_general_reader():
+    """ECHO frames of a read-out under way take the fast path; every spelling
+    must decode as the general reader (used with no request state) decodes it."""
+    spellings = [b"-1.25", b"-1.250", b"-1.5e-05", b"-1.5E-05", b"-1e-5", b"-7", b"-0", b"0",
+                 b"-007.5", b"-7.", b"-3.40282347e+38", b"-1e+99", b"-12345678901234567890.5"]
+    frames = [b"ECHO 1 1 0 nan 0\na\n"]
+    for pos, lp in enumerate(spellings, start=1):
+        frames.append(b"ECHO 1 1 %d %s 1 %d %s\nb\n" % (pos, lp, 10**18 + pos, spellings[-pos]))
+    frames.append(b"DONE 1 STAT 0 0 0 0.5 %d 0\n" % (len(spellings) + 1))
+    stream = b"".join(frames)
+    gw = sp.GatewayConnection()
+    gw.receive_data(sp.EngineConnection().send_handshake())
+    while gw.next_event() is not sp.NEED_DATA:
+        pass
+    gw.send(sp.Submit(1, 0, b"x", 0, 0.0, 1.0, logprobs=1))
+    codec = CodecGateway()
+    fast, general = [], []
+    for conn, out in ((gw, fast), (codec, general)):
+        conn.receive_data(stream)
+        while (e := conn.next_event()) is not sp.NEED_DATA:
+            out.append(e)
+    assert len(fast) == len(spellings) + 2
+    assert repr(fast) == repr(general)  # repr: NaN compares unequal to itself
+    assert [e.logprob for e in fast[1:-1]] == [float(x) for x in spellings]
