@@ -7,16 +7,14 @@ are known, or as text whose ids are recovered from the ECHO payloads through
 the vocabulary (``fixtures/vocab.py``).
 
 The engine is driven through the sans-IO ``serveproto.GatewayConnection`` over
-a plain subprocess; these tests skip only while the binary or the package is
-missing.
+a plain subprocess (``fixtures.sync_engine``); these tests skip only while the
+binary or the package is missing. ``python -m fixtures.compare`` prints the
+measured differences.
 """
 from __future__ import annotations
 
 import json
 import math
-import os
-import select
-import subprocess
 
 import numpy as np
 import pytest
@@ -33,64 +31,11 @@ if not hasattr(serveproto, "GatewayConnection"):
 if not ENGINE.exists():
     pytest.skip(f"{ENGINE} not built yet (engineer L; make -C engines all)", allow_module_level=True)
 
-from serveproto import (  # noqa: E402
-    NEED_DATA, Accept, Data, Done, Echo, Error, GatewayConnection, Score, Scored, Stat, Submit,
-)
+from serveproto import Accept, Data, Done, Echo, Error, Score, Scored, Submit  # noqa: E402
+
+from fixtures.sync_engine import SyncEngine  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
-
-
-class EngineProcess:
-    """The engine as a subprocess, spoken to through a GatewayConnection (blocking, with timeouts)."""
-
-    def __init__(self, argv: list[str], stderr_path):
-        self._stderr = open(stderr_path, "wb")
-        self.stderr_path = stderr_path
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._stderr)
-        self.conn = GatewayConnection()
-        self._next_id = 0
-        while not isinstance(self._next_event(60.0), Stat):
-            pass
-        self.caps = self.conn.caps
-
-    def _next_event(self, timeout: float):
-        while True:
-            ev = self.conn.next_event()
-            if ev is not NEED_DATA:
-                return ev
-            ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-            if not ready:
-                raise TimeoutError(f"engine silent for {timeout} s; stderr: {self.stderr_tail()}")
-            self.conn.receive_data(os.read(self.proc.stdout.fileno(), 1 << 16))
-
-    def stderr_tail(self) -> str:
-        self._stderr.flush()
-        with open(self.stderr_path, "rb") as f:
-            return f.read()[-2000:].decode("utf-8", "replace")
-
-    def new_id(self) -> int:
-        self._next_id += 1
-        return self._next_id
-
-    def request(self, event, timeout: float = 60.0) -> list:
-        """Send one request; return its events up to and including its DONE or ERROR."""
-        self.proc.stdin.write(self.conn.send(event))
-        self.proc.stdin.flush()
-        out = []
-        while True:
-            ev = self._next_event(timeout)
-            if getattr(ev, "id", None) != event.id:
-                continue
-            out.append(ev)
-            if isinstance(ev, (Done, Error)):
-                return out
-
-    def close(self) -> int:
-        self.proc.stdin.close()
-        rc = self.proc.wait(timeout=30)
-        self._stderr.close()
-        return rc
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +46,7 @@ def tiny():
 @pytest.fixture(scope="module")
 def engine(tiny, tmp_path_factory):
     argv = [str(ENGINE), "--model", str(tiny), "--slots", "1", "--ctx", "1024", "--threads", "2"]
-    eng = EngineProcess(argv, tmp_path_factory.mktemp("engine") / "stderr.log")
+    eng = SyncEngine(argv, tmp_path_factory.mktemp("engine") / "stderr.log")
     yield eng
     assert eng.close() == 0
 
@@ -251,3 +196,20 @@ def test_score_equals_oracle(engine, tiny):
             n_scored.append(len(s.logprobs))
             np.testing.assert_allclose(s.logprobs, oracle.logprobs(tiny, full)[common:], rtol=0, atol=TOL)
     assert max(n_scored) >= 4 and min(n_scored) == 1
+
+
+def test_sync_engine_reports_a_load_failure(tmp_path):
+    from fixtures.sync_engine import EngineGone
+
+    with pytest.raises(EngineGone, match=r"LOAD_FAIL io .*missing\.gguf"):
+        SyncEngine([str(ENGINE), "--model", str(tmp_path / "missing.gguf")], tmp_path / "stderr.log")
+
+
+def test_compare_prints_the_differences(capsys):
+    from fixtures import compare
+
+    assert compare.main(["--tokens", "12", "--k", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("   12 tokens: max |logprob diff| ")
+    assert float(out[1].split("max |logprob diff| ")[1].split(",")[0]) <= TOL
+    assert out[1].endswith("top-3 ids agree 1.0000")
