@@ -4,7 +4,9 @@
 GatewayConnection, a reader task that routes each frame to its request by id,
 a stderr pump that logs the engine's lines under ``gateway.engine.<name>``, and
 the watchdog that declares the engine hung when it writes nothing for
-``stall_timeout`` seconds while requests are in flight. It never restarts
+``stall_timeout`` seconds while requests are in flight (an idle engine with
+``x_health`` is sent a PING every ``health_interval`` seconds, so a hang is
+found without waiting for a request). It never restarts
 anything: that is :mod:`gateway.supervisor`'s job.
 """
 from __future__ import annotations
@@ -23,7 +25,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 import serveproto
 from serveproto import (Cancel, Caps, ConnectionClosed, Done, Error, GatewayConnection,
-                        LoadFail, LocalProtocolError, Pong, RemoteProtocolError, Stat,
+                        LoadFail, LocalProtocolError, Ping, Pong, RemoteProtocolError, Stat,
                         Telemetry)
 
 from gateway._engine_errors import (EngineCrashed, EngineError, EngineLoadError,
@@ -90,7 +92,8 @@ class EngineProcess:
     """
 
     def __init__(self, argv: Sequence[str], *, name: str, handshake_timeout: float | None,
-                 stall_timeout: float | None, drain_timeout: float, term_timeout: float,
+                 stall_timeout: float | None, health_interval: float | None,
+                 drain_timeout: float, term_timeout: float,
                  env: dict[str, str] | None, cwd: str | None,
                  on_exit: Callable[[], None] | None, stderr_lines_per_s: int,
                  max_line: int, max_payload: int) -> None:
@@ -98,6 +101,7 @@ class EngineProcess:
         self.name = name
         self.handshake_timeout = handshake_timeout
         self.stall_timeout = stall_timeout
+        self.health_interval = health_interval
         self.drain_timeout = drain_timeout
         self.term_timeout = term_timeout
         self._env = env
@@ -169,6 +173,7 @@ class EngineProcess:
     @asynccontextmanager
     async def start(cls, argv: Sequence[str], *, name: str | None = None,
                     handshake_timeout: float | None = 60.0, stall_timeout: float | None = 60.0,
+                    health_interval: float | None = None,
                     drain_timeout: float = 5.0, term_timeout: float = 2.0,
                     env: dict[str, str] | None = None, cwd: str | None = None,
                     on_exit: Callable[[], None] | None = None, stderr_lines_per_s: int = 1000,
@@ -184,7 +189,8 @@ class EngineProcess:
             raise ValueError("argv: the engine command is empty")
         self = cls(argv, name=name or os.path.basename(os.fspath(argv[0])),
                    handshake_timeout=handshake_timeout, stall_timeout=stall_timeout,
-                   drain_timeout=drain_timeout, term_timeout=term_timeout, env=env, cwd=cwd,
+                   health_interval=health_interval, drain_timeout=drain_timeout,
+                   term_timeout=term_timeout, env=env, cwd=cwd,
                    on_exit=on_exit, stderr_lines_per_s=stderr_lines_per_s,
                    max_line=max_line, max_payload=max_payload)
         try:
@@ -212,6 +218,8 @@ class EngineProcess:
                         tg.cancel_scope.cancel()
                         raise
                     tg.start_soon(self._read_loop)
+                    if health_interval is not None and self.caps.x_health:
+                        tg.start_soon(self._heartbeat)
                     try:
                         yield self
                     finally:
@@ -395,6 +403,24 @@ class EngineProcess:
             req.send.close()
             if req.lease is not None:
                 req.lease.end()
+
+    async def _heartbeat(self) -> None:
+        """PING an idle engine every ``health_interval`` s; the stall watchdog
+        fails it if the PONG does not come within ``stall_timeout``."""
+        while self._failure is None and not self._closing:
+            await anyio.sleep(self.health_interval)
+            if self._inflight or self._failure is not None or self._closing:
+                continue    # a busy engine shows it is alive by its output
+            try:
+                req = await self.begin(lambda rid, _slot: Ping(id=rid), None)
+            except (EngineError, LocalProtocolError):
+                return
+            try:
+                await req.recv.receive()    # the PONG, or the engine's failure
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                pass
+            finally:
+                req.recv.close()
 
     # ------------------------------------------------------------ stderr
 

@@ -73,7 +73,8 @@ class ReadOut:
 
     @property
     def logprobs(self) -> list[float]:
-        """Shape ``(len(echoes),)``: each read-out position's logprob (``nan`` at a cold position 0)."""
+        """Shape ``(len(echoes),)``: each read-out position's logprob (nats; ``nan`` at a
+        cold position 0)."""
         return [e.logprob for e in self.echoes]
 
     @property
@@ -146,6 +147,7 @@ class Engine:
     async def spawn(cls, argv: Sequence[str], *, name: str | None = None,
                     handshake_timeout: float | None = 60.0,
                     stall_timeout: float | None = 60.0,
+                    health_interval: float | None = 30.0,
                     request_timeout: float | None = None,
                     drain_timeout: float = 5.0, term_timeout: float = 2.0,
                     max_restarts: int = 3, restart_period: float = 60.0,
@@ -157,7 +159,9 @@ class Engine:
 
         Seconds: ``handshake_timeout`` (READY..STAT), ``stall_timeout`` (no
         output while requests are in flight: the engine is declared hung,
-        killed and restarted), ``request_timeout`` (default deadline of each
+        killed and restarted), ``health_interval`` (an idle engine with
+        ``x_health`` is PINGed this often, so a hang is found before a request
+        meets it; ``None``: never), ``request_timeout`` (default deadline of each
         request, ``None``: none), ``drain_timeout`` / ``term_timeout`` (the
         shutdown ladder: EOF, drain, SIGTERM, SIGKILL). Restarts: at most
         ``max_restarts`` within ``restart_period`` s, backoff doubling from
@@ -176,7 +180,8 @@ class Engine:
         name = name or os.path.basename(os.fspath(argv[0]))
         policy = RestartPolicy(max_restarts, restart_period, backoff_initial, backoff_max)
         sup = Supervisor(argv, name=name, policy=policy, handshake_timeout=handshake_timeout,
-                         stall_timeout=stall_timeout, drain_timeout=drain_timeout,
+                         stall_timeout=stall_timeout, health_interval=health_interval,
+                         drain_timeout=drain_timeout,
                          term_timeout=term_timeout, env=env, cwd=cwd,
                          stderr_lines_per_s=stderr_lines_per_s)
         try:
@@ -231,7 +236,8 @@ class Engine:
     @property
     def exit_statuses(self) -> tuple[int | None, ...]:
         """Exit status of each engine process that served and ended, oldest first
-        (negative: killed by that signal; -15 SIGTERM and -9 SIGKILL come from the shutdown ladder)."""
+        (negative: killed by that signal; -15 SIGTERM and -9 SIGKILL come from the
+        shutdown ladder)."""
         return tuple(self._sup.exit_statuses)
 
     @property
@@ -253,7 +259,9 @@ class Engine:
         return cur.router.waiting() if cur is not None and cur.router is not None else 0
 
     async def wait_ready(self) -> None:
-        """Wait until a process serves (through a restart); raises EngineUnavailable if none will."""
+        """Wait until a process serves (through a restart).
+
+        Raises :class:`EngineUnavailable` if none will (closed, or gave up)."""
         await self._sup.instance()
 
     # ------------------------------------------------------------ requests
@@ -466,8 +474,9 @@ class Engine:
         """``DECIDE`` one decision record (spec/decision-record.md) on a ``decide=1`` engine.
 
         ``record``: the JSON record as text / bytes, or a dict (serialised as
-        the spec's "Serialisation" says: ``json.dumps(record, ensure_ascii=False)``). Returns ``(decision, done)``: the DECISION's JSON parsed to a
-        dict, and the DONE. Raises :class:`RequestError` (``DECIDE_INVALID``
+        the spec's "Serialisation" says: ``json.dumps(record, ensure_ascii=False)``).
+        Returns ``(decision, done)``: the DECISION's JSON parsed to a dict, and
+        the DONE. Raises :class:`RequestError` (``DECIDE_INVALID``
         with ``<field>: <reason>``, ``DECIDE_FAILED``; ``NOT_SUPPORTED`` when the
         engine does not advertise ``decide=1``), the engine's errors.
         """
@@ -476,7 +485,8 @@ class Engine:
                 if isinstance(record, dict) else _bytes(record, "record"))
         proc = await self._sup.instance()
         if not proc.caps.decide:
-            raise RequestError("NOT_SUPPORTED", f"engine {self.name!r} does not advertise decide=1")
+            raise RequestError("NOT_SUPPORTED",
+                               f"engine {self.name!r} does not advertise decide=1")
         decision = done = None
         stream = self.request(lambda rid, s: Decide(id=rid, slot=s, record=data), slot=slot,
                               timeout=timeout)
@@ -503,7 +513,8 @@ class Engine:
         """
         proc = await self._sup.instance()
         if not proc.caps.x_health:
-            raise RequestError("NOT_SUPPORTED", f"engine {self.name!r} does not advertise x_health=1")
+            raise RequestError("NOT_SUPPORTED",
+                               f"engine {self.name!r} does not advertise x_health=1")
         stream = self.request(lambda rid, s: Ping(id=rid), slotless=True, timeout=timeout)
         async with stream:
             async for ev in stream:

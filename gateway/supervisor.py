@@ -140,8 +140,9 @@ class Supervisor:
                 self._wake = anyio.Event()
                 started_at = anyio.current_time()
                 try:
-                    async with EngineProcess.start(self.argv, name=self.name,
-                                                   on_exit=self._on_process_exit, **self._kw) as proc:
+                    start = EngineProcess.start(self.argv, name=self.name,
+                                                on_exit=self._on_process_exit, **self._kw)
+                    async with start as proc:
                         self._current = proc
                         self._ready.set()
                         if first:

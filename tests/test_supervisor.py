@@ -324,3 +324,18 @@ async def test_max_waiting_refuses_at_once_when_the_queue_is_full(fixture_engine
             assert info.value.waiting == 1
             tg.cancel_scope.cancel()
         assert eng.healthy and eng.restarts == 0
+
+
+async def test_an_idle_hung_engine_is_found_by_the_heartbeat(fixture_engine, tmp_path):
+    # Hangs right after its handshake; no request is sent: the PING finds it.
+    argv, env = first_start_only(fixture_engine, tmp_path, "hang_after=0")
+    with anyio.fail_after(TEST_DEADLINE):
+        async with Engine.spawn(argv, env=env,
+                                **quick(health_interval=0.05, stall_timeout=0.2)) as eng:
+            first = eng.pid
+            while eng.restarts == 0:
+                await anyio.sleep(0.01)
+            await eng.wait_ready()
+            assert eng.pid != first and eng.healthy
+            assert isinstance(eng.last_error, EngineTimeout) and eng.last_error.what == "stall"
+            assert (await eng.ping())["active"] == "0"

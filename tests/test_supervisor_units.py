@@ -46,7 +46,8 @@ def test_option_tokens_unknown_positions_count_as_shared():
 def test_option_tokens_refusals_name_the_option():
     known = {0: b"a", 1: b"b"}
     with pytest.raises(RequestError) as info:
-        option_tokens(echoes(0, [b"a", b"b"], [math.nan, -1.0]), known, 2, where="groups[0].options[3]")
+        option_tokens(echoes(0, [b"a", b"b"], [math.nan, -1.0]), known, 2,
+                      where="groups[0].options[3]")
     assert info.value.code == "BAD_REQUEST" and info.value.reason.startswith("groups[0].options[3]")
     with pytest.raises(RequestError, match="first token"):
         option_tokens(echoes(0, [b"x"], [math.nan]), {0: b"a"}, 1)
