@@ -276,3 +276,49 @@ async def test_fallback_score_gives_other_clients_turns_between_groups(fixture_e
             await until(lambda: eng.waiting == 2)
             blocker_scope.cancel()
     assert events == ["blocker cancelled", "other done", "score done"]
+
+
+async def test_many_clients_with_random_cancellations(fixture_engine):
+    """Stress: 40 concurrent clients over 3 slots, a third of them cancelled at a
+    random point. Nobody meets SLOT_BUSY or another client's frames, every
+    finished answer is the reference's, and the engine ends idle, never restarted."""
+    import random
+    rng = random.Random(20261130)
+    finished, cancelled = [], 0
+    async with Engine.spawn([fixture_engine, "--slots", "3", "--token-delay-ms", "1"]) as eng:
+        async with anyio.create_task_group() as tg:
+            for i in range(40):
+                text = f"client {i} says {'la' * rng.randrange(1, 20)}".encode()
+                kind = rng.choice(["read_out", "submit", "score", "score_fallback", "ping"])
+                slot = rng.choice([None, None, 0, 1, 2])
+                deadline = rng.choice([None, None, rng.uniform(0.0, 0.03)])
+
+                async def client(text=text, kind=kind, slot=slot, deadline=deadline):
+                    nonlocal cancelled
+                    with anyio.CancelScope(deadline=math.inf if deadline is None else
+                                           anyio.current_time() + deadline) as scope:
+                        if kind == "read_out":
+                            r = await eng.read_out(text, logprobs=1, slot=slot)
+                            got = r.logprobs[1:]
+                            want = [toy_logprob(text, p) for p in range(1, len(text))]
+                        elif kind == "submit":
+                            events = [e async for e in eng.submit(text, max_tokens=20, slot=slot)]
+                            got = [e.emitted for e in events if isinstance(e, Done)]
+                            want = [sum(isinstance(e, Data) for e in events)]
+                        elif kind == "ping":
+                            got, want = [(await eng.ping())["active"].isdigit()], [True]
+                        else:
+                            s = await eng.score(text, [b" yes", b" no"], slot=slot,
+                                                fast=kind == "score")
+                            got = [(o.context_tokens, o.logprobs) for o in s.groups[0]]
+                            want = [toy_option(text, o) for o in (b" yes", b" no")]
+                        finished.append((kind, got == want))
+                    if scope.cancelled_caught:
+                        cancelled += 1
+
+                tg.start_soon(client)
+        assert eng.in_flight == 0 and eng.waiting == 0
+        assert eng.restarts == 0 and eng.healthy
+        assert (await eng.ping())["active"] == "0"
+    assert len(finished) + cancelled == 40 and cancelled > 0
+    assert all(ok for _, ok in finished), [k for k, ok in finished if not ok]
