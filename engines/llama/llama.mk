@@ -30,7 +30,10 @@ ifeq ($(CUDA),1)
 LLAMA_VARIANT     := cuda
 LLAMA_CMAKE_FLAGS += -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$(or $(CUDA_ARCH),90)
 LLAMA_EXTRA_LIBS  := ggml/src/ggml-cuda/libggml-cuda.a
-LLAMA_SYS_LIBS    := -L$(or $(CUDA_HOME),/usr/local/cuda)/lib64 -lcudart -lcublas -lcublasLt -lcuda
+LLAMA_CUDA_HOME   := $(or $(CUDA_HOME),/usr/local/cuda)
+# libcuda comes with the driver; the toolkit's stub satisfies the link.
+LLAMA_SYS_LIBS    := -L$(LLAMA_CUDA_HOME)/lib64 -L$(LLAMA_CUDA_HOME)/lib64/stubs \
+  -lcudart -lcublas -lcublasLt -lcuda -ldl -lrt
 else
 LLAMA_VARIANT     := cpu
 LLAMA_EXTRA_LIBS  :=
@@ -86,10 +89,16 @@ llama-src: $(LLAMA_CACHE)/src/.extracted
 LLAMA_CFLAGS := $(CFLAGS) -pthread $(LLAMA_INC) $(COMMON_CFLAGS)
 LLAMA_LDLIBS := $(LLAMA_LIBS) $(LLAMA_SYS_LIBS) -lstdc++ -lm -fopenmp -lpthread
 
+# Which variant the binaries in $(BIN) were linked against: switching CPU <-> CUDA relinks.
+LLAMA_VARIANT_FILE := $(BIN)/.llama-$(LLAMA_VARIANT)
+$(LLAMA_VARIANT_FILE): | $(BIN)
+	rm -f $(BIN)/.llama-cpu $(BIN)/.llama-cuda
+	touch $@
+
 # The frame codec and JSON reader come from engines/common ($(COMMON_LIB)).
-$(BIN)/serveproto-llama: $(LLAMA_ENGINE_SRCS) $(LLAMA_ENGINE_HDRS) $(COMMON_LIB) $(COMMON_HDR) $(LLAMA_STAMP) | $(BIN)
+$(BIN)/serveproto-llama: $(LLAMA_ENGINE_SRCS) $(LLAMA_ENGINE_HDRS) $(COMMON_LIB) $(COMMON_HDR) $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
 	$(CC) $(LLAMA_CFLAGS) -o $@ $(LLAMA_ENGINE_SRCS) $(COMMON_LIB) $(LLAMA_LDLIBS)
 
 # The reference for bench/engine.py: llama.cpp's own batched decode of a prompt, nothing else.
-$(BIN)/llama-prefill-ref: llama/bench/prefill_ref.c $(LLAMA_STAMP) | $(BIN)
+$(BIN)/llama-prefill-ref: llama/bench/prefill_ref.c $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
 	$(CC) $(LLAMA_CFLAGS) -o $@ $< $(LLAMA_LDLIBS)

@@ -1,0 +1,195 @@
+"""Benchmark of the llama engine, measured side by side in one run.
+
+1. Prefill: tokens/s of ``serveproto-llama`` reading a prompt (SUBMIT, from the
+   write of the frame to its DONE) against llama.cpp's own batched decode of the
+   same prompt with the same context parameters (``engines/bin/llama-prefill-ref``,
+   nothing but ``llama_decode``). Two modes: logits of the last position only
+   (SUBMIT max_tokens=1) and logits of every position (read-out: SUBMIT
+   logprobs=1 max_tokens=0, against the reference's ``--all-logits``). Printed
+   as the ratio engine/llama.cpp of tokens per second (goal >= 0.95).
+2. Scoring: the per-option marginal cost of SCORE (all options of a question in
+   one llama_decode) against one-by-one snapshot scoring (prefix + stem pinned,
+   then one SUBMIT logprobs=1 max_tokens=0 per option, each computing only its
+   own tokens), as options grow. Marginal cost = (t(K_max) - t(1)) / (K_max - 1).
+
+Times are the best of ``--reps`` runs (the machine is shared; the minimum is the
+least disturbed). Usage::
+
+    .venv/bin/python bench/engine.py [--model PATH] [--threads 2] [--tokens 512] [--reps 5]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import selectors
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gateway.paths import default_model_path, engine_bin  # noqa: E402
+from serveproto import (  # noqa: E402
+    NEED_DATA, Done, Error, GatewayConnection, Score, Scored, Stat, Submit,
+)
+
+SENTENCE = "The quick brown fox jumps over the lazy dog while the farmer counts his sheep. "
+COLOURS = [" red", " blue", " green", " yellow", " black", " white", " purple", " orange"]
+
+
+class Engine:
+    """A serveproto-llama process, driven synchronously through GatewayConnection."""
+
+    def __init__(self, argv: list[str]):
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL)
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.proc.stdout, selectors.EVENT_READ)
+        self.conn = GatewayConnection()
+        self.next_id = 1
+        while not isinstance(self._event(), Stat):
+            pass
+
+    def _event(self):
+        while True:
+            ev = self.conn.next_event()
+            if ev is not NEED_DATA:
+                return ev
+            if not self.sel.select(600):
+                raise TimeoutError("engine silent for 600 s")
+            self.conn.receive_data(os.read(self.proc.stdout.fileno(), 1 << 16))
+
+    def run(self, make) -> tuple[float, list]:
+        """Sends ``make(id)``; returns (seconds from the write to DONE, its events)."""
+        rid, self.next_id = self.next_id, self.next_id + 1
+        wire = self.conn.send(make(rid))
+        t0 = time.perf_counter()
+        self.proc.stdin.write(wire)
+        self.proc.stdin.flush()
+        events = []
+        while True:
+            ev = self._event()
+            if getattr(ev, "id", None) != rid:
+                continue
+            events.append(ev)
+            if isinstance(ev, Error):
+                raise RuntimeError(f"engine answered {ev}")
+            if isinstance(ev, Done):
+                return time.perf_counter() - t0, events
+
+    def submit(self, prompt: bytes, **kw) -> tuple[float, list]:
+        args = dict(slot=0, max_tokens=1, temperature=0.0, top_p=1.0, counters=True)
+        args.update(kw)
+        return self.run(lambda rid: Submit(id=rid, prompt=prompt, **args))
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(60)
+
+
+def reference(model: Path, prompt_file: Path, ctx: int, threads: int, reps: int, all_logits: bool) -> tuple[int, list[float]]:
+    argv = [str(engine_bin("llama-prefill-ref")), "--model", str(model), "--prompt-file", str(prompt_file),
+            "--ctx", str(ctx), "--threads", str(threads), "--reps", str(reps)]
+    out = subprocess.run(argv + (["--all-logits"] if all_logits else []), check=True,
+                         capture_output=True, text=True).stdout
+    rows = [dict(kv.split("=") for kv in line.split()) for line in out.splitlines()]
+    return int(rows[0]["tokens"]), [float(r["seconds"]) for r in rows]
+
+
+def bench_prefill(args, eng: Engine) -> None:
+    text = (SENTENCE * (args.tokens // 14 + 1)).encode()
+    # cut to about --tokens tokens: the engine's count of a first read tells how many
+    _, ev = eng.submit(text, max_tokens=1)
+    n_full = ev[-1].prompt_tokens
+    text = text[: max(1, len(text) * args.tokens // n_full)]
+    with tempfile.NamedTemporaryFile("wb", suffix=".txt", delete=False) as f:
+        f.write(text)
+    prompt_file = Path(f.name)
+    try:
+        print(f"prefill: {args.model.name}, {args.threads} threads, best of {args.reps}")
+        for label, all_logits, kw in (("last logit", False, dict(max_tokens=1)),
+                                      ("every logit (read-out)", True, dict(max_tokens=0, logprobs=1))):
+            n_ref, ref_a = reference(args.model, prompt_file, args.ctx, args.threads, args.reps, all_logits)
+            times = []
+            for _ in range(args.reps):
+                eng.submit(b"x", max_tokens=1)  # another prompt: the slot keeps nothing of the text
+                dt, ev = eng.submit(text, **kw)
+                done = ev[-1]
+                assert done.computed == done.prompt_tokens == n_ref, (done, n_ref)
+                times.append(dt)
+            _, ref_b = reference(args.model, prompt_file, args.ctx, args.threads, args.reps, all_logits)
+            t_eng, t_ref = min(times), min(ref_a + ref_b)
+            print(f"  {label:24s} {n_ref} tokens: engine {t_eng * 1e3:8.1f} ms ({n_ref / t_eng:7.1f} tok/s)"
+                  f"   llama.cpp {t_ref * 1e3:8.1f} ms ({n_ref / t_ref:7.1f} tok/s)"
+                  f"   ratio {t_ref / t_eng:.3f}")
+    finally:
+        prompt_file.unlink()
+
+
+def bench_scoring(args, eng: Engine) -> None:
+    prefix = SENTENCE * 20
+    stem = "Question: which colour is the fox? Answer:"
+    ks = [k for k in (1, 2, 3, 4, 8) if k <= len(COLOURS)]
+    print(f"scoring: prefix {len(prefix)} bytes pinned, one question, K options; best of {args.reps}")
+    print("   K   SCORE ms  computed   one-by-one ms  computed   ratio")
+    rows = {}
+    for k in ks:
+        opts = COLOURS[:k]
+        job = {"prefix": prefix, "groups": [{"stem": stem, "options": opts}]}
+        t_score, t_one = [], []
+        for _ in range(args.reps):
+            # SCORE: the prefix from its snapshot, the stem and every option in one llama_decode
+            eng.run(lambda rid: Score(id=rid, slot=0, payload=json.dumps({**job, "pin": True}).encode()))
+            dt, ev = eng.run(lambda rid: Score(id=rid, slot=0, payload=json.dumps(job).encode()))
+            c_score = ev[-1].computed
+            t_score.append(dt)
+            # one by one: prefix + stem pinned, then each option through the snapshot
+            eng.submit((prefix + stem).encode(), max_tokens=0, logprobs=1, pin=True)
+            total, c_one = 0.0, 0
+            for o in opts:
+                dt, ev = eng.submit((prefix + stem + o).encode(), max_tokens=0, logprobs=1)
+                assert ev[-1].snapshot == "hit"
+                total += dt
+                c_one += ev[-1].computed
+            t_one.append(total)
+        rows[k] = (min(t_score), min(t_one))
+        print(f"  {k:2d} {rows[k][0] * 1e3:9.1f} {c_score:9d} {rows[k][1] * 1e3:14.1f} {c_one:9d}"
+              f" {rows[k][1] / rows[k][0]:7.2f}")
+    k_max = ks[-1]
+    m_score = (rows[k_max][0] - rows[1][0]) / (k_max - 1)
+    m_one = (rows[k_max][1] - rows[1][1]) / (k_max - 1)
+    print(f"  marginal cost per option (K=1..{k_max}): SCORE {m_score * 1e3:.2f} ms,"
+          f" one-by-one {m_one * 1e3:.2f} ms, one-by-one / SCORE = {m_one / max(m_score, 1e-9):.1f}x")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, default=default_model_path())
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--tokens", type=int, default=512, help="prefill prompt length, tokens")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--skip-prefill", action="store_true")
+    ap.add_argument("--skip-scoring", action="store_true")
+    args = ap.parse_args(argv)
+    for need in (engine_bin("serveproto-llama"), engine_bin("llama-prefill-ref"), args.model):
+        if not Path(need).exists():
+            print(f"missing {need}: run make -C engines all / make model", file=sys.stderr)
+            return 2
+    eng = Engine([str(engine_bin("serveproto-llama")), "--model", str(args.model), "--threads", str(args.threads),
+                  "--ctx", str(args.ctx)])
+    try:
+        if not args.skip_prefill:
+            bench_prefill(args, eng)
+        if not args.skip_scoring:
+            bench_scoring(args, eng)
+    finally:
+        eng.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
