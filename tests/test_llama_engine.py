@@ -53,7 +53,7 @@ class Proc:
     def __init__(self, model: Path | str, *args: str, preexec_fn=None):
         self.stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [str(ENGINE), "--model", str(model), "--threads", "2", *args],
+            [str(ENGINE), "--model", str(model), "--threads", "1", *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
             preexec_fn=preexec_fn)
         self.sel = selectors.DefaultSelector()
