@@ -17,13 +17,6 @@ PREFIX = "The capital of France is"
 OPTIONS = [" Paris", " London", " the city of"]
 
 
-@pytest.fixture
-def anyio_backend():
-    # One backend is enough here: both are covered on the fixture engine, and
-    # each llama start costs seconds on two cores.
-    return "trio"
-
-
 async def test_read_out_score_and_fallback_agree(llama_engine):
     async with Engine.spawn(llama_engine, name="llama", handshake_timeout=120) as eng:
         assert eng.caps.n_vocab == 49152 and eng.caps.x_score
