@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 import orjson
 
-from gateway.chat_template import ChatTemplate
+from gateway.chat_template import ChatTemplate, read_gguf
 from gateway.http import HTTPError, Request, Response, Router, access_line
 from gateway.jev import JevValidationError
 from gateway.metrics import Metrics
@@ -36,13 +36,15 @@ PUBLIC_ROUTES = frozenset({"/health", "/metrics", "/"})
 @attrs.frozen
 class ModelInfo:
     """What the server says about its model: ``name`` (reply ``model``), ``release_date`` (YYYY-MM-DD),
-    ``description``, the chat ``template`` and the GGUF ``path`` when known."""
+    ``description``, the chat ``template``, the GGUF ``path`` and its token ``pieces`` (bytes by
+    token id) when known."""
 
     name: str
     release_date: str
     description: str
     template: ChatTemplate
     path: str | None = None
+    pieces: list[bytes] | None = None
 
     @classmethod
     def load(cls, caps_model: str | None, path: str | Path | None = None) -> "ModelInfo":
@@ -51,16 +53,17 @@ class ModelInfo:
         Blocking (reads the GGUF's metadata): call it in a worker thread.
         """
         template = ChatTemplate.chatml()
+        pieces = None
         date = _dt.date.today().isoformat()
         name = caps_model or "serveproto"
         if path is not None:
             p = Path(path)
-            template = ChatTemplate.from_gguf(p)
+            template, pieces = read_gguf(p)
             date = _dt.date.fromtimestamp(p.stat().st_mtime).isoformat()
             if not caps_model:
                 name = p.stem
         return cls(name, date, f"{name} served by serveproto: calibrated System One decisions by scoring options", template,
-                   None if path is None else str(path))
+                   None if path is None else str(path), pieces)
 
 
 def _is_engine_error(exc: BaseException) -> bool:

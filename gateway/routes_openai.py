@@ -252,12 +252,14 @@ def _token_text(raw: bytes) -> str:
     return bytes(raw).decode("utf-8", "replace")
 
 
-def _top(ev, k: int) -> dict[str, float] | None:
+def _top(ev, k: int, pieces: list[bytes] | None) -> dict[str, float] | None:
+    """OpenAI's ``top_logprobs`` entry: token text -> logprob (``<id>`` when the vocabulary is unknown)."""
     if k == 0:
         return None
     out: dict[str, float] = {}
     for tid, lp in ev.top[:k]:
-        out[f"<{tid}>"] = lp
+        key = pieces[tid].decode("utf-8", "replace") if pieces is not None and 0 <= tid < len(pieces) else f"<{tid}>"
+        out.setdefault(key, lp)
     return out
 
 
@@ -308,7 +310,7 @@ async def completions(app: "App", request: Request) -> Response:
                 if want_lp and ev is not None:
                     tokens.append(_token_text(ev.text))
                     token_lps.append(ev.logprob)
-                    tops.append(_top(ev, k))
+                    tops.append(_top(ev, k, app.model.pieces))
             elif kind == "done":
                 finish, done = value, ev
     if echo:
@@ -318,7 +320,7 @@ async def completions(app: "App", request: Request) -> Response:
         echo_lps = [None if (e.logprob is None or math.isnan(e.logprob)) else e.logprob for e in echoes]
         tokens = echo_tokens + tokens
         token_lps = echo_lps + token_lps
-        tops = [(_top(e, k) if not math.isnan(e.logprob) else None) for e in echoes] + tops
+        tops = [(_top(e, k, app.model.pieces) if not math.isnan(e.logprob) else None) for e in echoes] + tops
         text = prompt + text
     lp_obj = None
     if want_lp:

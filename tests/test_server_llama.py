@@ -81,7 +81,14 @@ async def test_tiny_gguf_systemone_and_echo_match_the_oracle(tiny):
             async def tokens(text: str) -> tuple[list[int], list]:
                 body = await post(c, "/v1/completions", {"prompt": text, "max_tokens": 0, "echo": True, "logprobs": 1})
                 lp = body["choices"][0]["logprobs"]
-                return [ids_of[t.encode()] for t in lp["tokens"]], lp["token_logprobs"]
+                ids = [ids_of[t.encode()] for t in lp["tokens"]]
+                # the most likely alternative at each position, by its text, as the oracle ranks it
+                top_ids, top_lps = oracle.top_k(tiny, ids, 1)
+                for p in range(1, len(ids)):
+                    [(text, value)] = lp["top_logprobs"][p].items()
+                    assert abs(value - top_lps[p][0]) <= TOL
+                    assert text == v.pieces[int(top_ids[p][0])].decode("utf-8", "replace")
+                return ids, lp["token_logprobs"]
 
             reply = await post(c, "/v1/systemone", REQUEST)
             b = PromptBuilder(ChatTemplate.from_gguf(tiny))
