@@ -117,6 +117,8 @@ class FakeEngine:
         self.decision = decision
         self.fail = fail  # an exception to raise from every call
         self.pinned: dict = {}  # slot -> texts photographed (pin=True)
+        self.token_delay = 0.0  # seconds between generated tokens
+        self.closed = 0  # generation streams that ended (finished or abandoned)
 
     def _check(self):
         if self.fail is not None:
@@ -162,9 +164,14 @@ class FakeEngine:
                 yield Echo(1, i, lp, top, bytes([b]))
         words = self.reply.encode().split(b" ")
         pieces = [w if i == 0 else b" " + w for i, w in enumerate(words)][:max_tokens]
-        for piece in pieces:
-            yield Data(1, piece, -0.25 if logprobs else None, tuple((7, -0.25),) if logprobs else ())
-        yield Done(1, len(pieces), 10.0, 0.0, 0.1, len(p), len(pieces) == max_tokens and len(words) > max_tokens)
+        try:
+            for piece in pieces:
+                if self.token_delay:
+                    await anyio.sleep(self.token_delay)
+                yield Data(1, piece, -0.25 if logprobs else None, tuple((7, -0.25),) if logprobs else ())
+            yield Done(1, len(pieces), 10.0, 0.0, 0.1, len(p), len(pieces) == max_tokens and len(words) > max_tokens)
+        finally:
+            self.closed += 1
 
     async def read_out(self, prompt, logprobs=1, pin=False, slot=None, route=None):
         self.calls.append(("read_out", prompt, logprobs, pin, slot))
