@@ -194,9 +194,11 @@ class EngineProcess:
                    on_exit=on_exit, stderr_lines_per_s=stderr_lines_per_s,
                    max_line=max_line, max_payload=max_payload)
         try:
+            # A session of its own: a terminal's Ctrl-C (SIGINT to the foreground
+            # process group) reaches the gateway, which decides; never the engine.
             self._proc = await anyio.open_process(
                 self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, env=env, cwd=cwd)
+                stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True)
         except OSError as exc:
             self._mark_failed(EngineLoadError(
                 "io", f"cannot execute {self.argv[0]!r}: {exc.strerror or exc}", name=self.name))

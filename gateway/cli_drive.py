@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 import shlex
+import signal
 import sys
 from typing import Callable
 
@@ -129,6 +130,7 @@ class DriveSession:
         #: Requests running now, by id (for ``cancel ID``).
         self.running: dict[int, object] = {}
         self._background_count = 0
+        self._foreground: anyio.CancelScope | None = None
         self._change = anyio.Event()
         self._idle = anyio.Event()
         self._idle.set()
@@ -156,8 +158,22 @@ class DriveSession:
             return True
         if background:
             self.tg.start_soon(self._background, fn)
-        else:
-            await self._guarded(fn)
+            return True
+        with anyio.CancelScope() as scope:
+            self._foreground = scope
+            try:
+                await self._guarded(fn)
+            finally:
+                self._foreground = None
+        if scope.cancelled_caught:
+            self.out("(interrupted)")
+        return True
+
+    def interrupt(self) -> bool:
+        """Ctrl-C: cancel the command running in the foreground; False when there is none."""
+        if self._foreground is None:
+            return False
+        self._foreground.cancel()
         return True
 
     async def _guarded(self, fn) -> None:
@@ -371,6 +387,14 @@ async def _drive(args) -> int:
             interactive = sys.stdin.isatty()
             async with anyio.create_task_group() as tg:
                 session = DriveSession(eng, out, read_line, tg)
+
+                async def on_sigint():
+                    with anyio.open_signal_receiver(signal.SIGINT) as signals:
+                        async for _ in signals:
+                            if not session.interrupt():
+                                out("(Ctrl-C: nothing to interrupt; 'quit' or Ctrl-D leaves)")
+
+                tg.start_soon(on_sigint)
                 while True:
                     if interactive:
                         print("drive> ", end="", flush=True)
@@ -380,6 +404,7 @@ async def _drive(args) -> int:
                     if not await session.run_line(line):
                         break
                 await session.wait()
+                tg.cancel_scope.cancel()
             out(f"closing engine {eng.name} (restarts: {eng.restarts})")
     except EngineError as exc:
         print(f"serveproto drive: {type(exc).__name__}: {exc}", file=sys.stderr)
