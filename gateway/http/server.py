@@ -232,15 +232,21 @@ class HTTPConnection:
             pass
 
     async def _send_response(self, response: Response, head_only: bool) -> None:
-        headers = [(b"server", _SERVER_NAME), (b"date", formatdate(usegmt=True).encode("ascii"))]
+        headers = [(b"server", _SERVER_NAME), (b"date", _http_date())]
         headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers]
         body = response.body
         if isinstance(body, (bytes, bytearray)):
             headers.append((b"content-length", str(len(body)).encode("ascii")))
-            await self._send(h11.Response(status_code=response.status, headers=headers, reason=_reason(response.status)))
+            # one write for the whole response: each stream send is a syscall and a checkpoint
+            conn = self.conn
+            out = conn.send(h11.Response(status_code=response.status, headers=headers, reason=_reason(response.status)))
             if body and not head_only:
-                await self._send(h11.Data(data=bytes(body)))
-            await self._send(h11.EndOfMessage())
+                out += conn.send(h11.Data(data=bytes(body)))
+            out += conn.send(h11.EndOfMessage())
+            try:
+                await self.stream.send(out)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+                raise _Closed() from exc
             return
         # A streamed body: chunked on HTTP/1.1 (h11 frames it), close-delimited on 1.0.
         await self._send(h11.Response(status_code=response.status, headers=headers, reason=_reason(response.status)))
@@ -254,6 +260,18 @@ class HTTPConnection:
             if aclose is not None:
                 with anyio.CancelScope(shield=True):
                     await aclose()
+
+
+_date_cache: list = [0, b""]
+
+
+def _http_date() -> bytes:
+    """The ``Date`` header value, formatted once per second."""
+    now = int(time.time())
+    if _date_cache[0] != now:
+        _date_cache[0] = now
+        _date_cache[1] = formatdate(now, usegmt=True).encode("ascii")
+    return _date_cache[1]
 
 
 def _reason(status: int) -> bytes:
