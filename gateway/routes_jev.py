@@ -224,7 +224,8 @@ _OPENAI_TYPES = {"predicate": "noul", "choice": "choice", "score": "score"}
 
 def _openai_error(message: str, param: str) -> HTTPError:
     return HTTPError(400, "invalid_request_error", message,
-                     body={"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}})
+                     body={"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None},
+                           "detail": {"error_type": "invalid_request_error", "message": message}})
 
 
 def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:

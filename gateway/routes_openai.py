@@ -26,8 +26,10 @@ DEFAULT_MAX_TOKENS = 256
 
 
 def _bad(message: str, param: str | None = None) -> HTTPError:
+    """A 400 in OpenAI's error envelope, with Jev's ``detail`` beside it (each client reads its own)."""
     return HTTPError(400, "invalid_request_error", message,
-                     body={"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}})
+                     body={"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None},
+                           "detail": {"error_type": "invalid_request_error", "message": message}})
 
 
 def _require_chat(app: "App") -> None:
