@@ -119,11 +119,16 @@ class App:
     ``decide``, ``submit``, ``read_out``). ``model``: :class:`ModelInfo`.
     ``api_key``: required bearer token, or None for none.
     ``request_timeout``: seconds one engine call may take before the client
-    gets a 503.
+    gets a 503. ``max_inflight``: POST requests served at once; one more is
+    answered 503 + ``Retry-After`` at once rather than queued past the
+    client's timeout (the SDK gives up after 10 s).
     """
 
-    def __init__(self, engine: Any, model: ModelInfo, *, api_key: str | None = None, request_timeout: float = 120.0) -> None:
+    def __init__(self, engine: Any, model: ModelInfo, *, api_key: str | None = None, request_timeout: float = 120.0,
+                 max_inflight: int = 256) -> None:
         self.engine = engine
+        self.max_inflight = max_inflight
+        self.inflight = 0
         self.model = model
         self.api_key = api_key
         self.request_timeout = request_timeout
@@ -152,7 +157,17 @@ class App:
             route, handler = self.router.resolve(request)
             if route not in PUBLIC_ROUTES:
                 auth.check(request, self.api_key)
-            response = await handler(request)
+            if request.method == "POST":
+                if self.inflight >= self.max_inflight:
+                    raise HTTPError(503, "overloaded_error", f"{self.inflight} requests are being served; retry shortly",
+                                    headers=[("retry-after", RETRY_AFTER)])
+                self.inflight += 1
+                try:
+                    response = await handler(request)
+                finally:
+                    self.inflight -= 1
+            else:
+                response = await handler(request)
         except HTTPError as exc:
             response = exc.response()
             extra["error"] = exc.error_type

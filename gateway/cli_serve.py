@@ -34,6 +34,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads of the llama engine")
     p.add_argument("--request-timeout", type=float, default=120.0, help="seconds one engine call may take (503 after)")
     p.add_argument("--handshake-timeout", type=float, default=180.0, help="seconds the engine may take to load")
+    p.add_argument("--max-inflight", type=int, default=256, help="POST requests served at once (503 + Retry-After above)")
     p.add_argument("--max-body", type=int, default=16 << 20, help="largest request body in bytes (413 above)")
     p.add_argument("--log-level", default="INFO", help="logging level (INFO logs one JSON line per request)")
     p.add_argument("--engine", nargs=argparse.REMAINDER, default=None,
@@ -71,7 +72,7 @@ async def serve(args, *, task_status=None) -> None:
     async with Engine.spawn(argv, handshake_timeout=args.handshake_timeout) as engine:
         caps = engine.caps
         model = await anyio.to_thread.run_sync(ModelInfo.load, caps.model, model_path)
-        app = App(engine, model, api_key=api_key, request_timeout=args.request_timeout)
+        app = App(engine, model, api_key=api_key, request_timeout=args.request_timeout, max_inflight=args.max_inflight)
         limits = Limits(max_body_bytes=args.max_body, max_decoded_bytes=max(args.max_body, 64 << 20))
         async with anyio.create_task_group() as tg:
             port = await HTTPServer(app, limits).start(tg, args.host, args.port)

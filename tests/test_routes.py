@@ -301,3 +301,18 @@ async def test_decisions_route_openai_shape():
                                      {"value": "close", "probability": pytest.approx(p[1], abs=1e-6)}]
     assert [x["label"] for x in a[2]["probabilities"]] == ["bad", "good"]
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "questions[0].choices"
+
+
+async def test_over_max_inflight_is_503_at_once():
+    eng = FakeEngine(DECIDE_CAPS)
+    eng.token_delay = 0.5
+    statuses = []
+    async with running(make_app(eng, max_inflight=2)) as base:
+        async def one():
+            r = await post(base, "/v1/systemone", {"state": "s", "questions": {"q": {"type": "noul"}}})
+            statuses.append((r.status_code, r.headers.get("retry-after")))
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                for _ in range(5):
+                    tg.start_soon(one)
+    assert sorted(statuses, key=str) == [(200, None)] * 2 + [(503, "1")] * 3

@@ -142,6 +142,8 @@ class FakeEngine:
     async def decide(self, record: bytes, slot=0):
         self.calls.append(("decide", record, slot))
         self._check()
+        if self.token_delay:
+            await anyio.sleep(self.token_delay)
         rec = json.loads(record)
         if self.decision is not None:
             return self.decision(rec), Done(1, 0, 0.0, 0.0, 0.1, 7, False)
@@ -183,10 +185,10 @@ class FakeEngine:
         return ReadOut(echoes, Done(1, 0, 0.0, 0.0, 0.1, len(echoes), False))
 
 
-def make_app(engine=None, *, api_key=None, template=None) -> App:
+def make_app(engine=None, *, api_key=None, template=None, **kw) -> App:
     engine = engine or FakeEngine()
     model = ModelInfo(engine.caps.model, "2026-11-30", "a fake model", template or ChatTemplate.chatml())
-    return App(engine, model, api_key=api_key, request_timeout=5.0)
+    return App(engine, model, api_key=api_key, request_timeout=5.0, **kw)
 
 
 @contextlib.asynccontextmanager
