@@ -24,6 +24,7 @@ __all__ = ["GatewayConnection", "EngineConnection"]
 _NEED_DATA = st.NEED_DATA
 _ECHOING = st.ECHOING
 _echo_k1 = g.ECHO_K1_FAST.fullmatch
+_echo_kn = g.ECHO_KN_FAST.fullmatch
 _make_echo = rd._make_echo
 _kind_match = g.KIND_RE.fullmatch
 #: How many ids of STOP / CANCEL the gateway remembers, to accept a late
@@ -184,7 +185,7 @@ class GatewayConnection(_Connection):
                 raise self._fail(f"line longer than {self.max_line} bytes")
             buf.need = len(buf) + 1
             return self._wait()
-        # Fast path: the next ECHO (k=1) of a read-out already under way, in its
+        # Fast path: the next ECHO of a read-out already under way, in its
         # plainest spelling. Anything else, or any doubt, takes the general path.
         m = _echo_k1(data, pos, nl)
         if m is not None:
@@ -197,6 +198,22 @@ class GatewayConnection(_Connection):
                 if req is not None and req.phase is _ECHOING and req.next_position == p and \
                         req.logprobs == 1 and (req.prompt_tokens is None or p < req.prompt_tokens):
                     e = _make_echo(i, p, float(lp), ((int(tid), float(tlp)),), data[nl + 1:end])
+                    req.next_position = p + 1
+                    buf.pos = end + 1
+                    return e
+        elif (m := _echo_kn(data, pos, nl)) is not None:
+            i, nb, p, lp, k, tail = m.groups()
+            end = nl + 1 + int(nb)
+            k = int(k)
+            t = tail.split(b" ")  # t[0] is empty: the group starts with a space
+            if len(t) == 2 * k + 1 and len(data) > end and data[end] == 10:
+                i = int(i)
+                p = int(p)
+                req = self._requests.get(i)
+                if req is not None and req.phase is _ECHOING and req.next_position == p and \
+                        req.logprobs == k and (req.prompt_tokens is None or p < req.prompt_tokens):
+                    top = tuple(zip(map(int, t[1::2]), map(float, t[2::2])))
+                    e = _make_echo(i, p, float(lp), top, data[nl + 1:end])
                     req.next_position = p + 1
                     buf.pos = end + 1
                     return e

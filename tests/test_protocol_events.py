@@ -272,3 +272,29 @@ def test_echo_fast_path_agrees_with_the_general_reader():
     assert len(fast) == len(spellings) + 2
     assert repr(fast) == repr(general)  # repr: NaN compares unequal to itself
     assert [e.logprob for e in fast[1:-1]] == [float(x) for x in spellings]
+
+
+def test_echo_fast_path_with_several_alternatives_agrees_with_the_general_reader():
+    tails = [b"3 5 -0.5 6 -1.5e-05 7 -2", b"3 0 -0 18446744073709551615 -1 9 -7.",
+             b"3 1 -1 2 -2 3 -3", b"3 01 -1 2 -2 3 -3"]  # the last has a leading zero: refused
+    stream = b"ECHO 1 1 0 nan 0\na\n" + b"".join(
+        b"ECHO 1 1 %d -0.25 %s\nb\n" % (pos, tail) for pos, tail in enumerate(tails, start=1))
+    gw = sp.GatewayConnection()
+    gw.receive_data(sp.EngineConnection().send_handshake())
+    while gw.next_event() is not sp.NEED_DATA:
+        pass
+    gw.send(sp.Submit(1, 0, b"x", 0, 0.0, 1.0, logprobs=3))
+    codec = CodecGateway()
+    results = []
+    for conn in (gw, codec):
+        conn.receive_data(stream)
+        out = []
+        with pytest.raises(sp.RemoteProtocolError) as info:
+            while (e := conn.next_event()) is not sp.NEED_DATA:
+                out.append(e)
+        assert (info.value.code, info.value.request_id) == ("BAD_FRAME", 1)
+        results.append(out)
+    assert repr(results[0]) == repr(results[1])
+    assert [e.top for e in results[0][1:]] == [
+        ((5, -0.5), (6, -1.5e-05), (7, -2.0)), ((0, -0.0), (2**64 - 1, -1.0), (9, -7.0)),
+        ((1, -1.0), (2, -2.0), (3, -3.0))]
