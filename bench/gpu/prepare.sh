@@ -1,0 +1,23 @@
+#!/bin/bash
+# Fills bench/gpu/carry/ (ignored) with what bench/gpu/run.sh needs on a GPU machine without
+# network: the llama.cpp source subset (tgz), the tokenizer of the default model as a
+# tensor-less GGUF, and the wheels of the Python packages that machine lacks (for CPython 3.12).
+# Run from the repository root, after `make engines model` (it reuses the cached sdist and model).
+#   bench/gpu/prepare.sh            then: run bench/gpu/run.sh there with carry=[bench/gpu/carry]
+set -euo pipefail
+PY=${PY:-.venv/bin/python}
+C=bench/gpu/carry
+mkdir -p $C/whl
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+make -s -C engines llama-src DEST="$tmp/src"
+tar -czf $C/llama-src.tgz -C "$tmp/src" .
+$PY bench/gpu/make_model.py tokenizer --out $C/tokenizer.gguf
+# Pinned to the versions of the project's venv; pure-Python ones except orjson and zstandard.
+pins=""
+for p in gguf orjson zstandard anyio h11 attrs prometheus-client; do
+  pins="$pins $p==$($PY -m pip show $p | sed -n 's/^Version: //p')"
+done
+$PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d $C/whl $pins
+du -sh $C/* $C

@@ -1,0 +1,90 @@
+#!/bin/bash
+# The GPU run of issue 8, in one command on the lent NVIDIA H200 (no network there):
+#   1. install the carried wheels (bench/gpu/carry/whl) into /tmp/site;
+#   2. build the engine and llama-prefill-ref with the CUDA backend from the carried llama.cpp
+#      subset (`make -C engines all CUDA=1 LLAMA_SRC=...`, static link order fixed below), or unpack
+#      binaries a previous run brought back (bench/gpu/carry/prebuilt.part*), and send the fresh
+#      build back under $OUT so a retry on a new machine skips the 4-minute build;
+#   3. meanwhile write the random-weight Llama-3-8B-geometry GGUF (bench/gpu/make_model.py);
+#   4. run bench/gpu_decisions.py with the engine's defaults, then, time allowing, System One
+#      again with --flash-attn --kv-type f16; results in $OUT/results.tar and the output's tail.
+# Run from the repository root with carry=["bench/gpu/carry"]:  bash bench/gpu/run.sh
+# Budget: BUDGET_S seconds in all (default 570), so the call ends inside the 600 s limit.
+set -u
+T0=$(date +%s)
+BUDGET_S=${BUDGET_S:-570}
+OUT=${OUT:-/tmp/gpu-out}
+C=${CARRY:-bench/gpu/carry}
+RES=/tmp/gpu-res
+MODEL=/tmp/llama3-8b-random.Q4_K.gguf
+mkdir -p "$OUT" $RES
+elapsed() { echo $(( $(date +%s) - T0 )); }
+log() { echo "[$(elapsed) s] $*" | tee -a $RES/run.log; }
+finish() {
+  cp -f $RES/run.log "$OUT/run.log" 2>/dev/null
+  tar -cf "$OUT/results.tar" -C $RES . 2>/dev/null
+  log "done"
+}
+trap finish EXIT
+
+log "$(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader) | $(nproc) cores | $(python3 --version)"
+if [ "${SITE_INSTALL:-1}" = 1 ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $C/whl/*.whl \
+    || { log "wheel install failed"; exit 1; }
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONUNBUFFERED=1
+export SERVEPROTO_CACHE=/tmp/sp-cache
+python3 -c "import gateway.app, gateway.engine, serveproto, fixtures.sync_engine, gguf, orjson, zstandard" \
+  || { log "python imports failed"; exit 1; }
+
+( python3 bench/gpu/make_model.py model --tokenizer $C/tokenizer.gguf --out $MODEL --type q4_k ${MODEL_ARGS:-} > $RES/model.log 2>&1
+  echo $? > /tmp/model.rc ) &
+MODEL_PID=$!
+
+if ls $C/prebuilt.part* >/dev/null 2>&1; then
+  cat $C/prebuilt.part* | xz -d | tar -x -C engines || { log "prebuilt unpack failed"; exit 1; }
+  log "prebuilt binaries unpacked"
+else
+  mkdir -p /tmp/llama-src && tar -xzf $C/llama-src.tgz -C /tmp/llama-src
+  MK="make -C engines CUDA=1 LLAMA_SRC=/tmp/llama-src LLAMA_JOBS=16"
+  $MK llama-libs > $RES/build.log 2>&1 || { tail -40 $RES/build.log; log "llama.cpp CUDA build failed"; exit 1; }
+  log "llama.cpp built (CUDA)"
+  B=$SERVEPROTO_CACHE/llama.cpp/0.3.36/build-cuda
+  # libggml (backend registry) references ggml_backend_cuda_reg, so the CUDA archive must come
+  # after it: one archive group resolves every order; NCCL is linked when CMake found it.
+  NCCL=$(sed -n 's/^NCCL_LIBRARY[^=]*=//p' $B/CMakeCache.txt | head -1)
+  NCCL_LINK=""
+  [ -f "$NCCL" ] && NCCL_LINK="$NCCL -Wl,-rpath,$(dirname "$NCCL")"
+  CUH=${CUDA_HOME:-/usr/local/cuda}
+  LDLIBS="-Wl,--start-group $B/src/libllama.a $B/ggml/src/libggml.a $B/ggml/src/ggml-cuda/libggml-cuda.a \
+$B/ggml/src/libggml-cpu.a $B/ggml/src/libggml-base.a -Wl,--end-group -L$CUH/lib64 -L$CUH/lib64/stubs -Wl,-rpath,$CUH/lib64 \
+-lcudart -lcublas -lcublasLt -lcuda $NCCL_LINK -ldl -lrt -lstdc++ -lm -fopenmp -lpthread"
+  echo "LLAMA_LDLIBS=$LDLIBS" >> $RES/build.log
+  $MK all LLAMA_LDLIBS="$LDLIBS" >> $RES/build.log 2>&1 || { tail -40 $RES/build.log; log "engine link failed"; exit 1; }
+  log "engines linked: $(ls -la engines/bin/serveproto-llama engines/bin/llama-prefill-ref | awk '{print $5, $9}' | tr '\n' ' ')"
+  tar -c -C engines bin/serveproto-llama bin/llama-prefill-ref | xz -T16 -2 | split -b 15M - "$OUT/prebuilt.part"
+  log "binaries sent back: $(du -ch "$OUT"/prebuilt.part* | tail -1)"
+fi
+ldd engines/bin/serveproto-llama | grep -E "not found|cuda|cublas|nccl" | tee -a $RES/run.log
+
+wait $MODEL_PID
+[ "$(cat /tmp/model.rc)" = 0 ] || { cat $RES/model.log; log "model generation failed"; exit 1; }
+log "$(tail -1 $RES/model.log)"
+
+left() { echo $(( BUDGET_S - $(elapsed) )); }
+# bench TAG ARGS...: runs within the time left (15 s kept for packing); the table at the end,
+# or the rows printed so far when it was cut short.
+bench() {
+  local tag=$1; shift
+  log "bench $tag: $*, $(left) s left"
+  [ "$(left)" -gt 30 ] || return 1
+  timeout $(( $(left) - 15 )) python3 bench/gpu_decisions.py --model $MODEL --out-dir $RES --tag "$tag" "$@" \
+    ${BENCH_ARGS:-} > $RES/$tag.log 2>&1
+  log "bench $tag: exit $?"
+  grep -v "^|" $RES/$tag.log | tail -4
+  cat $RES/$tag.md 2>/dev/null || grep "^|" $RES/$tag.log
+}
+bench default
+[ "$(left)" -gt 90 ] && bench fa_f16 --only server "--engine-flags=--flash-attn --kv-type f16"
+true
