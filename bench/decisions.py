@@ -5,7 +5,7 @@
 
 On the default model (``serveproto serve`` with the llama engine):
   1. System One against answering the same questions by generation on the same
-     model and the same prompts (the chat route, greedy, ``--gen-tokens`` tokens),
+     model and the same prompts (the chat route, greedy, at most ``--gen-tokens`` tokens),
      for 16 questions on one state, cold (a state never seen) and warm;
   2. cold vs warm, and the per-question cost as 1, 4 and 16 questions share one
      state (the shape of seed 001's table).
@@ -282,7 +282,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--gen-tokens", type=int, default=8, help="tokens a generated answer may take (default 8)")
+    p.add_argument("--gen-tokens", type=int, default=16, help="tokens a generated answer may take, greedy, ending at EOS (default 16)")
     p.add_argument("--load", type=int, default=10_000)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--share-n", type=int, default=2000, help="sequential requests for the gateway-share measurement")
