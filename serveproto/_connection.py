@@ -369,10 +369,9 @@ class EngineConnection(_Connection):
     for a frame that does not parse (spec sections 1, 4, 8; unknown kinds,
     including SCORE / PING when not advertised, with id 0), DUPLICATE_ID for
     an id already in flight. The frame and its payload (when its byte count
-    could be read) are skipped and the connection stays usable. An IMAGE
-    whose SUBMIT does not come next raises BAD_REQUEST for the image's id
-    when the other frame arrives; that frame's event is returned by the next
-    call.
+    could be read) are skipped and the connection stays usable. Whether a
+    well-formed request can be served (slot range, an IMAGE followed by its
+    SUBMIT, ...: BAD_REQUEST, NOT_SUPPORTED) is the engine's to decide.
 
     ``send(event)`` returns the bytes of a handshake line, a telemetry line
     or a reply; ``send_handshake()`` writes READY, CAPS and STAT at once. It
@@ -388,8 +387,6 @@ class EngineConnection(_Connection):
         self._discard = 0
         self._discard_line = False
         self._sent_caps: ev.Caps = ev.Caps({})
-        self._image_id: int | None = None
-        self._held: ev.Event | None = None
 
     @property
     def state(self) -> Any:
@@ -400,10 +397,6 @@ class EngineConnection(_Connection):
 
     def next_event(self) -> Any:
         """Return the next request event, NEED_DATA, or ConnectionClosed (see the class)."""
-        if self._held is not None:  # the frame after an IMAGE that missed its SUBMIT
-            e, self._held = self._held, None
-            self._receive(e)
-            return e
         buf = self._buf
         if self._discard or self._discard_line:
             if not self._skip():
@@ -514,16 +507,7 @@ class EngineConnection(_Connection):
     def _receive(self, e: ev.Event) -> None:
         cls = type(e)
         i = e.id  # type: ignore[attr-defined]
-        image = self._image_id
-        if image is not None:
-            self._image_id = None
-            if cls is not ev.Submit or i != image:
-                self._held = e
-                raise RemoteProtocolError(f"IMAGE {image} not followed by its SUBMIT",
-                                          "BAD_REQUEST", image)
-        if cls is ev.Image:
-            self._image_id = i
-        elif cls in st.KIND_REPLIES or cls is ev.Ping:
+        if cls in st.KIND_REPLIES or cls is ev.Ping:
             if i in self._requests or i in self._pings:
                 raise RemoteProtocolError(f"id {i} is already in flight", "DUPLICATE_ID", i)
             if cls is ev.Ping:

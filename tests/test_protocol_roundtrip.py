@@ -133,7 +133,7 @@ def _drain_engine(conn: sp.EngineConnection) -> None:
         try:
             e = conn.next_event()
         except sp.RemoteProtocolError as exc:
-            assert exc.code in ("BAD_FRAME", "DUPLICATE_ID", "BAD_REQUEST")
+            assert exc.code in ("BAD_FRAME", "DUPLICATE_ID")
             continue
         if e is sp.NEED_DATA or isinstance(e, sp.ConnectionClosed):
             return
