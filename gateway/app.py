@@ -30,7 +30,7 @@ log = logging.getLogger("serveproto.access")
 #: Seconds a client is told to wait when the engine is down or busy.
 RETRY_AFTER = "1"
 #: Routes answered without an API key.
-PUBLIC_ROUTES = frozenset({"/health", "/metrics", "/"})
+PUBLIC_ROUTES = frozenset({"/health", "/metrics", "/", "/style.css", "/app.js"})
 
 
 @attrs.frozen

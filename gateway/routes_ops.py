@@ -1,6 +1,9 @@
-"""Operational routes: ``GET /health``, ``GET /v1`` (the index), ``GET /metrics`` (Prometheus text)."""
+"""Operational routes: ``GET /health``, ``GET /v1`` (the index), ``GET /metrics`` (Prometheus text),
+and the System One page (``GET /``, ``/style.css``, ``/app.js``: ``gateway/static``, no key needed;
+see ``docs/terminal-and-page.md``)."""
 from __future__ import annotations
 
+from importlib import resources
 from typing import TYPE_CHECKING
 
 from gateway.http import Request, Response
@@ -47,6 +50,21 @@ def register(app: "App") -> None:
     async def metrics(request: Request) -> Response:
         body, content_type = app.metrics.render()
         return Response.text(body, content_type=content_type)
+
+    def static(name: str, content_type: str):
+        data = (resources.files("gateway") / "static" / name).read_bytes()
+
+        async def handler(request: Request) -> Response:
+            return Response(200, [("content-type", content_type), ("cache-control", "no-cache")], data)
+        return handler
+
+    page = {"/": ("index.html", "text/html; charset=utf-8"), "/style.css": ("style.css", "text/css; charset=utf-8"),
+            "/app.js": ("app.js", "text/javascript; charset=utf-8")}
+    for path, (name, content_type) in page.items():
+        try:
+            app.router.route(path, "GET", static(name, content_type))
+        except FileNotFoundError:  # a package installed without its page
+            pass
 
     app.router.route("/health", "GET", health)
     app.router.route("/v1", "GET", index)

@@ -4,11 +4,14 @@ from __future__ import annotations
 import json
 import math
 
+from pathlib import Path
+
 import anyio
 import httpx2
 import orjson
 import pytest
 
+import gateway
 from gateway.prompts import SYSTEM
 from test_routes_support import (EngineCrashed, FakeCaps, FakeEngine, RequestError, char_logprob, make_app,
                                  running)
@@ -316,3 +319,14 @@ async def test_over_max_inflight_is_503_at_once():
                 for _ in range(5):
                     tg.start_soon(one)
     assert sorted(statuses, key=str) == [(200, None)] * 2 + [(503, "1")] * 3
+
+
+async def test_the_system_one_page_is_served_without_a_key():
+    async with running(make_app(api_key="k")) as base:
+        page = await get(base, "/")
+        css = await get(base, "/style.css")
+        js = await get(base, "/app.js")
+    assert page.status_code == 200 and page.headers["content-type"] == "text/html; charset=utf-8"
+    assert 'id="questions"' in page.text
+    assert css.headers["content-type"] == "text/css; charset=utf-8" and js.headers["content-type"] == "text/javascript; charset=utf-8"
+    assert js.content == (Path(gateway.__file__).parent / "static" / "app.js").read_bytes()
