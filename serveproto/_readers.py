@@ -12,6 +12,7 @@ one precompiled float pattern and built with trusted constructors.
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from . import _events as ev
@@ -21,7 +22,7 @@ from ._errors import LocalProtocolError
 _U64 = g.UINT_LIMIT
 _float_match = g.FLOAT_RE.fullmatch
 _key_match = g.KEY_RE.fullmatch
-_isfinite = __import__("math").isfinite
+_isfinite = math.isfinite
 
 
 class BadFrame(Exception):

@@ -35,7 +35,7 @@ def _decode_sent(role: str, frame: bytes) -> sp.Event:
     return e
 
 
-def _pull(conn, names: list[str], out: list, step: dict) -> None:
+def _pull(conn, out: list) -> None:
     """Pull events into ``out`` until NEED_DATA or ConnectionClosed."""
     while True:
         e = conn.next_event()
@@ -71,11 +71,11 @@ def run(t: dict, chunker: Chunker = whole) -> list:
         fed = 0
         try:
             if not feeds:
-                _pull(conn, step["events"], got, step)
+                _pull(conn, got)
             for chunk in feeds:
                 conn.receive_data(chunk)
                 fed += 1
-                _pull(conn, step["events"], got, step)
+                _pull(conn, got)
         except sp.RemoteProtocolError as exc:
             for chunk in feeds[fed:]:  # the rest of the step's bytes still arrive
                 conn.receive_data(chunk)
