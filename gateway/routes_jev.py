@@ -146,6 +146,40 @@ async def _score_path(app: "App", request: SystemOneRequest, questions: list[Que
     out.output_tokens = read
 
 
+def decide_invalid_error(reason: str, questions: list[Question]) -> dict[str, Any]:
+    """A ``DECIDE_INVALID <field>: <reason>`` as a 422 ``detail`` entry naming the request's field.
+
+    The engine names a field of the record (``questions.2.options.1.label``,
+    spec/decision-record.md); the client gets the path in what it sent:
+    the question by its id, an option by its label (choice) or level index
+    (score), ``criteria`` for options, the side (``false`` / ``true``) of a noul.
+    """
+    field, sep, why = reason.partition(": ")
+    if not sep:
+        field, why = "record", reason
+    parts = [p for p in field.split(".") if p]
+    loc: list[Any] = ["body"]
+    if parts[:1] == ["questions"] and len(parts) >= 2 and parts[1].isdigit() and int(parts[1]) < len(questions):
+        q = questions[int(parts[1])]
+        loc += ["questions", q.id]
+        rest = parts[2:]
+        if rest[:1] == ["options"]:
+            loc.append("criteria")
+            if len(rest) >= 2 and rest[1].isdigit():
+                j = int(rest[1])
+                if q.type == "choice" and j < len(q.criteria):
+                    loc.append(list(q.criteria)[j])
+                elif q.type == "score":
+                    loc.append(j)
+                elif q.type == "noul" and j < 2:
+                    loc.append(("false", "true")[j])
+        elif rest:
+            loc.append(rest[0])
+    elif parts and parts[0] not in ("record",):
+        loc += parts
+    return {"loc": loc, "msg": why or "refused by the decision engine", "type": "decide_invalid"}
+
+
 async def _decide_path(app: "App", request: SystemOneRequest, questions: list[Question], out: Decided) -> None:
     if request.prefix is not None:
         raise JevValidationError([{"loc": ["body", "prefix"], "type": "value_error",
@@ -155,7 +189,12 @@ async def _decide_path(app: "App", request: SystemOneRequest, questions: list[Qu
     raw = (getattr(app.caps, "decide_record", None) or "") == "raw"
     record = decision_record.serialize(decision_record.build(request, tuple(questions), raw=raw))
     t0 = time.perf_counter()
-    decision, done = await _engine_call(app, app.engine.decide, record, slot=slot)
+    try:
+        decision, done = await _engine_call(app, app.engine.decide, record, slot=slot)
+    except Exception as exc:
+        if getattr(exc, "code", None) == "DECIDE_INVALID":
+            raise JevValidationError([decide_invalid_error(getattr(exc, "reason", ""), questions)]) from None
+        raise
     wall_ms = (time.perf_counter() - t0) * 1e3
     try:
         probs = decision_record.probabilities(decision, tuple(questions))

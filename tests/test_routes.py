@@ -199,7 +199,7 @@ async def test_raw_record_form():
 
 
 @pytest.mark.parametrize("error, status", [
-    (RequestError("DECIDE_INVALID", "questions.department.options: too many options"), 422),
+    (RequestError("DECIDE_INVALID", "questions.0.options: too many options"), 422),
     (RequestError("DECIDE_FAILED", "out of memory"), 500),
     (EngineCrashed("engine 'fixture' exited with 3"), 503),
     (RequestError("SLOT_BUSY", ""), 503),
@@ -210,7 +210,7 @@ async def test_engine_errors_map_to_http(error, status):
         r = await post(base, "/v1/systemone", {"state": "s", "questions": {"department": {"type": "noul"}}})
     assert r.status_code == status
     if status == 422:
-        assert r.json()["detail"] == [{"loc": ["body", "questions", "department", "options"], "msg": "too many options",
+        assert r.json()["detail"] == [{"loc": ["body", "questions", "department", "criteria"], "msg": "too many options",
                                        "type": "decide_invalid"}]
     if status == 503:
         assert r.headers["retry-after"] == "1"
@@ -330,3 +330,22 @@ async def test_the_system_one_page_is_served_without_a_key():
     assert 'id="questions"' in page.text
     assert css.headers["content-type"] == "text/css; charset=utf-8" and js.headers["content-type"] == "text/javascript; charset=utf-8"
     assert js.content == (Path(gateway.__file__).parent / "static" / "app.js").read_bytes()
+
+
+def test_decide_invalid_fields_map_to_the_request():
+    from gateway import jev
+    from gateway.routes_jev import decide_invalid_error
+
+    qs = list(jev.parse_request({"state": "s", "questions": {
+        "solo": {"type": "choice", "criteria": {"x": None}},
+        "team": {"type": "choice", "criteria": {"billing": None, "légal": None}},
+        "level": {"type": "score", "criteria": ["a", "b"]},
+        "churn": {"type": "noul"}}}).questions[1:])  # the single-option question is not in the record
+    assert decide_invalid_error("questions.0.options.1.label: expected a string", qs) == {
+        "loc": ["body", "questions", "team", "criteria", "légal"], "msg": "expected a string", "type": "decide_invalid"}
+    assert decide_invalid_error("questions.1.options.1.text: too long", qs)["loc"] == ["body", "questions", "level", "criteria", 1]
+    assert decide_invalid_error("questions.2.options.0.text: bad", qs)["loc"] == ["body", "questions", "churn", "criteria", "false"]
+    assert decide_invalid_error("questions.2.instructions: too long", qs)["loc"] == ["body", "questions", "churn", "instructions"]
+    assert decide_invalid_error("state: too long", qs)["loc"] == ["body", "state"]
+    assert decide_invalid_error("record: not valid JSON", qs)["loc"] == ["body"]
+    assert decide_invalid_error("no field here", qs) == {"loc": ["body"], "msg": "no field here", "type": "decide_invalid"}
