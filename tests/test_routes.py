@@ -19,11 +19,6 @@ from test_routes_support import (EngineCrashed, FakeCaps, FakeEngine, RequestErr
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 TICKET = {
     "state": "Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing.",
     "model": "jev-latest",

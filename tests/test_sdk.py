@@ -28,11 +28,6 @@ QUESTIONS = {
 TICKET = "Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing."
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 class Recorder:
     """Wraps the app to keep the raw requests the SDK sent."""
 
