@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 import orjson
 
-from gateway.chat_template import ChatTemplate, read_gguf
+from gateway.chat_template import ChatTemplate, TemplateError, read_gguf
 from gateway.http import HTTPError, Request, Response, Router, access_line
 from gateway.jev import JevValidationError
 from gateway.metrics import Metrics
@@ -132,7 +132,11 @@ class App:
         self.model = model
         self.api_key = api_key
         self.request_timeout = request_timeout
-        self.prompts = PromptBuilder(model.template)
+        try:
+            self.prompts = PromptBuilder(model.template)
+        except TemplateError as exc:
+            logging.getLogger("serveproto.serve").warning("the model's chat template is unusable (%s): prompts use ChatML", exc)
+            self.prompts = PromptBuilder(ChatTemplate.chatml())
         self.metrics = Metrics(
             engine_restarts=lambda: float(getattr(engine, "restarts", 0) or 0),
             engine_up=lambda: 1.0 if getattr(engine, "healthy", True) else 0.0,

@@ -100,13 +100,20 @@ class PromptBuilder:
     """
 
     def __init__(self, template: ChatTemplate | None = None) -> None:
-        self.template = template or ChatTemplate.chatml()
-        rendered = self.template.render(
-            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _SENTINEL}], add_generation_prompt=True
-        )
-        if rendered.count(_SENTINEL) != 1:
-            from gateway.chat_template import TemplateError
+        from gateway.chat_template import TemplateError
 
+        self.template = template or ChatTemplate.chatml()
+        # Templates that refuse a system turn (raise_exception) get the system text
+        # at the head of the user turn instead.
+        self.system_in_user = False
+        try:
+            rendered = self.template.render(
+                [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _SENTINEL}], add_generation_prompt=True)
+        except TemplateError:
+            self.system_in_user = True
+            rendered = self.template.render(
+                [{"role": "user", "content": SYSTEM + "\n\n" + _SENTINEL}], add_generation_prompt=True)
+        if rendered.count(_SENTINEL) != 1:
             raise TemplateError("the chat template does not keep the user's text verbatim")
         self._head, self._tail = rendered.split(_SENTINEL)
 
@@ -126,5 +133,9 @@ class PromptBuilder:
         return QuestionPrompt(stem="\n\n" + text + self._tail, options=options)
 
     def chat(self, messages: list[dict[str, str]]) -> str:
-        """A chat for generation (the OpenAI chat route): the template over ``messages``."""
+        """A chat for generation (the OpenAI chat route): the template over ``messages``.
+
+        Raises :class:`gateway.chat_template.TemplateError` when the template
+        refuses the conversation (e.g. roles that do not alternate).
+        """
         return self.template.render(messages, add_generation_prompt=True)

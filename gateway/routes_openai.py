@@ -16,6 +16,7 @@ import anyio
 import orjson
 
 from gateway.app import parse_json
+from gateway.chat_template import TemplateError
 from gateway.http import HTTPError, Request, Response
 from gateway.routes_ops import capabilities
 
@@ -163,7 +164,10 @@ async def chat_completions(app: "App", request: Request) -> Response:
     messages = _messages(body)
     params = _sampling(app, body)
     stops = _stops(body)
-    prompt = app.prompts.chat(messages)
+    try:
+        prompt = app.prompts.chat(messages)
+    except TemplateError as exc:
+        raise _bad(f"the model's chat template refuses these messages: {exc}", "messages") from None
     cid = "chatcmpl-" + request.request_id[4:]
     created = int(time.time())
     model = app.model.name

@@ -114,3 +114,20 @@ def test_answers_shapes():
     assert body["usage"] == {"input_tokens": 12, "output_tokens": 3} and body["x_request_id"] == "req_1"
     with pytest.raises(ValueError):
         jev.reply("m", {}, 1, 1, {"id": 1})
+
+
+def test_templates_without_a_system_turn_and_broken_ones():
+    from gateway.chat_template import TemplateError
+
+    no_system = ChatTemplate(
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}"
+        "<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+    b = PromptBuilder(no_system)
+    assert b.system_in_user
+    assert b.prefix("S") == f"<start_of_turn>user\n{SYSTEM}\n\nS"
+    assert b.question("noul", "Q?", None).stem == "\n\nQ?\nAnswer yes or no.<end_of_turn>\n<start_of_turn>model\n"
+    with pytest.raises(TemplateError, match="verbatim"):
+        PromptBuilder(ChatTemplate("{% for m in messages %}{{ m['content'] | upper }}{% endfor %}"))
+    with pytest.raises(TemplateError, match="compile"):
+        ChatTemplate("{% for %}")
