@@ -74,6 +74,12 @@ typedef struct engine {
     double *lsm;                /* n_vocab scratch for log-softmax */
     float *pred_buf;            /* n_vocab: logits carried across decode calls */
     llama_token_data *cand;     /* n_vocab candidates for the sampler */
+    int n_threads;
+    /* read-out of one batch: per row, its logits, logsumexp, top-k */
+    const float **echo_rows;    /* n_batch */
+    double *echo_lse;           /* n_batch */
+    int *echo_k;                /* n_batch */
+    sp_alt *echo_top;           /* n_batch * ENGINE_MAX_LOGPROBS */
     uint32_t seed;              /* sampling seed (--seed), mixed with the request id */
 
     sp_reader rd;

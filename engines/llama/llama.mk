@@ -41,9 +41,9 @@ LLAMA_SYS_LIBS    :=
 endif
 
 LLAMA_BUILD := $(LLAMA_CACHE)/build-$(LLAMA_VARIANT)
-# Link order: llama first, then the backends, then ggml-base.
-LLAMA_LIBS  := $(LLAMA_BUILD)/src/libllama.a $(addprefix $(LLAMA_BUILD)/,$(LLAMA_EXTRA_LIBS)) \
-  $(LLAMA_BUILD)/ggml/src/libggml.a $(LLAMA_BUILD)/ggml/src/libggml-cpu.a \
+# Link order: llama, ggml (the backend registry), the backends, ggml-base.
+LLAMA_LIBS  := $(LLAMA_BUILD)/src/libllama.a $(LLAMA_BUILD)/ggml/src/libggml.a \
+  $(addprefix $(LLAMA_BUILD)/,$(LLAMA_EXTRA_LIBS)) $(LLAMA_BUILD)/ggml/src/libggml-cpu.a \
   $(LLAMA_BUILD)/ggml/src/libggml-base.a
 LLAMA_STAMP := $(LLAMA_BUILD)/.serveproto-built
 LLAMA_INC   := -I$(LLAMA_SRC)/include -I$(LLAMA_SRC)/ggml/include
@@ -86,7 +86,7 @@ llama-src: $(LLAMA_CACHE)/src/.extracted
 	test -n "$(DEST)" || { echo "usage: make -C engines llama-src DEST=DIR" >&2; exit 1; }
 	mkdir -p $(DEST) && cp -a $(LLAMA_CACHE)/src/. $(DEST)/
 
-LLAMA_CFLAGS := $(CFLAGS) -pthread $(LLAMA_INC) $(COMMON_CFLAGS)
+LLAMA_CFLAGS := $(CFLAGS) -pthread -fopenmp $(LLAMA_INC) $(COMMON_CFLAGS)
 LLAMA_LDLIBS := $(LLAMA_LIBS) $(LLAMA_SYS_LIBS) -lstdc++ -lm -fopenmp -lpthread
 
 # Which variant the binaries in $(BIN) were linked against: switching CPU <-> CUDA relinks.

@@ -240,6 +240,13 @@ static int load(engine *e, const options *o)
         ok = (e->slots[s].tokens = malloc((size_t)e->n_ctx * sizeof(llama_token))) != NULL;
     if (!ok)
         return load_fail(e, "nomem", "allocating the engine's buffers failed");
+    e->n_threads = o->threads;
+    e->echo_rows = malloc((size_t)e->n_batch * sizeof *e->echo_rows);
+    e->echo_lse = malloc((size_t)e->n_batch * sizeof *e->echo_lse);
+    e->echo_k = malloc((size_t)e->n_batch * sizeof *e->echo_k);
+    e->echo_top = malloc((size_t)e->n_batch * ENGINE_MAX_LOGPROBS * sizeof *e->echo_top);
+    if (!e->echo_rows || !e->echo_lse || !e->echo_k || !e->echo_top)
+        return load_fail(e, "nomem", "allocating the read-out buffers failed");
     e->batch = llama_batch_init(e->n_batch, 0, e->n_score_seqs);
     return 0;
 }
@@ -259,6 +266,10 @@ static void engine_free(engine *e)
     free(e->lsm);
     free(e->pred_buf);
     free(e->cand);
+    free(e->echo_rows);
+    free(e->echo_lse);
+    free(e->echo_k);
+    free(e->echo_top);
     if (e->batch.token)
         llama_batch_free(e->batch);
     if (e->ctx)

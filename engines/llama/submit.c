@@ -98,6 +98,28 @@ static void write_echo(engine *e, uint64_t id, int pos, llama_token tok, const f
     sp_write_echo(&e->w, id, (uint64_t)pos, (double)logits[tok] - lse, m, top, piece, (size_t)len);
 }
 
+/* ECHO of positions a+1 .. a+rows, predicted by the batch's logits rows
+ * 0 .. rows-1. The full-vocabulary log-softmax of each row (about 0.3 ms on a
+ * 49k vocabulary) is spread over the engine's threads; frames go out in order. */
+static void echo_rows(engine *e, uint64_t id, const llama_token *toks, int a, int rows, int k)
+{
+    /* llama_get_logits_ith may reorder outputs on first use: not from threads */
+    for (int r = 0; r < rows; r++)
+        e->echo_rows[r] = llama_get_logits_ith(e->ctx, r);
+    #pragma omp parallel for num_threads(e->n_threads) schedule(static)
+    for (int r = 0; r < rows; r++) {
+        e->echo_lse[r] = model_logsumexp(e->echo_rows[r], e->n_vocab);
+        e->echo_k[r] = model_top_k(e, e->echo_rows[r], e->echo_lse[r], k, e->echo_top + (size_t)r * ENGINE_MAX_LOGPROBS);
+    }
+    for (int r = 0; r < rows; r++) {
+        char piece[256];
+        llama_token tok = toks[a + r + 1];
+        int len = model_piece(e, tok, piece, sizeof piece);
+        sp_write_echo(&e->w, id, (uint64_t)(a + r + 1), (double)e->echo_rows[r][tok] - e->echo_lse[r],
+                      e->echo_k[r], e->echo_top + (size_t)r * ENGINE_MAX_LOGPROBS, piece, (size_t)len);
+    }
+}
+
 static struct llama_sampler *make_sampler(engine *e, const sp_request *rq)
 {
     struct llama_sampler *ch = llama_sampler_chain_init(llama_sampler_chain_default_params());
@@ -207,9 +229,7 @@ void serve_submit(engine *e, pending *p)
         }
         slot_append(e, slot, toks + a, b - a);
         if (readout)
-            for (int i = a; i < b; i++)
-                if (i + 1 < n)
-                    write_echo(e, rq->id, i + 1, toks[i + 1], llama_get_logits_ith(e->ctx, i - a), rq->logprobs);
+            echo_rows(e, rq->id, toks, a, (b < n ? b : n - 1) - a, rq->logprobs);
         if (b == n)
             last = llama_get_logits_ith(e->ctx, n - 1 - a);
         a = b;
