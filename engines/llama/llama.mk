@@ -58,7 +58,7 @@ llama-libs: $(LLAMA_STAMP)
 
 $(LLAMA_SDIST):
 	mkdir -p $(dir $@)
-	$(LLAMA_PIP_PY) -m pip download -q --no-deps --no-binary :all: --no-build-isolation \
+	$(LLAMA_PIP_PY) -m pip download -q --no-deps --no-binary :all: \
 	  -d $(dir $@) llama-cpp-python==$(LLAMA_PY_VERSION)
 	test -f $@
 
