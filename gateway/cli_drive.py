@@ -31,6 +31,7 @@ commands (a trailing ' &' runs one in the background; 'wait' waits for those):
   decide [SLOT] JSON                                    DECIDE a decision record
   ping | caps | status | wait | help | quit
   cancel ID                                             cancel a background request
+  Ctrl-C interrupts the command in the foreground (the engine gets CANCEL).
   SUBMIT 1 0 5 0 0 1 logprobs=3                         a request frame as on the wire;
   hello                                                 its payload on the next line(s)
 """
@@ -455,11 +456,15 @@ def add_parsers(sub) -> None:
                        description=__doc__.split("\n\n")[1] + "\n\n" + DRIVE_HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--name", default=None, help="engine name in logs (default: the command)")
-    p.add_argument("--handshake-timeout", type=float, default=120.0, metavar="S")
+    p.add_argument("--handshake-timeout", type=float, default=120.0, metavar="S",
+                   help="seconds the engine may take to load and answer READY..STAT")
     p.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="deadline of each request (default: none)")
-    p.add_argument("--stall-timeout", type=float, default=60.0, metavar="S")
-    p.add_argument("--max-restarts", type=int, default=3)
+    p.add_argument("--stall-timeout", type=float, default=60.0, metavar="S",
+                   help="seconds of silence with requests in flight before the engine "
+                        "is declared hung and restarted")
+    p.add_argument("--max-restarts", type=int, default=3, metavar="N",
+                   help="restarts allowed within 60 s before giving up")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="ENGINE_CMD",
                    help="the engine command and its arguments (after --)")
     p.set_defaults(func=_run_drive)
@@ -468,15 +473,18 @@ def add_parsers(sub) -> None:
     src = s.add_mutually_exclusive_group()
     src.add_argument("--model", help="GGUF for serveproto-llama (default: the default model)")
     src.add_argument("--engine", help="any engine command line (shell-quoted)")
-    s.add_argument("--prefix", required=True)
+    s.add_argument("--prefix", required=True, help="the context read before every option")
     s.add_argument("--stem", default="", help="text between the prefix and each option")
     s.add_argument("--option", action="append", required=True, help="an option (repeat)")
-    s.add_argument("--normalize", choices=("sum", "mean"), default="sum")
+    s.add_argument("--normalize", choices=("sum", "mean"), default="sum",
+                   help="an option's score: the sum (default) or the mean of its token logprobs")
     s.add_argument("--fallback", action="store_true",
                    help="use pin + SUBMIT even when the engine has SCORE")
     s.add_argument("--json", action="store_true", help="one JSON object instead of a table")
-    s.add_argument("--handshake-timeout", type=float, default=120.0, metavar="S")
-    s.add_argument("--timeout", type=float, default=None, metavar="S")
+    s.add_argument("--handshake-timeout", type=float, default=120.0, metavar="S",
+                   help="seconds the engine may take to load")
+    s.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="deadline of the scoring (default: none)")
     s.set_defaults(func=_run_score)
 
 
