@@ -242,6 +242,17 @@ async def load(port: int, request: bytes, total: int, concurrency: int) -> tuple
     return time.perf_counter() - t0, latencies, errors
 
 
+def metrics_mean_ms(base: str, route: str) -> float:
+    """Mean handler time of ``route`` in ms, from the server's Prometheus histogram (sum / count)."""
+    text = httpx2.get(base + "/metrics").text
+    values = {}
+    for line in text.splitlines():
+        for kind in ("sum", "count"):
+            if line.startswith(f'serveproto_http_request_duration_seconds_{kind}{{route="{route}"}}'):
+                values[kind] = float(line.rsplit(" ", 1)[1])
+    return values["sum"] / values["count"] * 1e3
+
+
 def bench_fixture(args) -> None:
     from gateway import decision_record, jev
 
@@ -256,12 +267,14 @@ def bench_fixture(args) -> None:
         direct = anyio.run(engine_direct, record, args.share_n)
         r = httpx2.post(srv.base + "/v1/systemone", content=body, headers={"content-type": "application/json"})
         engine_ms = float(r.headers["x-serveproto-engine-ms"])
+        handler_ms = metrics_mean_ms(srv.base, "/v1/systemone")
         print("\n## the gateway's own share per request (fixture engine, DECIDE path, 3 questions, keep-alive client)\n")
         print("| | p50 | p99 |")
         print("|---|---|---|")
         print(f"| HTTP request at the client | {pct(http, 50) * 1e3:.3f} ms | {pct(http, 99) * 1e3:.3f} ms |")
         print(f"| the same DECIDE through the supervisor, no HTTP | {pct(direct, 50) * 1e3:.3f} ms | {pct(direct, 99) * 1e3:.3f} ms |")
         print(f"| the gateway's share (difference) | {(pct(http, 50) - pct(direct, 50)) * 1e3:.3f} ms | |")
+        print(f"| (server side: mean time in the handler, from /metrics, engine call included) | {handler_ms:.3f} ms | |")
         print(f"\n(the fixture's own compute, DECISION engine_ms: {engine_ms:.3f} ms)")
 
         rss0 = srv.rss_mb()

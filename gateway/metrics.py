@@ -30,14 +30,19 @@ class Metrics:
         self.questions = Counter("serveproto_questions", "Questions answered", ["type", "path"], registry=r)
         self.option_tokens = Counter("serveproto_option_tokens", "Option tokens read (scored, not generated)", registry=r)
         self.generated = Counter("serveproto_generated_tokens", "Tokens generated on the chat and completion routes", registry=r)
+        self._children: dict = {}
         restarts = Gauge("serveproto_engine_restarts", "Times the engine process was restarted", registry=r)
         up = Gauge("serveproto_engine_up", "1 when the engine is healthy", registry=r)
         restarts.set_function(engine_restarts or (lambda: 0.0))
         up.set_function(engine_up or (lambda: 1.0))
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
-        self.requests.labels(route, method, str(status)).inc()
-        self.latency.labels(route).observe(seconds)
+        key = (route, method, status)
+        pair = self._children.get(key)
+        if pair is None:  # label lookups cost more than the increments: keep the children
+            pair = self._children[key] = (self.requests.labels(route, method, str(status)), self.latency.labels(route))
+        pair[0].inc()
+        pair[1].observe(seconds)
 
     def observe_counters(self, computed: int | None, reused: int | None, snapshot: str | None) -> None:
         if computed is not None:
