@@ -75,10 +75,24 @@ async def serve(args, *, task_status=None) -> None:
         app = App(engine, model, api_key=api_key, request_timeout=args.request_timeout, max_inflight=args.max_inflight)
         limits = Limits(max_body_bytes=args.max_body, max_decoded_bytes=max(args.max_body, 64 << 20))
         async with anyio.create_task_group() as tg:
+            tg.start_soon(_stop_on_signal, tg.cancel_scope)
             port = await HTTPServer(app, limits).start(tg, args.host, args.port)
             print(f"serveproto: serving {model.name} on http://{args.host}:{port}", flush=True)
             if task_status is not None:
                 task_status.started(port)
+
+
+async def _stop_on_signal(scope) -> None:
+    """SIGTERM or SIGINT stops the server: listener and connections cancelled, then the engine shut down."""
+    import signal
+
+    import anyio
+
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            logging.getLogger("serveproto.serve").info("signal %s: shutting down", signum)
+            scope.cancel()
+            return
 
 
 def run(args) -> int:

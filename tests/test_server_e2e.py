@@ -185,6 +185,9 @@ def test_cli_prints_its_address_and_serves(fixture_engine):
         r = httpx2.get(base + "/v1/models", headers={"authorization": "Bearer k1"}, timeout=10)
         assert r.status_code == 200 and r.json()["models"][0]["name"] == "fixture"
         assert httpx2.get(base + "/v1/models", timeout=10).status_code == 401
+        proc.terminate()  # SIGTERM: a clean shutdown, engine included
+        assert proc.wait(timeout=20) == 0
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
