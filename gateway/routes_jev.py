@@ -51,8 +51,9 @@ class Decided:
     snapshot: str | None = None
 
 
-class _Memory:
-    """Per-app memory of the scoring path: states seen lately, fixed prefixes photographed per slot."""
+class ScoringMemory:
+    """What the scoring path remembers between requests (one per app): the states seen lately
+    (to pin a state that comes back) and the fixed prefixes photographed, by slot."""
 
     def __init__(self) -> None:
         self.states: OrderedDict[int, None] = OrderedDict()
@@ -66,13 +67,6 @@ class _Memory:
         while len(self.states) > SEEN_STATES:
             self.states.popitem(last=False)
         return was
-
-
-def _memory(app: "App") -> _Memory:
-    mem = getattr(app, "_jev_memory", None)
-    if mem is None:
-        mem = app._jev_memory = _Memory()
-    return mem
 
 
 def _check_slot(app: "App", request: SystemOneRequest) -> None:
@@ -92,8 +86,8 @@ async def _engine_call(app: "App", fn, *args, **kwargs):
                         headers=[("retry-after", RETRY_AFTER)]) from None
 
 
-async def _score_path(app: "App", request: SystemOneRequest, questions: list[Question], out: Decided) -> None:
-    mem = _memory(app)
+async def _score_path(app: "App", mem: ScoringMemory, request: SystemOneRequest, questions: list[Question],
+                      out: Decided) -> None:
     prompts = app.prompts
     prefix_text = prompts.prefix(request.state, request.prefix)
     if request.cache_slot is not None:
@@ -211,7 +205,7 @@ async def _decide_path(app: "App", request: SystemOneRequest, questions: list[Qu
     out.path = "decide"
 
 
-async def decide_questions(app: "App", request: SystemOneRequest) -> Decided:
+async def decide_questions(app: "App", request: SystemOneRequest, memory: ScoringMemory) -> Decided:
     """Answer every question of ``request``: probabilities by question id, usage and counters.
 
     Raises :class:`JevValidationError` (422) for a request the served engine
@@ -230,7 +224,7 @@ async def decide_questions(app: "App", request: SystemOneRequest) -> Decided:
         if app.caps.decide:
             await _decide_path(app, request, asked, out)
         else:
-            await _score_path(app, request, asked, out)
+            await _score_path(app, memory, request, asked, out)
     metrics = app.metrics
     for q in request.questions:
         metrics.questions.labels(q.type, out.path if q.n_options > 1 else "none").inc()
@@ -243,9 +237,9 @@ def _headers(request: Request, decided: Decided) -> list[tuple[str, str]]:
     return [("x-serveproto-engine-ms", f"{decided.engine_ms:.3f}"), ("x-serveproto-path", decided.path)]
 
 
-async def systemone(app: "App", request: Request) -> Response:
+async def systemone(app: "App", memory: ScoringMemory, request: Request) -> Response:
     parsed = jev.parse_request(parse_json(request))
-    decided = await decide_questions(app, parsed)
+    decided = await decide_questions(app, parsed, memory)
     answers = {q.id: jev.answer(q, decided.probs[q.id]) for q in parsed.questions}
     extra: dict[str, Any] = {"x_request_id": request.request_id, "x_engine_ms": round(decided.engine_ms, 3), "x_path": decided.path}
     if decided.computed is not None:
@@ -326,9 +320,9 @@ def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
     return parsed, qs
 
 
-async def decisions(app: "App", request: Request) -> Response:
+async def decisions(app: "App", memory: ScoringMemory, request: Request) -> Response:
     parsed, sent = parse_decisions(parse_json(request))
-    decided = await decide_questions(app, parsed)
+    decided = await decide_questions(app, parsed, memory)
     answers = []
     for q, raw in zip(parsed.questions, sent):
         p = decided.probs[q.id]
@@ -353,11 +347,13 @@ async def decisions(app: "App", request: Request) -> Response:
 
 
 def register(app: "App") -> None:
+    memory = ScoringMemory()
+
     async def _systemone(request: Request) -> Response:
-        return await systemone(app, request)
+        return await systemone(app, memory, request)
 
     async def _decisions(request: Request) -> Response:
-        return await decisions(app, request)
+        return await decisions(app, memory, request)
 
     app.router.route("/v1/systemone", "POST", _systemone)
     app.router.route("/v1/decisions", "POST", _decisions)
