@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 
 from gateway import scoring
+from gateway.prompts import as_text
 
 MAX_QUESTIONS = 64
 MAX_OPTIONS = 255
@@ -200,8 +201,6 @@ def parse_request(body: Any) -> SystemOneRequest:
         errors.append(_err(["cache_slot"], "Input should be a non-negative integer", "int_type"))
     if errors:
         raise JevValidationError(errors)
-    from gateway.prompts import as_text
-
     return SystemOneRequest(
         state=body["state"],
         questions=tuple(questions),
