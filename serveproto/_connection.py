@@ -59,6 +59,10 @@ class _Connection:
         self._pings: set[int] = set()
         self._closed_event: ev.ConnectionClosed | None = None
 
+    def __repr__(self) -> str:
+        return (f"<{type(self).__name__} state={self.state!r} "  # type: ignore[attr-defined]
+                f"in_flight={len(self._requests)} buffered={len(self._buf)}>")
+
     def receive_data(self, data: bytes) -> None:
         """Feed bytes read from the peer; ``b""`` means the peer closed its end (EOF).
 

@@ -298,3 +298,11 @@ def test_echo_fast_path_with_several_alternatives_agrees_with_the_general_reader
     assert [e.top for e in results[0][1:]] == [
         ((5, -0.5), (6, -1.5e-05), (7, -2.0)), ((0, -0.0), (2**64 - 1, -1.0), (9, -7.0)),
         ((1, -1.0), (2, -2.0), (3, -3.0))]
+
+
+def test_connection_repr_shows_state_in_flight_and_buffered_bytes():
+    conn = engine()
+    conn.receive_data(b"STOP 1\nSTO")
+    assert repr(conn) == "<EngineConnection state=SERVING in_flight=0 buffered=10>"
+    assert conn.next_event() == sp.Stop(1)
+    assert repr(sp.GatewayConnection()) == "<GatewayConnection state=HANDSHAKE in_flight=0 buffered=0>"
