@@ -159,7 +159,8 @@ class Engine:
 
         Seconds: ``handshake_timeout`` (READY..STAT), ``stall_timeout`` (no
         output while requests are in flight: the engine is declared hung,
-        killed and restarted), ``health_interval`` (an idle engine with
+        killed and restarted; ``None`` trusts the engine forever, and a request
+        written to an engine that stopped reading its stdin then waits with it), ``health_interval`` (an idle engine with
         ``x_health`` is PINGed this often, so a hang is found before a request
         meets it; ``None``: never), ``request_timeout`` (default deadline of each
         request, ``None``: none), ``drain_timeout`` / ``term_timeout`` (the

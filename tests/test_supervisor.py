@@ -339,3 +339,16 @@ async def test_an_idle_hung_engine_is_found_by_the_heartbeat(fixture_engine, tmp
             assert eng.pid != first and eng.healthy
             assert isinstance(eng.last_error, EngineTimeout) and eng.last_error.what == "stall"
             assert (await eng.ping())["active"] == "0"
+
+
+@pytest.mark.parametrize("mode", ["chat", "plain"])
+async def test_score_deadline_covers_the_whole_scoring(fixture_engine, tmp_path, mode):
+    # The engine hangs after 3 frames: inside SCORE, or inside the fallback's SUBMITs.
+    argv, env = first_start_only(fixture_engine, tmp_path, "hang_after=3", "--mode", mode)
+    with anyio.fail_after(TEST_DEADLINE):
+        async with Engine.spawn(argv, env=env, **quick(stall_timeout=30, drain_timeout=0.1)) as eng:
+            with pytest.raises(EngineTimeout) as info:
+                await eng.score(b"prefix", [(b" q1", [b" a", b" b"]), (b" q2", [b" c"])],
+                                timeout=0.3)
+            assert info.value.what == "request" and info.value.seconds == 0.3
+            assert eng.restarts == 0       # one request's deadline is not the engine's
