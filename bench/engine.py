@@ -7,10 +7,11 @@
    (SUBMIT max_tokens=1) and logits of every position (read-out: SUBMIT
    logprobs=1 max_tokens=0, against the reference's ``--all-logits``). Printed
    as the ratio engine/llama.cpp of tokens per second (goal >= 0.95).
-2. Scoring: the per-option marginal cost of SCORE (all options of a question in
-   one llama_decode) against one-by-one snapshot scoring (prefix + stem pinned,
-   then one SUBMIT logprobs=1 max_tokens=0 per option, each computing only its
-   own tokens), as options grow. Marginal cost = (t(K_max) - t(1)) / (K_max - 1).
+2. Scoring one question of K options over a pinned prefix: SCORE (the stem and
+   all options in one llama_decode) against one-by-one snapshot scoring (prefix +
+   stem read and pinned, then one SUBMIT logprobs=1 max_tokens=0 per option, each
+   computing only its own tokens), as K grows. Per-option marginal cost =
+   (t(K_max) - t(1)) / (K_max - 1).
 
 Times are the best of ``--reps`` runs (the machine is shared; the minimum is the
 least disturbed). Usage::
@@ -148,9 +149,10 @@ def bench_scoring(args, eng: Engine) -> None:
             dt, ev = eng.run(lambda rid: Score(id=rid, slot=0, payload=json.dumps(job).encode()))
             c_score = ev[-1].computed
             t_score.append(dt)
-            # one by one: prefix + stem pinned, then each option through the snapshot
-            eng.submit((prefix + stem).encode(), max_tokens=0, logprobs=1, pin=True)
-            total, c_one = 0.0, 0
+            # one by one (the seed's recipe): prefix + stem read and pinned (counted: SCORE
+            # computes the stem too), then each option through that snapshot
+            total, ev = eng.submit((prefix + stem).encode(), max_tokens=0, logprobs=1, pin=True)
+            c_one = ev[-1].computed
             for o in opts:
                 dt, ev = eng.submit((prefix + stem + o).encode(), max_tokens=0, logprobs=1)
                 assert ev[-1].snapshot == "hit"
