@@ -86,7 +86,8 @@ llama-src: $(LLAMA_CACHE)/src/.extracted
 	test -n "$(DEST)" || { echo "usage: make -C engines llama-src DEST=DIR" >&2; exit 1; }
 	mkdir -p $(DEST) && cp -a $(LLAMA_CACHE)/src/. $(DEST)/
 
-LLAMA_CFLAGS := $(CFLAGS) -pthread -fopenmp $(LLAMA_INC) $(COMMON_CFLAGS)
+# -O3 -fno-trapping-math: the log-softmax loops of model.c vectorize (branch-free clamps).
+LLAMA_CFLAGS := $(CFLAGS) -O3 -fno-trapping-math -pthread -fopenmp $(LLAMA_INC) $(COMMON_CFLAGS)
 LLAMA_LDLIBS := $(LLAMA_LIBS) $(LLAMA_SYS_LIBS) -lstdc++ -lm -fopenmp -lpthread
 
 # Which variant the binaries in $(BIN) were linked against: switching CPU <-> CUDA relinks.
