@@ -28,7 +28,8 @@ LLAMA_CMAKE_FLAGS := -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_
 
 ifeq ($(CUDA),1)
 LLAMA_VARIANT     := cuda
-LLAMA_CMAKE_FLAGS += -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$(or $(CUDA_ARCH),90)
+# one GPU per engine: no NCCL (it would add a link dependency)
+LLAMA_CMAKE_FLAGS += -DGGML_CUDA=ON -DGGML_CUDA_NCCL=OFF -DCMAKE_CUDA_ARCHITECTURES=$(or $(CUDA_ARCH),90)
 LLAMA_EXTRA_LIBS  := ggml/src/ggml-cuda/libggml-cuda.a
 LLAMA_CUDA_HOME   := $(or $(CUDA_HOME),/usr/local/cuda)
 # libcuda comes with the driver; the toolkit's stub satisfies the link.
