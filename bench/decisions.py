@@ -128,38 +128,53 @@ def by_generation(client: httpx2.Client, state: str, questions: dict, gen_tokens
 
 
 def bench_llm(args) -> None:
+    """Rounds interleave System One and generation on fresh states, so that load from other
+    processes on the machine falls on both alike; every figure is the median over the rounds."""
     model = args.model or str(default_model_path())
     srv = Server("--model", model, "--threads", str(args.threads), "--request-timeout", "600")
+    med = statistics.median
     try:
         client = httpx2.Client(base_url=srv.base, timeout=600)
         systemone(client, "warm-up: " + TICKET, {"q": QUESTIONS_16["urgency"]})  # load pages, first decode
-        print(f"\n## default model ({Path(model).name}, {args.threads} threads): System One vs generation, 16 questions on one state\n")
-        state_s1 = "Ticket 1001. " + TICKET
-        state_gen = "Ticket 2002. " + TICKET
-        cold_s1, body = systemone(client, state_s1, QUESTIONS_16)
-        warm_s1 = statistics.median(systemone(client, state_s1, QUESTIONS_16)[0] for _ in range(3))
-        cold_gen, n_gen = by_generation(client, state_gen, QUESTIONS_16, args.gen_tokens)
-        warm_gen, _ = by_generation(client, state_gen, QUESTIONS_16, args.gen_tokens)
+        rows: dict[str, list[float]] = {k: [] for k in ("s1_cold", "s1_warm", "gen_cold", "gen_warm")}
+        n_gen = 0
+        body: dict = {}
+        for r in range(args.rounds):
+            state_s1, state_gen = f"Ticket {1000 + r}. " + TICKET, f"Ticket {2000 + r}. " + TICKET
+            t, body = systemone(client, state_s1, QUESTIONS_16)
+            rows["s1_cold"].append(t)
+            t, n_gen = by_generation(client, state_gen, QUESTIONS_16, args.gen_tokens)
+            rows["gen_cold"].append(t)
+            rows["s1_warm"].append(systemone(client, state_s1, QUESTIONS_16)[0])
+            rows["gen_warm"].append(by_generation(client, state_gen, QUESTIONS_16, args.gen_tokens)[0])
+        c1, c2, w1, w2 = med(rows["s1_cold"]), med(rows["gen_cold"]), med(rows["s1_warm"]), med(rows["gen_warm"])
+        print(f"\n## default model ({Path(model).name}, {args.threads} threads): System One vs generation, "
+              f"16 questions on one state (median of {args.rounds} interleaved rounds)\n")
         print("| | System One | generation | ratio |")
         print("|---|---|---|---|")
-        print(f"| 16 questions, cold state | {cold_s1:.2f} s | {cold_gen:.2f} s | {cold_gen / cold_s1:.1f}x |")
-        print(f"| 16 questions, warm state | {warm_s1:.2f} s | {warm_gen:.2f} s | {warm_gen / warm_s1:.1f}x |")
-        print(f"| per question, warm | {warm_s1 / 16 * 1e3:.0f} ms | {warm_gen / 16 * 1e3:.0f} ms | |")
-        print(f"| tokens | {body['usage']['output_tokens']} option tokens read, 0 generated | {n_gen} generated | |")
-        print(f"\nSystem One's reply: input_tokens {body['usage']['input_tokens']}, positions {body.get('x_positions')}")
+        print(f"| 16 questions, cold state | {c1:.2f} s | {c2:.2f} s | {c2 / c1:.1f}x |")
+        print(f"| 16 questions, warm state | {w1:.2f} s | {w2:.2f} s | {w2 / w1:.1f}x |")
+        print(f"| per question, warm | {w1 / 16 * 1e3:.0f} ms | {w2 / 16 * 1e3:.0f} ms | |")
+        print(f"| tokens | {body['usage']['output_tokens']} option tokens read, 0 generated | "
+              f"{n_gen} generated (at most {args.gen_tokens} a question) | |")
+        print(f"\nSystem One's cold reply: input_tokens {body['usage']['input_tokens']}, positions {body.get('x_positions')}")
 
-        print("\n## per-question cost as questions share one state (cold: a new state; warm: the same request again, median of 3)\n")
+        print(f"\n## per-question cost as questions share one state (cold: a new state; warm: the same request again; "
+              f"median of {args.rounds})\n")
         print("| questions | cold | warm | per question, warm | computed positions cold / warm |")
         print("|---|---|---|---|---|")
         names = list(QUESTIONS_16)
         for n in (1, 4, 16):
             qs = {k: QUESTIONS_16[k] for k in names[:n]}
-            state = f"Ticket {3000 + n}. " + TICKET
-            cold, b_cold = systemone(client, state, qs)
-            runs = [systemone(client, state, qs) for _ in range(3)]
-            warm = statistics.median(r[0] for r in runs)
-            pc, pw = b_cold.get("x_positions", {}), runs[-1][1].get("x_positions", {})
-            print(f"| {n} | {cold * 1e3:.0f} ms | {warm * 1e3:.0f} ms | {warm / n * 1e3:.0f} ms | "
+            colds, warms = [], []
+            for r in range(args.rounds):
+                state = f"Ticket {3000 + 100 * n + r}. " + TICKET
+                cold, b_cold = systemone(client, state, qs)
+                warm, b_warm = systemone(client, state, qs)
+                colds.append(cold)
+                warms.append(warm)
+            pc, pw = b_cold.get("x_positions", {}), b_warm.get("x_positions", {})
+            print(f"| {n} | {med(colds) * 1e3:.0f} ms | {med(warms) * 1e3:.0f} ms | {med(warms) / n * 1e3:.0f} ms | "
                   f"{pc.get('computed')} / {pw.get('computed')} |")
         client.close()
     finally:
@@ -296,6 +311,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=None)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--gen-tokens", type=int, default=16, help="tokens a generated answer may take, greedy, ending at EOS (default 16)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds on the default model (medians)")
     p.add_argument("--load", type=int, default=10_000)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--share-n", type=int, default=2000, help="sequential requests for the gateway-share measurement")
