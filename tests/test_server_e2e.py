@@ -191,3 +191,25 @@ def test_cli_prints_its_address_and_serves(fixture_engine):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_engine_that_keeps_dying_is_restarted_then_health_fails(fixture_engine):
+    """Each engine process exits after its third frame (one DECIDE answered): the supervisor restarts
+    it, requests are answered or get 503 + Retry-After, and once the restart intensity is spent
+    /health says 503 and the metrics count the restarts."""
+    statuses = []
+    async with serving(fixture_engine, "--mode", "decide", "--fault", "exit_after=3", timeout=5.0) as base:
+        async with httpx2.AsyncClient(base_url=base, timeout=30) as c:
+            with anyio.fail_after(60):
+                for _ in range(12):
+                    r = await c.post("/v1/systemone", content=orjson.dumps(TICKET), headers={"content-type": "application/json"})
+                    statuses.append(r.status_code)
+                    if r.status_code == 503:
+                        assert r.headers["retry-after"] == "1"
+                    await anyio.sleep(0.3)
+                health = await c.get("/health")
+                metrics = (await c.get("/metrics")).text
+    assert set(statuses) <= {200, 503} and 200 in statuses and 503 in statuses, statuses
+    assert health.status_code == 503
+    restarts = float(next(line.split()[1] for line in metrics.splitlines() if line.startswith("serveproto_engine_restarts ")))
+    assert restarts >= 1
