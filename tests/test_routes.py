@@ -344,3 +344,20 @@ def test_decide_invalid_fields_map_to_the_request():
     assert decide_invalid_error("state: too long", qs)["loc"] == ["body", "state"]
     assert decide_invalid_error("record: not valid JSON", qs)["loc"] == ["body"]
     assert decide_invalid_error("no field here", qs) == {"loc": ["body"], "msg": "no field here", "type": "decide_invalid"}
+
+
+async def test_one_structured_log_line_per_request(caplog):
+    import logging
+
+    eng = FakeEngine()
+    with caplog.at_level(logging.INFO, logger="serveproto.access"):
+        async with running(make_app(eng)) as base:
+            r = await post(base, "/v1/systemone", TICKET)
+            bad = await post(base, "/v1/systemone", {"state": 1})
+    lines = [orjson.loads(rec.getMessage()) for rec in caplog.records if rec.name == "serveproto.access"]
+    assert len(lines) == 2
+    assert lines[0]["request_id"] == r.headers["x-typesafe-request-id"] and lines[0]["status"] == 200
+    assert lines[0]["path"] == "/v1/systemone" and lines[0]["method"] == "POST" and lines[0]["via"] == "score"
+    assert lines[0]["engine_ms"] >= 0 and lines[0]["ms"] >= lines[0]["engine_ms"]
+    assert lines[1]["status"] == 422 and lines[1]["error"] == "validation"
+    assert lines[1]["request_id"] == bad.headers["x-typesafe-request-id"]
