@@ -297,3 +297,16 @@ async def test_mutated_requests_never_break_the_server():
     assert all(s < 500 for s in statuses), sorted(set(statuses))
     assert len(statuses) > 100
     assert ok[0][0] == 200
+
+
+async def test_connections_over_the_bound_get_503():
+    async def run(port):
+        async with await anyio.connect_tcp("127.0.0.1", port) as first:
+            await first.send(b"GET /echo HTTP/1.1\r\nHost: t\r\n\r\n")  # served, kept alive
+            assert (await first.receive()).startswith(b"HTTP/1.1 200 OK")
+            second = await raw_until_close(port, b"GET /echo HTTP/1.1\r\nHost: t\r\n\r\n")
+        third = await exchange(port, b"GET /echo HTTP/1.1\r\nHost: t\r\n\r\n")  # the first has gone
+        return second, third
+    second, third = await with_server(run, Limits(max_connections=1))
+    assert second.startswith(b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\n")
+    assert third[0][0] == 200

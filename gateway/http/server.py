@@ -29,6 +29,8 @@ log = logging.getLogger("serveproto.http")
 Handler = Callable[[Request], Awaitable[Response]]
 
 _RECEIVE = 65536
+#: Seconds a closing connection keeps reading what the client still sends.
+LINGER = 1.0
 _SERVER_NAME = b"serveproto"
 
 
@@ -42,6 +44,8 @@ class Limits:
     decoding (413). ``header_timeout``: from the first byte of a request to
     the end of its head; ``body_timeout``: reading the body; both answer 408.
     ``keepalive_timeout``: an idle keep-alive connection is closed after it.
+    ``max_connections``: connections served at once; one more is answered
+    503 + ``Retry-After`` and closed.
     """
 
     max_header_bytes: int = 16 * 1024
@@ -50,6 +54,7 @@ class Limits:
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     keepalive_timeout: float = 75.0
+    max_connections: int = 1024
 
 
 def new_request_id() -> str:
@@ -107,11 +112,27 @@ class HTTPConnection:
                 if not await self._serve_one():
                     break
                 self.conn.start_next_cycle()
+            await self._linger()
         except _Closed:
             pass
         finally:
             with anyio.CancelScope(shield=True):
                 await self.stream.aclose()
+
+    async def _linger(self) -> None:
+        """Half-close and read what the client still sends (at most ``LINGER`` seconds) before closing.
+
+        Closing a socket over unread bytes (the rest of a refused upload, a
+        pipelined request) makes the kernel reset the connection, which can
+        destroy the response before the client has read it.
+        """
+        with anyio.move_on_after(LINGER):
+            try:
+                await self.stream.send_eof()
+                while await self.stream.receive(_RECEIVE):
+                    pass
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
 
     async def _read_head(self) -> h11.Request | None:
         """Wait (keep-alive idle) for a request and read its head. None when the peer closed."""
@@ -299,14 +320,35 @@ class HTTPServer:
     def __init__(self, handler: Handler, limits: Limits | None = None) -> None:
         self.handler = handler
         self.limits = limits or Limits()
+        self.connections = 0
 
     async def _handle(self, stream: anyio.abc.SocketStream) -> None:
+        if self.connections >= self.limits.max_connections:
+            body = orjson.dumps({"detail": {"error_type": "overloaded_error", "message": "too many connections"}})
+            with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+                try:
+                    await stream.send(b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\nconnection: close\r\n"
+                                      b"content-type: application/json\r\ncontent-length: "
+                                      + str(len(body)).encode() + b"\r\n\r\n" + body)
+                    # read what the client sent: closing over unread bytes would reset the
+                    # connection and could destroy the answer before the client reads it
+                    await stream.send_eof()
+                    while await stream.receive():
+                        pass
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
+                    pass
+                await stream.aclose()
+            return
         try:
             host, port = stream.extra(anyio.abc.SocketAttribute.remote_address)[:2]
             client = f"{host}:{port}"
         except Exception:
             client = ""
-        await HTTPConnection(stream, self.handler, self.limits, client).serve()
+        self.connections += 1
+        try:
+            await HTTPConnection(stream, self.handler, self.limits, client).serve()
+        finally:
+            self.connections -= 1
 
     async def start(self, tg: anyio.abc.TaskGroup, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen on ``host:port`` and serve in ``tg``. Returns the bound port."""
