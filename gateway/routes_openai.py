@@ -174,18 +174,24 @@ async def chat_completions(app: "App", request: Request) -> Response:
     stream = bool(body.get("stream"))
     include_usage = bool((body.get("stream_options") or {}).get("include_usage")) if isinstance(body.get("stream_options"), dict) else False
 
+    want_lp = bool(body.get("logprobs"))
+    top_n = _number(body, "top_logprobs", 0, 0, int(app.caps.max_logprobs or 20), integer=True) if want_lp else 0
     if not stream:
         text, finish, done, n = "", "stop", None, 0
-        async for kind, value, ev in _generate(app, prompt, params, stops):
+        content_lps = []
+        async for kind, value, ev in _generate(app, prompt, params, stops, logprobs=max(1, top_n) if want_lp else 0):
             if kind == "text":
                 text += value
                 n += ev is not None
+                if want_lp and ev is not None and ev.logprob is not None:
+                    content_lps.append(_chat_logprob(bytes(ev.text), ev.logprob, ev.top[:top_n], app.model.pieces))
             elif kind == "done":
                 finish, done = value, ev
         app.metrics.generated.inc(n)
         return Response.json({
             "id": cid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish, "logprobs": None}],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
+                         "logprobs": {"content": content_lps} if want_lp else None}],
             "usage": _usage(done, int(getattr(done, "emitted", n)) if done is not None else n),
         })
 
@@ -252,6 +258,16 @@ async def full_readout(app: "App", prompt: str, k: int, echoes: list) -> list:
             break
         echoes = got + echoes
     return echoes
+
+
+def _chat_logprob(raw: bytes, logprob: float, top, pieces: list[bytes] | None) -> dict:
+    """One entry of OpenAI's chat ``logprobs.content``: the token, its logprob, its bytes, the top alternatives."""
+    def piece(tid: int) -> bytes:
+        return pieces[tid] if pieces is not None and 0 <= tid < len(pieces) else f"<{tid}>".encode()
+
+    return {"token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw),
+            "top_logprobs": [{"token": piece(t).decode("utf-8", "replace"), "logprob": lp, "bytes": list(piece(t))}
+                             for t, lp in top]}
 
 
 def _token_text(raw: bytes) -> str:

@@ -158,6 +158,8 @@ async def test_openai_client_chat_and_completions(fixture_engine):
                                                       max_tokens=8, stream=True)
         streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
         comp = await client.completions.create(model="any", prompt="the cat sat", max_tokens=0, echo=True, logprobs=2)
+        with_lp = await client.chat.completions.create(model="any", messages=[{"role": "user", "content": "say hi"}],
+                                                       max_tokens=3, logprobs=True, top_logprobs=2)
         models = await client.models.list()
         await client.close()
     text = chat.choices[0].message.content
@@ -172,6 +174,17 @@ async def test_openai_client_chat_and_completions(fixture_engine):
     assert lp.token_logprobs[0] is None
     assert lp.token_logprobs[1:] == pytest.approx(exp, abs=1e-6)
     assert [m.id for m in models.data] == ["fixture"]
+    # chat logprobs: the greedy token is the most likely one, its logprob the toy's (bytes are tokens)
+    content = with_lp.choices[0].logprobs.content
+    assert "".join(c.token for c in content) == with_lp.choices[0].message.content == text[:3]
+    prompt = PromptBuilder().chat([{"role": "user", "content": "say hi"}]).encode()
+    toks = list(prompt)
+    for c in content:
+        hs = toy_model.chain(toks)
+        lps = toy_model.log_softmax(toy_model.logits(hs[len(toks)], toks[-1]))
+        assert c.logprob == pytest.approx(lps[c.bytes[0]], abs=1e-6)
+        assert c.top_logprobs[0].logprob == pytest.approx(max(lps), abs=1e-6) and len(c.top_logprobs) == 2
+        toks.append(c.bytes[0])
 
 
 def test_cli_prints_its_address_and_serves(fixture_engine):
