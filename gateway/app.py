@@ -104,7 +104,11 @@ def engine_http_error(exc: BaseException) -> HTTPError:
 
 
 def parse_json(request: Request) -> Any:
-    """The request body as JSON (orjson). Raises a 422 ``json_invalid`` with Jev's ``detail`` list."""
+    """The request body as JSON (orjson). Raises a 422 ``json_invalid`` with Jev's ``detail`` list, and a
+    415 for a multipart body (the SDK's image assets: this server serves text models)."""
+    ctype = (request.header("content-type") or "").lower()
+    if ctype.startswith("multipart/"):
+        raise HTTPError(415, "unsupported_media_type", "multipart bodies (image assets) are not supported: send JSON")
     try:
         return orjson.loads(request.body)
     except orjson.JSONDecodeError as exc:

@@ -9,6 +9,7 @@ the engine.
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,8 @@ from gateway.prompts import as_text
 
 if TYPE_CHECKING:
     from gateway.app import App
+
+log = logging.getLogger("serveproto.systemone")
 
 #: How many recent states the server remembers to decide ``pin_state`` on its own.
 SEEN_STATES = 1024
@@ -127,6 +130,7 @@ async def _score_path(app: "App", mem: ScoringMemory, request: SystemOneRequest,
         lps = [tuple(o.logprobs) for o in group]
         counts = {len(x) for x in lps}
         if request.normalize == "mean" and len(counts) > 1:
+            log.warning("question %r: normalize=mean over options of %d to %d tokens", q.id, min(counts), max(counts))
             out.warnings.append(f"question {q.id!r}: normalize=mean over options of different token counts "
                                 f"({min(counts)} to {max(counts)}): a per-token average favours the longer options")
         try:
