@@ -9,7 +9,9 @@
  * the slot's trunk (a copy in the unified KV cache shares the cells). So one
  * llama_decode computes each stem once and each option's own tokens once,
  * and the logits row of a node predicts the next token of every option below
- * it. More options than scratch sequences, or more nodes than one batch,
+ * it. An option's last token predicts nothing and is left out, so options of
+ * one token cost no position beyond their stem (the stem's last logits hold
+ * them). More options than scratch sequences, or more nodes than one batch,
  * spill into further chunks, each one llama_decode.
  */
 #include <math.h>
@@ -242,7 +244,9 @@ static int run_chunk(engine *e, uint64_t id, int slot, score_job *job, int first
     for (int q = 0; q < last - first; q++) {
         option_tokens *ot = &job->opts[first + q];
         int seq = e->n_slots + q, cur = -1;
-        for (int p = trunk; p < ot->n; p++) {
+        /* the option's last token predicts nothing: it is never computed, so a
+         * one-token option costs no position at all */
+        for (int p = trunk; p < ot->n - 1; p++) {
             int node = cur < 0 ? -1 : trie[cur].first_child;
             if (cur < 0) {
                 /* roots: nodes at position trunk */
@@ -270,13 +274,13 @@ static int run_chunk(engine *e, uint64_t id, int slot, score_job *job, int first
             cur = node;
         }
     }
-    for (int q = 0; q < last - first; q++) {
+    int computed = b->n_tokens, rc = 0;
+    for (int q = 0; computed > 0 && q < last - first; q++) {
         llama_memory_seq_rm(mem, e->n_slots + q, -1, -1);
         if (trunk > 0)
             llama_memory_seq_cp(mem, slot, e->n_slots + q, 0, trunk);
     }
-    int computed = b->n_tokens, rc = 0;
-    if (model_decode(e, &rc) != 0) {
+    if (computed > 0 && model_decode(e, &rc) != 0) {
         for (int q = 0; q < last - first; q++)
             llama_memory_seq_rm(mem, e->n_slots + q, -1, -1);
         sp_write_error(&e->w, id, "BAD_REQUEST", rc == 1 ? "the KV cache has no room for the options"
@@ -311,17 +315,20 @@ static int run_chunk(engine *e, uint64_t id, int slot, score_job *job, int first
 }
 
 /* Nodes option j would add to a trie already holding options [first, j):
- * its positions after the longest common prefix with any of them. */
+ * its positions up to its last but one (the last is never computed) after
+ * the longest prefix it shares with the nodes already there. */
 static int new_nodes(const score_job *job, int first, int j)
 {
     const option_tokens *ot = &job->opts[j];
     int shared = job->trunk;
     for (int i = first; i < j; i++) {
         int l = lcp(job->opts[i].toks, job->opts[i].n, ot->toks, ot->n);
+        if (l > job->opts[i].n - 1)
+            l = job->opts[i].n - 1;
         if (l > shared)
             shared = l;
     }
-    return ot->n - shared;
+    return ot->n - 1 > shared ? ot->n - 1 - shared : 0;
 }
 
 void serve_score(engine *e, pending *p)
