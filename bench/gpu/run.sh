@@ -46,11 +46,22 @@ if ls $C/prebuilt.part* >/dev/null 2>&1; then
   cat $C/prebuilt.part* | xz -d | tar -x -C engines || { log "prebuilt unpack failed"; exit 1; }
   log "prebuilt binaries unpacked"
 else
-  mkdir -p /tmp/llama-src && tar -xzf $C/llama-src.tgz -C /tmp/llama-src
-  MK="make -C engines CUDA=1 LLAMA_SRC=/tmp/llama-src LLAMA_JOBS=16"
-  $MK llama-libs > $RES/build.log 2>&1 || { tail -40 $RES/build.log; log "llama.cpp CUDA build failed"; exit 1; }
-  log "llama.cpp built (CUDA)"
   B=$SERVEPROTO_CACHE/llama.cpp/0.3.36/build-cuda
+  MK="make -C engines CUDA=1 LLAMA_JOBS=16"
+  built=0
+  if [ ! -f $B/.serveproto-built ] && [ -f .o-gpu/build/ggml/src/ggml-cuda/libggml-cuda.a ] && [ -f .o-gpu/src/CMakeLists.txt ]; then
+    # a warm machine that still holds fixtures' CUDA build of the same subset with the same
+    # flags (.o-gpu/run.sh): CMake reconfigures it in place and finds nothing to rebuild
+    log "trying the CUDA build in .o-gpu/build"
+    $MK LLAMA_SRC=$PWD/.o-gpu/src LLAMA_BUILD=$PWD/.o-gpu/build llama-libs > $RES/build-reuse.log 2>&1 \
+      && { B=$PWD/.o-gpu/build; MK="$MK LLAMA_SRC=$PWD/.o-gpu/src LLAMA_BUILD=$B"; built=1; }
+  fi
+  if [ $built = 0 ]; then
+    mkdir -p /tmp/llama-src && tar -xzf $C/llama-src.tgz -C /tmp/llama-src
+    MK="$MK LLAMA_SRC=/tmp/llama-src"
+    $MK llama-libs > $RES/build.log 2>&1 || { tail -40 $RES/build.log; log "llama.cpp CUDA build failed"; exit 1; }
+  fi
+  log "llama.cpp built (CUDA)"
   # libggml (backend registry) references ggml_backend_cuda_reg, so the CUDA archive must come
   # after it: one archive group resolves every order; NCCL is linked when CMake found it.
   NCCL=$(sed -n 's/^NCCL_LIBRARY[^=]*=//p' $B/CMakeCache.txt | head -1)
