@@ -39,6 +39,9 @@ from serveproto import (  # noqa: E402
 
 SENTENCE = "The quick brown fox jumps over the lazy dog while the farmer counts his sheep. "
 COLOURS = [" red", " blue", " green", " yellow", " black", " white", " purple", " orange"]
+#: Options of several tokens each: SCORE computes all but the last token of each.
+SHADES = [" dark cherry red", " pale sky blue", " deep forest green", " lemon chiffon yellow",
+          " jet coal black", " fresh snow white", " royal violet purple", " burnt amber orange"]
 
 
 class Engine:
@@ -133,14 +136,19 @@ def bench_prefill(args, eng: Engine) -> None:
 
 
 def bench_scoring(args, eng: Engine) -> None:
+    for label, options in (("one-token options", COLOURS), ("multi-token options", SHADES)):
+        bench_options(args, eng, label, options)
+
+
+def bench_options(args, eng: Engine, label: str, options: list[str]) -> None:
     prefix = SENTENCE * 20
     stem = "Question: which colour is the fox? Answer:"
-    ks = [k for k in (1, 2, 3, 4, 8) if k <= len(COLOURS)]
-    print(f"scoring: prefix {len(prefix)} bytes pinned, one question, K options; best of {args.reps}")
+    ks = [k for k in (1, 2, 3, 4, 8) if k <= len(options)]
+    print(f"scoring, {label}: prefix {len(prefix)} bytes pinned, one question, K options; best of {args.reps}")
     print("   K   SCORE ms  computed   one-by-one ms  computed   ratio")
     rows = {}
     for k in ks:
-        opts = COLOURS[:k]
+        opts = options[:k]
         job = {"prefix": prefix, "groups": [{"stem": stem, "options": opts}]}
         t_score, t_one = [], []
         for _ in range(args.reps):
@@ -165,8 +173,10 @@ def bench_scoring(args, eng: Engine) -> None:
     k_max = ks[-1]
     m_score = (rows[k_max][0] - rows[1][0]) / (k_max - 1)
     m_one = (rows[k_max][1] - rows[1][1]) / (k_max - 1)
+    ratio = (f"one-by-one / SCORE = {m_one / m_score:.1f}x" if m_score > 1e-4
+             else "SCORE's is within the noise of zero")
     print(f"  marginal cost per option (K=1..{k_max}): SCORE {m_score * 1e3:.2f} ms,"
-          f" one-by-one {m_one * 1e3:.2f} ms, one-by-one / SCORE = {m_one / max(m_score, 1e-9):.1f}x")
+          f" one-by-one {m_one * 1e3:.2f} ms; {ratio}")
 
 
 def main(argv=None) -> int:
