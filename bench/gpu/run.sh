@@ -2,9 +2,8 @@
 # The GPU run of issue 8, in one command on the lent NVIDIA H200 (no network there):
 #   1. install the carried wheels (bench/gpu/carry/whl) into /tmp/site;
 #   2. build the engine and llama-prefill-ref with the CUDA backend from the carried llama.cpp
-#      subset (`make -C engines all CUDA=1 LLAMA_SRC=...`, static link order fixed below), or unpack
-#      binaries a previous run brought back (bench/gpu/carry/prebuilt.part*), and send the fresh
-#      build back under $OUT so a retry on a new machine skips the 4-minute build;
+#      subset (`make -C engines all CUDA=1 LLAMA_SRC=...`; about 4 minutes with 16 cores; a warm
+#      machine that already built them skips this);
 #   3. meanwhile write the random-weight Llama-3-8B-geometry GGUF (bench/gpu/make_model.py);
 #   4. run bench/gpu_decisions.py with the engine's defaults, then, time allowing, System One
 #      again with --flash-attn --kv-type f16; results in $OUT/results.tar and the output's tail.
@@ -34,7 +33,7 @@ if [ "${SITE_INSTALL:-1}" = 1 ]; then
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONUNBUFFERED=1
-export SERVEPROTO_CACHE=/tmp/sp-cache
+export SERVEPROTO_CACHE=${SERVEPROTO_CACHE:-/tmp/sp-cache}
 python3 -c "import gateway.app, gateway.engine, serveproto, fixtures.sync_engine, gguf, orjson, zstandard" \
   || { log "python imports failed"; exit 1; }
 
@@ -42,41 +41,33 @@ python3 -c "import gateway.app, gateway.engine, serveproto, fixtures.sync_engine
   echo $? > /tmp/model.rc ) &
 MODEL_PID=$!
 
-if ls $C/prebuilt.part* >/dev/null 2>&1; then
-  cat $C/prebuilt.part* | xz -d | tar -x -C engines || { log "prebuilt unpack failed"; exit 1; }
-  log "prebuilt binaries unpacked"
-else
-  B=$SERVEPROTO_CACHE/llama.cpp/0.3.36/build-cuda
-  MK="make -C engines CUDA=1 LLAMA_JOBS=16"
-  built=0
-  if [ ! -f $B/.serveproto-built ] && [ -f .o-gpu/build/ggml/src/ggml-cuda/libggml-cuda.a ] && [ -f .o-gpu/src/CMakeLists.txt ]; then
-    # a warm machine that still holds fixtures' CUDA build of the same subset with the same
-    # flags (.o-gpu/run.sh): CMake reconfigures it in place and finds nothing to rebuild
-    log "trying the CUDA build in .o-gpu/build"
-    $MK LLAMA_SRC=$PWD/.o-gpu/src LLAMA_BUILD=$PWD/.o-gpu/build llama-libs > $RES/build-reuse.log 2>&1 \
-      && { B=$PWD/.o-gpu/build; MK="$MK LLAMA_SRC=$PWD/.o-gpu/src LLAMA_BUILD=$B"; built=1; }
-  fi
-  if [ $built = 0 ]; then
-    mkdir -p /tmp/llama-src && tar -xzf $C/llama-src.tgz -C /tmp/llama-src
-    MK="$MK LLAMA_SRC=/tmp/llama-src"
-    $MK llama-libs > $RES/build.log 2>&1 || { tail -40 $RES/build.log; log "llama.cpp CUDA build failed"; exit 1; }
-  fi
-  log "llama.cpp built (CUDA)"
-  # libggml (backend registry) references ggml_backend_cuda_reg, so the CUDA archive must come
-  # after it: one archive group resolves every order; NCCL is linked when CMake found it.
-  NCCL=$(sed -n 's/^NCCL_LIBRARY[^=]*=//p' $B/CMakeCache.txt | head -1)
-  NCCL_LINK=""
-  [ -f "$NCCL" ] && NCCL_LINK="$NCCL -Wl,-rpath,$(dirname "$NCCL")"
-  CUH=${CUDA_HOME:-/usr/local/cuda}
-  LDLIBS="-Wl,--start-group $B/src/libllama.a $B/ggml/src/libggml.a $B/ggml/src/ggml-cuda/libggml-cuda.a \
+# make decides what is out of date (on a warm machine that already built: nothing)
+CUDA=${CUDA:-1}
+B=$SERVEPROTO_CACHE/llama.cpp/0.3.36/build-$([ "$CUDA" = 1 ] && echo cuda || echo cpu)
+if [ -z "${LLAMA_SRC:-}" ]; then
+  LLAMA_SRC=/tmp/llama-src
+  [ -f $LLAMA_SRC/CMakeLists.txt ] || { mkdir -p $LLAMA_SRC && tar -xzf $C/llama-src.tgz -C $LLAMA_SRC; }
+fi
+MK="make -C engines CUDA=$CUDA LLAMA_JOBS=${JOBS:-16} LLAMA_SRC=$LLAMA_SRC"
+{
+  $MK llama-libs > $RES/build.log 2>&1 || { tail -40 $RES/build.log; log "llama.cpp build failed"; exit 1; }
+  log "llama.cpp built (CUDA=$CUDA)"
+  # engines/llama/llama.mk links llama, ggml (the backend registry), ggml-cuda, ggml-cpu, ggml-base
+  # (and builds without NCCL since 2fbb9ee); should the link fail, the line that linked on the H200
+  # on 2026-11-30 (before that commit): one archive group, NCCL when CMake found it.
+  if ! $MK all >> $RES/build.log 2>&1; then
+    NCCL=$(sed -n 's/^NCCL_LIBRARY[^=]*=//p' $B/CMakeCache.txt | head -1)
+    NCCL_LINK=""
+    [ -f "$NCCL" ] && NCCL_LINK="$NCCL -Wl,-rpath,$(dirname "$NCCL")"
+    CUH=${CUDA_HOME:-/usr/local/cuda}
+    LDLIBS="-Wl,--start-group $B/src/libllama.a $B/ggml/src/libggml.a $B/ggml/src/ggml-cuda/libggml-cuda.a \
 $B/ggml/src/libggml-cpu.a $B/ggml/src/libggml-base.a -Wl,--end-group -L$CUH/lib64 -L$CUH/lib64/stubs -Wl,-rpath,$CUH/lib64 \
 -lcudart -lcublas -lcublasLt -lcuda $NCCL_LINK -ldl -lrt -lstdc++ -lm -fopenmp -lpthread"
-  echo "LLAMA_LDLIBS=$LDLIBS" >> $RES/build.log
-  $MK all LLAMA_LDLIBS="$LDLIBS" >> $RES/build.log 2>&1 || { tail -40 $RES/build.log; log "engine link failed"; exit 1; }
+    log "the plain link failed; again with LLAMA_LDLIBS=$LDLIBS"
+    $MK all LLAMA_LDLIBS="$LDLIBS" >> $RES/build.log 2>&1 || { tail -40 $RES/build.log; log "engine link failed"; exit 1; }
+  fi
   log "engines linked: $(ls -la engines/bin/serveproto-llama engines/bin/llama-prefill-ref | awk '{print $5, $9}' | tr '\n' ' ')"
-  tar -c -C engines bin/serveproto-llama bin/llama-prefill-ref | xz -T16 -2 | split -b 15M - "$OUT/prebuilt.part"
-  log "binaries sent back: $(du -ch "$OUT"/prebuilt.part* | tail -1)"
-fi
+}
 ldd engines/bin/serveproto-llama | grep -E "not found|cuda|cublas|nccl" | tee -a $RES/run.log
 
 wait $MODEL_PID
