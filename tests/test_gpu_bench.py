@@ -1,0 +1,131 @@
+"""The CPU-checkable parts of the GPU benchmark (issue 8): the random-weight model writer
+(``bench/gpu/make_model.py``) and a tiny run of ``bench/gpu_decisions.py``. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.gpu import make_model  # noqa: E402
+from fixtures.gguf_read import GGUFFile  # noqa: E402
+from gateway.paths import default_model_path, engine_bin  # noqa: E402
+
+
+@pytest.mark.parametrize("kind", ["q4_k", "q8_0", "f16"])
+@pytest.mark.parametrize("n_in", [256, 4096, 14336])
+def test_random_weights_have_the_planned_scale(kind, n_in):
+    """gguf's own dequantizer (an independent reading of the block format) sees weights of the
+    standard deviation asked for, centred on zero."""
+    import gguf
+
+    qtype = {"q4_k": gguf.GGMLQuantizationType.Q4_K, "q8_0": gguf.GGMLQuantizationType.Q8_0,
+             "f16": gguf.GGMLQuantizationType.F16}[kind]
+    std = n_in ** -0.5
+    raw = make_model.RandomTensors(kind, seed=7).make(48, n_in, std)
+    per_block, block_bytes = make_model.RandomTensors.BLOCK[kind]
+    if kind == "f16":
+        assert raw.dtype == np.float16 and raw.shape == (48, n_in)
+        w = raw.astype(np.float32)
+    else:
+        assert raw.dtype == np.uint8 and raw.shape == (48, n_in // per_block * block_bytes)
+        w = gguf.quants.dequantize(raw, qtype)
+    assert w.shape == (48, n_in)
+    assert np.all(np.isfinite(w))
+    assert abs(float(w.std()) / std - 1) < 0.05
+    assert abs(float(w.mean())) < 0.1 * std
+
+
+def test_a_block_that_does_not_divide_the_row_is_refused():
+    with pytest.raises(ValueError, match="n_in=100 is not a multiple of the q4_k block"):
+        make_model.RandomTensors("q4_k").make(2, 100, 0.1)
+    with pytest.raises(ValueError, match="--type must be one of"):
+        make_model.RandomTensors("q3_k")
+
+
+def test_tensor_plan_is_llama3_8b_less_the_vocabulary():
+    plan = make_model.tensor_plan(make_model.GEOMETRIES["llama3-8b"], 49152)
+    shapes = {name: (rows, n_in) for name, rows, n_in, _ in plan}
+    assert shapes["blk.0.attn_k.weight"] == (1024, 4096)  # 8 KV heads of 128
+    assert shapes["blk.31.ffn_down.weight"] == (4096, 14336)
+    assert shapes["output.weight"] == (49152, 4096)
+    n_params = sum(rows * n_in for _, rows, n_in, _ in plan)
+    assert n_params == 2 * 49152 * 4096 + 32 * (2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 4096 * 14336)
+
+
+@pytest.fixture(scope="module")
+def tiny_random(tmp_path_factory) -> Path:
+    """A 2-block random model with SmolLM2's tokenizer, through the tokenizer-only GGUF."""
+    source = default_model_path()
+    if not Path(source).is_file():
+        pytest.skip(f"{source} is not fetched yet (make model)")
+    d = tmp_path_factory.mktemp("gpu_bench")
+    tok = make_model.write_tokenizer(source, d / "tok.gguf")
+    src, got = GGUFFile(source), GGUFFile(tok)
+    try:
+        assert got.get("tokenizer.ggml.tokens") == src.get("tokenizer.ggml.tokens")
+        assert got.get("tokenizer.chat_template") == src.get("tokenizer.chat_template")
+        assert len(got.tensors) == 0
+    finally:
+        src.close()
+        got.close()
+    return make_model.write_model(tok, d / "tiny.gguf", geometry="tiny", kind="q4_k")
+
+
+@pytest.mark.slow
+def test_the_llama_engine_reads_the_random_model_to_finite_logprobs(tiny_random):
+    from fixtures.sync_engine import SyncEngine
+    from serveproto import Echo, Submit
+
+    f = GGUFFile(tiny_random)
+    try:
+        assert f.get("llama.block_count") == 2 and f.get("llama.vocab_size") == 49152
+    finally:
+        f.close()
+    path = engine_bin("serveproto-llama")
+    if not Path(path).exists():
+        pytest.skip(f"{path} is not built yet (make -C engines all)")
+    with SyncEngine([str(path), "--model", str(tiny_random), "--threads", "2", "--ctx", "256"],
+                    tiny_random.with_suffix(".log")) as eng:
+        assert eng.caps.n_vocab == 49152
+        ev = eng.request(Submit(id=eng.new_id(), slot=0, prompt=b"The webhook returns 500 since Monday.",
+                                max_tokens=0, temperature=0.0, top_p=1.0, logprobs=2))
+    echoes = [e for e in ev if isinstance(e, Echo)]
+    assert len(echoes) == ev[-1].prompt_tokens > 5
+    assert all(math.isfinite(e.logprob) and -30 < e.logprob < 0 for e in echoes[1:])
+
+
+@pytest.mark.slow
+def test_gpu_decisions_runs_on_the_cpu(tiny_random, tmp_path):
+    for name in ("serveproto-llama", "llama-prefill-ref"):
+        if not Path(engine_bin(name)).exists():
+            pytest.skip(f"{engine_bin(name)} is not built yet (make -C engines all)")
+    subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_decisions.py"), "--model", str(tiny_random),
+                    "--states", "40", "--questions", "1,2", "--reps", "1", "--ctx", "512", "--threads", "2",
+                    "--out-dir", str(tmp_path), "--tag", "t"],
+                   check=True, capture_output=True, text=True, timeout=600)
+    res = json.loads((tmp_path / "t.json").read_text())
+    assert "| state tokens |" in (tmp_path / "t.md").read_text()
+    (pre,) = res["prefill"]
+    assert pre["tokens"] == pre["llama_tokens"] == res["state_tokens"]["40"]
+    assert [(r["questions"], r["snapshot_misses"]) for r in res["scoring"]] == [(1, 0), (2, 0)]
+    for r in res["scoring"]:
+        assert r["max_diff"] < 1e-4  # CPU backend: SCORE equals one-by-one read-out (spec 9.1)
+        assert 0 < r["score_computed"] <= r["one_computed"]
+    score_computed = {r["questions"]: r["score_computed"] for r in res["scoring"]}
+    for r in res["systemone"]:
+        # a warm request computes its questions only, as much as the engine-level SCORE; the
+        # route's SCORE asks for pin=1 on a state it has seen, which may recompute the state's
+        # last position (its logits go into the snapshot)
+        assert score_computed[r["questions"]] <= r["computed_warm"] <= score_computed[r["questions"]] + 1
+        assert r["computed_cold"] > r["tokens"] and r["computed_cold"] > r["computed_warm"]
+    (gen,) = res["generation"]
+    assert gen["generated_tokens"] == 3 * 2
