@@ -241,6 +241,26 @@ def test_readout_through_snapshot_equals_cold_and_computes_only_new_tokens(tiny)
         assert cold.close() == 0
 
 
+def test_long_prompt_reads_out_across_decode_chunks(tiny):
+    """600 positions span two llama_decode calls (512 + 88): the read-out is contiguous
+    and the position after the boundary equals its value through a snapshot there."""
+    toks = [(PREFIX_IDS[i % 8] + 37 * i) % 40000 + 100 for i in range(600)]
+    cold = Engine(tiny, "--ctx", "1024")
+    warm = Engine(tiny, "--ctx", "1024")
+    try:
+        ev = readout(cold, 1, ids(toks))
+        ref = echoes(ev)
+        assert [e.position for e in ref] == list(range(600)) and done(ev).computed == 600
+        assert np.all(np.isfinite([e.logprob for e in ref[1:]]))
+        done(readout(warm, 1, ids(toks[:512]), pin=True))
+        ev = readout(warm, 2, ids(toks))
+        assert done(ev).computed == 88
+        assert [(e.position, e.logprob, e.top) for e in echoes(ev)] == [(e.position, e.logprob, e.top) for e in ref[512:]]
+    finally:
+        assert cold.close() == 0
+        assert warm.close() == 0
+
+
 def test_deepest_snapshot_wins_and_stale_ones_are_released(tiny):
     a = PREFIX_IDS[:4]
     ab = PREFIX_IDS

@@ -64,6 +64,8 @@ typedef struct engine {
     int n_pins;
     int n_score_seqs;
     int n_batch;
+    int n_chunk;         /* prompt positions per llama_decode: one physical batch, so
+                          * STOP / CANCEL / PING wait at most one ubatch */
     char model_name[256];
 
     slot_state *slots;

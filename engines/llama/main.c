@@ -205,6 +205,7 @@ static int load(engine *e, const options *o)
     e->n_score_seqs = o->score_seqs < 256 - o->slots ? o->score_seqs : 256 - o->slots;
     e->n_batch = e->n_ctx < 2048 ? e->n_ctx : 2048;
 
+    e->n_chunk = e->n_batch < ENGINE_UBATCH ? e->n_batch : ENGINE_UBATCH;
     e->seed = o->seed;
     model_name(o->model, e->model_name, sizeof e->model_name);
 

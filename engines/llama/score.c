@@ -213,7 +213,7 @@ static int load_trunk(engine *e, uint64_t id, int slot, const option_tokens *o0,
     }
     ri->reused = base;
     for (int a = base; a < trunk;) {
-        int b = a + e->n_batch < trunk ? a + e->n_batch : trunk;
+        int b = a + e->n_chunk < trunk ? a + e->n_chunk : trunk;
         batch_clear(&e->batch);
         for (int i = a; i < b; i++)
             batch_add(&e->batch, toks[i], i, &slot, 1, i == trunk - 1);

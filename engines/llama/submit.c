@@ -213,11 +213,11 @@ void serve_submit(engine *e, pending *p)
     if (readout)
         write_echo(e, rq->id, base, toks[base], base == 0 ? NULL : pred, rq->logprobs);
 
-    /* Prefill in chunks of n_batch; with read-out every row is kept, its
+    /* Prefill in chunks of one ubatch; with read-out every row is kept, its
      * logits predict the next prompt position. */
     const float *last = NULL;
     for (int a = base; a < n;) {
-        int b = a + e->n_batch < n ? a + e->n_batch : n;
+        int b = a + e->n_chunk < n ? a + e->n_chunk : n;
         batch_clear(&e->batch);
         for (int i = a; i < b; i++)
             batch_add(&e->batch, toks[i], i, &slot, 1, readout || i == n - 1);
