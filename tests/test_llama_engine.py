@@ -28,7 +28,8 @@ from serveproto import (  # noqa: E402
     LoadFail, Ping, Pong, Score, Scored, Stat, Submit,
 )
 
-ENGINE = engine_bin("serveproto-llama")
+#: The engine under test; SERVEPROTO_LLAMA_ENGINE points at another build (e.g. with ASan).
+ENGINE = Path(os.environ.get("SERVEPROTO_LLAMA_ENGINE") or engine_bin("serveproto-llama"))
 TIMEOUT_S = 120.0
 
 #: A prompt as token ids (ASCII decimal): 8 ids of the SmolLM2 vocabulary.
@@ -618,6 +619,11 @@ def test_smollm2_smoke_generates_text_and_reads_out_finite_logprobs():
         ev = eng.request(Submit(id=1, slot=0, prompt=prompt, max_tokens=8, temperature=0.0, top_p=1.0))
         text = b"".join(e.text for e in ev if isinstance(e, Data))
         assert done(ev).emitted >= 1 and text.strip()
+        # a short answer ends at the end-of-turn token, which is not sent
+        ev = eng.request(Submit(id=4, slot=0, prompt=prompt, max_tokens=64, temperature=0.0, top_p=1.0))
+        d = done(ev)
+        assert d.length_limited is False and 1 <= d.emitted < 64
+        assert b"<|im_end|>" not in b"".join(e.text for e in ev if isinstance(e, Data))
         ev = readout(eng, 2, prompt, as_ids=False, k=3)
         lps = [e.logprob for e in echoes(ev)]
         assert np.isnan(lps[0]) and np.all(np.isfinite(lps[1:])) and len(lps) == done(ev).prompt_tokens
