@@ -51,7 +51,6 @@ typedef struct snapshot {
 typedef struct reuse_info {
     int reused;          /* positions taken from the KV cache or a snapshot */
     const char *snapshot;/* "none", "hit", "stale" */
-    const float *pred;   /* logits predicting position `reused` (a snapshot's), or NULL */
 } reuse_info;
 
 typedef struct engine {
@@ -73,7 +72,6 @@ typedef struct engine {
     uint64_t clock;
 
     struct llama_batch batch;   /* n_batch tokens, up to n_score_seqs seq ids each */
-    double *lsm;                /* n_vocab scratch for log-softmax */
     float *pred_buf;            /* n_vocab: logits carried across decode calls */
     llama_token_data *cand;     /* n_vocab candidates for the sampler */
     int n_threads;

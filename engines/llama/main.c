@@ -233,10 +233,9 @@ static int load(engine *e, const options *o)
 
     e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
     e->snaps = calloc((size_t)e->n_pins, sizeof *e->snaps);
-    e->lsm = malloc((size_t)e->n_vocab * sizeof *e->lsm);
     e->pred_buf = malloc((size_t)e->n_vocab * sizeof *e->pred_buf);
     e->cand = malloc((size_t)e->n_vocab * sizeof *e->cand);
-    int ok = e->slots && e->snaps && e->lsm && e->pred_buf && e->cand;
+    int ok = e->slots && e->snaps && e->pred_buf && e->cand;
     for (int s = 0; ok && s < e->n_slots; s++)
         ok = (e->slots[s].tokens = malloc((size_t)e->n_ctx * sizeof(llama_token))) != NULL;
     if (!ok)
@@ -264,7 +263,6 @@ static void engine_free(engine *e)
         }
     free(e->slots);
     free(e->snaps);
-    free(e->lsm);
     free(e->pred_buf);
     free(e->cand);
     free(e->echo_rows);
