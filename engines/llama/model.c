@@ -159,9 +159,8 @@ void batch_add(struct llama_batch *b, llama_token tok, int pos, const int *seqs,
 }
 
 /* Runs the engine's batch through llama_decode. Returns 0, or -1 with
- * *err_code set to the protocol code to answer ("BAD_REQUEST" when the KV
- * cache has no room, "DECIDE_FAILED"-like internal failures map to
- * "BAD_REQUEST" too since the protocol has no generic engine error). */
+ * *err_code set to llama_decode's status (1: no room in the KV cache for the
+ * batch, 2: aborted, < 0: an error), logged to stderr. */
 int model_decode(engine *e, int *err_code)
 {
     int rc = llama_decode(e->ctx, e->batch);
