@@ -18,7 +18,6 @@ import anyio
 import httpx2
 import orjson
 import pytest
-import typesafe_sdk
 from typesafe_sdk import TypeSafeClient
 
 from fixtures import toy_model

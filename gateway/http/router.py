@@ -1,7 +1,7 @@
 """A small router: exact paths, one handler per method; 404 and 405 as JSON."""
 from __future__ import annotations
 
-from gateway.http.message import HTTPError, Request, Response
+from gateway.http.message import HTTPError, Request
 from gateway.http.server import Handler
 
 
@@ -45,4 +45,4 @@ class Router:
         return path, handler
 
 
-__all__ = ["Router", "Request", "Response", "HTTPError"]
+__all__ = ["Router"]
