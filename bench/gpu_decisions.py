@@ -20,7 +20,9 @@ Part 1, the engine alone (``serveproto`` frames through ``fixtures.sync_engine``
   the batched extension (one ``SCORE``) against one-by-one snapshot scoring
   (the seed's way: prefix + question pinned with ``pin=1``, then one SUBMIT
   ``logprobs=1 max_tokens=0`` per option), times, positions computed, and
-  the largest logprob difference between the two.
+  the largest logprob difference between the two; and, as a baseline, one
+  SUBMIT of the stems and options written in a row on the same snapshot (as
+  many new positions in one sequence: what SCORE costs beyond it is its own).
 Part 2, System One through the server (``python -m gateway.cli serve``, HTTP
 on loopback, ``/v1/systemone``), the shape of seed 001's table: per state
 size and question count, cold (a state never seen: the request computes the
@@ -192,9 +194,11 @@ def bench_engine(args, argv: list[str], prompts, bodies: dict[int, str], eng: En
         res["prefill"].append(row)
         print(md[-1], flush=True)
 
-    md.append(f"\n### Scoring on a held state: one SCORE vs one-by-one snapshot scoring (warm, best of {args.reps})\n")
-    md.append("| state tokens | questions | SCORE ms | computed | one-by-one ms | computed | one-by-one / SCORE | max abs logprob diff |")
-    md.append("|---|---|---|---|---|---|---|---|")
+    md.append(f"\n### Scoring on a held state: one SCORE vs one-by-one snapshot scoring (warm, best of {args.reps}); "
+              "baseline: one SUBMIT of the stems and options in a row on the same snapshot\n")
+    md.append("| state tokens | questions | SCORE ms | computed | one-by-one ms | computed | one-by-one / SCORE "
+              "| max abs logprob diff | one sequence ms | computed |")
+    md.append("|---|---|---|---|---|---|---|---|---|---|")
     res["scoring"] = []
     for n, body in bodies.items():
         prefix = prompts.prefix(state_text(1, body))
@@ -202,12 +206,18 @@ def bench_engine(args, argv: list[str], prompts, bodies: dict[int, str], eng: En
         for nq in args.questions:
             groups = [(q.stem, list(q.options)) for q in allq[:nq]]
             eng.score(prefix, groups, pin=True)  # the prefix snapshot (and the slot) hold the state
-            t_score, t_one, misses = [], [], 0
+            t_score, t_one, t_seq, misses = [], [], [], 0
+            in_a_row = prefix + "".join(stem + "".join(options) for stem, options in groups)
             for _ in range(args.reps):
                 dt, scored, done = eng.score(prefix, groups)
                 misses += done.snapshot != "hit"
                 t_score.append(dt)
                 c_score = done.computed
+                # the same new positions as one sequence: the SCORE-specific costs are the difference
+                dt, ev = eng.submit(in_a_row, max_tokens=1)
+                misses += ev[-1].snapshot != "hit"
+                t_seq.append(dt)
+                c_seq = ev[-1].computed
                 total, c_one, diff = 0.0, 0, 0.0
                 for gi, (stem, options) in enumerate(groups):
                     dt, ev = eng.submit(prefix + stem, max_tokens=0, logprobs=1, pin=True)
@@ -230,10 +240,11 @@ def bench_engine(args, argv: list[str], prompts, bodies: dict[int, str], eng: En
                 eng.score(prefix, groups[:1], pin=True)
             row = {"tokens": n, "questions": nq, "score_s": min(t_score), "score_computed": c_score,
                    "one_s": min(t_one), "one_computed": c_one, "max_diff": diff,
-                   "snapshot_misses": misses}
+                   "snapshot_misses": misses, "seq_s": min(t_seq), "seq_computed": c_seq}
             res["scoring"].append(row)
             md.append(f"| {n} | {nq} | {row['score_s'] * 1e3:.1f} | {c_score} | {row['one_s'] * 1e3:.1f} | {c_one} | "
-                      f"{row['one_s'] / row['score_s']:.1f}x | {diff:.2g} |" + (f" ({misses} snapshot misses)" if misses else ""))
+                      f"{row['one_s'] / row['score_s']:.1f}x | {diff:.2g} | {row['seq_s'] * 1e3:.1f} | {c_seq} |"
+                      + (f" ({misses} snapshot misses)" if misses else ""))
             print(md[-1], flush=True)
 
 
