@@ -23,6 +23,7 @@
 #define ENGINE_MAX_SCORED     200             /* scored tokens per SCORE option (spec 9.1) */
 #define ENGINE_QUEUE_MAX      256             /* requests in flight, the running one included */
 #define ENGINE_UBATCH         512             /* llama.cpp's physical batch */
+#define ENGINE_PREFIXES       4               /* SCORE prefixes whose tokens are kept (splice.c) */
 
 /* A request taken from stdin and not yet answered. */
 typedef struct pending {
@@ -53,6 +54,25 @@ typedef struct reuse_info {
     const char *snapshot;/* "none", "hit", "stale" */
 } reuse_info;
 
+/* A SCORE prefix's tokenization, kept so that a continuation is tokenized
+ * from a safe cut near the prefix's end instead of from byte 0 (splice.c). */
+typedef struct prefix_tokens {
+    char *text;          /* owned copy of the prefix bytes; NULL: unused entry */
+    size_t len;
+    llama_token *toks;   /* owned, n entries: the prefix's whole-text tokenization */
+    int n;
+    int cut;             /* tails start at token cut; -1: no safe cut, tokenize whole */
+    size_t cut_off;      /* byte offset in text where token cut starts */
+    uint64_t last_use;   /* LRU clock */
+} prefix_tokens;
+
+/* How the continuations of SCORE were tokenized (stderr with --splice-check). */
+typedef struct splice_stats {
+    uint64_t spliced;    /* prefix tokens + a tail tokenized from the cut */
+    uint64_t whole;      /* no safe cut, or the tail failed its check: whole text */
+    uint64_t mismatched; /* --splice-check: the splice differed from the whole text */
+} splice_stats;
+
 typedef struct engine {
     struct llama_model *model;
     struct llama_context *ctx;
@@ -81,6 +101,9 @@ typedef struct engine {
     int *echo_k;                /* n_batch */
     sp_alt *echo_top;           /* n_batch * ENGINE_MAX_LOGPROBS */
     uint32_t seed;              /* sampling seed (--seed), mixed with the request id */
+    prefix_tokens prefixes[ENGINE_PREFIXES];
+    splice_stats splice;
+    int splice_check;           /* --splice-check: tokenize whole too and compare */
 
     sp_reader rd;
     sp_writer w;
@@ -96,6 +119,7 @@ typedef struct engine {
 
 /* model.c */
 int model_tokenize(engine *e, const char *text, size_t len, llama_token **out, int *n_out);
+int model_tokenize_ex(engine *e, const char *text, size_t len, int add_special, llama_token **out, int *n_out);
 int model_piece(engine *e, llama_token tok, char *buf, size_t cap);
 double model_logsumexp(const float *logits, int n);
 int model_top_k(engine *e, const float *logits, double lse, int k, sp_alt *out);
@@ -112,6 +136,12 @@ void snapshot_take(engine *e, int slot, const llama_token *toks, int n, const fl
 void slot_truncate(engine *e, int slot, int keep);
 void slot_restore(engine *e, int slot, snapshot *s);
 void slot_append(engine *e, int slot, const llama_token *toks, int n);
+
+/* splice.c: a prefix's tokens kept, continuations tokenized from near its end */
+const prefix_tokens *prefix_tokens_get(engine *e, const char *text, size_t len);
+int splice_tokenize(engine *e, const prefix_tokens *p, const char *a, size_t na, const char *b, size_t nb,
+                    llama_token **out, int *n_out);
+void prefix_tokens_free(engine *e);
 
 /* main.c: the request loop */
 void engine_poll(engine *e);

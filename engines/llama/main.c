@@ -26,6 +26,7 @@ typedef struct options {
     uint32_t seed;
     int kv_f16;     /* --kv-type f16: half the KV memory, logprobs off by ~1e-3 */
     int flash_attn; /* --flash-attn: faster on GPUs; on the CPU it rounds through F16 */
+    int splice_check; /* --splice-check: SCORE tokenizes every text whole too and compares */
 } options;
 
 static void usage(void)
@@ -33,7 +34,7 @@ static void usage(void)
     fprintf(stderr,
             "usage: serveproto-llama --model PATH [--slots N] [--ctx N] [--pin-slots N]\n"
             "                        [--threads N] [--score-seqs N] [--seed N] [--kv-type f32|f16]\n"
-            "                        [--flash-attn]\n"
+            "                        [--flash-attn] [--splice-check]\n"
             "Speaks the serve protocol (spec/serve-protocol.md) on stdin/stdout.\n");
 }
 
@@ -53,12 +54,16 @@ static int parse_int_arg(const char *name, const char *v, int lo, int hi, int *o
 static int parse_options(int argc, char **argv, options *o)
 {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    *o = (options){ NULL, ENGINE_DEFAULT_SLOTS, 0, ENGINE_DEFAULT_PINS, ncpu > 0 ? (int)ncpu : 1, ENGINE_SCORE_SEQS, 42, 0, 0 };
+    *o = (options){ NULL, ENGINE_DEFAULT_SLOTS, 0, ENGINE_DEFAULT_PINS, ncpu > 0 ? (int)ncpu : 1, ENGINE_SCORE_SEQS, 42, 0, 0, 0 };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage();
             exit(0);
+        }
+        if (!strcmp(a, "--splice-check")) {
+            o->splice_check = 1;
+            continue;
         }
         if (!strcmp(a, "--flash-attn")) {
             o->flash_attn = 1;
@@ -207,6 +212,7 @@ static int load(engine *e, const options *o)
 
     e->n_chunk = e->n_batch < ENGINE_UBATCH ? e->n_batch : ENGINE_UBATCH;
     e->seed = o->seed;
+    e->splice_check = o->splice_check;
     model_name(o->model, e->model_name, sizeof e->model_name);
 
     struct llama_context_params cp = llama_context_default_params();
@@ -269,6 +275,11 @@ static void engine_free(engine *e)
     free(e->echo_lse);
     free(e->echo_k);
     free(e->echo_top);
+    prefix_tokens_free(e);
+    if (e->splice_check)
+        fprintf(stderr, "serveproto-llama: splice check: %llu spliced, %llu whole, %llu mismatched\n",
+                (unsigned long long)e->splice.spliced, (unsigned long long)e->splice.whole,
+                (unsigned long long)e->splice.mismatched);
     if (e->batch.token)
         llama_batch_free(e->batch);
     if (e->ctx)

@@ -13,13 +13,19 @@
  * Returns 0, or -1 on failure (out of memory, tokenizer error). */
 int model_tokenize(engine *e, const char *text, size_t len, llama_token **out, int *n_out)
 {
+    return model_tokenize_ex(e, text, len, 1, out, n_out);
+}
+
+/* As model_tokenize; add_special = 0 adds no BOS/EOS (a text's tail). */
+int model_tokenize_ex(engine *e, const char *text, size_t len, int add_special, llama_token **out, int *n_out)
+{
     if (len > (size_t)INT32_MAX / 2)
         return -1;
     int cap = (int)len + 8;
     llama_token *toks = malloc((size_t)cap * sizeof *toks);
     if (!toks)
         return -1;
-    int n = llama_tokenize(e->vocab, text, (int32_t)len, toks, cap, true, true);
+    int n = llama_tokenize(e->vocab, text, (int32_t)len, toks, cap, add_special != 0, true);
     if (n < 0 && n != INT32_MIN) {
         cap = -n;
         llama_token *t2 = realloc(toks, (size_t)cap * sizeof *toks);
@@ -28,7 +34,7 @@ int model_tokenize(engine *e, const char *text, size_t len, llama_token **out, i
             return -1;
         }
         toks = t2;
-        n = llama_tokenize(e->vocab, text, (int32_t)len, toks, cap, true, true);
+        n = llama_tokenize(e->vocab, text, (int32_t)len, toks, cap, add_special != 0, true);
     }
     if (n < 0) {
         free(toks);

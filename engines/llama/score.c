@@ -1,6 +1,8 @@
 /* score.c: SCORE, the batched scoring extension (spec section 9.1).
  *
- * Every option text prefix + stem + option is tokenized whole. The trunk,
+ * Every option text prefix + stem + option is tokenized as a whole text
+ * would be, the prefix's tokens kept and only the text after a cut near its
+ * end tokenized again (splice.c). The trunk,
  * the tokens all of them share, goes into the slot's own sequence (reused
  * from the slot or a snapshot where it can be). Everything after the trunk
  * is a token trie: each node is one distinct (context, token) position, put
@@ -52,18 +54,6 @@ static void job_free(score_job *j)
     memset(j, 0, sizeof *j);
 }
 
-static char *concat3(const char *a, size_t na, const char *b, size_t nb, const char *c, size_t nc)
-{
-    char *s = malloc(na + nb + nc + 1);
-    if (!s)
-        return NULL;
-    memcpy(s, a, na);
-    memcpy(s + na, b, nb);
-    memcpy(s + na + nb, c, nc);
-    s[na + nb + nc] = '\0';
-    return s;
-}
-
 /* Reads the payload into a job. Returns 0, or -1 with the reason in msg
  * (answered as BAD_REQUEST, the field path first). */
 static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, char *msg, size_t cap)
@@ -76,7 +66,7 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
         return -1;
     }
     int rc = -1;
-    llama_token *ptoks = NULL;
+    const llama_token *ptoks = NULL;
     int np = 0;
     const spj_value *prefix = spj_get(&root, "prefix"), *groups = spj_get(&root, "groups"), *pv = spj_get(&root, "pin");
     if (root.type != SPJ_OBJECT) {
@@ -110,22 +100,22 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
         total += os->n;
     }
     job->opts = calloc(total, sizeof *job->opts);
-    if (!job->opts || model_tokenize(e, prefix->str, prefix->len, &ptoks, &np) != 0) {
+    const prefix_tokens *pt = job->opts ? prefix_tokens_get(e, prefix->str, prefix->len) : NULL;
+    if (!pt) {
         snprintf(msg, cap, "payload: out of memory");
         goto out;
     }
+    ptoks = pt->toks;
+    np = pt->n;
     job->trunk = np;
     for (size_t g = 0; g < groups->n; g++) {
         const spj_value *gr = &groups->items[g], *stem = spj_get(gr, "stem"), *os = spj_get(gr, "options");
-        char *gs = concat3(prefix->str, prefix->len, stem->str, stem->len, "", 0);
         llama_token *gt = NULL;
         int ng = 0;
-        if (!gs || model_tokenize(e, gs, prefix->len + stem->len, &gt, &ng) != 0) {
-            free(gs);
+        if (splice_tokenize(e, pt, stem->str, stem->len, "", 0, &gt, &ng) != 0) {
             snprintf(msg, cap, "groups[%zu].stem: could not be tokenized", g);
             goto out;
         }
-        free(gs);
         for (size_t o = 0; o < os->n; o++) {
             const spj_value *ov = &os->items[o];
             if (ov->type != SPJ_STRING) {
@@ -136,14 +126,11 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
             option_tokens *ot = &job->opts[job->n_opts++];
             ot->group = (int)g;
             ot->index = (int)o;
-            char *s = concat3(prefix->str, prefix->len, stem->str, stem->len, ov->str, ov->len);
-            if (!s || model_tokenize(e, s, prefix->len + stem->len + ov->len, &ot->toks, &ot->n) != 0) {
-                free(s);
+            if (splice_tokenize(e, pt, stem->str, stem->len, ov->str, ov->len, &ot->toks, &ot->n) != 0) {
                 free(gt);
                 snprintf(msg, cap, "groups[%zu].options[%zu]: could not be tokenized", g, o);
                 goto out;
             }
-            free(s);
             ot->ctx = lcp(gt, ng, ot->toks, ot->n);
             int scored = ot->n - ot->ctx;
             const char *why = NULL;
@@ -172,7 +159,6 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
     }
     rc = 0;
 out:
-    free(ptoks);
     spj_free(&root);
     if (rc)
         job_free(job);
