@@ -13,10 +13,21 @@
    computing only its own tokens), as K grows. Per-option marginal cost =
    (t(K_max) - t(1)) / (K_max - 1).
 
+3. ``--long-state``: a warm SCORE of 16 questions x 3 options on a state of
+   about 13,500 tokens against the same SCORE on one of about 370 tokens, each
+   engine binary given with ``--engine`` (e.g. a build of an older commit, to
+   see what a change bought) measured in the same run. Warm: the state was
+   pinned by an earlier SCORE of other questions, so only the questions'
+   positions are computed; what grows with the state is the engine's own
+   work (tokenization, snapshot lookup). The default model here is the tiny
+   fixture GGUF (SmolLM2's tokenizer, a fast forward pass), where that work
+   shows most.
+
 Times are the best of ``--reps`` runs (the machine is shared; the minimum is the
 least disturbed). Usage::
 
     .venv/bin/python bench/engine.py [--model PATH] [--threads 2] [--tokens 512] [--reps 5]
+    .venv/bin/python bench/engine.py --long-state [--engine BIN ...] [--reps 5]
 """
 from __future__ import annotations
 
@@ -179,6 +190,76 @@ def bench_options(args, eng: Engine, label: str, options: list[str]) -> None:
           f" one-by-one {m_one * 1e3:.2f} ms; {ratio}")
 
 
+#: Words the long states are drawn from (seeded): varied text, not one sentence repeated.
+STATE_WORDS = ("the customer says their order arrived late and the box was damaged so they want a refund "
+               "or a replacement before Friday; support replied that the warehouse in Lyon ships 1,250 "
+               "parcels a day and apologised twice, asking for photos of the label and the invoice number "
+               "while the manager checked the courier's tracking history").split()
+QUESTIONS = ["Is the customer angry?", "Does the customer want a refund?", "Was the box damaged?",
+             "Is Friday mentioned?", "Did support apologise?", "Is a photo requested?", "Is the tone polite?",
+             "Is the order late?", "Is Lyon the warehouse?", "Is a manager involved?", "Is the invoice asked for?",
+             "Is this resolved?", "Should we escalate?", "Is a courier mentioned?", "Is it urgent?",
+             "Is the customer a business?"]
+
+
+def state_text(rng, n_words: int) -> str:
+    """A ChatML conversation of about n_words words (about 1.1 tokens a word for SmolLM2)."""
+    turns, left = [], n_words
+    while left > 0:
+        k = min(left, rng.randint(40, 160))
+        role = "user" if len(turns) % 2 == 0 else "assistant"
+        words = " ".join(rng.choice(STATE_WORDS) for _ in range(k))
+        turns.append(f"<|im_start|>{role}\n{words[0].upper()}{words[1:]}.<|im_end|>\n")
+        left -= k
+    return "<|im_start|>system\nYou answer questions about the conversation.<|im_end|>\n" + "".join(turns)
+
+
+def bench_long_state(args) -> None:
+    import random
+    engines = args.engine or [engine_bin("serveproto-llama")]
+    rng = random.Random(0)
+    short, long_ = state_text(rng, 260), state_text(rng, 10_800)
+    tail = "<|im_start|>user\nAnswer each question with yes, no or unsure.\n"
+
+    def job(state: str, qs: list[str], pin: bool = False) -> bytes:
+        groups = [{"stem": f"Q: {q}\nA:", "options": [" yes", " no", " unsure"]} for q in qs]
+        return json.dumps({"prefix": state + tail, "groups": groups, "pin": pin}).encode()
+
+    print(f"warm SCORE, 16 questions x 3 options, {args.model.name}, {args.threads} threads, best of {args.reps}"
+          " (the engines interleaved, one SCORE each per round)")
+    print(f"  {'engine':40s} {'state (reused)':>14s} {'SCORE ms':>9s} {'computed':>9s}")
+    results = {}
+    procs = [Engine([str(p), "--model", str(args.model), "--threads", str(args.threads), "--ctx", "16384"])
+             for p in engines]
+    try:
+        for state in (short, long_):
+            times, n_state, computed = {p: [] for p in engines}, {}, {}
+            for path, eng in zip(engines, procs):
+                # the state pinned by a SCORE of other questions, then the timed ones through it
+                eng.run(lambda rid: Score(id=rid, slot=0, payload=job(state, ["Is it?"], pin=True)))
+            for _ in range(args.reps):
+                for path, eng in zip(engines, procs):
+                    dt, ev = eng.run(lambda rid: Score(id=rid, slot=0, payload=job(state, QUESTIONS)))
+                    assert ev[-1].snapshot == "hit", ev[-1]
+                    times[path].append(dt)
+                    computed[path] = ev[-1].computed
+                    n_state[path] = ev[-1].reused  # the state's tokens, from the snapshot
+            for path in engines:
+                results[(str(path), state is long_)] = min(times[path])
+                print(f"  {str(path)[-40:]:40s} {n_state[path]:14d} {min(times[path]) * 1e3:9.1f} {computed[path]:9d}")
+    finally:
+        for eng in procs:
+            eng.close()
+    for path in engines:
+        s_, l_ = results[(str(path), False)], results[(str(path), True)]
+        print(f"  {str(path)[-40:]:40s} long / short = {l_ / s_:.2f}")
+    if len(engines) > 1:
+        base = results[(str(engines[0]), True)]
+        for path in engines[1:]:
+            print(f"  at the long state: {str(engines[0])[-30:]} / {str(path)[-30:]} = "
+                  f"{base / results[(str(path), True)]:.2f}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=default_model_path())
@@ -188,7 +269,17 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--skip-prefill", action="store_true")
     ap.add_argument("--skip-scoring", action="store_true")
+    ap.add_argument("--long-state", action="store_true",
+                    help="only the warm SCORE at a ~370- and a ~13,500-token state (default model: the tiny fixture)")
+    ap.add_argument("--engine", type=Path, action="append",
+                    help="with --long-state: an engine binary to time (repeatable; default the built one)")
     args = ap.parse_args(argv)
+    if args.long_state:
+        if "--model" not in (argv if argv is not None else sys.argv):
+            from fixtures import tiny_gguf
+            args.model = tiny_gguf.ensure()
+        bench_long_state(args)
+        return 0
     for need in (engine_bin("serveproto-llama"), engine_bin("llama-prefill-ref"), args.model):
         if not Path(need).exists():
             print(f"missing {need}: run make -C engines all / make model", file=sys.stderr)
