@@ -100,9 +100,13 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
         total += os->n;
     }
     job->opts = calloc(total, sizeof *job->opts);
-    const prefix_tokens *pt = job->opts ? prefix_tokens_get(e, prefix->str, prefix->len) : NULL;
-    if (!pt) {
+    if (!job->opts) {
         snprintf(msg, cap, "payload: out of memory");
+        goto out;
+    }
+    const prefix_tokens *pt = prefix_tokens_get(e, prefix->str, prefix->len);
+    if (!pt) {
+        snprintf(msg, cap, "prefix: could not be tokenized");
         goto out;
     }
     ptoks = pt->toks;
