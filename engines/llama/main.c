@@ -27,6 +27,7 @@ typedef struct options {
     int kv_f16;     /* --kv-type f16: half the KV memory, logprobs off by ~1e-3 */
     int flash_attn; /* --flash-attn: faster on GPUs; on the CPU it rounds through F16 */
     int splice_check; /* --splice-check: SCORE tokenizes every text whole too and compares */
+    int verbose;      /* --verbose: llama.cpp's informational log too, not only warnings and errors */
 } options;
 
 static void usage(void)
@@ -34,7 +35,7 @@ static void usage(void)
     fprintf(stderr,
             "usage: serveproto-llama --model PATH [--slots N] [--ctx N] [--pin-slots N]\n"
             "                        [--threads N] [--score-seqs N] [--seed N] [--kv-type f32|f16]\n"
-            "                        [--flash-attn] [--splice-check]\n"
+            "                        [--flash-attn] [--splice-check] [--verbose]\n"
             "Speaks the serve protocol (spec/serve-protocol.md) on stdin/stdout.\n");
 }
 
@@ -54,12 +55,16 @@ static int parse_int_arg(const char *name, const char *v, int lo, int hi, int *o
 static int parse_options(int argc, char **argv, options *o)
 {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    *o = (options){ NULL, ENGINE_DEFAULT_SLOTS, 0, ENGINE_DEFAULT_PINS, ncpu > 0 ? (int)ncpu : 1, ENGINE_SCORE_SEQS, 42, 0, 0, 0 };
+    *o = (options){ NULL, ENGINE_DEFAULT_SLOTS, 0, ENGINE_DEFAULT_PINS, ncpu > 0 ? (int)ncpu : 1, ENGINE_SCORE_SEQS, 42, 0, 0, 0, 0 };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage();
             exit(0);
+        }
+        if (!strcmp(a, "--verbose")) {
+            o->verbose = 1;
+            continue;
         }
         if (!strcmp(a, "--splice-check")) {
             o->splice_check = 1;
@@ -110,15 +115,24 @@ static int parse_options(int argc, char **argv, options *o)
     return 0;
 }
 
-/* ---- llama.cpp logs: to stderr, the errors kept to classify a failed load ---- */
+/* ---- llama.cpp logs: to stderr, the errors kept to classify a failed load ----
+ * Loading a model logs about a thousand informational lines; without --verbose
+ * only warnings and errors (and their continuation lines) reach stderr. */
 
 static char g_log_tail[4096];
+static int g_log_verbose;
 
 static void log_cb(enum ggml_log_level level, const char *text, void *ud)
 {
+    static int last_shown; /* whether the line a CONT continues was shown */
     (void)ud;
-    fputs(text, stderr);
-    if (level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN || level == GGML_LOG_LEVEL_CONT) {
+    int important = level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN;
+    int shown = g_log_verbose || important || (level == GGML_LOG_LEVEL_CONT && last_shown);
+    if (level != GGML_LOG_LEVEL_CONT)
+        last_shown = shown;
+    if (shown)
+        fputs(text, stderr);
+    if (important || level == GGML_LOG_LEVEL_CONT) {
         size_t have = strlen(g_log_tail), add = strlen(text);
         if (have + add >= sizeof g_log_tail)
             have = 0;
@@ -454,6 +468,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "serveproto-llama: out of memory\n");
         return 1;
     }
+    g_log_verbose = o.verbose;
     llama_log_set(log_cb, NULL);
     llama_backend_init();
     if (load(&e, &o) != 0) {
