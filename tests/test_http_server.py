@@ -310,3 +310,79 @@ async def test_connections_over_the_bound_get_503():
     second, third = await with_server(run, Limits(max_connections=1))
     assert second.startswith(b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\n")
     assert third[0][0] == 200
+
+
+class _Gate:
+    """A handler that waits on an event, recording whether it finished or was cancelled."""
+
+    def __init__(self) -> None:
+        self.release = anyio.Event()
+        self.started = anyio.Event()
+        self.outcome: list[str] = []
+
+    async def __call__(self, req: Request) -> Response:
+        if req.path == "/echo":
+            return await dispatch(req)
+        self.started.set()
+        try:
+            await self.release.wait()
+        except BaseException:
+            self.outcome.append("cancelled")
+            raise
+        self.outcome.append("finished")
+        return Response.json({"gate": req.body.decode()})
+
+
+async def test_client_that_closes_cancels_the_running_handler():
+    gate = _Gate()
+    async with anyio.create_task_group() as tg:
+        port = await HTTPServer(gate).start(tg)
+        async with await anyio.connect_tcp("127.0.0.1", port) as s:
+            await s.send(post("/wait", b"x"))
+            with anyio.fail_after(5):
+                await gate.started.wait()
+        with anyio.fail_after(5):  # the handler still waits on its event: only the close can end it
+            while not gate.outcome:
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    assert gate.outcome == ["cancelled"]
+
+
+async def test_pipelined_request_read_while_watching_is_answered_after():
+    gate = _Gate()
+
+    async def run(port):
+        async with await anyio.connect_tcp("127.0.0.1", port) as s:
+            await s.send(post("/wait", b"first"))
+            with anyio.fail_after(5):
+                await gate.started.wait()
+            # the next request arrives while the first handler runs: the watcher reads it into h11
+            await s.send(post("/echo", b"second"))
+            await anyio.sleep(0.2)
+            gate.release.set()
+            client = h11.Connection(h11.CLIENT)
+            client._cstate.process_event(h11.CLIENT, h11.Request)  # noqa: SLF001
+            client._cstate.process_event(h11.CLIENT, h11.EndOfMessage)  # noqa: SLF001
+            bodies, body = [], b""
+            with anyio.fail_after(5):
+                while len(bodies) < 2:
+                    ev = client.next_event()
+                    if ev is h11.NEED_DATA:
+                        client.receive_data(await s.receive())
+                    elif isinstance(ev, h11.Data):
+                        body += ev.data
+                    elif isinstance(ev, h11.EndOfMessage):
+                        bodies.append(orjson.loads(body))
+                        body = b""
+                        client.start_next_cycle()
+                        client._cstate.process_event(h11.CLIENT, h11.Request)  # noqa: SLF001
+                        client._cstate.process_event(h11.CLIENT, h11.EndOfMessage)  # noqa: SLF001
+            return bodies
+
+    async with anyio.create_task_group() as tg:
+        port = await HTTPServer(gate).start(tg)
+        bodies = await run(port)
+        tg.cancel_scope.cancel()
+    assert bodies[0] == {"gate": "first"}
+    assert bodies[1]["body"] == "second" and bodies[1]["path"] == "/echo"
+    assert gate.outcome == ["finished"]

@@ -2,7 +2,9 @@
 
 One task per connection, one request at a time per connection: keep-alive is
 kept, and pipelined requests are answered in order (h11 holds the bytes of the
-next request until this one's response is sent). Header block and body sizes
+next request until this one's response is sent). While a handler runs the
+connection is watched: a client that closes it cancels the handler (and the
+engine work under it). Header block and body sizes
 are bounded (431 / 413), the head and the body each have a read timeout (408),
 and ``Content-Encoding`` bodies are decoded with a bound on their output.
 """
@@ -223,16 +225,52 @@ class HTTPConnection:
             http_version=head.http_version.decode("ascii"),
             client=self.client,
         )
-        try:
-            response = await self.handler(request)
-        except HTTPError as exc:
-            response = exc.response()
-        except Exception:  # the handler's bug: the client gets a 500 with the request id
-            log.exception("request %s failed", request_id)
-            response = _error_response(500, "api_error", f"internal error (request {request_id})")
+        response = await self._call_watching(request)
+        if response is None:
+            # nginx's 499 "client closed request": no response is sent, the line says why
+            log.info(access_line(request, 499, time.perf_counter() - started,
+                                 {"error": "the client closed the connection; the request was cancelled"}))
+            raise _Closed()
         await self._send_response(self._finish(response, request_id), request.method == "HEAD")
         log.debug("%s %s %s %.1fms", request_id, request.method, request.target, (time.perf_counter() - started) * 1e3)
         return self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
+
+    async def _call_watching(self, request: Request) -> Response | None:
+        """Run the handler while watching the connection; None when the client went away meanwhile.
+
+        The watcher reads the socket while the handler runs. Bytes it gets
+        (a pipelined next request) go to h11, which holds them until this
+        response is sent; it stops reading once that buffer is over the head
+        and body bounds. An EOF (the client closed, or shut down its sending
+        side) cancels the handler, so that the engine work it started is
+        cancelled (the supervisor sends CANCEL, or leaves the slot queue)
+        instead of running for nobody.
+        """
+        response: Response | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch_for_eof, tg.cancel_scope)
+            try:
+                response = await self.handler(request)
+            except HTTPError as exc:
+                response = exc.response()
+            except Exception:  # the handler's bug: the client gets a 500 with the request id
+                log.exception("request %s failed", request.request_id)
+                response = _error_response(500, "api_error", f"internal error (request {request.request_id})")
+            tg.cancel_scope.cancel()
+        return response
+
+    async def _watch_for_eof(self, scope: anyio.CancelScope) -> None:
+        """Read the connection until EOF, feeding h11; on EOF cancel ``scope``."""
+        bound = self.limits.max_header_bytes + self.limits.max_body_bytes
+        while not self.conn.trailing_data[1]:
+            if len(self.conn.trailing_data[0]) > bound:
+                await anyio.sleep_forever()  # enough buffered: stop reading (h11 answers it later)
+            try:
+                data = await self.stream.receive(_RECEIVE)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                data = b""
+            self.conn.receive_data(data)
+        scope.cancel()
 
     def _finish(self, response: Response, request_id: str, close: bool = False) -> Response:
         names = {name.lower() for name, _ in response.headers}
