@@ -21,6 +21,11 @@ from gateway.auth import API_KEY_ENV, key_from_env
 from gateway.paths import default_model_path, engine_bin
 
 
+class ListenFailed(Exception):
+    """The server could not listen (port in use, address not available, no permission); the message is
+    the one line shown to the user, and ``serveproto serve`` exits with status 2."""
+
+
 def add_parsers(sub) -> None:
     p = sub.add_parser("serve", help="start the decision server (POST /v1/systemone and the OpenAI routes)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -65,18 +70,26 @@ async def serve(args, *, task_status=None) -> None:
 
     from gateway.app import App, ModelInfo
     from gateway.engine import Engine
-    from gateway.http import HTTPServer, Limits
+    from gateway.http import HTTPServer, Limits, PortInUse
 
     argv, model_path = engine_argv(args)
     api_key = args.api_key or key_from_env()
-    async with Engine.spawn(argv, handshake_timeout=args.handshake_timeout) as engine:
+    # the port first: a port in use is reported at once, before a model is loaded for nothing
+    try:
+        listener = await HTTPServer.bind(args.host, args.port)
+    except PortInUse:
+        raise ListenFailed(f"serveproto: port {args.port} on {args.host} is in use "
+                           f"(set PORT=..., e.g. PORT=8123 make serve)") from None
+    except OSError as exc:
+        raise ListenFailed(f"serveproto: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    async with listener, Engine.spawn(argv, handshake_timeout=args.handshake_timeout) as engine:
         caps = engine.caps
         model = await anyio.to_thread.run_sync(ModelInfo.load, caps.model, model_path)
         app = App(engine, model, api_key=api_key, request_timeout=args.request_timeout, max_inflight=args.max_inflight)
         limits = Limits(max_body_bytes=args.max_body, max_decoded_bytes=max(args.max_body, 64 << 20))
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, tg.cancel_scope)
-            port = await HTTPServer(app, limits).start(tg, args.host, args.port)
+            port = await HTTPServer(app, limits).start(tg, listener=listener)
             print(f"serveproto: serving {model.name} on http://{args.host}:{port}", flush=True)
             if task_status is not None:
                 task_status.started(port)
@@ -104,6 +117,9 @@ def run(args) -> int:
         anyio.run(serve, args)
     except KeyboardInterrupt:
         return 0
+    except ListenFailed as exc:
+        print(exc, file=sys.stderr)
+        return 2
     except Exception as exc:
         if any(c.__name__ == "EngineError" for c in type(exc).__mro__):
             print(f"serveproto serve: the engine did not start: {exc}", file=sys.stderr)

@@ -10,6 +10,7 @@ and ``Content-Encoding`` bodies are decoded with a bound on their output.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -347,6 +348,22 @@ def _header(headers, name: bytes) -> str | None:
     return None
 
 
+class PortInUse(OSError):
+    """Listening failed because another socket holds ``host:port`` (``EADDRINUSE``)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(errno.EADDRINUSE, f"port {port} on {host} is in use")
+        self.host = host
+        self.port = port
+
+
+def _is_addr_in_use(exc: BaseException) -> bool:
+    # anyio may bind several addresses and wrap their failures together
+    if getattr(exc, "errno", None) == errno.EADDRINUSE:
+        return True
+    return any(_is_addr_in_use(e) for e in getattr(exc, "exceptions", ()))
+
+
 class HTTPServer:
     """Accepts connections on a listener and serves each with ``handler``.
 
@@ -388,9 +405,26 @@ class HTTPServer:
         finally:
             self.connections -= 1
 
-    async def start(self, tg: anyio.abc.TaskGroup, host: str = "127.0.0.1", port: int = 0) -> int:
-        """Listen on ``host:port`` and serve in ``tg``. Returns the bound port."""
-        listener = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
+    @staticmethod
+    async def bind(host: str = "127.0.0.1", port: int = 0) -> anyio.abc.Listener:
+        """A TCP listener on ``host:port`` (port 0 picks a free one), to pass to :meth:`start`.
+
+        Binding apart from serving lets a caller claim the port before slow
+        work (loading a model). Raises :class:`PortInUse` when the address is
+        taken, ``OSError`` for any other failure to listen.
+        """
+        try:
+            return await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
+        except OSError as exc:
+            if _is_addr_in_use(exc):
+                raise PortInUse(host, port) from exc
+            raise
+
+    async def start(self, tg: anyio.abc.TaskGroup, host: str = "127.0.0.1", port: int = 0,
+                    listener: anyio.abc.Listener | None = None) -> int:
+        """Serve in ``tg`` on ``listener``, or on a new one bound to ``host:port``. Returns the bound port."""
+        if listener is None:
+            listener = await self.bind(host, port)
         bound = listener.extra(anyio.abc.SocketAttribute.local_port)
         tg.start_soon(listener.serve, self._handle)
         return bound
