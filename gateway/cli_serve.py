@@ -20,6 +20,9 @@ from pathlib import Path
 from gateway.auth import API_KEY_ENV, key_from_env
 from gateway.paths import default_model_path, engine_bin
 
+#: Environment variable giving the llama engine's thread count when --threads is not given.
+THREADS_ENV = "SERVEPROTO_THREADS"
+
 
 class ListenFailed(Exception):
     """The server could not listen (port in use, address not available, no permission); the message is
@@ -36,7 +39,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--api-key", default=None, help=f"required bearer key (default ${API_KEY_ENV}; none: any key passes)")
     p.add_argument("--slots", type=int, default=None, help="KV slots of the llama engine")
     p.add_argument("--ctx", type=int, default=None, help="context size per slot of the llama engine")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads of the llama engine")
+    p.add_argument("--threads", type=_positive_int, default=None,
+                   help=f"CPU threads of the llama engine (default ${THREADS_ENV}, else the number of cores "
+                        "minus one, at least 1: llama.cpp's all-cores default slows down sharply when the "
+                        "gateway or anything else shares the cores)")
     p.add_argument("--request-timeout", type=float, default=120.0, help="seconds one engine call may take (503 after)")
     p.add_argument("--handshake-timeout", type=float, default=180.0, help="seconds the engine may take to load")
     p.add_argument("--max-inflight", type=int, default=256, help="POST requests served at once (503 + Retry-After above)")
@@ -45,6 +51,34 @@ def add_parsers(sub) -> None:
     p.add_argument("--engine", nargs=argparse.REMAINDER, default=None,
                    help="the engine command and its arguments (everything after --engine)")
     p.set_defaults(func=run)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def default_threads(threads: int | None, environ=os.environ, cpu_count: int | None = None) -> int:
+    """The llama engine's thread count: ``threads`` when given, else ``$SERVEPROTO_THREADS``, else
+    ``max(1, cores - 1)`` (``cores`` = ``os.cpu_count()``, 1 when unknown), leaving a core to the gateway.
+
+    Raises ``SystemExit`` naming ``SERVEPROTO_THREADS`` when it is set but not an integer >= 1.
+    """
+    if threads is not None:
+        return threads
+    env = environ.get(THREADS_ENV, "").strip()
+    if env:
+        try:
+            return _positive_int(env)
+        except argparse.ArgumentTypeError as exc:
+            raise SystemExit(f"serveproto serve: {THREADS_ENV}: {exc}") from None
+    cores = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
+    return max(1, cores - 1)
 
 
 def engine_argv(args) -> tuple[list[str], str | None]:
@@ -56,7 +90,7 @@ def engine_argv(args) -> tuple[list[str], str | None]:
     if not Path(model).exists():
         raise SystemExit(f"serveproto serve: model {model} not found (run `make model`, or pass --model PATH)")
     argv = [str(engine_bin("serveproto-llama")), "--model", model]
-    for flag, value in (("--slots", args.slots), ("--ctx", args.ctx), ("--threads", args.threads)):
+    for flag, value in (("--slots", args.slots), ("--ctx", args.ctx), ("--threads", default_threads(args.threads))):
         if value is not None:
             argv += [flag, str(value)]
     if not os.access(argv[0], os.X_OK):

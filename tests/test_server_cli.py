@@ -31,3 +31,50 @@ def test_address_that_cannot_be_bound_is_one_line_and_status_2(tmp_path):
     r = serve_cli("--host", "192.0.2.1", "--port", "0", "--engine", str(tmp_path / "no-such-engine"))
     assert r.returncode == 2
     assert r.stderr.startswith("serveproto: cannot listen on 192.0.2.1:0: ") and r.stderr.count("\n") == 1, r.stderr
+
+
+def llama_argv(tmp_path, monkeypatch, *argv: str, env: str | None = None, cores: int = 2) -> list[str]:
+    """``engine_argv`` for the llama engine on a stand-in model and binary, with ``cores`` CPUs."""
+    import os as _os
+
+    from gateway import cli_serve
+    from gateway.cli import build_parser
+
+    engine = tmp_path / "serveproto-llama"
+    engine.write_text("#!/bin/sh\n")
+    engine.chmod(0o755)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    monkeypatch.setattr(cli_serve, "engine_bin", lambda name: engine)
+    monkeypatch.setattr(_os, "cpu_count", lambda: cores)
+    if env is None:
+        monkeypatch.delenv("SERVEPROTO_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("SERVEPROTO_THREADS", env)
+    args = build_parser().parse_args(["serve", "--model", str(model), *argv])
+    return cli_serve.engine_argv(args)[0]
+
+
+def threads_of(argv: list[str]) -> int:
+    return int(argv[argv.index("--threads") + 1])
+
+
+def test_default_threads_leave_one_core(tmp_path, monkeypatch):
+    assert threads_of(llama_argv(tmp_path, monkeypatch, cores=2)) == 1
+    assert threads_of(llama_argv(tmp_path, monkeypatch, cores=16)) == 15
+    assert threads_of(llama_argv(tmp_path, monkeypatch, cores=1)) == 1
+
+
+def test_threads_flag_then_environment(tmp_path, monkeypatch):
+    assert threads_of(llama_argv(tmp_path, monkeypatch, "--threads", "3", env="5", cores=16)) == 3
+    assert threads_of(llama_argv(tmp_path, monkeypatch, env="5", cores=16)) == 5
+    assert threads_of(llama_argv(tmp_path, monkeypatch, env="", cores=16)) == 15
+
+
+def test_bad_threads_environment_names_the_variable(tmp_path, monkeypatch):
+    import pytest
+
+    with pytest.raises(SystemExit, match="SERVEPROTO_THREADS: must be at least 1, got 0"):
+        llama_argv(tmp_path, monkeypatch, env="0")
+    with pytest.raises(SystemExit, match="SERVEPROTO_THREADS: not an integer: 'many'"):
+        llama_argv(tmp_path, monkeypatch, env="many")
