@@ -450,6 +450,29 @@ async def _score(args) -> int:
     return 0
 
 
+SCORE_HELP = """\
+Score a closed question with a language model: start an engine, read PREFIX
+(+ STEM) once, and print each option's token count, the log-probability of
+its tokens given the text before them (summed, or averaged with --normalize
+mean), and the softmax of those scores over the options. The engine is
+stopped when done.
+
+The engine is serveproto-llama on --model (default: the fetched
+SmolLM2-135M-Instruct), or any engine command given with --engine. The scoring
+uses the engine's SCORE extension when it has one, else one pinned read-out
+per option (--fallback forces that path).
+
+example:
+  serveproto score --engine engines/bin/serveproto-fixture \\
+      --prefix "Q: is the sky blue? A:" --option " yes" --option " no"
+
+  option    tokens  context       logprob         p
+  ' yes'         4       22    -21.748388  0.000323
+  ' no'          3       22    -13.712094  0.999677
+  (SCORE; normalize=sum, computed=27 reused=0)
+"""
+
+
 def add_parsers(sub) -> None:
     """Register ``drive`` and ``score`` on the ``serveproto`` sub-command parser."""
     p = sub.add_parser("drive", help="drive an engine by hand (frames or short commands)",
@@ -469,7 +492,8 @@ def add_parsers(sub) -> None:
                    help="the engine command and its arguments (after --)")
     p.set_defaults(func=_run_drive)
 
-    s = sub.add_parser("score", help="score options after a prefix: logprob + softmax")
+    s = sub.add_parser("score", help="score options after a prefix: logprob + softmax",
+                       description=SCORE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = s.add_mutually_exclusive_group()
     src.add_argument("--model", help="GGUF for serveproto-llama (default: the default model)")
     src.add_argument("--engine", help="any engine command line (shell-quoted)")

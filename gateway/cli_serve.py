@@ -24,6 +24,26 @@ from gateway.paths import default_model_path, engine_bin
 THREADS_ENV = "SERVEPROTO_THREADS"
 
 
+SERVE_HELP = """\
+Start the decision server: an engine under a supervisor, behind an HTTP/1.1
+server that answers POST /v1/systemone (TypeSafe's Jev System One API: the
+official SDK works unchanged), POST /v1/decisions, the OpenAI-style
+/v1/chat/completions, /v1/completions and /v1/models, and /health, /metrics
+and the browser page at /. Routes are described in docs/http-api.md.
+
+The port is bound first: a port in use ends the command at once with status 2.
+With no --engine the engine is engines/bin/serveproto-llama on --model
+(default: the fetched SmolLM2-135M-Instruct). --engine takes the rest of the
+command line as the engine's command, e.g.
+
+  serveproto serve --port 8123 --engine engines/bin/serveproto-fixture --mode decide
+
+Once the engine is loaded it prints one line,
+"serveproto: serving <model> on http://<host>:<port>", then logs one JSON
+line per request on stderr. SIGINT or SIGTERM stops it.
+"""
+
+
 class ListenFailed(Exception):
     """The server could not listen (port in use, address not available, no permission); the message is
     the one line shown to the user, and ``serveproto serve`` exits with status 2."""
@@ -31,7 +51,7 @@ class ListenFailed(Exception):
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("serve", help="start the decision server (POST /v1/systemone and the OpenAI routes)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=SERVE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="GGUF model for the llama engine (default: the fetched SmolLM2-135M-Instruct); "
                                    "also read for its chat template when --engine is given")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")

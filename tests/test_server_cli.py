@@ -78,3 +78,36 @@ def test_bad_threads_environment_names_the_variable(tmp_path, monkeypatch):
         llama_argv(tmp_path, monkeypatch, env="0")
     with pytest.raises(SystemExit, match="SERVEPROTO_THREADS: not an integer: 'many'"):
         llama_argv(tmp_path, monkeypatch, env="many")
+
+
+def help_of(command: str) -> str:
+    from gateway.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")  # noqa: SLF001
+    return sub.choices[command].format_help()
+
+
+def test_serve_help_is_plain_text_with_a_description():
+    text = help_of("serve")
+    assert "``" not in text
+    assert "Start the decision server" in text and "POST /v1/systemone" in text and "docs/http-api.md" in text
+    assert "$SERVEPROTO_THREADS" in text
+
+
+def test_score_help_has_a_description_and_an_example():
+    text = help_of("score")
+    assert "``" not in text
+    assert "Score a closed question with a language model" in text
+    assert "serveproto score --engine engines/bin/serveproto-fixture" in text
+
+
+def test_score_help_example_is_real_output(fixture_engine):
+    from gateway.cli_drive import SCORE_HELP
+
+    r = subprocess.run([sys.executable, "-m", "gateway.cli", "score", "--engine", str(fixture_engine),
+                        "--prefix", "Q: is the sky blue? A:", "--option", " yes", "--option", " no"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    shown = [line[2:] for line in SCORE_HELP.split("\n\n")[-1].splitlines() if line.strip()]
+    assert r.stdout.splitlines() == shown
