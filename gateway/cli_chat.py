@@ -141,6 +141,8 @@ class ChatSession:
         self.console = console or Console(highlight=False)
         self.messages: list[dict] = []
         self.options: tuple[str, ...] | None = None
+        #: requests that failed in this session (each reported once, as it happened)
+        self.failures = 0
 
     # -- output helpers ---------------------------------------------------
     def say(self, text: str, style: str = "") -> None:
@@ -148,22 +150,30 @@ class ChatSession:
         self.console.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
 
     def fail(self, text: str) -> None:
-        """Print one red ``✗`` line: how every error reaches the user."""
+        """Print one red ``✗`` line: how every error reaches the user; counts it in ``failures``."""
+        self.failures += 1
         self.say(f"  ✗ {text}", style="red")
 
     # -- the loop ---------------------------------------------------------
     def loop(self) -> int:
-        """Greet, then read lines until ``/quit`` or Ctrl-D (or the end of piped input); returns 0."""
+        """Greet, then read lines until ``/quit`` or Ctrl-D (or the end of piped input); returns the exit status.
+
+        A rejected key (401 at the greeting) ends the session at once with 1: no
+        later line could succeed. With piped input the status is 1 when any
+        request of the session failed (each failure printed once), else 0; at a
+        terminal it is 0.
+        """
         from prompt_toolkit import PromptSession
         from prompt_toolkit.history import InMemoryHistory
 
-        self.greet()
+        if not self.greet():
+            return 1
         if not sys.stdin.isatty():
             # Piped input (a script, a here-document): one command or question per line, no line editor.
             for line in sys.stdin:
                 if not self.handle(line):
-                    return 0
-            return 0
+                    break
+            return 1 if self.failures else 0
         session = PromptSession(history=InMemoryHistory(), completer=command_completer(), complete_while_typing=False)
         while True:
             prompt = "◆ › " if self.options else "› "
@@ -177,18 +187,21 @@ class ChatSession:
             if not self.handle(line):
                 return 0
 
-    def greet(self) -> None:
-        """Say where we are attached and which model answers (``GET /v1/models``); a server that
-        is down is reported, not fatal: the next line tries again."""
+    def greet(self) -> bool:
+        """Say where we are attached and which model answers (``GET /v1/models``). Returns False when
+        the session cannot go on: the key was refused (401), or, with piped input, no usable answer
+        came. At a terminal a server that is down is reported, not fatal: the next line tries again."""
         self.say(f"  attached to {self.client.base_url}", style="bold")
         try:
             ids = self.client.model_ids()
         except ServerError as exc:
             self.fail(self.explain(exc))
+            return exc.status != 401 and sys.stdin.isatty()
         else:
             if self.model is None and ids:
                 self.model = ids[0]
             self.say(f"  model {self.model or '(server default)'} · chat, or /decide a | b | c · /help", style="dim")
+        return True
 
     def explain(self, exc: ServerError) -> str:
         """The one line shown for ``exc``, with a hint where one helps (server down, 401)."""
@@ -248,18 +261,19 @@ class ChatSession:
         out = self.console.file
         parts: list[str] = []
         try:
-            out.write("  ")
             for delta in self.client.chat_stream(self.messages + [turn], model=self.model, max_tokens=self.max_tokens):
+                out.write(delta if parts else "  " + delta)  # the indent comes with the first text
                 parts.append(delta)
-                out.write(delta)
                 out.flush()
-            out.write("\n")
+            out.write("\n" if parts else "  \n")
         except KeyboardInterrupt:
-            out.write("\n")
+            if parts:
+                out.write("\n")
             self.fail("cancelled; this turn is not kept")
             return
         except ServerError as exc:
-            out.write("\n")
+            if parts:  # end the partial reply's line; an error before any text prints no empty line
+                out.write("\n")
             self.fail(self.explain(exc))
             return
         self.messages += [turn, {"role": "assistant", "content": "".join(parts)}]

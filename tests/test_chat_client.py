@@ -352,3 +352,54 @@ def test_busy_server_is_retried_after_retry_after(busy_replies, headers, posts, 
                 client.decide("", "q", ("a", "b"))
             assert (err.value.status, err.value.message) == (503, "the engine is restarting")
         assert len(srv.posts("/v1/systemone")) == posts
+
+
+def _serve_with_key(fixture_engine, key: str):
+    """``serveproto serve`` over the fixture engine with ``--api-key key`` in a subprocess; returns (proc, url)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--api-key", key,
+                             "--log-level", "WARNING", "--engine", str(fixture_engine)],
+                            cwd=STATIC.parents[1], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("serveproto: serving fixture on "), line
+    return proc, line.split(" on ")[1].strip()
+
+
+def _chat_piped(url: str, text: str, *key_args: str):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "SERVEPROTO_API_KEY"}
+    return subprocess.run([sys.executable, "-m", "gateway.cli", "chat", "--attach", url, *key_args],
+                          cwd=STATIC.parents[1], input=text, capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_piped_chat_without_the_key_prints_the_401_once_and_fails(fixture_engine):
+    proc, url = _serve_with_key(fixture_engine, "k1")
+    try:
+        out = _chat_piped(url, "hello\n/decide a | b\nwhich?\n")
+        good = _chat_piped(url, "hello\n", "--api-key", "k1")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    assert out.returncode == 1
+    assert out.stdout.splitlines() == [
+        f"  attached to {url}",
+        "  ✗ HTTP 401: missing API key: send 'Authorization: Bearer <key>' (pass --api-key or set SERVEPROTO_API_KEY)",
+    ]
+    assert good.returncode == 0, good.stdout + good.stderr
+    lines = good.stdout.splitlines()
+    assert lines[1] == "  model fixture · chat, or /decide a | b | c · /help" and len(lines) == 3
+    assert lines[2].startswith("  ") and lines[2].strip()  # the reply: one indented line of text
+
+
+def test_piped_session_with_a_failed_request_exits_1_with_no_empty_line():
+    # the fake server takes the key on GET /v1/models, so only the chat line fails
+    with FakeServer(api_key="k1") as srv:
+        out = _chat_piped(srv.url, "hello\n")
+    assert out.returncode == 1
+    assert out.stdout.splitlines()[2:] == [
+        "  ✗ HTTP 401: wrong or missing API key (pass --api-key or set SERVEPROTO_API_KEY)"]
