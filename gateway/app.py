@@ -92,7 +92,8 @@ def engine_http_error(exc: BaseException) -> HTTPError:
             field, _, why = reason.partition(": ")
             loc = ["body", *[p for p in field.split(".") if p]] if why else ["body"]
             detail = [{"loc": loc, "msg": why or reason or "refused by the decision engine", "type": "decide_invalid"}]
-            return HTTPError(422, "invalid_request_error", reason, body={"detail": detail})
+            return HTTPError(422, "invalid_request_error", reason,
+                             body=validation_body(detail, reason or "refused by the decision engine", ".".join(loc[1:])))
         if code == "DECIDE_FAILED":
             return HTTPError(500, "api_error", f"the decision engine failed: {reason}")
         if code in ("SLOT_BUSY", "CANCELLED"):
@@ -101,6 +102,13 @@ def engine_http_error(exc: BaseException) -> HTTPError:
             return HTTPError(400, "invalid_request_error", f"the engine refused the request: {code} {reason}".strip())
         return HTTPError(502, "api_error", f"engine error {code} {reason}".strip())
     return HTTPError(503, "overloaded_error", f"the engine is unavailable: {exc}", headers=retry)
+
+
+def validation_body(detail: list[dict[str, Any]], message: str, param: str) -> dict[str, Any]:
+    """Every 422 body: Jev's ``detail`` list (what the SDK reads) and an ``error`` envelope beside it,
+    ``{"type": "invalid_request_error", "message", "param"}`` (``param``: the dotted field, ``""`` for
+    the body as a whole), the same shape :meth:`JevValidationError.body` gives."""
+    return {"detail": detail, "error": {"type": "invalid_request_error", "message": message, "param": param}}
 
 
 def parse_json(request: Request) -> Any:
@@ -113,7 +121,8 @@ def parse_json(request: Request) -> Any:
         return orjson.loads(request.body)
     except orjson.JSONDecodeError as exc:
         detail = [{"loc": ["body", exc.pos], "msg": f"JSON decode error: {exc.msg}", "type": "json_invalid"}]
-        raise HTTPError(422, "invalid_request_error", "the body is not valid JSON", body={"detail": detail}) from None
+        message = f"the body is not valid JSON: {exc.msg} (at character {exc.pos})"
+        raise HTTPError(422, "invalid_request_error", message, body=validation_body(detail, message, "")) from None
 
 
 class App:

@@ -209,6 +209,7 @@ async def test_engine_errors_map_to_http(error, status):
     if status == 422:
         assert r.json()["detail"] == [{"loc": ["body", "questions", "department", "criteria"], "msg": "too many options",
                                        "type": "decide_invalid"}]
+        assert r.json()["error"]["param"] == "questions.department.criteria"
     if status == 503:
         assert r.headers["retry-after"] == "1"
 
@@ -363,3 +364,17 @@ async def test_one_structured_log_line_per_request(caplog):
     assert lines[0]["engine_ms"] >= 0 and lines[0]["ms"] >= lines[0]["engine_ms"]
     assert lines[1]["status"] == 422 and lines[1]["error"] == "validation"
     assert lines[1]["request_id"] == bad.headers["x-typesafe-request-id"]
+
+
+async def test_every_422_carries_detail_and_the_error_envelope():
+    async with running(make_app()) as base:
+        async with httpx2.AsyncClient(base_url=base) as c:
+            bad_json = await c.post("/v1/systemone", content=b"{nope", headers={"content-type": "application/json"})
+        invalid = await post(base, "/v1/systemone", {"state": "s", "questions": {"q": {"type": "maybe"}}})
+    assert bad_json.status_code == 422 and invalid.status_code == 422
+    body = bad_json.json()
+    assert body["error"] == {"type": "invalid_request_error", "param": "",
+                             "message": "the body is not valid JSON: unexpected character, expected a string key (at character 1)"}
+    assert body["detail"] == [{"loc": ["body", 1], "msg": "JSON decode error: unexpected character, expected a string key",
+                               "type": "json_invalid"}]
+    assert set(invalid.json()) == {"detail", "error"} and set(invalid.json()["error"]) == {"type", "message", "param"}
