@@ -378,3 +378,18 @@ async def test_every_422_carries_detail_and_the_error_envelope():
     assert body["detail"] == [{"loc": ["body", 1], "msg": "JSON decode error: unexpected character, expected a string key",
                                "type": "json_invalid"}]
     assert set(invalid.json()) == {"detail", "error"} and set(invalid.json()["error"]) == {"type", "message", "param"}
+
+
+def test_docs_http_api_lists_every_route_and_the_open_ones():
+    from pathlib import Path
+
+    from gateway.app import PUBLIC_ROUTES
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "http-api.md").read_text()
+    table = doc.split("## Routes", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split("|")[2].strip(): line.split("|")[3].strip() for line in table.splitlines()
+            if line.startswith("| ") and "`/" in line}
+    documented = {p.strip(" `"): key for cell, key in rows.items() for p in cell.split(",")}
+    app = make_app()
+    assert set(app.router.paths) == set(documented)
+    assert {p for p, key in documented.items() if key == "no"} == set(PUBLIC_ROUTES)
