@@ -42,7 +42,8 @@ def add_parsers(sub) -> None:
         help="chat with a running server; /decide a | b | c for System One answers",
         description="Terminal client of a running serveproto server. Plain lines chat; "
         "'/decide a | b | c' asks each following line as one choice among a, b, c "
-        "(POST /v1/systemone, the conversation so far as the state); '/decide' alone returns to chat.",
+        "(POST /v1/systemone, the conversation so far as the state); '/decide' alone returns to chat. "
+        "Exit status 1 when the server refuses the key at the start, or, with piped input, when any request failed.",
     )
     p.add_argument("--attach", required=True, metavar="URL", help="the server, e.g. http://127.0.0.1:8000")
     p.add_argument(
