@@ -333,7 +333,8 @@ class _Gate:
         return Response.json({"gate": req.body.decode()})
 
 
-async def test_client_that_closes_cancels_the_running_handler():
+async def test_client_that_closes_cancels_the_running_handler(caplog):
+    caplog.set_level("INFO", logger="serveproto.access")
     gate = _Gate()
     async with anyio.create_task_group() as tg:
         port = await HTTPServer(gate).start(tg)
@@ -346,6 +347,9 @@ async def test_client_that_closes_cancels_the_running_handler():
                 await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
     assert gate.outcome == ["cancelled"]
+    [record] = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "serveproto.access"]
+    assert (record["status"], record["path"], record["bytes_in"]) == (499, "/wait", 1)
+    assert record["error"] == "the client closed the connection; the request was cancelled"
 
 
 async def test_pipelined_request_read_while_watching_is_answered_after():

@@ -28,6 +28,8 @@ from gateway.http.encoding import decode_body
 from gateway.http.message import HTTPError, Request, Response
 
 log = logging.getLogger("serveproto.http")
+#: The access log, shared with the application's one-line-per-request records.
+access_log = logging.getLogger("serveproto.access")
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -229,7 +231,7 @@ class HTTPConnection:
         response = await self._call_watching(request)
         if response is None:
             # nginx's 499 "client closed request": no response is sent, the line says why
-            log.info(access_line(request, 499, time.perf_counter() - started,
+            access_log.info(access_line(request, 499, time.perf_counter() - started,
                                  {"error": "the client closed the connection; the request was cancelled"}))
             raise _Closed()
         await self._send_response(self._finish(response, request_id), request.method == "HEAD")
