@@ -13,23 +13,10 @@ import pytest
 
 import gateway
 from gateway.prompts import SYSTEM
-from test_routes_support import (EngineCrashed, FakeCaps, FakeEngine, RequestError, char_logprob, make_app,
+from test_routes_support import (TICKET, EngineCrashed, FakeCaps, FakeEngine, RequestError, char_logprob, make_app,
                                  running)
 
 pytestmark = pytest.mark.anyio
-
-
-TICKET = {
-    "state": "Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing.",
-    "model": "jev-latest",
-    "questions": {
-        "urgency": {"type": "noul", "instructions": "Does this message express urgency?"},
-        "department": {"type": "choice", "instructions": "Which team should handle this?",
-                       "criteria": {"billing": "payments, invoices", "technical": "bugs, integration errors", "sales": None}},
-        "severity": {"type": "score", "instructions": "How severe is the customer impact?",
-                     "criteria": ["no impact", "minor", "blocked", "losing money", "business down"]},
-    },
-}
 
 
 def oracle(options: list[str], normalize: str = "sum") -> list[float]:

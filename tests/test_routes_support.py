@@ -13,8 +13,25 @@ import anyio
 import attrs
 
 from gateway.app import App, ModelInfo
+from gateway.engine import (EngineCrashed, EngineError, OptionScore, ReadOut, RequestError,  # noqa: F401
+                            ScoreResult)
 from gateway.chat_template import ChatTemplate
 from gateway.http import HTTPServer
+from serveproto import Accept, Data, Done, Echo
+
+
+#: The support-ticket request the route and end-to-end tests ask.
+TICKET = {
+    "state": "Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing.",
+    "model": "jev-latest",
+    "questions": {
+        "urgency": {"type": "noul", "instructions": "Does this message express urgency?"},
+        "department": {"type": "choice", "instructions": "Which team should handle this?",
+                       "criteria": {"billing": "payments, invoices", "technical": "bugs, integration errors", "sales": None}},
+        "severity": {"type": "score", "instructions": "How severe is the customer impact?",
+                     "criteria": ["no impact", "minor", "blocked", "losing money", "business down"]},
+    },
+}
 
 
 def char_logprob(c: str) -> float:
@@ -31,78 +48,6 @@ class FakeCaps:
     model: str = "fake-model"
     max_logprobs: int = 32
     x_score: bool = True
-
-
-@attrs.frozen
-class Accept:
-    id: int
-    prompt_tokens: int
-
-
-@attrs.frozen
-class Echo:
-    id: int
-    position: int
-    logprob: float
-    top: tuple
-    text: bytes
-
-
-@attrs.frozen
-class Data:
-    id: int
-    text: bytes
-    logprob: float | None = None
-    top: tuple = ()
-
-
-@attrs.frozen
-class Done:
-    id: int
-    emitted: int
-    tok_s: float
-    hit_pct: float
-    rss_gb: float
-    prompt_tokens: int
-    length_limited: bool
-    computed: int | None = None
-    reused: int | None = None
-    snapshot: str | None = None
-
-
-@attrs.frozen
-class OptionScore:
-    context_tokens: int
-    logprobs: tuple
-
-
-@attrs.frozen
-class ScoreResult:
-    groups: list
-    done: Done | None
-    computed: int
-    reused: int
-
-
-@attrs.frozen
-class ReadOut:
-    echoes: list
-    done: Done
-
-
-class RequestError(Exception):
-    def __init__(self, code: str, reason: str = "") -> None:
-        super().__init__(f"{code}: {reason}")
-        self.code = code
-        self.reason = reason
-
-
-class EngineError(Exception):
-    pass
-
-
-class EngineCrashed(EngineError):
-    pass
 
 
 class FakeEngine:

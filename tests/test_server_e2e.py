@@ -26,20 +26,9 @@ from gateway.cli import build_parser
 from gateway.cli_serve import serve
 from gateway.paths import ROOT
 from gateway.prompts import PromptBuilder
+from test_routes_support import TICKET
 
 pytestmark = pytest.mark.anyio
-
-TICKET = {
-    "state": "Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing.",
-    "model": "jev-latest",
-    "questions": {
-        "urgency": {"type": "noul", "instructions": "Does this message express urgency?"},
-        "department": {"type": "choice", "instructions": "Which team should handle this?",
-                       "criteria": {"billing": "payments, invoices", "technical": "bugs, integration errors", "sales": None}},
-        "severity": {"type": "score", "instructions": "How severe is the customer impact?",
-                     "criteria": ["no impact", "minor", "blocked", "losing money", "business down"]},
-    },
-}
 
 
 @contextlib.asynccontextmanager
