@@ -149,6 +149,24 @@ void sp_reader_free(sp_reader *rd)
     memset(rd, 0, sizeof *rd);
 }
 
+/* Doubles *cap until n bytes fit after the first `used`, reallocating *buf.
+ * The reader's and the writer's buffers both grow this way. 0, or -1 when
+ * out of memory (the buffer is then unchanged). */
+static int grow(unsigned char **buf, size_t *cap, size_t used, size_t n)
+{
+    if (*cap - used >= n)
+        return 0;
+    size_t c = *cap;
+    while (c - used < n)
+        c *= 2;
+    unsigned char *b = realloc(*buf, c);
+    if (!b)
+        return -1;
+    *buf = b;
+    *cap = c;
+    return 0;
+}
+
 /* Makes room for at least n more bytes after end. */
 static int reserve(sp_reader *rd, size_t n)
 {
@@ -157,17 +175,7 @@ static int reserve(sp_reader *rd, size_t n)
         rd->end -= rd->start;
         rd->start = 0;
     }
-    if (rd->cap - rd->end >= n)
-        return 0;
-    size_t cap = rd->cap;
-    while (cap - rd->end < n)
-        cap *= 2;
-    unsigned char *b = realloc(rd->buf, cap);
-    if (!b)
-        return -1;
-    rd->buf = b;
-    rd->cap = cap;
-    return 0;
+    return grow(&rd->buf, &rd->cap, rd->end, n);
 }
 
 ssize_t sp_reader_fill(sp_reader *rd, int fd)
@@ -619,17 +627,7 @@ void sp_writer_free(sp_writer *w)
 
 static int wb_reserve(sp_writer *w, size_t n)
 {
-    if (w->cap - w->len >= n)
-        return 0;
-    size_t cap = w->cap;
-    while (cap - w->len < n)
-        cap *= 2;
-    unsigned char *b = realloc(w->buf, cap);
-    if (!b)
-        return -1;
-    w->buf = b;
-    w->cap = cap;
-    return 0;
+    return grow(&w->buf, &w->cap, w->len, n);
 }
 
 static int wb_bytes(sp_writer *w, const void *p, size_t n)
