@@ -152,8 +152,9 @@ def sized_bodies(eng: Engine, targets: list[int]) -> dict[int, str]:
     return out
 
 
-def reference(ref_bin: str, model: str, text: str, ctx: int, threads: int, reps: int) -> tuple[int, float]:
-    """llama.cpp's own decode of ``text`` (last logit only): (tokens, best seconds of ``reps``)."""
+def reference_reps(ref_bin: str, model: str, text: str, ctx: int, threads: int, reps: int) -> tuple[int, list[float]]:
+    """llama.cpp's own decode of ``text`` (last logit only, ``llama-prefill-ref``): (tokens, the
+    seconds of each of ``reps`` decodes, in order). Raises ``CalledProcessError`` when it fails."""
     with tempfile.NamedTemporaryFile("wb", suffix=".txt", delete=False) as f:
         f.write(text.encode())
     try:
@@ -163,7 +164,13 @@ def reference(ref_bin: str, model: str, text: str, ctx: int, threads: int, reps:
     finally:
         os.unlink(f.name)
     rows = [dict(kv.split("=") for kv in line.split()) for line in out.splitlines() if line.startswith("tokens=")]
-    return int(rows[0]["tokens"]), min(float(r["seconds"]) for r in rows)
+    return int(rows[0]["tokens"]), [float(r["seconds"]) for r in rows]
+
+
+def reference(ref_bin: str, model: str, text: str, ctx: int, threads: int, reps: int) -> tuple[int, float]:
+    """llama.cpp's own decode of ``text`` (last logit only): (tokens, best seconds of ``reps``)."""
+    n, secs = reference_reps(ref_bin, model, text, ctx, threads, reps)
+    return n, min(secs)
 
 
 def bench_engine(args, argv: list[str], prompts, bodies: dict[int, str], eng: Engine, res: dict, md: list) -> None:

@@ -13,8 +13,9 @@ make -s -C engines llama-src DEST="$tmp/src"
 tar -czf $C/llama-src.tgz -C "$tmp/src" .
 $PY bench/gpu/make_model.py tokenizer --out $C/tokenizer.gguf
 # Pinned to the versions of the project's venv; pure-Python ones except orjson and zstandard.
+# httpx2, httpcore2 and truststore: the HTTP client of bench/decisions.py (run.sh's extras).
 pins=""
-for p in gguf orjson zstandard anyio h11 attrs prometheus-client; do
+for p in gguf orjson zstandard anyio h11 attrs prometheus-client httpx2 httpcore2 truststore; do
   pins="$pins $p==$($PY -m pip show $p | sed -n 's/^Version: //p')"
 done
 $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -6,7 +6,8 @@
 #      machine that already built them skips this);
 #   3. meanwhile write the random-weight Llama-3-8B-geometry GGUF (bench/gpu/make_model.py);
 #   4. run bench/gpu_decisions.py with the engine's defaults, then, time allowing, System One
-#      again with --flash-attn --kv-type f16; results in $OUT/results.tar and the output's tail.
+#      again with --flash-attn --kv-type f16, bench/decisions.py's fixture part and
+#      bench/gpu/fixed_cost.py; results in $OUT/results.tar and the output's tail.
 # Run from the repository root with carry=["bench/gpu/carry"]:  bash bench/gpu/run.sh
 # Budget: BUDGET_S seconds in all (default 570), so the call ends inside the 600 s limit.
 set -u
@@ -89,4 +90,20 @@ bench() {
 }
 bench default
 [ "$(left)" -gt 90 ] && bench fa_f16 --only server "--engine-flags=--flash-attn --kv-type f16"
+
+# Extras (EXTRAS=0 skips them), each within the time left: the gateway's own share per request
+# and a loopback load run on the fixture engine (bench/decisions.py, its fixture part only,
+# on this host's quiet cores), then where the engine's fixed per-request cost goes.
+extra() {
+  local tag=$1; shift
+  log "extra $tag: $*, $(left) s left"
+  [ "$(left)" -gt 40 ] || return 1
+  timeout $(( $(left) - 15 )) "$@" > $RES/$tag.log 2>&1
+  log "extra $tag: exit $?"
+  cat $RES/$tag.log | tail -25
+}
+if [ "${EXTRAS:-1}" = 1 ]; then
+  extra decisions_fixture python3 bench/decisions.py --skip-llm
+  extra fixed_cost python3 bench/gpu/fixed_cost.py --model $MODEL --threads $(nproc)
+fi
 true
