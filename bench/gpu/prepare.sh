@@ -12,6 +12,9 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 make -s -C engines llama-src DEST="$tmp/src"
 tar -czf $C/llama-src.tgz -C "$tmp/src" .
 $PY bench/gpu/make_model.py tokenizer --out $C/tokenizer.gguf
+# bench/decisions.py as committed (another engineer may be editing the working tree's copy);
+# run.sh puts it in place of the device copy's bench/decisions.py for its fixture part.
+git show HEAD:bench/decisions.py > $C/decisions.py
 # Pinned to the versions of the project's venv; pure-Python ones except orjson and zstandard.
 # httpx2, httpcore2 and truststore: the HTTP client of bench/decisions.py (run.sh's extras).
 pins=""

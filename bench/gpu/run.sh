@@ -103,7 +103,11 @@ extra() {
   cat $RES/$tag.log | tail -25
 }
 if [ "${EXTRAS:-1}" = 1 ]; then
-  extra decisions_fixture python3 bench/decisions.py --skip-llm
+  # the committed bench/decisions.py (prepare.sh), run from beside the working tree's copy
+  D=bench/decisions.py
+  [ -f $C/decisions.py ] && cp -f $C/decisions.py bench/_decisions_committed.py && D=bench/_decisions_committed.py
+  extra decisions_fixture python3 $D --skip-llm
+  rm -f bench/_decisions_committed.py
   extra fixed_cost python3 bench/gpu/fixed_cost.py --model $MODEL --threads $(nproc)
 fi
 true
