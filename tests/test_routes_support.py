@@ -115,7 +115,7 @@ class FakeEngine:
             for piece in pieces:
                 if self.token_delay:
                     await anyio.sleep(self.token_delay)
-                yield Data(1, piece, -0.25 if logprobs else None, tuple((7, -0.25),) if logprobs else ())
+                yield Data(1, piece, -0.25 if logprobs else None, tuple((7 + j, -0.25 - j) for j in range(logprobs)))
             yield Done(1, len(pieces), 10.0, 0.0, 0.1, len(p), len(pieces) == max_tokens and len(words) > max_tokens)
         finally:
             self.closed += 1
