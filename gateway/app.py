@@ -134,12 +134,15 @@ class App:
     ``request_timeout``: seconds one engine call may take before the client
     gets a 503. ``max_inflight``: POST requests served at once; one more is
     answered 503 + ``Retry-After`` at once rather than queued past the
-    client's timeout (the SDK gives up after 10 s).
+    client's timeout (the SDK gives up after 10 s). ``debias``: the
+    :mod:`gateway.debias` methods applied when a request does not say
+    (``x_debias``); none by default.
     """
 
     def __init__(self, engine: Any, model: ModelInfo, *, api_key: str | None = None, request_timeout: float = 120.0,
-                 max_inflight: int = 256) -> None:
+                 max_inflight: int = 256, debias: tuple[str, ...] = ()) -> None:
         self.engine = engine
+        self.debias = tuple(debias)
         self.max_inflight = max_inflight
         self.inflight = 0
         self.model = model
