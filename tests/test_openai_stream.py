@@ -19,6 +19,8 @@ import orjson
 import pytest
 
 from fixtures import oracle, tiny_gguf, toy_model
+from gateway.app import App, ModelInfo
+from gateway.engine import Engine
 from gateway.paths import engine_bin
 from gateway.prompts import PromptBuilder
 from test_routes_support import EngineCrashed, FakeEngine, RequestError, char_logprob, make_app, running
@@ -320,6 +322,36 @@ async def test_closed_client_cancels_a_streamed_completion(fixture_engine, read_
         await s.aclose()
         await wait_until(lambda: engine.in_flight == 0, "the engine request was cancelled")
         assert engine.healthy
+
+
+async def test_echo_after_a_snapshot_is_stitched_whole_and_streamed(fixture_engine):
+    """A prompt that extends a snapshot is read out by the engine from the snapshot's end only; the
+    route reads the head out on its own (queued behind the generation on the one KV slot) and
+    stitches: the streamed and the whole prompt parts both equal the toy's read-out of every position."""
+    head = "The state of the ticket, photographed. "
+    prompt = head + "Then a question"
+    async with Engine.spawn([str(fixture_engine), "--slots", "1"], handshake_timeout=30) as engine:
+        await engine.read_out(head, logprobs=1, pin=True)
+        heads = []
+        read_out = engine.read_out
+
+        async def recording_read_out(text, **kw):
+            heads.append(text)
+            return await read_out(text, **kw)
+
+        engine.read_out = recording_read_out
+        app = App(engine, ModelInfo.load(engine.caps.model), request_timeout=60)
+        async with running(app) as base:
+            body = {"prompt": prompt, "max_tokens": 4, "echo": True, "logprobs": 1}
+            _, raw = await stream(base, "/v1/completions", {**body, "stream": True})
+            whole = (await post(base, "/v1/completions", body)).json()["choices"][0]
+    assert heads == [head, head]  # the engine resumed from the snapshot both times: the head was read out apart
+    events = sse_events(raw)
+    assert merged_completion(events) == {k: whole[k] for k in ("text", "finish_reason", "logprobs")}
+    lp = events[0]["choices"][0]["logprobs"]
+    assert events[0]["choices"][0]["text"] == prompt and "".join(lp["tokens"]) == prompt
+    assert lp["token_logprobs"][0] is None
+    assert lp["token_logprobs"][1:] == pytest.approx(toy_readout(prompt), abs=1e-6)
 
 
 # ---- the tiny GGUF on the llama engine: the numpy oracle ----
