@@ -2,9 +2,11 @@
 
 One task per connection, one request at a time per connection: keep-alive is
 kept, and pipelined requests are answered in order (h11 holds the bytes of the
-next request until this one's response is sent). While a handler runs the
-connection is watched: a client that closes it cancels the handler (and the
-engine work under it). Header block and body sizes
+next request until this one's response is sent). Each connection has one
+reader task, which owns the socket's receiving side and feeds h11 for as long
+as the connection lives; so the connection is watched while a handler runs: a
+client that closes it cancels the handler (and the engine work under it).
+Header block and body sizes
 are bounded (431 / 413), the head and the body each have a read timeout (408),
 and ``Content-Encoding`` bodies are decoded with a bound on their output.
 """
@@ -36,6 +38,9 @@ Handler = Callable[[Request], Awaitable[Response]]
 _RECEIVE = 65536
 #: Seconds a closing connection keeps reading what the client still sends.
 LINGER = 1.0
+#: Bytes h11 may hold unread before the reader stops reading ahead (it reads on when the request
+#: loop needs more); pipelined requests up to this size are read while a handler runs.
+READ_AHEAD = 256 * 1024
 _SERVER_NAME = b"serveproto"
 
 
@@ -76,31 +81,68 @@ class _Closed(Exception):
 
 
 class HTTPConnection:
-    """Serves the requests of one accepted byte stream with ``handler``."""
+    """Serves the requests of one accepted byte stream with ``handler``.
 
-    def __init__(self, stream: anyio.abc.ByteStream, handler: Handler, limits: Limits, client: str = "") -> None:
+    Two tasks share the connection: :meth:`_reader` receives bytes into h11
+    (``receive_data``) and wakes the request loop; the request loop pulls h11
+    events and awaits the handler under a cancel scope that the reader
+    cancels when the peer closes. A request that arrives whole costs no new
+    task and no timeout scope: timeouts are entered only to wait for bytes.
+    """
+
+    def __init__(self, stream: anyio.abc.ByteStream, handler: Handler, limits: Limits, client: str = "",
+                 on_release: Callable[[], None] | None = None) -> None:
         self.stream = stream
+        self._on_release = on_release  # called once, when the peer's EOF is seen or serving ends
         self.handler = handler
         self.limits = limits
         self.client = client
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
+        self._eof = False                                 # the reader has fed h11 the peer's EOF
+        self._arrived: anyio.Event | None = None          # set by the reader when bytes (or EOF) arrive
+        self._resume: anyio.Event | None = None           # set to wake a reader paused by READ_AHEAD
+        self._draining = False                            # closing: read and drop what the client still sends
+        self._handler_scope: anyio.CancelScope | None = None
+
+    async def _reader(self) -> None:
+        """Receive until EOF: into h11, or dropped once the connection is closing."""
+        while True:
+            if not self._draining and self._arrived is None and len(self.conn.trailing_data[0]) >= READ_AHEAD:
+                self._resume = anyio.Event()  # enough read ahead: wait until the request loop needs more
+                await self._resume.wait()
+                self._resume = None
+            try:
+                data = await self.stream.receive(_RECEIVE)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                data = b""
+            if not self._draining:
+                self.conn.receive_data(data)
+            if not data:
+                self._eof = True
+            arrived, self._arrived = self._arrived, None
+            if arrived is not None:
+                arrived.set()
+            if not data:
+                if self._handler_scope is not None:
+                    self._handler_scope.cancel()
+                self._release()
+                return
+
+    def _release(self) -> None:
+        # A connection whose peer has closed its side no longer counts toward
+        # max_connections: it is only finishing (its handler is cancelled).
+        release, self._on_release = self._on_release, None
+        if release is not None:
+            release()
 
     async def _receive(self) -> None:
-        try:
-            data = await self.stream.receive(_RECEIVE)
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            data = b""
-        self.conn.receive_data(data)
-
-    async def _next_event(self):
-        while True:
-            event = self.conn.next_event()
-            if event is h11.NEED_DATA:
-                if self.conn.they_are_waiting_for_100_continue:
-                    await self._send(h11.InformationalResponse(status_code=100, headers=[]))
-                await self._receive()
-                continue
-            return event
+        """Wait until the reader has fed h11 more bytes or the EOF (at once if it already saw the EOF)."""
+        if self._eof:
+            return
+        arrived = self._arrived = anyio.Event()
+        if self._resume is not None:
+            self._resume.set()
+        await arrived.wait()
 
     async def _send(self, event) -> None:
         data = self.conn.send(event)
@@ -113,14 +155,20 @@ class HTTPConnection:
     async def serve(self) -> None:
         """Answer requests until the peer closes, a timeout, or a response that ends the connection."""
         try:
-            while True:
-                if not await self._serve_one():
-                    break
-                self.conn.start_next_cycle()
-            await self._linger()
-        except _Closed:
-            pass
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._reader)
+                try:
+                    while True:
+                        if not await self._serve_one():
+                            break
+                        self.conn.start_next_cycle()
+                    await self._linger()
+                except _Closed:
+                    pass
+                finally:
+                    tg.cancel_scope.cancel()
         finally:
+            self._release()
             with anyio.CancelScope(shield=True):
                 await self.stream.aclose()
 
@@ -131,13 +179,16 @@ class HTTPConnection:
         pipelined request) makes the kernel reset the connection, which can
         destroy the response before the client has read it.
         """
+        self._draining = True
+        if self._resume is not None:
+            self._resume.set()
         with anyio.move_on_after(LINGER):
             try:
                 await self.stream.send_eof()
-                while await self.stream.receive(_RECEIVE):
-                    pass
-            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                pass
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return
+            while not self._eof:
+                await self._receive()
 
     async def _read_head(self) -> h11.Request | None:
         """Wait (keep-alive idle) for a request and read its head. None when the peer closed."""
@@ -146,13 +197,14 @@ class HTTPConnection:
                 await self._receive()
             if not self.conn.trailing_data[0]:
                 return None
-        with anyio.fail_after(self.limits.header_timeout):
-            while True:
-                self._check_head_size()
-                event = self.conn.next_event()
-                if event is not h11.NEED_DATA:
-                    break
-                await self._receive()
+        self._check_head_size()
+        event = self.conn.next_event()
+        if event is h11.NEED_DATA:
+            with anyio.fail_after(self.limits.header_timeout):
+                while event is h11.NEED_DATA:
+                    await self._receive()
+                    self._check_head_size()
+                    event = self.conn.next_event()
         if isinstance(event, h11.ConnectionClosed):
             return None
         assert isinstance(event, h11.Request), event
@@ -175,18 +227,25 @@ class HTTPConnection:
                 raise HTTPError(413, "request_too_large", f"the request body is over {limit} bytes")
         chunks: list[bytes] = []
         size = 0
-        with anyio.fail_after(self.limits.body_timeout):
-            while True:
-                event = await self._next_event()
-                if isinstance(event, h11.Data):
-                    size += len(event.data)
-                    if size > limit:
-                        raise HTTPError(413, "request_too_large", f"the request body is over {limit} bytes")
-                    chunks.append(event.data)
-                elif isinstance(event, h11.EndOfMessage):
-                    return b"".join(chunks)
-                elif isinstance(event, h11.ConnectionClosed):
-                    raise _Closed()
+        deadline: float | None = None  # the body timeout starts at the first wait
+        while True:
+            event = self.conn.next_event()
+            if event is h11.NEED_DATA:
+                if self.conn.they_are_waiting_for_100_continue:
+                    await self._send(h11.InformationalResponse(status_code=100, headers=[]))
+                if deadline is None:
+                    deadline = anyio.current_time() + self.limits.body_timeout
+                with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
+                    await self._receive()
+            elif isinstance(event, h11.Data):
+                size += len(event.data)
+                if size > limit:
+                    raise HTTPError(413, "request_too_large", f"the request body is over {limit} bytes")
+                chunks.append(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            elif isinstance(event, h11.ConnectionClosed):
+                raise _Closed()
 
     async def _serve_one(self) -> bool:
         """One request cycle. Returns True when the connection may serve another."""
@@ -235,23 +294,26 @@ class HTTPConnection:
                                  {"error": "the client closed the connection; the request was cancelled"}))
             raise _Closed()
         await self._send_response(self._finish(response, request_id), request.method == "HEAD")
-        log.debug("%s %s %s %.1fms", request_id, request.method, request.target, (time.perf_counter() - started) * 1e3)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s %s %s %.1fms", request_id, request.method, request.target, (time.perf_counter() - started) * 1e3)
         return self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
 
     async def _call_watching(self, request: Request) -> Response | None:
-        """Run the handler while watching the connection; None when the client went away meanwhile.
+        """Run the handler while the reader watches the connection; None when the client went away meanwhile.
 
-        The watcher reads the socket while the handler runs. Bytes it gets
-        (a pipelined next request) go to h11, which holds them until this
-        response is sent; it stops reading once that buffer is over the head
-        and body bounds. An EOF (the client closed, or shut down its sending
-        side) cancels the handler, so that the engine work it started is
-        cancelled (the supervisor sends CANCEL, or leaves the slot queue)
-        instead of running for nobody.
+        The reader goes on reading while the handler runs. Bytes it gets (a
+        pipelined next request) go to h11, which holds them until this
+        response is sent; it stops reading once :data:`READ_AHEAD` bytes wait
+        there. An EOF (the client closed, or shut down its sending side)
+        cancels the handler, so that the engine work it started is cancelled
+        (the supervisor sends CANCEL, or leaves the slot queue) instead of
+        running for nobody.
         """
         response: Response | None = None
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._watch_for_eof, tg.cancel_scope)
+        with anyio.CancelScope() as scope:
+            self._handler_scope = scope
+            if self._eof:
+                scope.cancel()
             try:
                 response = await self.handler(request)
             except HTTPError as exc:
@@ -259,21 +321,9 @@ class HTTPConnection:
             except Exception:  # the handler's bug: the client gets a 500 with the request id
                 log.exception("request %s failed", request.request_id)
                 response = _error_response(500, "api_error", f"internal error (request {request.request_id})")
-            tg.cancel_scope.cancel()
+            finally:
+                self._handler_scope = None
         return response
-
-    async def _watch_for_eof(self, scope: anyio.CancelScope) -> None:
-        """Read the connection until EOF, feeding h11; on EOF cancel ``scope``."""
-        bound = self.limits.max_header_bytes + self.limits.max_body_bytes
-        while not self.conn.trailing_data[1]:
-            if len(self.conn.trailing_data[0]) > bound:
-                await anyio.sleep_forever()  # enough buffered: stop reading (h11 answers it later)
-            try:
-                data = await self.stream.receive(_RECEIVE)
-            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                data = b""
-            self.conn.receive_data(data)
-        scope.cancel()
 
     def _finish(self, response: Response, request_id: str, close: bool = False) -> Response:
         names = {name.lower() for name, _ in response.headers}
@@ -402,10 +452,10 @@ class HTTPServer:
         except Exception:
             client = ""
         self.connections += 1
-        try:
-            await HTTPConnection(stream, self.handler, self.limits, client).serve()
-        finally:
-            self.connections -= 1
+        await HTTPConnection(stream, self.handler, self.limits, client, self._release_one).serve()
+
+    def _release_one(self) -> None:
+        self.connections -= 1
 
     @staticmethod
     async def bind(host: str = "127.0.0.1", port: int = 0) -> anyio.abc.Listener:
