@@ -1,25 +1,32 @@
 """Benchmarks of the decision server, measured side by side in one run; prints ratios.
 
-    .venv/bin/python bench/decisions.py [--model PATH] [--threads N] [--load 10000] [--concurrency 64]
-                                        [--skip-llm] [--skip-fixture] [--gen-tokens 8]
+    .venv/bin/python bench/decisions.py [--model PATH] [--threads N] [--questions 16] [--samples 20]
+        [--sample-questions 4] [--gen-tokens 16] [--rounds 1] [--no-growth] [--share-n 2000]
+        [--load 10000] [--concurrency 64] [--baseline-tree DIR] [--skip-llm | --fixture-only] [--skip-fixture]
 
-On the default model (``serveproto serve`` with the llama engine):
-  1. System One against answering the same questions by generation on the same
-     model and the same prompts (the chat route, greedy, at most ``--gen-tokens`` tokens),
-     for 16 questions on one state, cold (a state never seen) and warm;
-  2. cold vs warm, and the per-question cost as 1, 4 and 16 questions share one
-     state (the shape of seed 001's table).
-On the fixture engine (``--mode decide``, the DECIDE path):
-  3. the gateway's own share per request: a keep-alive client's latency minus
-     the same DECIDE sent straight to an engine through the supervisor;
-  4. a bounded load run on loopback: ``--load`` requests at ``--concurrency``
+On the default model (``serveproto serve`` with the llama engine), about 2-3 minutes at 1 thread:
+  1. System One against answering the same questions by generation on the same model and the
+     same prompts (the chat route), cold (a state never seen) and warm: greedy, one answer a
+     question (one label, no probabilities); and ``--samples`` answers a question at temperature 1,
+     counted into probabilities (the same information System One gives), with how far those
+     counts are from System One's probabilities;
+  2. the bound: prefill ms per token and decode ms per token measured in the same run, and the
+     ratio they allow, (question prefill + tokens written x decode) / (question prefill);
+  3. cold vs warm, and the per-question cost as 1, 4 and 16 questions share one state.
+On the fixture engine (``--mode decide``, the DECIDE path; no model needed):
+  4. the gateway's own share per request: a keep-alive client's latency minus the same DECIDE
+     sent straight to an engine through the supervisor, taken in turns; also with the access log
+     on, and from another source tree (``--baseline-tree``: a before/after in one run);
+  5. a bounded load run on loopback: ``--load`` requests at ``--concurrency``
      connections, requests/s, p50/p99, errors, the server's RSS before and after.
 Each server runs as its own process (``python -m gateway.cli serve``).
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -75,9 +82,11 @@ def pct(xs: list[float], q: float) -> float:
 class Server:
     """``python -m gateway.cli serve --port 0 ...`` as a child process; ``base`` is its URL."""
 
-    def __init__(self, *argv: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--log-level", "WARNING", *argv],
-                                     cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    def __init__(self, *argv: str, tree: Path = ROOT, log_level: str = "WARNING") -> None:
+        """``tree``: the source tree whose ``gateway`` serves (another commit's, exported, for a before/after);
+        ``log_level``: INFO writes the access log (one JSON line a request, to /dev/null here)."""
+        self.proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--log-level", log_level, *argv],
+                                     cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = self.proc.stdout.readline()
         if " on http://" not in line:
             self.proc.kill()
@@ -111,20 +120,130 @@ def systemone(client: httpx2.Client, state: str, questions: dict) -> tuple[float
     return dt, r.json()
 
 
-def by_generation(client: httpx2.Client, state: str, questions: dict, gen_tokens: int) -> tuple[float, int]:
-    """Each question as its own chat completion, with the prompt System One scores (same template, same text)."""
+def chat(client: httpx2.Client, user: str, max_tokens: int, temperature: float, system: str | None = None) -> dict:
+    """One whole (not streamed) chat completion; returns the response body."""
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+    r = client.post("/v1/chat/completions", content=orjson.dumps({
+        "messages": messages, "max_tokens": max_tokens, "temperature": temperature}),
+        headers={"content-type": "application/json"})
+    r.raise_for_status()
+    return r.json()
+
+
+def by_generation(client: httpx2.Client, state: str, questions: dict, gen_tokens: int, samples: int = 1,
+                  temperature: float = 0.0) -> tuple[float, int, dict[str, list[str]]]:
+    """Each question as ``samples`` chat completions on the prompt System One scores (same template, same text).
+
+    Returns (seconds, tokens generated, the answers' texts by question id).
+    """
     from gateway.prompts import SYSTEM, question_text
 
     t = time.perf_counter()
     generated = 0
-    for q in questions.values():
+    answers: dict[str, list[str]] = {}
+    for qid, q in questions.items():
         text, _ = question_text(q["type"], q.get("instructions"), q.get("criteria"))
-        r = client.post("/v1/chat/completions", content=orjson.dumps({
-            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{state}\n\n{text}"}],
-            "max_tokens": gen_tokens, "temperature": 0}), headers={"content-type": "application/json"})
-        r.raise_for_status()
-        generated += r.json()["usage"]["completion_tokens"]
-    return time.perf_counter() - t, generated
+        for _ in range(samples):
+            body = chat(client, f"{state}\n\n{text}", gen_tokens, temperature, SYSTEM)
+            generated += body["usage"]["completion_tokens"]
+            answers.setdefault(qid, []).append(body["choices"][0]["message"]["content"])
+    return time.perf_counter() - t, generated, answers
+
+
+def options_of(question: dict) -> tuple[str, ...]:
+    """The option strings System One scores for ``question``, in reply order (gateway.prompts.question_text)."""
+    from gateway.prompts import question_text
+
+    return question_text(question["type"], question.get("instructions"), question.get("criteria"))[1]
+
+
+def parse_answer(text: str, options: tuple[str, ...]) -> int | None:
+    """The index of the option a generated ``text`` names first, or None when it names none.
+
+    A lenient reader, the one a generation user would write: the option that occurs earliest in
+    the text as a whole word, case-insensitive (``"The mood is frustrated."`` -> ``frustrated``,
+    ``"No, it does not"`` -> ``no``); at the same position the longest option wins.
+    """
+    best: tuple[int, int, int] | None = None  # (position, -length, index)
+    for i, opt in enumerate(options):
+        m = re.search(r"(?<!\w)" + re.escape(opt) + r"(?!\w)", text, re.IGNORECASE)
+        if m is not None and (best is None or (m.start(), -len(opt)) < best[:2]):
+            best = (m.start(), -len(opt), i)
+    return None if best is None else best[2]
+
+
+def sampled_probabilities(texts: list[str], options: tuple[str, ...]) -> tuple[list[float], int]:
+    """The frequency of each option among the answers that name one, and how many named none.
+
+    Returns ``((n_options,) frequencies summing to 1, unparsed count)``; uniform when no answer
+    names an option (what a user who counts answers is left with).
+    """
+    counts = [0] * len(options)
+    unparsed = 0
+    for text in texts:
+        i = parse_answer(text, options)
+        if i is None:
+            unparsed += 1
+        else:
+            counts[i] += 1
+    n = sum(counts)
+    if n == 0:
+        return [1.0 / len(options)] * len(options), unparsed
+    return [c / n for c in counts], unparsed
+
+
+def systemone_probabilities(question: dict, answer: dict) -> list[float]:
+    """System One's probabilities for ``question`` in the order of :func:`options_of` (noul: no, yes)."""
+    if question["type"] == "noul":
+        return [1.0 - answer["noul"], answer["noul"]]
+    probs = answer["probabilities"]
+    keys = list(question["criteria"]) if question["type"] == "choice" else [str(i) for i in range(len(question["criteria"]))]
+    return [probs[k] for k in keys]
+
+
+def expected_sampling_error(p: list[float], k: int) -> float:
+    """E|c/k - p_i| averaged over options, c ~ Binomial(k, p_i): the error of ``k`` samples drawn from ``p`` itself.
+
+    The floor of the sampled estimate (a sampler that followed System One's distribution exactly):
+    the mean absolute deviation of a binomial proportion, summed exactly over c = 0..k.
+    """
+    out = 0.0
+    for pi in p:
+        out += sum(math.comb(k, c) * pi ** c * (1 - pi) ** (k - c) * abs(c / k - pi) for c in range(k + 1))
+    return out / len(p)
+
+
+def prefill_and_decode(client: httpx2.Client, reps: int = 3) -> tuple[float, float]:
+    """Prefill ms per prompt token and decode ms per generated token, measured through the chat route.
+
+    Prefill: two fresh prompts (a new number in front, so nothing is reused) of different lengths,
+    one token generated each; the slope of time over prompt tokens. Decode: the same warm prompt with
+    1 and with 48 tokens to generate; (difference) / (extra tokens generated). Medians of ``reps``.
+    """
+    filler = " ".join(f"item {i} is on the list;" for i in range(60))
+    slopes, steps = [], []
+    for r in range(reps):
+        tag = f"{time.time_ns()}-{r}"
+        timed = []
+        for text in (f"Run {tag}. Say ok.", f"Run {tag}. {filler} Say ok."):
+            t = time.perf_counter()
+            body = chat(client, text, 1, 0.0)
+            timed.append((time.perf_counter() - t, body["usage"]["prompt_tokens"]))
+        (t0, n0), (t1, n1) = timed
+        slopes.append((t1 - t0) / (n1 - n0))
+        story = f"Run {tag}. Count from one to one hundred in words, separated by commas."
+        chat(client, story, 1, 0.0)  # the prompt into the slot
+        t = time.perf_counter()
+        chat(client, story, 1, 0.0)
+        one = time.perf_counter() - t
+        t = time.perf_counter()
+        body = chat(client, story, 48, 0.0)
+        many = time.perf_counter() - t
+        n = body["usage"]["completion_tokens"]
+        if n > 1:
+            steps.append((many - one) / (n - 1))
+    med = statistics.median
+    return med(slopes) * 1e3, (med(steps) * 1e3 if steps else float("nan"))
 
 
 def bench_llm(args) -> None:
@@ -133,49 +252,105 @@ def bench_llm(args) -> None:
     model = args.model or str(default_model_path())
     srv = Server("--model", model, "--threads", str(args.threads), "--request-timeout", "600")
     med = statistics.median
+    names = list(QUESTIONS_16)[:args.questions]
+    questions = {k: QUESTIONS_16[k] for k in names}
+    nq = len(questions)
     try:
         client = httpx2.Client(base_url=srv.base, timeout=600)
         systemone(client, "warm-up: " + TICKET, {"q": QUESTIONS_16["urgency"]})  # load pages, first decode
+        prefill_ms, decode_ms = prefill_and_decode(client)
         rows: dict[str, list[float]] = {k: [] for k in ("s1_cold", "s1_warm", "gen_cold", "gen_warm")}
         n_gen = 0
         body: dict = {}
+        warm_body: dict = {}
+        greedy: dict[str, list[str]] = {}
         for r in range(args.rounds):
             state_s1, state_gen = f"Ticket {1000 + r}. " + TICKET, f"Ticket {2000 + r}. " + TICKET
-            t, body = systemone(client, state_s1, QUESTIONS_16)
+            t, body = systemone(client, state_s1, questions)
             rows["s1_cold"].append(t)
-            t, n_gen = by_generation(client, state_gen, QUESTIONS_16, args.gen_tokens)
+            t, n_gen, greedy = by_generation(client, state_gen, questions, args.gen_tokens)
             rows["gen_cold"].append(t)
-            rows["s1_warm"].append(systemone(client, state_s1, QUESTIONS_16)[0])
-            rows["gen_warm"].append(by_generation(client, state_gen, QUESTIONS_16, args.gen_tokens)[0])
+            t, warm_body = systemone(client, state_s1, questions)
+            rows["s1_warm"].append(t)
+            rows["gen_warm"].append(by_generation(client, state_gen, questions, args.gen_tokens)[0])
+        # k sampled answers a question, on the state generation has warmed (the last round's), against
+        # System One on the same questions and state (its first request reads the state, the second is timed)
+        sq = {k: questions[k] for k in names[:args.sample_questions]}
+        t_samp, n_samp, sampled = by_generation(client, state_gen, sq, args.gen_tokens, args.samples, 1.0)
+        _, ref = systemone(client, state_gen, sq)
+        t_s1_sq, _ = systemone(client, state_gen, sq)
+
         c1, c2, w1, w2 = med(rows["s1_cold"]), med(rows["gen_cold"]), med(rows["s1_warm"]), med(rows["gen_warm"])
+        errs, floors, unparsed, agree = [], [], 0, 0
+        for qid, q in sq.items():
+            opts = options_of(q)
+            p = systemone_probabilities(q, ref["answers"][qid])
+            ps, bad = sampled_probabilities(sampled[qid], opts)
+            unparsed += bad
+            errs.append(sum(abs(a - b) for a, b in zip(ps, p)) / len(p))
+            floors.append(expected_sampling_error(p, args.samples))
+        for qid, q in questions.items():
+            opts = options_of(q)
+            p = systemone_probabilities(q, warm_body["answers"][qid])
+            agree += parse_answer(greedy[qid][0], opts) == max(range(len(p)), key=lambda i: (p[i], -i))
         print(f"\n## default model ({Path(model).name}, {args.threads} threads): System One vs generation, "
-              f"16 questions on one state (median of {args.rounds} interleaved rounds)\n")
-        print("| | System One | generation | ratio |")
+              f"{nq} questions on one state (median of {args.rounds} interleaved rounds)\n")
+        print("| | System One | greedy generation, one answer a question | ratio |")
         print("|---|---|---|---|")
-        print(f"| 16 questions, cold state | {c1:.2f} s | {c2:.2f} s | {c2 / c1:.1f}x |")
-        print(f"| 16 questions, warm state | {w1:.2f} s | {w2:.2f} s | {w2 / w1:.1f}x |")
-        print(f"| per question, warm | {w1 / 16 * 1e3:.0f} ms | {w2 / 16 * 1e3:.0f} ms | |")
+        print(f"| {nq} questions, cold state | {c1:.2f} s | {c2:.2f} s | {c2 / c1:.1f}x |")
+        print(f"| {nq} questions, warm state | {w1:.2f} s | {w2:.2f} s | {w2 / w1:.1f}x |")
+        print(f"| per question, warm | {w1 / nq * 1e3:.0f} ms | {w2 / nq * 1e3:.0f} ms | |")
         print(f"| tokens | {body['usage']['output_tokens']} option tokens read, 0 generated | "
               f"{n_gen} generated (at most {args.gen_tokens} a question) | |")
-        print(f"\nSystem One's cold reply: input_tokens {body['usage']['input_tokens']}, positions {body.get('x_positions')}")
+        print(f"| what comes back | a probability per option | one label; it is System One's most likely option "
+              f"in {agree}/{nq} questions | |")
+        ns = len(sq)
+        print(f"\n| the same information: a probability per option, warm | System One | "
+              f"generation, {args.samples} answers a question at temperature 1, counted | ratio |")
+        print("|---|---|---|---|")
+        print(f"| {ns} questions ({', '.join(sq)}) | {t_s1_sq:.2f} s | {t_samp:.2f} s | {t_samp / t_s1_sq:.1f}x |")
+        print(f"| tokens generated | 0 | {n_samp} ({n_samp / (ns * args.samples):.1f} an answer) | |")
+        print(f"| answers naming no option (left out of the counts) | | {unparsed}/{ns * args.samples} | |")
+        print(f"| mean abs(p_sampled - p) over options, against System One's p | 0 (exact) | {statistics.fmean(errs):.3f} "
+              f"(floor for {args.samples} samples drawn from p itself: {statistics.fmean(floors):.3f}) | |")
 
-        print(f"\n## per-question cost as questions share one state (cold: a new state; warm: the same request again; "
-              f"median of {args.rounds})\n")
-        print("| questions | cold | warm | per question, warm | computed positions cold / warm |")
-        print("|---|---|---|---|---|")
-        names = list(QUESTIONS_16)
-        for n in (1, 4, 16):
-            qs = {k: QUESTIONS_16[k] for k in names[:n]}
-            colds, warms = [], []
-            for r in range(args.rounds):
-                state = f"Ticket {3000 + 100 * n + r}. " + TICKET
-                cold, b_cold = systemone(client, state, qs)
-                warm, b_warm = systemone(client, state, qs)
-                colds.append(cold)
-                warms.append(warm)
-            pc, pw = b_cold.get("x_positions", {}), b_warm.get("x_positions", {})
-            print(f"| {n} | {med(colds) * 1e3:.0f} ms | {med(warms) * 1e3:.0f} ms | {med(warms) / n * 1e3:.0f} ms | "
-                  f"{pc.get('computed')} / {pw.get('computed')} |")
+        pos = warm_body.get("x_positions") or {}
+        q_tokens = (pos.get("computed") or 0) / nq
+        g = n_gen / nq
+        g_s = n_samp / (len(sq) * args.samples)
+        greedy_bound = (q_tokens * prefill_ms + g * decode_ms) / (q_tokens * prefill_ms)
+        sample_bound = (q_tokens * prefill_ms + args.samples * g_s * decode_ms) / (q_tokens * prefill_ms)
+        print(f"\n## why the ratio is what it is (same server, same run)\n")
+        print("| | measured |")
+        print("|---|---|")
+        print(f"| prefill, per prompt token | {prefill_ms:.2f} ms |")
+        print(f"| decode, per generated token | {decode_ms:.2f} ms ({decode_ms / prefill_ms:.1f}x a prefill token) |")
+        print(f"| positions System One computes per warm question (stem + options) | {q_tokens:.0f} "
+              f"({w1 / nq * 1e3 / max(q_tokens, 1):.2f} ms each, warm) |")
+        print(f"| greedy: tokens written per question | {g:.1f} |")
+        print(f"| bound, greedy: (q x prefill + g x decode) / (q x prefill) | {greedy_bound:.1f}x (measured {w2 / w1:.1f}x) |")
+        print(f"| bound, {args.samples} samples: (q x prefill + k x g x decode) / (q x prefill) | {sample_bound:.1f}x "
+              f"(measured {t_samp / t_s1_sq:.1f}x) |")
+
+        if args.share_questions:
+            print(f"\n## per-question cost as questions share one state (cold: a new state; warm: the same request again; "
+                  f"median of {args.rounds})\n")
+            print("| questions | cold | warm | per question, warm | computed positions cold / warm |")
+            print("|---|---|---|---|---|")
+            for n in (1, 4, 16):
+                if n > len(QUESTIONS_16):
+                    continue
+                qs = {k: QUESTIONS_16[k] for k in list(QUESTIONS_16)[:n]}
+                colds, warms = [], []
+                for r in range(args.rounds):
+                    state = f"Ticket {3000 + 100 * n + r}. " + TICKET
+                    cold, b_cold = systemone(client, state, qs)
+                    warm, b_warm = systemone(client, state, qs)
+                    colds.append(cold)
+                    warms.append(warm)
+                pc, pw = b_cold.get("x_positions", {}), b_warm.get("x_positions", {})
+                print(f"| {n} | {med(colds) * 1e3:.0f} ms | {med(warms) * 1e3:.0f} ms | {med(warms) / n * 1e3:.0f} ms | "
+                      f"{pc.get('computed')} / {pw.get('computed')} |")
         client.close()
     finally:
         srv.close()
@@ -220,16 +395,34 @@ async def sequential(port: int, request: bytes, n: int) -> list[float]:
     return out
 
 
-async def engine_direct(record: bytes, n: int) -> list[float]:
-    """The same DECIDE straight through the supervisor (no HTTP): the engine's and the pipe's share."""
+async def interleaved(ports: dict[str, int], record: bytes, request: bytes, n: int, chunk: int = 100) -> dict[str, list[float]]:
+    """Latencies of ``n`` keep-alive requests to each server in ``ports`` and of ``n`` DECIDEs sent straight
+    to a fixture engine through the supervisor (key ``"direct"``), taken in turns of ``chunk`` so that
+    load from elsewhere on the machine falls on all of them alike."""
     from gateway.engine import Engine
 
-    out = []
+    out: dict[str, list[float]] = {name: [] for name in [*ports, "direct"]}
     async with Engine.spawn([str(engine_bin("serveproto-fixture")), "--mode", "decide"]) as eng:
-        for _ in range(n):
-            t = time.perf_counter()
-            await eng.decide(record, slot=0)
-            out.append(time.perf_counter() - t)
+        streams = {name: await anyio.connect_tcp("127.0.0.1", port) for name, port in ports.items()}
+        bufs = {name: bytearray() for name in ports}
+        try:
+            for turn in range(-1, max(1, n // chunk)):  # turn -1 warms every path up, unrecorded
+                for name, s in streams.items():
+                    for _ in range(chunk):
+                        t = time.perf_counter()
+                        await s.send(request)
+                        status = await read_response(s, bufs[name])
+                        if turn >= 0:
+                            out[name].append(time.perf_counter() - t)
+                        assert status == 200, (name, status)
+                for _ in range(chunk):
+                    t = time.perf_counter()
+                    await eng.decide(record, slot=0)
+                    if turn >= 0:
+                        out["direct"].append(time.perf_counter() - t)
+        finally:
+            for s in streams.values():
+                await s.aclose()
     return out
 
 
@@ -275,35 +468,53 @@ def bench_fixture(args) -> None:
     body = orjson.dumps({"state": TICKET, "questions": questions, "model": "jev-latest"})
     request = raw_request(body)
     record = decision_record.serialize(decision_record.build(jev.parse_request(orjson.loads(body))))
-    srv = Server("--engine", str(engine_bin("serveproto-fixture")), "--mode", "decide")
+    engine = ["--engine", str(engine_bin("serveproto-fixture")), "--mode", "decide"]
+    srv = Server(*engine)
+    others = {"this tree, access log on (--log-level INFO)": Server(*engine, log_level="INFO")}
+    if args.baseline_tree:
+        others[f"baseline tree {args.baseline_tree}"] = Server(*engine, tree=Path(args.baseline_tree).resolve())
     try:
-        anyio.run(sequential, srv.port, request, 300)  # warm-up
-        http = anyio.run(sequential, srv.port, request, args.share_n)
-        direct = anyio.run(engine_direct, record, args.share_n)
+        ports = {"this tree": srv.port, **{name: s.port for name, s in others.items()}}
+        lat = anyio.run(interleaved, ports, record, request, args.share_n)
+        for s in others.values():
+            s.close()
+        direct = lat["direct"]
         r = httpx2.post(srv.base + "/v1/systemone", content=body, headers={"content-type": "application/json"})
         engine_ms = float(r.headers["x-serveproto-engine-ms"])
         handler_ms = metrics_mean_ms(srv.base, "/v1/systemone")
-        print("\n## the gateway's own share per request (fixture engine, DECIDE path, 3 questions, keep-alive client)\n")
-        print("| | p50 | p99 |")
-        print("|---|---|---|")
-        print(f"| HTTP request at the client | {pct(http, 50) * 1e3:.3f} ms | {pct(http, 99) * 1e3:.3f} ms |")
-        print(f"| the same DECIDE through the supervisor, no HTTP | {pct(direct, 50) * 1e3:.3f} ms | {pct(direct, 99) * 1e3:.3f} ms |")
-        print(f"| the gateway's share (difference) | {(pct(http, 50) - pct(direct, 50)) * 1e3:.3f} ms | |")
-        print(f"| (server side: mean time in the handler, from /metrics, engine call included) | {handler_ms:.3f} ms | |")
+        print(f"\n## the gateway's own share per request (fixture engine, DECIDE path, 3 questions, keep-alive client, "
+              f"{len(direct)} requests each, taken in turns)\n")
+        print("| | p50 | p99 | the gateway's share: p50 minus the supervisor's p50 |")
+        print("|---|---|---|---|")
+        d50 = pct(direct, 50)
+        shares = {}
+        for name in ports:
+            xs = lat[name]
+            shares[name] = pct(xs, 50) - d50
+            print(f"| HTTP request at the client, {name} | {pct(xs, 50) * 1e3:.3f} ms | {pct(xs, 99) * 1e3:.3f} ms | "
+                  f"{shares[name] * 1e3:.3f} ms |")
+        print(f"| the same DECIDE through the supervisor, no HTTP | {d50 * 1e3:.3f} ms | {pct(direct, 99) * 1e3:.3f} ms | |")
+        print(f"| (server side: mean time in the handler, from /metrics, engine call included) | {handler_ms:.3f} ms | | |")
+        for name in ports:
+            if name != "this tree":
+                print(f"\nshare, this tree / {name}: {shares['this tree'] / shares[name]:.2f}")
         print(f"\n(the fixture's own compute, DECISION engine_ms: {engine_ms:.3f} ms)")
 
         rss0 = srv.rss_mb()
-        anyio.run(load, srv.port, request, 1000, args.concurrency)
+        warmup = min(1000, args.load)
+        anyio.run(load, srv.port, request, warmup, args.concurrency)
         rss1 = srv.rss_mb()
         seconds, lat, errors = anyio.run(load, srv.port, request, args.load, args.concurrency)
         rss2 = srv.rss_mb()
         print(f"\n## load on loopback: {args.load} requests at {args.concurrency} concurrent connections (fixture engine, DECIDE path)\n")
-        print("| requests/s | p50 | p99 | errors | server RSS: start / after 1,000 warm-up / after the run |")
+        print(f"| requests/s | p50 | p99 | errors | server RSS: start / after {warmup:,} warm-up / after the run |")
         print("|---|---|---|---|---|")
         print(f"| {len(lat) / seconds:.0f} | {pct(lat, 50) * 1e3:.1f} ms | {pct(lat, 99) * 1e3:.1f} ms | {errors} | "
               f"{rss0:.1f} / {rss1:.1f} / {rss2:.1f} MB |")
     finally:
         srv.close()
+        for s in others.values():
+            s.close()
 
 
 def main(argv=None) -> int:
@@ -311,11 +522,19 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=None)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--gen-tokens", type=int, default=16, help="tokens a generated answer may take, greedy, ending at EOS (default 16)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds on the default model (medians)")
+    p.add_argument("--rounds", type=int, default=1, help="interleaved rounds on the default model (medians)")
+    p.add_argument("--questions", type=int, default=16, help="questions on one state, System One vs generation (1..16, default 16)")
+    p.add_argument("--samples", type=int, default=20, help="sampled answers a question at temperature 1 (default 20)")
+    p.add_argument("--sample-questions", type=int, default=4, help="questions answered by sampling (the first N; default 4)")
+    p.add_argument("--no-growth", dest="share_questions", action="store_false",
+                   help="skip the table of 1, 4 and 16 questions on one state")
     p.add_argument("--load", type=int, default=10_000)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--share-n", type=int, default=2000, help="sequential requests for the gateway-share measurement")
-    p.add_argument("--skip-llm", action="store_true")
+    p.add_argument("--baseline-tree", default=None,
+                   help="also serve from this source tree (e.g. `git archive <commit> gateway serveproto | tar -x -C DIR`) "
+                        "and print its share beside this tree's")
+    p.add_argument("--skip-llm", "--fixture-only", action="store_true", help="skip the default-model part (only the fixture engine is needed)")
     p.add_argument("--skip-fixture", action="store_true")
     args = p.parse_args(argv)
     print(f"# bench/decisions.py  ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f})")
