@@ -390,3 +390,45 @@ async def test_pipelined_request_read_while_watching_is_answered_after():
     assert bodies[0] == {"gate": "first"}
     assert bodies[1]["body"] == "second" and bodies[1]["path"] == "/echo"
     assert gate.outcome == ["finished"]
+
+
+async def test_body_over_the_read_ahead_is_read_whole_then_the_next_request():
+    big = bytes(range(256)) * 4096  # 1 MiB, four times READ_AHEAD: the reader pauses and resumes
+    raw = post("/echo", big) + post("/echo", b"after")
+    res = await with_server(lambda port: exchange(port, raw, 2))
+    assert [r[0] for r in res] == [200, 200]
+    assert orjson.loads(res[0][2])["len"] == len(big)
+    assert orjson.loads(res[1][2])["body"] == "after"
+
+
+async def test_large_pipelined_request_waits_behind_a_running_handler():
+    from gateway.http.server import READ_AHEAD
+
+    gate = _Gate()
+    big = b"y" * (3 * READ_AHEAD)
+
+    async def run(port):
+        async with await anyio.connect_tcp("127.0.0.1", port) as s:
+            await s.send(post("/wait", b"first"))
+            with anyio.fail_after(5):
+                await gate.started.wait()
+            async with anyio.create_task_group() as tg:
+                # more than READ_AHEAD arrives while the handler runs: the reader stops reading at
+                # READ_AHEAD and must read on once the request loop needs the rest (no deadlock, no loss)
+                tg.start_soon(s.send, post("/echo", big))
+                await anyio.sleep(0.2)
+                gate.release.set()
+            data = b""
+            with anyio.fail_after(10):
+                while data.count(b"HTTP/1.1 200 OK") < 2 or not data.endswith(b'"}'):
+                    data += await s.receive()
+            return data
+
+    async with anyio.create_task_group() as tg:
+        port = await HTTPServer(gate).start(tg)
+        data = await run(port)
+        tg.cancel_scope.cancel()
+    first, second = data.split(b"HTTP/1.1 200 OK")[1:]
+    assert first.endswith(b'{"gate":"first"}')
+    assert orjson.loads(second.partition(b"\r\n\r\n")[2])["len"] == len(big)
+    assert gate.outcome == ["finished"]
