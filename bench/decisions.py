@@ -94,6 +94,11 @@ class Server:
         self.base = line.split(" on ")[1].strip()
         self.port = int(self.base.rsplit(":", 1)[1])
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the server process has used so far (``/proc/<pid>/stat``), seconds."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def rss_mb(self) -> float:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
@@ -395,18 +400,24 @@ async def sequential(port: int, request: bytes, n: int) -> list[float]:
     return out
 
 
-async def interleaved(ports: dict[str, int], record: bytes, request: bytes, n: int, chunk: int = 100) -> dict[str, list[float]]:
-    """Latencies of ``n`` keep-alive requests to each server in ``ports`` and of ``n`` DECIDEs sent straight
-    to a fixture engine through the supervisor (key ``"direct"``), taken in turns of ``chunk`` so that
-    load from elsewhere on the machine falls on all of them alike."""
+async def interleaved(servers: dict[str, "Server"], record: bytes, request: bytes, n: int,
+                      chunk: int = 100) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Latencies of ``n`` keep-alive requests to each server and of ``n`` DECIDEs sent straight to a
+    fixture engine through the supervisor (key ``"direct"``), taken in turns of ``chunk`` so that load
+    from elsewhere on the machine falls on all of them alike; and each server's CPU seconds per
+    request over the recorded turns (robust to that load, unlike latency)."""
     from gateway.engine import Engine
 
+    ports = {name: srv.port for name, srv in servers.items()}
     out: dict[str, list[float]] = {name: [] for name in [*ports, "direct"]}
+    cpu: dict[str, float] = {}
     async with Engine.spawn([str(engine_bin("serveproto-fixture")), "--mode", "decide"]) as eng:
         streams = {name: await anyio.connect_tcp("127.0.0.1", port) for name, port in ports.items()}
         bufs = {name: bytearray() for name in ports}
         try:
             for turn in range(-1, max(1, n // chunk)):  # turn -1 warms every path up, unrecorded
+                if turn == 0:
+                    cpu = {name: -srv.cpu_seconds() for name, srv in servers.items()}
                 for name, s in streams.items():
                     for _ in range(chunk):
                         t = time.perf_counter()
@@ -420,10 +431,11 @@ async def interleaved(ports: dict[str, int], record: bytes, request: bytes, n: i
                     await eng.decide(record, slot=0)
                     if turn >= 0:
                         out["direct"].append(time.perf_counter() - t)
+            cpu = {name: (cpu[name] + srv.cpu_seconds()) / len(out[name]) for name, srv in servers.items()}
         finally:
             for s in streams.values():
                 await s.aclose()
-    return out
+    return out, cpu
 
 
 async def load(port: int, request: bytes, total: int, concurrency: int) -> tuple[float, list[float], int]:
@@ -474,8 +486,8 @@ def bench_fixture(args) -> None:
     if args.baseline_tree:
         others[f"baseline tree {args.baseline_tree}"] = Server(*engine, tree=Path(args.baseline_tree).resolve())
     try:
-        ports = {"this tree": srv.port, **{name: s.port for name, s in others.items()}}
-        lat = anyio.run(interleaved, ports, record, request, args.share_n)
+        servers = {"this tree": srv, **others}
+        lat, cpu = anyio.run(interleaved, servers, record, request, args.share_n)
         for s in others.values():
             s.close()
         direct = lat["direct"]
@@ -484,20 +496,21 @@ def bench_fixture(args) -> None:
         handler_ms = metrics_mean_ms(srv.base, "/v1/systemone")
         print(f"\n## the gateway's own share per request (fixture engine, DECIDE path, 3 questions, keep-alive client, "
               f"{len(direct)} requests each, taken in turns)\n")
-        print("| | p50 | p99 | the gateway's share: p50 minus the supervisor's p50 |")
-        print("|---|---|---|---|")
+        print("| | p50 | p99 | the gateway's share: p50 minus the supervisor's p50 | server CPU per request |")
+        print("|---|---|---|---|---|")
         d50 = pct(direct, 50)
         shares = {}
-        for name in ports:
+        for name in servers:
             xs = lat[name]
             shares[name] = pct(xs, 50) - d50
             print(f"| HTTP request at the client, {name} | {pct(xs, 50) * 1e3:.3f} ms | {pct(xs, 99) * 1e3:.3f} ms | "
-                  f"{shares[name] * 1e3:.3f} ms |")
-        print(f"| the same DECIDE through the supervisor, no HTTP | {d50 * 1e3:.3f} ms | {pct(direct, 99) * 1e3:.3f} ms | |")
-        print(f"| (server side: mean time in the handler, from /metrics, engine call included) | {handler_ms:.3f} ms | | |")
-        for name in ports:
+                  f"{shares[name] * 1e3:.3f} ms | {cpu[name] * 1e3:.3f} ms |")
+        print(f"| the same DECIDE through the supervisor, no HTTP | {d50 * 1e3:.3f} ms | {pct(direct, 99) * 1e3:.3f} ms | | |")
+        print(f"| (server side: mean time in the handler, from /metrics, engine call included) | {handler_ms:.3f} ms | | | |")
+        for name in servers:
             if name != "this tree":
-                print(f"\nshare, this tree / {name}: {shares['this tree'] / shares[name]:.2f}")
+                print(f"\nthis tree / {name}: share {shares['this tree'] / shares[name]:.2f}, "
+                      f"server CPU per request {cpu['this tree'] / cpu[name]:.2f}")
         print(f"\n(the fixture's own compute, DECISION engine_ms: {engine_ms:.3f} ms)")
 
         rss0 = srv.rss_mb()
