@@ -204,12 +204,12 @@ class App:
                 response = HTTPError(500, "api_error", f"internal error (request {request.request_id})").response()
                 extra["error"] = repr(exc)[:300]
         seconds = time.perf_counter() - started
-        for name, value in response.headers:
-            if name == "x-serveproto-engine-ms":
-                extra["engine_ms"] = float(value)
-            elif name == "x-serveproto-path":
-                extra["via"] = value
         self.metrics.observe_request(route, request.method, response.status, seconds)
         if log.isEnabledFor(logging.INFO):
+            for name, value in response.headers:
+                if name == "x-serveproto-engine-ms":
+                    extra["engine_ms"] = float(value)
+                elif name == "x-serveproto-path":
+                    extra["via"] = value
             log.info(access_line(request, response.status, seconds, extra))
         return response
