@@ -264,7 +264,7 @@ class Server:
     def __init__(self, model: str, engine_argv: list[str], log: Path, timeout: float = 600.0) -> None:
         self.log = open(log, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--log-level", "WARNING",
+            [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--log-level", "INFO",
              "--request-timeout", str(timeout), "--handshake-timeout", "600", "--model", model,
              "--engine", *engine_argv],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=self.log, text=True)
@@ -304,59 +304,61 @@ def bench_server(args, argv: list[str], bodies: dict[int, str], res: dict, md: l
     tag = iter(range(100, 100000))
     try:
         srv.post("/v1/systemone", {"state": state_text(next(tag), "warm-up"), "questions": jev_questions(1)})
-        md.append(f"\n### System One through the server: cold (a new state) and warm (the same request again, "
-                  f"median of {args.reps})\n")
-        md.append("| state tokens | questions | cold | warm | per question, warm | computed cold / warm | input tokens |")
-        md.append("|---|---|---|---|---|---|---|")
-        res["systemone"] = []
-        for n, body in bodies.items():
-            for nq in args.questions:
-                req = {"state": state_text(next(tag), body), "questions": jev_questions(nq)}
-                cold, b_cold = srv.post("/v1/systemone", req)
-                warm_runs = [srv.post("/v1/systemone", req) for _ in range(args.reps)]
-                warm = statistics.median(r[0] for r in warm_runs)
-                pc, pw = b_cold.get("x_positions", {}), warm_runs[-1][1].get("x_positions", {})
-                row = {"tokens": n, "questions": nq, "cold_s": cold, "warm_s": warm,
-                       "computed_cold": pc.get("computed"), "computed_warm": pw.get("computed"),
-                       "input_tokens": b_cold.get("usage", {}).get("input_tokens")}
-                res["systemone"].append(row)
-                md.append(f"| {n} | {nq} | {cold * 1e3:.0f} ms | {warm * 1e3:.0f} ms | {warm / nq * 1e3:.1f} ms | "
-                          f"{row['computed_cold']} / {row['computed_warm']} | {row['input_tokens']} |")
-                print(md[-1], flush=True)
+        if "systemone" in args.server_parts:
+            md.append(f"\n### System One through the server: cold (a new state) and warm (the same request again, "
+                      f"median of {args.reps})\n")
+            md.append("| state tokens | questions | cold | warm | per question, warm | computed cold / warm | input tokens |")
+            md.append("|---|---|---|---|---|---|---|")
+            res["systemone"] = []
+            for n, body in bodies.items():
+                for nq in args.questions:
+                    req = {"state": state_text(next(tag), body), "questions": jev_questions(nq)}
+                    cold, b_cold = srv.post("/v1/systemone", req)
+                    warm_runs = [srv.post("/v1/systemone", req) for _ in range(args.reps)]
+                    warm = statistics.median(r[0] for r in warm_runs)
+                    pc, pw = b_cold.get("x_positions", {}), warm_runs[-1][1].get("x_positions", {})
+                    row = {"tokens": n, "questions": nq, "cold_s": cold, "warm_s": warm,
+                           "computed_cold": pc.get("computed"), "computed_warm": pw.get("computed"),
+                           "input_tokens": b_cold.get("usage", {}).get("input_tokens")}
+                    res["systemone"].append(row)
+                    md.append(f"| {n} | {nq} | {cold * 1e3:.0f} ms | {warm * 1e3:.0f} ms | {warm / nq * 1e3:.1f} ms | "
+                              f"{row['computed_cold']} / {row['computed_warm']} | {row['input_tokens']} |")
+                    print(md[-1], flush=True)
 
-        nq = max(args.questions)
-        md.append(f"\n### System One vs generating the answers ({nq} questions, generation: one chat completion "
-                  f"per question, same prompt, greedy, {args.gen_tokens} tokens)\n")
-        md.append("| state tokens | | System One | generation | generation / System One |")
-        md.append("|---|---|---|---|---|")
-        res["generation"] = []
-        questions = jev_questions(nq)
+        if "generation" in args.server_parts:
+            nq = max(args.questions)
+            md.append(f"\n### System One vs generating the answers ({nq} questions, generation: one chat completion "
+                      f"per question, same prompt, greedy, {args.gen_tokens} tokens)\n")
+            md.append("| state tokens | | System One | generation | generation / System One |")
+            md.append("|---|---|---|---|---|")
+            res["generation"] = []
+            questions = jev_questions(nq)
 
-        def generate(state: str) -> tuple[float, int]:
-            t, gen = 0.0, 0
-            for q in questions.values():
-                text, _ = question_text(q["type"], q["instructions"], q["criteria"])
-                dt, body = srv.post("/v1/chat/completions", {
-                    "messages": [{"role": "system", "content": SYSTEM},
-                                 {"role": "user", "content": f"{state}\n\n{text}"}],
-                    "max_tokens": args.gen_tokens, "temperature": 0})
-                t += dt
-                gen += body["usage"]["completion_tokens"]
-            return t, gen
+            def generate(state: str) -> tuple[float, int]:
+                t, gen = 0.0, 0
+                for q in questions.values():
+                    text, _ = question_text(q["type"], q["instructions"], q["criteria"])
+                    dt, body = srv.post("/v1/chat/completions", {
+                        "messages": [{"role": "system", "content": SYSTEM},
+                                     {"role": "user", "content": f"{state}\n\n{text}"}],
+                        "max_tokens": args.gen_tokens, "temperature": 0})
+                    t += dt
+                    gen += body["usage"]["completion_tokens"]
+                return t, gen
 
-        for n, body in bodies.items():
-            s1_state, gen_state = state_text(next(tag), body), state_text(next(tag), body)
-            req = {"state": s1_state, "questions": questions}
-            s1_cold = srv.post("/v1/systemone", req)[0]
-            s1_warm = statistics.median(srv.post("/v1/systemone", req)[0] for _ in range(args.reps))
-            g_cold, n_gen = generate(gen_state)
-            g_warm = statistics.median(generate(gen_state)[0] for _ in range(args.reps))
-            row = {"tokens": n, "questions": nq, "s1_cold_s": s1_cold, "s1_warm_s": s1_warm,
-                   "gen_cold_s": g_cold, "gen_warm_s": g_warm, "generated_tokens": n_gen}
-            res["generation"].append(row)
-            md.append(f"| {n} | cold | {s1_cold * 1e3:.0f} ms | {g_cold * 1e3:.0f} ms | {g_cold / s1_cold:.1f}x |")
-            md.append(f"| {n} | warm | {s1_warm * 1e3:.0f} ms | {g_warm * 1e3:.0f} ms | {g_warm / s1_warm:.1f}x |")
-            print("\n".join(md[-2:]), flush=True)
+            for n, body in bodies.items():
+                s1_state, gen_state = state_text(next(tag), body), state_text(next(tag), body)
+                req = {"state": s1_state, "questions": questions}
+                s1_cold = srv.post("/v1/systemone", req)[0]
+                s1_warm = statistics.median(srv.post("/v1/systemone", req)[0] for _ in range(args.reps))
+                g_cold, n_gen = generate(gen_state)
+                g_warm = statistics.median(generate(gen_state)[0] for _ in range(args.reps))
+                row = {"tokens": n, "questions": nq, "s1_cold_s": s1_cold, "s1_warm_s": s1_warm,
+                       "gen_cold_s": g_cold, "gen_warm_s": g_warm, "generated_tokens": n_gen}
+                res["generation"].append(row)
+                md.append(f"| {n} | cold | {s1_cold * 1e3:.0f} ms | {g_cold * 1e3:.0f} ms | {g_cold / s1_cold:.1f}x |")
+                md.append(f"| {n} | warm | {s1_warm * 1e3:.0f} ms | {g_warm * 1e3:.0f} ms | {g_warm / s1_warm:.1f}x |")
+                print("\n".join(md[-2:]), flush=True)
     finally:
         srv.close()
 
@@ -375,11 +377,17 @@ def main(argv=None) -> int:
     ap.add_argument("--gen-tokens", type=int, default=3, help="tokens generated per question (generation)")
     ap.add_argument("--engine-flags", default="", help="extra engine options, e.g. '--flash-attn --kv-type f16'")
     ap.add_argument("--only", choices=("engine", "server"), default=None)
+    ap.add_argument("--server-parts", default="systemone,generation",
+                    help="parts of the server benchmark, comma-separated: systemone (the cold / warm table), "
+                         "generation (System One against generating the answers)")
     ap.add_argument("--out-dir", default=None, help="write <tag>.md and <tag>.json here")
     ap.add_argument("--tag", default="gpu_decisions", help="name of the output files")
     args = ap.parse_args(argv)
     args.states = [int(x) for x in args.states.split(",")]
     args.questions = [int(x) for x in args.questions.split(",")]
+    args.server_parts = args.server_parts.split(",")
+    if not set(args.server_parts) <= {"systemone", "generation"}:
+        ap.error(f"--server-parts: systemone and/or generation, not {','.join(args.server_parts)}")
     if max(args.questions) > len(QUESTIONS):
         ap.error(f"--questions: at most {len(QUESTIONS)}")
     if args.ref_bin and not Path(args.ref_bin).exists():
@@ -399,21 +407,26 @@ def main(argv=None) -> int:
         Path(args.out_dir).mkdir(parents=True, exist_ok=True)
     err = Path(args.out_dir or tempfile.gettempdir()) / f"{args.tag}-engine.log"
     t0 = time.perf_counter()
-    with Engine(argv_eng, err, timeout=600) as eng:
-        res["caps"] = eng.caps.values
-        bodies = sized_bodies(eng, args.states)
-        res["state_tokens"] = {n: eng.count(state_text(0, b)) for n, b in bodies.items()}
-        print(f"states: {res['state_tokens']} tokens; engine ready in {time.perf_counter() - t0:.1f} s", flush=True)
-        if args.only in (None, "engine"):
-            bench_engine(args, argv_eng, prompts, bodies, eng, res, md)
-    if args.only in (None, "server"):
-        bench_server(args, argv_eng, bodies, res, md)
-    text = "\n".join(md) + "\n"
-    print("\n" + text)
-    if args.out_dir:
-        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-        (Path(args.out_dir) / f"{args.tag}.md").write_text(text)
-        (Path(args.out_dir) / f"{args.tag}.json").write_text(json.dumps(res, indent=1))
+    try:
+        with Engine(argv_eng, err, timeout=600) as eng:
+            res["caps"] = eng.caps.values
+            bodies = sized_bodies(eng, args.states)
+            res["state_tokens"] = {n: eng.count(state_text(0, b)) for n, b in bodies.items()}
+            print(f"states: {res['state_tokens']} tokens; engine ready in {time.perf_counter() - t0:.1f} s", flush=True)
+            if args.only in (None, "engine"):
+                bench_engine(args, argv_eng, prompts, bodies, eng, res, md)
+        if args.only in (None, "server"):
+            bench_server(args, argv_eng, bodies, res, md)
+    except BaseException as exc:  # the tables so far still get written, marked as cut short
+        md.append(f"\n(cut short: {type(exc).__name__}: {str(exc)[:300]})")
+        raise
+    finally:
+        text = "\n".join(md) + "\n"
+        print("\n" + text)
+        if args.out_dir:
+            Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+            (Path(args.out_dir) / f"{args.tag}.md").write_text(text)
+            (Path(args.out_dir) / f"{args.tag}.json").write_text(json.dumps(res, indent=1))
     return 0
 
 

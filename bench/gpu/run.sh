@@ -88,8 +88,23 @@ bench() {
   grep -v "^|" $RES/$tag.log | tail -4
   cat $RES/$tag.md 2>/dev/null || grep "^|" $RES/$tag.log
 }
-bench default
-[ "$(left)" -gt 90 ] && bench fa_f16 --only server "--engine-flags=--flash-attn --kv-type f16"
+if [ -n "${BENCHES:-}" ]; then
+  # one command a line, instead of the two below: "[VAR=VALUE ...] bench TAG ARGS..."
+  while IFS= read -r line; do
+    [ -n "$line" ] && eval "$line"
+  done <<< "$BENCHES"
+else
+  bench default
+  [ "$(left)" -gt 90 ] && bench fa_f16 --only server "--engine-flags=--flash-attn --kv-type f16"
+fi
+# an engine that aborted (ggml_abort prints a backtrace of offsets): its functions, by addr2line
+for f in $RES/*-server.log $RES/*-engine.log; do
+  grep -o "serveproto-llama(+0x[0-9a-f]*)" "$f" 2>/dev/null | sed 's/.*(+\(0x[0-9a-f]*\))/\1/' | awk '!seen[$0]++' > /tmp/offsets || true
+  [ -s /tmp/offsets ] || continue
+  log "backtrace in $(basename "$f"):"
+  addr2line -f -C -p -e engines/bin/serveproto-llama $(cat /tmp/offsets) 2>&1 | tee -a $RES/run.log
+  grep -B3 -m3 -E "GGML_ASSERT|CUDA error|error:" "$f" | tail -12 | tee -a $RES/run.log
+done
 
 # Extras (EXTRAS=0 skips them), each within the time left: the gateway's own share per request
 # and a loopback load run on the fixture engine (bench/decisions.py, its fixture part only,
