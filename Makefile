@@ -1,5 +1,5 @@
 # serveproto: the two commands of the README.
-#   make serve   start the decision server on the default model (HOST, PORT, MODEL, THREADS, SERVEPROTO_API_KEY)
+#   make serve   start the decision server on the default model (HOST, PORT, MODEL, THREADS, DEBIAS, SERVEPROTO_API_KEY)
 #   make test    run the tests
 # Both create .venv, build the engines and fetch the default model; a second run reuses all of it.
 
@@ -10,12 +10,13 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8000
 MODEL  ?=
 THREADS ?=
+DEBIAS ?=
 export SERVEPROTO_CACHE ?= $(HOME)/.cache/serveproto
 
 .PHONY: serve test venv engines model browser clean
 
 serve: venv engines model
-	$(VENV)/bin/serveproto serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL)) $(if $(THREADS),--threads $(THREADS))
+	$(VENV)/bin/serveproto serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL)) $(if $(THREADS),--threads $(THREADS)) $(if $(DEBIAS),--debias $(DEBIAS))
 
 test: venv engines model browser
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

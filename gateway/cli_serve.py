@@ -63,6 +63,10 @@ def add_parsers(sub) -> None:
                    help=f"CPU threads of the llama engine (default ${THREADS_ENV}, else the number of cores "
                         "minus one, at least 1: llama.cpp's all-cores default slows down sharply when the "
                         "gateway or anything else shares the cores)")
+    p.add_argument("--debias", type=_debias_methods, default=(), metavar="METHODS",
+                   help="how a language model's option scores are corrected when a request does not say "
+                        "(its x_debias): none (default), cyclic (each order of the listed options read once), "
+                        "content_free (calibrated against content-free states), or cyclic,content_free")
     p.add_argument("--request-timeout", type=float, default=120.0, help="seconds one engine call may take (503 after)")
     p.add_argument("--handshake-timeout", type=float, default=180.0, help="seconds the engine may take to load")
     p.add_argument("--max-inflight", type=int, default=256, help="POST requests served at once (503 + Retry-After above)")
@@ -81,6 +85,15 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def _debias_methods(text: str) -> tuple[str, ...]:
+    from gateway import debias
+
+    try:
+        return debias.parse([x.strip() for x in text.split(",")] if text.strip() != "none" else "none")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def default_threads(threads: int | None, environ=os.environ, cpu_count: int | None = None) -> int:
@@ -139,7 +152,8 @@ async def serve(args, *, task_status=None) -> None:
     async with listener, Engine.spawn(argv, handshake_timeout=args.handshake_timeout) as engine:
         caps = engine.caps
         model = await anyio.to_thread.run_sync(ModelInfo.load, caps.model, model_path)
-        app = App(engine, model, api_key=api_key, request_timeout=args.request_timeout, max_inflight=args.max_inflight)
+        app = App(engine, model, api_key=api_key, request_timeout=args.request_timeout, max_inflight=args.max_inflight,
+                  debias=args.debias)
         limits = Limits(max_body_bytes=args.max_body, max_decoded_bytes=max(args.max_body, 64 << 20))
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, tg.cancel_scope)

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from gateway import scoring
+from gateway import debias, scoring
 from gateway.prompts import as_text
 
 MAX_QUESTIONS = 64
@@ -63,7 +63,9 @@ class SystemOneRequest:
     ``state``: str, dict or list as sent; ``questions``: in request order;
     ``model``: the name sent or None; ``normalize``: ``"sum"``/``"mean"``;
     ``pin_state``: bool or None (server decides); ``prefix``: str or None;
-    ``cache_slot``: int or None.
+    ``cache_slot``: int or None; ``debias``: the ``x_debias`` methods
+    (:func:`gateway.debias.parse`), or None when the request left it to the
+    server's default.
     """
 
     state: Any
@@ -73,6 +75,7 @@ class SystemOneRequest:
     pin_state: bool | None = None
     prefix: str | None = None
     cache_slot: int | None = None
+    debias: tuple[str, ...] | None = None
 
 
 def _err(loc: list, msg: str, type_: str) -> dict[str, Any]:
@@ -153,7 +156,8 @@ def parse_request(body: Any) -> SystemOneRequest:
     """Validate a decoded ``/v1/systemone`` body. Raises :class:`JevValidationError` with every error.
 
     Unknown top-level fields are ignored (Jev clients send ``x_*``,
-    ``seed``, ``assets``...); ``model`` may be any string or absent.
+    ``seed``, ``assets``...); ``model`` may be any string or absent. Our one
+    extension read here is ``x_debias`` (:mod:`gateway.debias`).
     """
     if not isinstance(body, dict):
         raise JevValidationError([_err([], "Input should be a JSON object", "model_attributes_type")])
@@ -199,6 +203,12 @@ def parse_request(body: Any) -> SystemOneRequest:
     cache_slot = body.get("cache_slot")
     if cache_slot is not None and (isinstance(cache_slot, bool) or not isinstance(cache_slot, int) or cache_slot < 0):
         errors.append(_err(["cache_slot"], "Input should be a non-negative integer", "int_type"))
+    debias_methods = None
+    if "x_debias" in body:
+        try:
+            debias_methods = debias.parse(body["x_debias"])
+        except ValueError as exc:
+            errors.append(_err(["x_debias"], str(exc), "literal_error"))
     if errors:
         raise JevValidationError(errors)
     return SystemOneRequest(
@@ -209,6 +219,7 @@ def parse_request(body: Any) -> SystemOneRequest:
         pin_state=pin_state,
         prefix=None if prefix is None else as_text(prefix),
         cache_slot=cache_slot,
+        debias=debias_methods,
     )
 
 

@@ -59,33 +59,40 @@ class QuestionPrompt:
     options: tuple[str, ...]
 
 
-def question_text(qtype: str, instructions: Any, criteria: Any) -> tuple[str, tuple[str, ...]]:
+def question_text(qtype: str, instructions: Any, criteria: Any, rotation: int = 0) -> tuple[str, tuple[str, ...]]:
     """The question's text and its scored option strings, per the module table.
 
     ``criteria``: noul ``{"true"?, "false"?}`` or None; choice ``{label:
     description | None}``; score ``[level, ...]``. Options come back in the
     reply's order: noul ``("no", "yes")``, choice the labels, score ``"1".."n"``.
+    ``rotation``: the options are listed from the ``rotation``-th on, cyclically
+    (:mod:`gateway.debias`); each keeps its own text and scored string, so the
+    options tuple does not change. A noul lists yes before no, ``rotation`` 1
+    the other way round ("Answer no or yes.").
     """
-    lines = [as_text(instructions) if instructions is not None else DEFAULT_INSTRUCTIONS[qtype]]
+    head = as_text(instructions) if instructions is not None else DEFAULT_INSTRUCTIONS[qtype]
     if qtype == "noul":
         crit = criteria or {}
-        if crit.get("true") is not None:
-            lines.append(f"yes: {as_text(crit['true'])}")
-        if crit.get("false") is not None:
-            lines.append(f"no: {as_text(crit['false'])}")
-        lines.append("Answer yes or no.")
-        return "\n".join(lines), ("no", "yes")
-    if qtype == "choice":
-        for label, desc in criteria.items():
-            lines.append(f"{label}: {as_text(desc)}" if desc is not None and desc != "" else label)
-        lines.append("Answer with one label.")
-        return "\n".join(lines), tuple(criteria)
-    if qtype == "score":
-        for k, level in enumerate(criteria, start=1):
-            lines.append(f"{k}: {as_text(level)}")
-        lines.append("Answer with the number.")
-        return "\n".join(lines), tuple(str(k) for k in range(1, len(criteria) + 1))
-    raise ValueError(f"unknown question type {qtype!r}")
+        listed = [(word, f"{word}: {as_text(crit[key])}" if crit.get(key) is not None else None)
+                  for word, key in (("yes", "true"), ("no", "false"))]
+        options = ("no", "yes")
+    elif qtype == "choice":
+        listed = [(label, f"{label}: {as_text(desc)}" if desc is not None and desc != "" else label)
+                  for label, desc in criteria.items()]
+        options = tuple(criteria)
+    elif qtype == "score":
+        listed = [(str(k), f"{k}: {as_text(level)}") for k, level in enumerate(criteria, start=1)]
+        options = tuple(str(k) for k in range(1, len(criteria) + 1))
+    else:
+        raise ValueError(f"unknown question type {qtype!r}")
+    r = rotation % len(listed)
+    listed = listed[r:] + listed[:r]
+    lines = [head] + [line for _, line in listed if line is not None]
+    if qtype == "noul":
+        lines.append(f"Answer {listed[0][0]} or {listed[1][0]}.")
+    else:
+        lines.append("Answer with one label." if qtype == "choice" else "Answer with the number.")
+    return "\n".join(lines), options
 
 
 class PromptBuilder:
@@ -128,8 +135,9 @@ class PromptBuilder:
     def prefix(self, state: Any, fixed: str | None = None) -> str:
         return self._head + self.user_text_head(state, fixed)
 
-    def question(self, qtype: str, instructions: Any, criteria: Any) -> QuestionPrompt:
-        text, options = question_text(qtype, instructions, criteria)
+    def question(self, qtype: str, instructions: Any, criteria: Any, rotation: int = 0) -> QuestionPrompt:
+        """One question's stem and options; ``rotation`` as in :func:`question_text`."""
+        text, options = question_text(qtype, instructions, criteria, rotation)
         return QuestionPrompt(stem="\n\n" + text + self._tail, options=options)
 
     def chat(self, messages: list[dict[str, str]]) -> str:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import attrs
 
-from gateway import decision_record, jev, scoring
+from gateway import debias, decision_record, jev, scoring
 from gateway.app import RETRY_AFTER, parse_json
 from gateway.http import HTTPError, Request, Response
 from gateway.jev import JevValidationError, Question, SystemOneRequest
@@ -40,7 +40,8 @@ class Decided:
     options); ``input_tokens``: the longest prompt; ``output_tokens``: option
     tokens read (0 on a decision engine); ``engine_ms``: the engine's time;
     ``path``: ``"score"``, ``"decide"`` or ``"none"`` (no engine call);
-    ``warnings``: text for ``x_warnings``; counters of the scoring call.
+    ``warnings``: text for ``x_warnings``; counters of the scoring calls;
+    ``debias``: the :mod:`gateway.debias` methods applied.
     """
 
     probs: dict[str, list[float]]
@@ -52,15 +53,25 @@ class Decided:
     computed: int | None = None
     reused: int | None = None
     snapshot: str | None = None
+    debias: tuple[str, ...] = ()
 
 
 class ScoringMemory:
     """What the scoring path remembers between requests (one per app): the states seen lately
-    (to pin a state that comes back) and the fixed prefixes photographed, by slot."""
+    (to pin a state that comes back), the fixed prefixes photographed, by slot, and the
+    questions' content-free log-probabilities (:mod:`gateway.debias`)."""
 
     def __init__(self) -> None:
         self.states: OrderedDict[int, None] = OrderedDict()
         self.fixed: dict[tuple[int | None, str], bool] = {}
+        self.content_free: OrderedDict[tuple, list[float]] = OrderedDict()
+
+    def remember_content_free(self, key: tuple, mean_log_probs: list[float]) -> None:
+        """Keep a question's content-free log-probabilities (the :data:`SEEN_STATES` latest questions)."""
+        self.content_free[key] = mean_log_probs
+        self.content_free.move_to_end(key)
+        while len(self.content_free) > SEEN_STATES:
+            self.content_free.popitem(last=False)
 
     def seen(self, key: str) -> bool:
         h = hash(key)
@@ -89,18 +100,29 @@ async def _engine_call(app: "App", fn, *args, **kwargs):
                         headers=[("retry-after", RETRY_AFTER)]) from None
 
 
+def _methods(app: "App", request: SystemOneRequest) -> tuple[str, ...]:
+    """The debias methods of a request: its own ``x_debias``, else the server's default."""
+    return request.debias if request.debias is not None else getattr(app, "debias", ())
+
+
 async def _score_path(app: "App", mem: ScoringMemory, request: SystemOneRequest, questions: list[Question],
                       out: Decided) -> None:
     prompts = app.prompts
     prefix_text = prompts.prefix(request.state, request.prefix)
     if request.cache_slot is not None:
         _check_slot(app, request)
-    groups = []
+    methods = _methods(app, request)
+    # one group per question and rotation; spans[i] = (first group, rotations) of question i
+    groups: list[tuple[str, list[str]]] = []
+    spans: list[tuple[int, int]] = []
     for q in questions:
-        qp = prompts.question(q.type, q.instructions, q.criteria)
-        groups.append((qp.stem, list(qp.options)))
+        rots = debias.rotations(q.n_options, methods)
+        spans.append((len(groups), len(rots)))
+        for r in rots:
+            qp = prompts.question(q.type, q.instructions, q.criteria, r)
+            groups.append((qp.stem, list(qp.options)))
     seen = mem.seen(prefix_text)
-    pin = request.pin_state if request.pin_state is not None else (len(groups) >= 2 or seen)
+    pin = request.pin_state if request.pin_state is not None else (len(questions) >= 2 or seen)
     engine = app.engine
     slot = request.cache_slot
     # With no cache_slot the supervisor routes a request to the slot that last
@@ -115,33 +137,82 @@ async def _score_path(app: "App", mem: ScoringMemory, request: SystemOneRequest,
         if key not in mem.fixed:
             await _engine_call(app, engine.read_out, fixed, logprobs=1, pin=True, slot=slot, **route)
             mem.fixed[key] = True
+    content_free = None
+    if "content_free" in methods:
+        content_free = await _content_free(app, mem, request, groups, spans, slot, route, out)
     result = await _engine_call(app, engine.score, prefix_text, groups, pin=pin, slot=slot, **route)
     out.engine_ms = (time.perf_counter() - t0) * 1e3
     out.path = "score"
+    if methods:
+        out.debias = methods
     done = getattr(result, "done", None)
-    out.computed = getattr(result, "computed", None)
-    out.reused = getattr(result, "reused", None)
+    out.computed = _add(out.computed, getattr(result, "computed", None))
+    out.reused = _add(out.reused, getattr(result, "reused", None))
     out.snapshot = getattr(done, "snapshot", None) if done is not None else None
     if request.prefix and out.snapshot not in (None, "hit"):
         mem.fixed.pop((slot, prompts.fixed_prefix(request.prefix)), None)  # evicted: retake it next time
-    longest = 0
-    read = 0
-    for q, group in zip(questions, result.groups):
-        lps = [tuple(o.logprobs) for o in group]
-        counts = {len(x) for x in lps}
+    for i, (q, (start, k)) in enumerate(zip(questions, spans)):
+        rows = [[tuple(o.logprobs) for o in result.groups[g]] for g in range(start, start + k)]
+        counts = {len(x) for x in rows[0]}
         if request.normalize == "mean" and len(counts) > 1:
             log.warning("question %r: normalize=mean over options of %d to %d tokens", q.id, min(counts), max(counts))
             out.warnings.append(f"question {q.id!r}: normalize=mean over options of different token counts "
                                 f"({min(counts)} to {max(counts)}): a per-token average favours the longer options")
         try:
-            out.probs[q.id] = scoring.decide(lps, request.normalize)
+            if methods:
+                per_rotation = [scoring.option_scores(lps, request.normalize) for lps in rows]
+                cf = content_free[i] if content_free is not None else None
+                out.probs[q.id] = scoring.report(scoring.softmax(debias.calibrated(per_rotation, cf)))
+            else:
+                out.probs[q.id] = scoring.decide(rows[0], request.normalize)
         except ValueError as exc:
             raise HTTPError(502, "api_error", f"the engine's scores for {q.id!r} are unusable: {exc}") from None
+    longest = 0
+    for group in result.groups:
         for o in group:
             longest = max(longest, int(o.context_tokens) + len(o.logprobs))
-            read += len(o.logprobs)
+            out.output_tokens += len(o.logprobs)
     out.input_tokens = longest
-    out.output_tokens = read
+
+
+def _add(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else a + b
+
+
+async def _content_free(app: "App", mem: ScoringMemory, request: SystemOneRequest, groups: list[tuple[str, list[str]]],
+                        spans: list[tuple[int, int]], slot: int | None, route: dict[str, str],
+                        out: Decided) -> list[list[float]]:
+    """Each question's mean option log-probabilities on the content-free states (:mod:`gateway.debias`).
+
+    Read once per question (its rotations' stems and options, the fixed
+    prefix, ``normalize``) and remembered in ``mem``; the questions not seen
+    yet are read in one ``SCORE`` whose prefix is the prompt up to where the
+    state would start, each content-free state beginning the stems. Returns
+    one list of ``n_options`` floats per question.
+    """
+    cf_prefix = app.prompts.prefix("", request.prefix)
+    keys = [(cf_prefix, request.normalize, tuple((stem, tuple(opts)) for stem, opts in groups[start:start + k]))
+            for start, k in spans]
+    missing = [key for key in dict.fromkeys(keys) if key not in mem.content_free]
+    if missing:
+        cf_groups = [(state + stem, list(opts)) for key in missing for state in debias.CONTENT_FREE_STATES
+                     for stem, opts in key[2]]
+        result = await _engine_call(app, app.engine.score, cf_prefix, cf_groups, pin=False, slot=slot, **route)
+        out.computed = _add(out.computed, getattr(result, "computed", None))
+        out.reused = _add(out.reused, getattr(result, "reused", None))
+        g = 0
+        for key in missing:
+            per_read = []
+            for _ in range(len(debias.CONTENT_FREE_STATES) * len(key[2])):
+                lps = [tuple(o.logprobs) for o in result.groups[g]]
+                out.output_tokens += sum(len(x) for x in lps)
+                try:
+                    per_read.append(scoring.option_scores(lps, request.normalize))
+                except ValueError as exc:
+                    raise HTTPError(502, "api_error", f"the engine's content-free scores are unusable: {exc}") from None
+                g += 1
+            mem.remember_content_free(key, debias.mean_log_probs(per_read))
+    return [mem.content_free[key] for key in keys]
 
 
 def decide_invalid_error(reason: str, questions: list[Question]) -> dict[str, Any]:
@@ -227,6 +298,8 @@ async def decide_questions(app: "App", request: SystemOneRequest, memory: Scorin
     if asked:
         if app.caps.decide:
             await _decide_path(app, request, asked, out)
+            if request.debias:
+                out.warnings.append("x_debias is not applied: the decision engine answers natively")
         else:
             await _score_path(app, memory, request, asked, out)
     metrics = app.metrics
@@ -248,6 +321,8 @@ async def systemone(app: "App", memory: ScoringMemory, request: Request) -> Resp
     extra: dict[str, Any] = {"x_request_id": request.request_id, "x_engine_ms": round(decided.engine_ms, 3), "x_path": decided.path}
     if decided.computed is not None:
         extra["x_positions"] = {"computed": decided.computed, "reused": decided.reused, "snapshot": decided.snapshot}
+    if decided.debias:
+        extra["x_debias"] = list(decided.debias)
     if decided.warnings:
         extra["x_warnings"] = decided.warnings
     body = jev.reply(app.model.name, answers, decided.input_tokens, decided.output_tokens, extra)
@@ -315,7 +390,8 @@ def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
             jq["criteria"] = crit_l
         converted[str(i)] = jq
     try:
-        parsed = jev.parse_request({"state": body["input"], "questions": converted, "model": body.get("model")})
+        extension = {"x_debias": body["x_debias"]} if "x_debias" in body else {}
+        parsed = jev.parse_request({"state": body["input"], "questions": converted, "model": body.get("model"), **extension})
     except JevValidationError as exc:
         e = exc.errors[0]
         loc = e["loc"][1:]

@@ -72,24 +72,55 @@ REQUEST = {
 }
 
 
-async def test_tiny_gguf_systemone_and_echo_match_the_oracle(tiny):
+async def oracle_scores(c, tiny, text_context: str, options, check_top: bool = True) -> list[float]:
+    """Each option's summed logprob after ``text_context``, from the numpy oracle.
+
+    The server's token ids are read back through ``/v1/completions`` with
+    ``echo`` (whose read-out is itself checked against the oracle at every
+    position, values and top-1 alternatives); an option's tokens are those
+    past the longest common token prefix with the context alone (spec 9.1).
+    ``check_top=False`` skips the top-1 check (done once is enough).
+    """
     v = vocab.load(tiny)
     ids_of = {p: i for i, p in enumerate(v.pieces)}
 
+    async def tokens(text: str) -> tuple[list[int], list]:
+        body = await post(c, "/v1/completions", {"prompt": text, "max_tokens": 0, "echo": True, "logprobs": 1})
+        lp = body["choices"][0]["logprobs"]
+        ids = [ids_of[t.encode()] for t in lp["tokens"]]
+        if not check_top:
+            return ids, lp["token_logprobs"]
+        # the most likely alternative at each position, by its text, as the oracle ranks it
+        top_ids, top_lps = oracle.top_k(tiny, ids, 1)
+        for p in range(1, len(ids)):
+            [(text, value)] = lp["top_logprobs"][p].items()
+            assert abs(value - top_lps[p][0]) <= TOL
+            assert text == v.pieces[int(top_ids[p][0])].decode("utf-8", "replace")
+        return ids, lp["token_logprobs"]
+
+    context, _ = await tokens(text_context)
+    scores = []
+    for opt in options:
+        full, echo_lps = await tokens(text_context + opt)
+        ref = oracle.logprobs(tiny, full)
+        # the echo read-out itself equals the oracle at every position
+        assert echo_lps[0] is None
+        assert max(abs(a - r) for a, r in zip(echo_lps[1:], ref[1:])) <= TOL
+        common = next((i for i, (x, y) in enumerate(zip(context, full)) if x != y), len(context))
+        assert len(full) > common
+        scores.append(float(sum(ref[common:])))
+    return scores
+
+
+def softmax(scores) -> list[float]:
+    m = max(scores)
+    e = [math.exp(s - m) for s in scores]
+    return [x / sum(e) for x in e]
+
+
+async def test_tiny_gguf_systemone_and_echo_match_the_oracle(tiny):
     async with serving("--model", str(tiny), "--slots", "1", "--ctx", "1024") as base:
         async with httpx2.AsyncClient(base_url=base, timeout=60) as c:
-            async def tokens(text: str) -> tuple[list[int], list]:
-                body = await post(c, "/v1/completions", {"prompt": text, "max_tokens": 0, "echo": True, "logprobs": 1})
-                lp = body["choices"][0]["logprobs"]
-                ids = [ids_of[t.encode()] for t in lp["tokens"]]
-                # the most likely alternative at each position, by its text, as the oracle ranks it
-                top_ids, top_lps = oracle.top_k(tiny, ids, 1)
-                for p in range(1, len(ids)):
-                    [(text, value)] = lp["top_logprobs"][p].items()
-                    assert abs(value - top_lps[p][0]) <= TOL
-                    assert text == v.pieces[int(top_ids[p][0])].decode("utf-8", "replace")
-                return ids, lp["token_logprobs"]
-
             reply = await post(c, "/v1/systemone", REQUEST)
             b = PromptBuilder(ChatTemplate.from_gguf(tiny))
             parsed = jev.parse_request(REQUEST)
@@ -97,24 +128,45 @@ async def test_tiny_gguf_systemone_and_echo_match_the_oracle(tiny):
             expected = {}
             for q in parsed.questions:
                 qp = b.question(q.type, q.instructions, q.criteria)
-                context, _ = await tokens(prefix + qp.stem)
-                scores = []
-                for opt in qp.options:
-                    full, echo_lps = await tokens(prefix + qp.stem + opt)
-                    ref = oracle.logprobs(tiny, full)
-                    # the echo read-out itself equals the oracle at every position
-                    assert echo_lps[0] is None
-                    assert max(abs(a - r) for a, r in zip(echo_lps[1:], ref[1:])) <= TOL
-                    common = next((i for i, (x, y) in enumerate(zip(context, full)) if x != y), len(context))
-                    assert len(full) > common
-                    scores.append(float(sum(ref[common:])))
-                m = max(scores)
-                e = [math.exp(s - m) for s in scores]
-                expected[q.id] = [x / sum(e) for x in e]
+                expected[q.id] = softmax(await oracle_scores(c, tiny, prefix + qp.stem, qp.options))
     ans = reply["answers"]
     assert ans["refund"]["noul"] == pytest.approx(expected["refund"][1], abs=TOL)
     assert list(ans["team"]["probabilities"].values()) == pytest.approx(expected["team"], abs=TOL)
     assert reply["usage"]["output_tokens"] >= 5 and isinstance(reply["usage"]["input_tokens"], int)
+
+
+async def test_tiny_gguf_debias_matches_the_oracle(tiny):
+    """``x_debias: ["cyclic", "content_free"]``: every rotation and every content-free state read by the
+    oracle, combined here with numpy (log-softmax per reading, means, difference, softmax)."""
+    import numpy as np
+
+    request = {**REQUEST, "x_debias": ["cyclic", "content_free"]}
+    async with serving("--model", str(tiny), "--slots", "1", "--ctx", "1024") as base:
+        async with httpx2.AsyncClient(base_url=base, timeout=60) as c:
+            reply = await post(c, "/v1/systemone", request)
+            again = await post(c, "/v1/systemone", request)
+            b = PromptBuilder(ChatTemplate.from_gguf(tiny))
+            parsed = jev.parse_request(REQUEST)
+            expected = {}
+            for q in parsed.questions:
+                def log_softmax(x):
+                    x = np.asarray(x, dtype=np.float64)
+                    return x - np.log(np.exp(x - x.max()).sum()) - x.max()
+
+                real, free = [], []
+                for r in range(q.n_options):
+                    qp = b.question(q.type, q.instructions, q.criteria, rotation=r)
+                    real.append(log_softmax(await oracle_scores(c, tiny, b.prefix(parsed.state) + qp.stem, qp.options, False)))
+                    for state in ("N/A", "", "[MASK]"):
+                        free.append(log_softmax(await oracle_scores(c, tiny, b.prefix(state) + qp.stem, qp.options, False)))
+                expected[q.id] = softmax(list(np.mean(real, axis=0) - np.mean(free, axis=0)))
+    for body in (reply, again):
+        ans = body["answers"]
+        assert body["x_debias"] == ["cyclic", "content_free"]
+        assert ans["refund"]["noul"] == pytest.approx(expected["refund"][1], abs=TOL)
+        assert list(ans["team"]["probabilities"].values()) == pytest.approx(expected["team"], abs=TOL)
+    # the content-free readings are remembered: the second request reads only the state's rotations
+    assert again["usage"]["output_tokens"] < reply["usage"]["output_tokens"]
 
 
 def test_default_model_answers_the_seed_ticket(llama_engine):

@@ -1,0 +1,145 @@
+"""``gateway.debias`` and the ``x_debias`` extension of ``/v1/systemone``: the arithmetic by hand, the
+prompts of each rotation, and what the scoring path asks the engine (over the routes' fake engine).
+The numbers on a real model are checked against the numpy oracle in ``test_server_llama.py``."""
+from __future__ import annotations
+
+import math
+
+import httpx2
+import orjson
+import pytest
+
+from gateway import debias
+from gateway.cli import build_parser
+from gateway.prompts import question_text
+from test_routes_support import TICKET, FakeCaps, FakeEngine, make_app, running
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.mark.parametrize("value, methods", [
+    (None, ()), ("none", ()), ([], ()), ("cyclic", ("cyclic",)), ("content_free", ("content_free",)),
+    (["content_free", "cyclic"], ("cyclic", "content_free")), (["cyclic", "cyclic"], ("cyclic",)),
+])
+def test_parse_accepts_names_and_lists(value, methods):
+    assert debias.parse(value) == methods
+
+
+@pytest.mark.parametrize("value, message", [
+    ("both", "Unknown debias method 'both': use 'cyclic', 'content_free' or both"),
+    (["cyclic", "x"], "Unknown debias method 'x': use 'cyclic', 'content_free' or both"),
+    (3, "Input should be 'none', 'cyclic', 'content_free' or a list of those"),
+    ([1], "Input should be 'none', 'cyclic', 'content_free' or a list of those"),
+])
+def test_parse_refuses_anything_else(value, message):
+    with pytest.raises(ValueError) as e:
+        debias.parse(value)
+    assert str(e.value) == message
+
+
+def test_rotations():
+    assert debias.rotations(3, ()) == [0]
+    assert debias.rotations(3, ("content_free",)) == [0]
+    assert debias.rotations(3, ("cyclic",)) == [0, 1, 2]
+    assert debias.rotations(16, ("cyclic",)) == list(range(16))
+    assert debias.rotations(40, ("cyclic",)) == [0, 2, 5, 7, 10, 12, 15, 17, 20, 22, 25, 27, 30, 32, 35, 37]
+
+
+def test_calibrated_by_hand():
+    # rotation 0: scores (0, log 2, log 1) -> p = (1/4, 2/4, 1/4); rotation 1: (log 3, 0, 0) -> (3/5, 1/5, 1/5)
+    per_rotation = [[0.0, math.log(2), 0.0], [math.log(3), 0.0, 0.0]]
+    mean = debias.calibrated(per_rotation, None)
+    want = [(math.log(1 / 4) + math.log(3 / 5)) / 2, (math.log(2 / 4) + math.log(1 / 5)) / 2,
+            (math.log(1 / 4) + math.log(1 / 5)) / 2]
+    assert mean == pytest.approx(want, abs=1e-15)
+    # calibration divides by the content-free probabilities: p_i / p_cf_i, renormalised
+    cf = [math.log(0.5), math.log(0.25), math.log(0.25)]
+    out = debias.calibrated(per_rotation, cf)
+    q = [math.exp(m) / math.exp(c) for m, c in zip(want, cf)]
+    z = sum(q)
+    s = [math.exp(x) for x in out]
+    assert [x / sum(s) for x in s] == pytest.approx([x / z for x in q], abs=1e-15)
+
+
+def test_rotated_question_texts():
+    crit = {"billing": "payments", "technical": None, "sales": "plans"}
+    assert question_text("choice", "Who?", crit, 1) == (
+        "Who?\ntechnical\nsales: plans\nbilling: payments\nAnswer with one label.", ("billing", "technical", "sales"))
+    assert question_text("choice", "Who?", crit, 3) == question_text("choice", "Who?", crit, 0)
+    assert question_text("score", None, ["low", "mid", "high"], 2) == (
+        "Which level fits the text best?\n3: high\n1: low\n2: mid\nAnswer with the number.", ("1", "2", "3"))
+    assert question_text("noul", "Urgent?", {"true": "now"}, 1) == ("Urgent?\nyes: now\nAnswer no or yes.", ("no", "yes"))
+    assert question_text("noul", "Urgent?", {"true": "now", "false": "later"}, 1) == (
+        "Urgent?\nno: later\nyes: now\nAnswer no or yes.", ("no", "yes"))
+
+
+async def post(base, body):
+    async with httpx2.AsyncClient(base_url=base) as c:
+        return await c.post("/v1/systemone", content=orjson.dumps(body), headers={"content-type": "application/json"})
+
+
+async def test_cyclic_and_content_free_reach_the_engine_once_per_rotation_and_question():
+    eng = FakeEngine()
+    body = {**TICKET, "x_debias": ["cyclic", "content_free"]}
+    async with running(make_app(eng)) as base:
+        first = await post(base, body)
+        second = await post(base, body)
+    assert first.status_code == second.status_code == 200, first.text
+    assert first.json()["x_debias"] == ["cyclic", "content_free"]
+    scores = [c for c in eng.calls if c[0] == "score"]
+    # first request: the content-free reading (3 states x (2 + 3 + 5) rotations), then the state's rotations
+    free, real, real2 = scores
+    assert len(real[2]) == 2 + 3 + 5 and len(free[2]) == 3 * 10 and len(real2[2]) == 10
+    assert real[1].endswith(TICKET["state"]) and not free[1].endswith(TICKET["state"])
+    # per question, each content-free state starts the stems of all its rotations
+    assert [stem.split("\n")[0] for stem, _ in free[2][:6]] == ["N/A", "N/A", "", "", "[MASK]", "[MASK]"]
+    stems = [stem for stem, _ in real[2][2:5]]
+    assert [s.split("\n")[3] for s in stems] == ["billing: payments, invoices", "technical: bugs, integration errors", "sales"]
+    # the options are the same strings in every rotation, in the reply's order
+    assert {tuple(opts) for _, opts in real[2][2:5]} == {("billing", "technical", "sales")}
+    # the fake scores an option by its characters alone, so no correction changes its answer
+    assert first.json()["answers"] == second.json()["answers"]
+    assert first.json()["usage"]["output_tokens"] > second.json()["usage"]["output_tokens"]
+
+
+async def test_the_server_default_applies_and_a_request_overrides_it():
+    eng = FakeEngine()
+    async with running(make_app(eng, debias=("cyclic",))) as base:
+        default = await post(base, TICKET)
+        off = await post(base, {**TICKET, "x_debias": "none"})
+    assert default.json()["x_debias"] == ["cyclic"] and "x_debias" not in off.json()
+    scores = [c for c in eng.calls if c[0] == "score"]
+    assert [len(c[2]) for c in scores] == [10, 3]
+
+
+async def test_a_bad_x_debias_is_a_422_naming_the_field():
+    async with running(make_app(FakeEngine())) as base:
+        r = await post(base, {**TICKET, "x_debias": "both"})
+    assert r.status_code == 422
+    msg = "Unknown debias method 'both': use 'cyclic', 'content_free' or both"
+    assert r.json() == {"detail": [{"loc": ["body", "x_debias"], "msg": msg, "type": "literal_error"}],
+                        "error": {"type": "invalid_request_error", "message": f"body.x_debias: {msg}",
+                                  "param": "x_debias"}}
+
+
+async def test_a_decision_engine_ignores_x_debias_with_a_warning():
+    eng = FakeEngine(FakeCaps(decide=True, chat=False))
+    async with running(make_app(eng)) as base:
+        r = await post(base, {**TICKET, "x_debias": "cyclic"})
+    assert r.status_code == 200
+    assert r.json()["x_warnings"] == ["x_debias is not applied: the decision engine answers natively"]
+    assert "x_debias" not in r.json()
+
+
+def test_serve_flag():
+    parse = build_parser().parse_args
+    assert parse(["serve"]).debias == ()
+    assert parse(["serve", "--debias", "cyclic,content_free"]).debias == ("cyclic", "content_free")
+    assert parse(["serve", "--debias", "none"]).debias == ()
+    with pytest.raises(SystemExit):
+        parse(["serve", "--debias", "sideways"])
