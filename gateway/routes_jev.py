@@ -65,6 +65,7 @@ class ScoringMemory:
         self.states: OrderedDict[int, None] = OrderedDict()
         self.fixed: dict[tuple[int | None, str], bool] = {}
         self.content_free: OrderedDict[tuple, list[float]] = OrderedDict()
+        self.reading: dict[tuple, anyio.Event] = {}  # content-free readings in progress
 
     def remember_content_free(self, key: tuple, mean_log_probs: list[float]) -> None:
         """Keep a question's content-free log-probabilities (the :data:`SEEN_STATES` latest questions)."""
@@ -187,32 +188,56 @@ async def _content_free(app: "App", mem: ScoringMemory, request: SystemOneReques
     Read once per question (its rotations' stems and options, the fixed
     prefix, ``normalize``) and remembered in ``mem``; the questions not seen
     yet are read in one ``SCORE`` whose prefix is the prompt up to where the
-    state would start, each content-free state beginning the stems. Returns
-    one list of ``n_options`` floats per question.
+    state would start, each content-free state beginning the stems. That
+    reading is shielded from the client leaving, and a request that needs a
+    question another request is reading waits for it rather than reading it
+    again. Returns one list of ``n_options`` floats per question.
     """
     cf_prefix = app.prompts.prefix("", request.prefix)
     keys = [(cf_prefix, request.normalize, tuple((stem, tuple(opts)) for stem, opts in groups[start:start + k]))
             for start, k in spans]
-    missing = [key for key in dict.fromkeys(keys) if key not in mem.content_free]
+    while True:
+        missing = [key for key in dict.fromkeys(keys) if key not in mem.content_free]
+        waiting = [mem.reading[key] for key in missing if key in mem.reading]
+        if not waiting:
+            break
+        for event in waiting:  # another request is reading them: share its result
+            await event.wait()
     if missing:
-        cf_groups = [(state + stem, list(opts)) for key in missing for state in debias.CONTENT_FREE_STATES
-                     for stem, opts in key[2]]
-        result = await _engine_call(app, app.engine.score, cf_prefix, cf_groups, pin=False, slot=slot, **route)
-        out.computed = _add(out.computed, getattr(result, "computed", None))
-        out.reused = _add(out.reused, getattr(result, "reused", None))
-        g = 0
+        event = anyio.Event()
         for key in missing:
-            per_read = []
-            for _ in range(len(debias.CONTENT_FREE_STATES) * len(key[2])):
-                lps = [tuple(o.logprobs) for o in result.groups[g]]
-                out.output_tokens += sum(len(x) for x in lps)
-                try:
-                    per_read.append(scoring.option_scores(lps, request.normalize))
-                except ValueError as exc:
-                    raise HTTPError(502, "api_error", f"the engine's content-free scores are unusable: {exc}") from None
-                g += 1
-            mem.remember_content_free(key, debias.mean_log_probs(per_read))
+            mem.reading[key] = event
+        try:
+            # Shielded: a client that leaves (the SDK's 10 s timeout) does not waste the reading;
+            # its retry finds it remembered. The engine call keeps its own time limit.
+            with anyio.CancelScope(shield=True):
+                await _read_content_free(app, mem, request, missing, cf_prefix, slot, route, out)
+        finally:
+            for key in missing:
+                mem.reading.pop(key, None)
+            event.set()
     return [mem.content_free[key] for key in keys]
+
+
+async def _read_content_free(app: "App", mem: ScoringMemory, request: SystemOneRequest, missing: list[tuple],
+                             cf_prefix: str, slot: int | None, route: dict[str, str], out: Decided) -> None:
+    cf_groups = [(state + stem, list(opts)) for key in missing for state in debias.CONTENT_FREE_STATES
+                 for stem, opts in key[2]]
+    result = await _engine_call(app, app.engine.score, cf_prefix, cf_groups, pin=False, slot=slot, **route)
+    out.computed = _add(out.computed, getattr(result, "computed", None))
+    out.reused = _add(out.reused, getattr(result, "reused", None))
+    g = 0
+    for key in missing:
+        per_read = []
+        for _ in range(len(debias.CONTENT_FREE_STATES) * len(key[2])):
+            lps = [tuple(o.logprobs) for o in result.groups[g]]
+            out.output_tokens += sum(len(x) for x in lps)
+            try:
+                per_read.append(scoring.option_scores(lps, request.normalize))
+            except ValueError as exc:
+                raise HTTPError(502, "api_error", f"the engine's content-free scores are unusable: {exc}") from None
+            g += 1
+        mem.remember_content_free(key, debias.mean_log_probs(per_read))
 
 
 def decide_invalid_error(reason: str, questions: list[Question]) -> dict[str, Any]:

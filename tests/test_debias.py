@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import anyio
 import httpx2
 import orjson
 import pytest
@@ -143,3 +144,42 @@ def test_serve_flag():
     assert parse(["serve", "--debias", "none"]).debias == ()
     with pytest.raises(SystemExit):
         parse(["serve", "--debias", "sideways"])
+
+
+class GatedEngine(FakeEngine):
+    """The fake engine whose content-free reading (the SCORE of 30 groups) waits for ``gate``."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = anyio.Event()
+        self.free_reads = 0
+
+    async def score(self, prefix, groups, pin=False, slot=None, route=None):
+        if len(groups) == 30:
+            self.free_reads += 1
+            await self.gate.wait()
+        return await super().score(prefix, groups, pin, slot, route)
+
+
+async def test_a_content_free_reading_outlives_its_client_and_is_shared():
+    eng = GatedEngine()
+    body = {**TICKET, "x_debias": ["cyclic", "content_free"]}
+    replies = []
+    async with running(make_app(eng)) as base:
+        async with httpx2.AsyncClient(base_url=base, timeout=0.5) as c:
+            with pytest.raises(httpx2.TimeoutException):  # the client leaves while the reading waits
+                await c.post("/v1/systemone", content=orjson.dumps(body), headers={"content-type": "application/json"})
+
+        async def ask():
+            replies.append(await post(base, body))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask)
+            tg.start_soon(ask)
+            await anyio.sleep(0.3)
+            assert eng.free_reads == 1  # both wait on the first reading instead of reading again
+            eng.gate.set()
+        replies.append(await post(base, body))
+    assert [r.status_code for r in replies] == [200, 200, 200]
+    assert eng.free_reads == 1
+    assert replies[0].json()["answers"] == replies[2].json()["answers"]
