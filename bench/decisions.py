@@ -284,10 +284,11 @@ def bench_llm(args) -> None:
             rows["gen_warm"].append(by_generation(client, state_gen, questions, args.gen_tokens)[0])
             rows["gen_reread"].append(by_generation(client, state_gen, questions, args.gen_tokens, reread=True)[0])
         # k sampled answers a question, on the state generation has warmed (the last round's), against
-        # System One on the same questions and state (its first request reads the state, the second is timed)
+        # System One on the same state (the first request reads it and is the reference for the greedy
+        # and the sampled answers; the second, on the sampled questions only, is timed)
         sq = {k: questions[k] for k in names[:args.sample_questions]}
         t_samp, n_samp, sampled, _ = by_generation(client, state_gen, sq, args.gen_tokens, args.samples, 1.0)
-        _, ref = systemone(client, state_gen, sq)
+        _, ref = systemone(client, state_gen, questions)  # the reference: System One on generation's own state
         t_s1_sq, _ = systemone(client, state_gen, sq)
 
         c1, c2, w1, w2 = med(rows["s1_cold"]), med(rows["gen_cold"]), med(rows["s1_warm"]), med(rows["gen_warm"])
@@ -302,7 +303,7 @@ def bench_llm(args) -> None:
             floors.append(expected_sampling_error(p, args.samples))
         for qid, q in questions.items():
             opts = options_of(q)
-            p = systemone_probabilities(q, warm_body["answers"][qid])
+            p = systemone_probabilities(q, ref["answers"][qid])
             agree += parse_answer(greedy[qid][0], opts) == max(range(len(p)), key=lambda i: (p[i], -i))
         print(f"\n## default model ({Path(model).name}, {args.threads} threads): System One vs generation, "
               f"{nq} questions on one state (median of {args.rounds} interleaved rounds)\n")
