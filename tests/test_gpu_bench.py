@@ -129,3 +129,40 @@ def test_gpu_decisions_runs_on_the_cpu(tiny_random, tmp_path):
         assert r["computed_cold"] > r["tokens"] and r["computed_cold"] > r["computed_warm"]
     (gen,) = res["generation"]
     assert gen["generated_tokens"] == 3 * 2
+
+
+def test_gpu_decisions_refuses_an_unknown_server_part():
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_decisions.py"), "--model", "unused.gguf",
+                        "--server-parts", "systemone,speed"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "--server-parts: systemone and/or generation, not systemone,speed" in r.stderr
+
+
+def test_fixed_cost_sends_token_ids_as_the_protocol_reads_them():
+    from bench.gpu import fixed_cost
+
+    assert fixed_cost.ids_payload([0, 17, 49151]) == b"0 17 49151"
+
+
+@pytest.mark.slow
+def test_fixed_cost_runs_on_the_cpu(tiny_random):
+    """Every variant reads the whole prompt (fixed_cost raises when the slot reused a prefix), the
+    ids variants have as many tokens as the text, and llama-prefill-ref reads the same count."""
+    for name in ("serveproto-llama", "llama-prefill-ref"):
+        if not Path(engine_bin(name)).exists():
+            pytest.skip(f"{engine_bin(name)} is not built yet (make -C engines all)")
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "fixed_cost.py"), "--model", str(tiny_random),
+                          "--tokens", "40", "--reps", "2", "--ctx", "512", "--threads", "2"],
+                         check=True, capture_output=True, text=True, timeout=600).stdout
+    head = out.splitlines()[0]
+    n = int(head.split(", ")[1].split("-token")[0])
+    assert abs(n - 40) <= 1
+    rows = {line.split(" | ")[0].strip("| "): line for line in out.splitlines()
+            if line.startswith("| ") and not line.startswith("| variant")}
+    assert list(rows) == ["text after x", "ids after x", "ids, same shape", "1 token", "PING"]
+    for line in rows.values():
+        best, median = (float(x) for x in line.strip("| ").split(" | ")[1:])
+        assert 0 < best <= median
+    ref = next(line for line in out.splitlines() if line.startswith("llama-prefill-ref"))
+    assert ref.startswith(f"llama-prefill-ref, {n} tokens")
+    assert len(ref.split(": ")[1].split()) == 2

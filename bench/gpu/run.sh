@@ -17,6 +17,7 @@ OUT=${OUT:-/tmp/gpu-out}
 C=${CARRY:-bench/gpu/carry}
 RES=/tmp/gpu-res
 MODEL=/tmp/llama3-8b-random.Q4_K.gguf
+rm -rf $RES  # a warm machine keeps the last call's logs: none of them count for this one
 mkdir -p "$OUT" $RES
 elapsed() { echo $(( $(date +%s) - T0 )); }
 log() { echo "[$(elapsed) s] $*" | tee -a $RES/run.log; }
