@@ -93,12 +93,13 @@ async def test_cyclic_and_content_free_reach_the_engine_once_per_rotation_and_qu
     assert first.status_code == second.status_code == 200, first.text
     assert first.json()["x_debias"] == ["cyclic", "content_free"]
     scores = [c for c in eng.calls if c[0] == "score"]
-    # first request: the content-free reading (3 states x (2 + 3 + 5) rotations), then the state's rotations
+    # first request: the content-free reading ("N/A" under (2 + 3 + 5) rotations), then the state's rotations
     free, real, real2 = scores
-    assert len(real[2]) == 2 + 3 + 5 and len(free[2]) == 3 * 10 and len(real2[2]) == 10
+    assert len(real[2]) == 2 + 3 + 5 and len(free[2]) == 10 and len(real2[2]) == 10
     assert real[1].endswith(TICKET["state"]) and not free[1].endswith(TICKET["state"])
-    # per question, each content-free state starts the stems of all its rotations
-    assert [stem.split("\n")[0] for stem, _ in free[2][:6]] == ["N/A", "N/A", "", "", "[MASK]", "[MASK]"]
+    # "N/A" takes the state's place in every stem
+    assert [stem.split("\n")[0] for stem, _ in free[2]] == ["N/A"] * 10
+    assert [stem[3:] for stem, _ in free[2]] == [stem for stem, _ in real[2]]
     stems = [stem for stem, _ in real[2][2:5]]
     assert [s.split("\n")[3] for s in stems] == ["billing: payments, invoices", "technical: bugs, integration errors", "sales"]
     # the options are the same strings in every rotation, in the reply's order
@@ -137,17 +138,22 @@ async def test_a_decision_engine_ignores_x_debias_with_a_warning():
     assert "x_debias" not in r.json()
 
 
-def test_serve_flag():
+def test_serve_flag_and_its_default():
+    from gateway.cli_serve import default_debias
+
     parse = build_parser().parse_args
-    assert parse(["serve"]).debias == ()
-    assert parse(["serve", "--debias", "cyclic,content_free"]).debias == ("cyclic", "content_free")
-    assert parse(["serve", "--debias", "none"]).debias == ()
+    assert default_debias(parse(["serve"])) == ("cyclic", "content_free")  # the default model needs it
+    assert default_debias(parse(["serve", "--model", "m.gguf"])) == ()
+    assert default_debias(parse(["serve", "--engine", "engines/bin/serveproto-fixture"])) == ()
+    assert default_debias(parse(["serve", "--debias", "none"])) == ()
+    assert default_debias(parse(["serve", "--model", "m.gguf", "--debias", "cyclic,content_free"])) == ("cyclic", "content_free")
+    assert default_debias(parse(["serve", "--debias", "content_free"])) == ("content_free",)
     with pytest.raises(SystemExit):
         parse(["serve", "--debias", "sideways"])
 
 
 class GatedEngine(FakeEngine):
-    """The fake engine whose content-free reading (the SCORE of 30 groups) waits for ``gate``."""
+    """The fake engine whose content-free reading (the SCORE whose prefix ends before the state) waits for ``gate``."""
 
     def __init__(self):
         super().__init__()
@@ -155,7 +161,7 @@ class GatedEngine(FakeEngine):
         self.free_reads = 0
 
     async def score(self, prefix, groups, pin=False, slot=None, route=None):
-        if len(groups) == 30:
+        if groups[0][0].startswith("N/A"):
             self.free_reads += 1
             await self.gate.wait()
         return await super().score(prefix, groups, pin, slot, route)

@@ -20,7 +20,7 @@ import pytest
 from typesafe_sdk import TypeSafeClient
 
 from fixtures import oracle, tiny_gguf, vocab
-from gateway import jev
+from gateway import debias, jev
 from gateway.chat_template import ChatTemplate
 from gateway.cli import build_parser
 from gateway.cli_serve import serve
@@ -157,7 +157,7 @@ async def test_tiny_gguf_debias_matches_the_oracle(tiny):
                 for r in range(q.n_options):
                     qp = b.question(q.type, q.instructions, q.criteria, rotation=r)
                     real.append(log_softmax(await oracle_scores(c, tiny, b.prefix(parsed.state) + qp.stem, qp.options, False)))
-                    for state in ("N/A", "", "[MASK]"):
+                    for state in debias.CONTENT_FREE_STATES:
                         free.append(log_softmax(await oracle_scores(c, tiny, b.prefix(state) + qp.stem, qp.options, False)))
                 expected[q.id] = softmax(list(np.mean(real, axis=0) - np.mean(free, axis=0)))
     for body in (reply, again):
@@ -206,3 +206,26 @@ def test_default_model_answers_the_seed_ticket(llama_engine):
     raw = warm.raw_http_response.json()
     assert raw["x_positions"]["snapshot"] == "hit"
     assert raw["x_positions"]["computed"] < cold.raw_http_response.json()["x_positions"]["computed"]
+
+
+def test_default_model_with_its_default_debias_routes_the_ticket_to_technical(llama_engine):
+    """``serve`` with no ``--model`` turns on ``x_debias`` (cyclic, content_free): the seed's ticket then goes
+    to the technical team, where the uncorrected model answers with whichever label is listed first."""
+    ticket = ("Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing. "
+              "I am losing sales. Please help ASAP.")
+    teams = {"billing": "payments, invoices", "technical": "bugs, integration errors", "sales": "pricing, plans"}
+
+    async def main():
+        async with serving() as base:
+            def call(order):
+                questions = {"department": {"type": "choice", "instructions": "Which team should handle this?",
+                                            "criteria": {k: teams[k] for k in order}}}
+                with TypeSafeClient(api_key="any", base_url=base, timeout=120) as client:
+                    return client.system_one(state=ticket, questions=questions)
+            return [await anyio.to_thread.run_sync(call, order)
+                    for order in (("billing", "technical", "sales"), ("sales", "billing", "technical"))]
+
+    for r in anyio.run(main):
+        dep = r.choices["department"]
+        assert dep.choice == "technical" and dep.probabilities["technical"] > 0.5, dep
+        assert r.raw_http_response.json()["x_debias"] == ["cyclic", "content_free"]
