@@ -485,6 +485,69 @@ def metrics_mean_ms(base: str, route: str) -> float:
     return values["sum"] / values["count"] * 1e3
 
 
+#: Where a sampled frame belongs, by the start of its file's path as py-spy prints it (first match wins).
+#: The kernel's part is the time spent inside the calls that enter it (no Python frame below them).
+KERNEL_CALLS = {("asyncio/selector_events.py", "_SelectorSocketTransport.write"), ("asyncio/unix_events.py", "_UnixWritePipeTransport.write")}
+#: The event loop's wait: py-spy cannot always tell waiting from working there, so it is counted apart.
+EPOLL_WAIT = ("selectors.py", "EpollSelector.select")
+CPU_PARTS = (
+    ("h11", ("h11/",)),
+    ("anyio", ("anyio/", "sniffio/")),
+    ("asyncio scheduling", ("asyncio/", "selectors.py", "contextlib.py")),
+    ("gateway/http and gateway/app", ("gateway/http/", "gateway/app.py", "gateway/auth.py")),
+    ("the route: Jev, the DECIDE record, scoring, metrics", (
+        "gateway/routes_jev.py", "gateway/jev.py", "gateway/scoring.py", "gateway/decision_record.py", "gateway/metrics.py",
+        "gateway/debias.py", "gateway/prompts.py", "json/", "prometheus_client/")),
+    ("the supervisor and serveproto", ("gateway/engine.py", "gateway/_", "serveproto/")),
+)
+
+
+def cpu_parts(raw: str) -> dict[str, float]:
+    """Share of py-spy samples (``record -f raw``: ``frame;frame;... count`` lines, a frame being
+    ``function (path:line)``) by part, from each sample's innermost frame: the kernel calls of
+    :data:`KERNEL_CALLS`, then :data:`CPU_PARTS`; the rest is ``"other"``. Largest first; samples in
+    the loop's epoll wait are left out of the shares and given as ``"(epoll wait, left out)"``, a
+    fraction of all samples."""
+    counts: dict[str, int] = {}
+    waiting = 0
+    for line in raw.splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        func, _, where = stack.rsplit(";", 1)[-1].rpartition(" (")
+        path = where.rsplit(":", 1)[0]
+        if (path, func) == EPOLL_WAIT:
+            waiting += int(n)
+            continue
+        if (path, func) in KERNEL_CALLS:
+            key = "the kernel: socket send (loopback delivery), pipe write"
+        else:
+            key = next((name for name, prefixes in CPU_PARTS if path.startswith(prefixes)), "other")
+        counts[key] = counts.get(key, 0) + int(n)
+    total = sum(counts.values())
+    if not total:
+        return {}
+    shares = {k: v / total for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
+    shares["(epoll wait, left out)"] = waiting / (total + waiting)
+    return shares
+
+
+def profile_server(py_spy: str, srv: "Server", request: bytes, n: int) -> dict[str, float]:
+    """Sample ``srv`` with py-spy (500 Hz, its own binary: not a dependency) while ``n`` keep-alive requests run."""
+    import signal
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "spy.txt"
+        spy = subprocess.Popen([py_spy, "record", "-p", str(srv.proc.pid), "-o", str(out), "-f", "raw", "-r", "500",
+                                "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.0)  # attached
+        anyio.run(sequential, srv.port, request, n)
+        spy.send_signal(signal.SIGINT)
+        spy.wait(timeout=60)
+        return cpu_parts(out.read_text()) if out.exists() else {}
+
+
 def bench_fixture(args) -> None:
     from gateway import decision_record, jev
 
@@ -524,6 +587,13 @@ def bench_fixture(args) -> None:
                 print(f"\nthis tree / {name}: share {shares['this tree'] / shares[name]:.2f}, "
                       f"server CPU per request {cpu['this tree'] / cpu[name]:.2f}")
         print(f"\n(the fixture's own compute, DECISION engine_ms: {engine_ms:.3f} ms)")
+        if args.py_spy:
+            parts = profile_server(args.py_spy, srv, request, args.share_n)
+            print(f"\n## where this tree's server spends its CPU (py-spy, {args.share_n} keep-alive requests, innermost frame)\n")
+            print("| part | share of the samples out of the epoll wait |")
+            print("|---|---|")
+            for name, share in parts.items():
+                print(f"| {name} | {share * 100:.1f}% |")
 
         rss0 = srv.rss_mb()
         warmup = min(1000, args.load)
@@ -559,6 +629,8 @@ def main(argv=None) -> int:
     p.add_argument("--baseline-tree", default=None,
                    help="also serve from this source tree (e.g. `git archive <commit> gateway serveproto | tar -x -C DIR`) "
                         "and print its share beside this tree's")
+    p.add_argument("--py-spy", default=None, metavar="BINARY",
+                   help="a py-spy binary (e.g. `pip install --target /tmp/spy py-spy`): also profile this tree's server")
     p.add_argument("--skip-llm", "--fixture-only", action="store_true", help="skip the default-model part (only the fixture engine is needed)")
     p.add_argument("--skip-fixture", action="store_true")
     args = p.parse_args(argv)

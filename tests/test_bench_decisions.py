@@ -67,3 +67,29 @@ def test_fixture_part_runs_without_a_model():
     assert "| the same DECIDE through the supervisor, no HTTP |" in out
     assert "## load on loopback: 40 requests at 4 concurrent connections" in out
     assert "System One vs generation" not in out
+
+
+def test_cpu_parts_by_innermost_frame():
+    raw = "\n".join([
+        "main (cli.py:1);helper (tools/else.py:1) 5",                                          # none of the parts
+        "serve (gateway/http/server.py:9);write (asyncio/selector_events.py:1057) 3",          # no: not the transport's
+        "serve (gateway/http/server.py:9);_SelectorSocketTransport.write (asyncio/selector_events.py:1057) 2",
+        "main (cli.py:1);EpollSelector.select (selectors.py:468) 5",                           # the loop's wait: apart
+        "x (gateway/routes_jev.py:3);quantize (gateway/scoring.py:75) 4",
+        "x (gateway/app.py:3);next_event (h11/_connection.py:1) 1",
+        "x (gateway/app.py:3);_read_head (gateway/http/server.py:200) 1",
+        "x (gateway/engine.py:3);begin (gateway/_process.py:482) 1",
+        "garbage line",
+    ])
+    parts = decisions.cpu_parts(raw)
+    assert parts == {
+        "other": 5 / 17,
+        "the route: Jev, the DECIDE record, scoring, metrics": 4 / 17,
+        "asyncio scheduling": 3 / 17,
+        "the kernel: socket send (loopback delivery), pipe write": 2 / 17,
+        "h11": 1 / 17,
+        "gateway/http and gateway/app": 1 / 17,
+        "the supervisor and serveproto": 1 / 17,
+        "(epoll wait, left out)": 5 / 22,
+    }
+    assert list(parts)[:2] == ["other", "the route: Jev, the DECIDE record, scoring, metrics"]
