@@ -432,3 +432,35 @@ async def test_large_pipelined_request_waits_behind_a_running_handler():
     assert first.endswith(b'{"gate":"first"}')
     assert orjson.loads(second.partition(b"\r\n\r\n")[2])["len"] == len(big)
     assert gate.outcome == ["finished"]
+
+
+async def test_client_that_closes_mid_stream_ends_the_stream_at_once():
+    """The body's iterator waits (a slow engine) after its first chunk: the close must end it without
+    another write to fail on."""
+    outcome: list[str] = []
+    first_sent = anyio.Event()
+
+    async def slow_stream(req: Request) -> Response:
+        async def gen():
+            try:
+                yield b"data: 0\n\n"
+                first_sent.set()
+                await anyio.sleep_forever()
+            except BaseException:
+                outcome.append("cancelled")
+                raise
+        return Response(200, [("content-type", "text/event-stream")], gen())
+
+    async with anyio.create_task_group() as tg:
+        port = await HTTPServer(slow_stream).start(tg)
+        async with await anyio.connect_tcp("127.0.0.1", port) as s:
+            await s.send(b"GET /stream HTTP/1.1\r\nHost: t\r\n\r\n")
+            got = b""
+            with anyio.fail_after(5):
+                while b"data: 0" not in got:
+                    got += await s.receive()
+        with anyio.fail_after(5):
+            while not outcome:
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    assert got.startswith(b"HTTP/1.1 200 OK\r\n") and outcome == ["cancelled"]

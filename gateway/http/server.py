@@ -360,12 +360,23 @@ class HTTPConnection:
             except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
                 raise _Closed() from exc
             return
-        # A streamed body: chunked on HTTP/1.1 (h11 frames it), close-delimited on 1.0.
+        # A streamed body: chunked on HTTP/1.1 (h11 frames it), close-delimited on 1.0. A client
+        # that closes meanwhile ends the stream at once (the reader cancels the scope), not at the
+        # next write that fails: the engine work behind the iterator stops with it.
         await self._send(h11.Response(status_code=response.status, headers=headers, reason=_reason(response.status)))
         try:
-            async for chunk in body:
-                if chunk:
-                    await self._send(h11.Data(data=chunk))
+            with anyio.CancelScope() as scope:
+                self._handler_scope = scope
+                if self._eof:
+                    scope.cancel()
+                try:
+                    async for chunk in body:
+                        if chunk:
+                            await self._send(h11.Data(data=chunk))
+                finally:
+                    self._handler_scope = None
+            if scope.cancelled_caught:
+                raise _Closed()
             await self._send(h11.EndOfMessage())
         finally:
             aclose = getattr(body, "aclose", None)
