@@ -116,9 +116,15 @@ class Server:
 # ---------------------------------------------------------------- the default model
 
 
-def systemone(client: httpx2.Client, state: str, questions: dict) -> tuple[float, dict]:
+#: The ``x_debias`` ``serveproto serve`` applies on the default model (gateway.cli_serve.DEFAULT_MODEL_DEBIAS).
+DEBIASED = ["cyclic", "content_free"]
+
+
+def systemone(client: httpx2.Client, state: str, questions: dict, debias: str | list[str] = "none") -> tuple[float, dict]:
+    """One ``/v1/systemone`` request; returns (seconds, reply). ``debias``: its ``x_debias`` (sent always,
+    so that the figures do not depend on the server's default)."""
     t = time.perf_counter()
-    r = client.post("/v1/systemone", content=orjson.dumps({"state": state, "questions": questions}),
+    r = client.post("/v1/systemone", content=orjson.dumps({"state": state, "questions": questions, "x_debias": debias}),
                     headers={"content-type": "application/json"})
     dt = time.perf_counter() - t
     r.raise_for_status()
@@ -268,7 +274,8 @@ def bench_llm(args) -> None:
         client = httpx2.Client(base_url=srv.base, timeout=600)
         systemone(client, "warm-up: " + TICKET, {"q": QUESTIONS_16["urgency"]})  # load pages, first decode
         prefill_ms, decode_ms = prefill_and_decode(client)
-        rows: dict[str, list[float]] = {k: [] for k in ("s1_cold", "s1_warm", "gen_cold", "gen_warm", "gen_reread")}
+        rows: dict[str, list[float]] = {k: [] for k in ("s1_cold", "s1_warm", "gen_cold", "gen_warm", "gen_reread",
+                                                        "db_cold", "db_warm")}
         n_gen = 0
         body: dict = {}
         warm_body: dict = {}
@@ -283,6 +290,11 @@ def bench_llm(args) -> None:
             rows["s1_warm"].append(t)
             rows["gen_warm"].append(by_generation(client, state_gen, questions, args.gen_tokens)[0])
             rows["gen_reread"].append(by_generation(client, state_gen, questions, args.gen_tokens, reread=True)[0])
+            state_db = f"Ticket {5000 + r}. " + TICKET
+            t, db_body = systemone(client, state_db, questions, DEBIASED)
+            rows["db_cold"].append(t)
+            t, db_warm_body = systemone(client, state_db, questions, DEBIASED)
+            rows["db_warm"].append(t)
         # k sampled answers a question, on the state generation has warmed (the last round's), against
         # System One on the same state (the first request reads it and is the reference for the greedy
         # and the sampled answers; the second, on the sampled questions only, is timed)
@@ -290,16 +302,21 @@ def bench_llm(args) -> None:
         t_samp, n_samp, sampled, _ = by_generation(client, state_gen, sq, args.gen_tokens, args.samples, 1.0)
         _, ref = systemone(client, state_gen, questions)  # the reference: System One on generation's own state
         t_s1_sq, _ = systemone(client, state_gen, sq)
+        _, ref_db = systemone(client, state_gen, questions, DEBIASED)
+        t_db_sq, _ = systemone(client, state_gen, sq, DEBIASED)
 
         c1, c2, w1, w2 = med(rows["s1_cold"]), med(rows["gen_cold"]), med(rows["s1_warm"]), med(rows["gen_warm"])
         r2 = med(rows["gen_reread"])
-        errs, floors, unparsed, agree = [], [], 0, 0
+        d1, dw = med(rows["db_cold"]), med(rows["db_warm"])
+        errs, errs_db, floors, unparsed, agree = [], [], [], 0, 0
         for qid, q in sq.items():
             opts = options_of(q)
             p = systemone_probabilities(q, ref["answers"][qid])
             ps, bad = sampled_probabilities(sampled[qid], opts)
             unparsed += bad
             errs.append(sum(abs(a - b) for a, b in zip(ps, p)) / len(p))
+            p_db = systemone_probabilities(q, ref_db["answers"][qid])
+            errs_db.append(sum(abs(a - b) for a, b in zip(ps, p_db)) / len(p))
             floors.append(expected_sampling_error(p, args.samples))
         for qid, q in questions.items():
             opts = options_of(q)
@@ -313,9 +330,16 @@ def bench_llm(args) -> None:
         print(f"| {nq} questions, warm state | {w1:.2f} s | {w2:.2f} s | {w2 / w1:.1f}x |")
         print(f"| {nq} questions, generation re-reading the state for each (no prefix cache, the seed's baseline) | "
               f"{w1:.2f} s (warm) | {r2:.2f} s | {r2 / w1:.1f}x |")
-        print(f"| per question, warm | {w1 / nq * 1e3:.0f} ms | {w2 / nq * 1e3:.0f} ms | |")
+        print(f"| {nq} questions, cold state, System One debiased as served on the default model "
+              f"(x_debias cyclic + content_free) | {d1:.2f} s | {c2:.2f} s | {c2 / d1:.1f}x |")
+        print(f"| {nq} questions, warm state, System One debiased | {dw:.2f} s | {w2:.2f} s | {w2 / dw:.1f}x |")
+        print(f"| {nq} questions, warm, System One debiased, generation re-reading the state | {dw:.2f} s | {r2:.2f} s | "
+              f"{r2 / dw:.1f}x |")
+        print(f"| per question, warm | {w1 / nq * 1e3:.0f} ms ({dw / nq * 1e3:.0f} ms debiased) | {w2 / nq * 1e3:.0f} ms | |")
         print(f"| tokens | {body['usage']['output_tokens']} option tokens read, 0 generated | "
               f"{n_gen} generated (at most {args.gen_tokens} a question) | |")
+        pw_raw, pw_db = (warm_body.get("x_positions") or {}), (db_warm_body.get("x_positions") or {})
+        print(f"| positions computed, warm | {pw_raw.get('computed')} ({pw_db.get('computed')} debiased) | | |")
         print(f"| what comes back | a probability per option | one label; it is System One's most likely option "
               f"in {agree}/{nq} questions | |")
         ns = len(sq)
@@ -323,10 +347,12 @@ def bench_llm(args) -> None:
               f"generation, {args.samples} answers a question at temperature 1, counted | ratio |")
         print("|---|---|---|---|")
         print(f"| {ns} questions ({', '.join(sq)}) | {t_s1_sq:.2f} s | {t_samp:.2f} s | {t_samp / t_s1_sq:.1f}x |")
+        print(f"| the same, System One debiased | {t_db_sq:.2f} s | {t_samp:.2f} s | {t_samp / t_db_sq:.1f}x |")
         print(f"| tokens generated | 0 | {n_samp} ({n_samp / (ns * args.samples):.1f} an answer) | |")
         print(f"| answers naming no option (left out of the counts) | | {unparsed}/{ns * args.samples} | |")
         print(f"| mean abs(p_sampled - p) over options, against System One's p | 0 (exact) | {statistics.fmean(errs):.3f} "
               f"(floor for {args.samples} samples drawn from p itself: {statistics.fmean(floors):.3f}) | |")
+        print(f"| the same against System One's debiased p | | {statistics.fmean(errs_db):.3f} | |")
 
         pos = warm_body.get("x_positions") or {}
         q_tokens = (pos.get("computed") or 0) / nq
