@@ -246,6 +246,14 @@ static int load(engine *e, const options *o)
     /* Flash attention off by default: ggml's CPU kernel rounds Q and the
      * accumulators through F16, which moves logprobs by ~1e-3. */
     cp.flash_attn_type = o->flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    /* CUDA graphs off with that pair (F32 KV, no flash attention): on an H200
+     * with llama.cpp 0c1e57098bba it aborted in cudaGraphLaunch ("an illegal
+     * instruction was encountered") on a warm SCORE after a 13.5K-token state,
+     * every time; F16 KV, flash attention or no graphs each avoided it
+     * (bench/README.md, "Known"). ggml-cuda reads the variable at the first
+     * graph it computes; a value the user set is kept. No effect on the CPU. */
+    if (!o->kv_f16 && !o->flash_attn)
+        setenv("GGML_CUDA_DISABLE_GRAPHS", "1", 0);
     g_log_tail[0] = '\0';
     e->ctx = llama_init_from_model(e->model, cp);
     if (!e->ctx)
