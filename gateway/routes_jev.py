@@ -103,7 +103,7 @@ async def _engine_call(app: "App", fn, *args, **kwargs):
 
 def _methods(app: "App", request: SystemOneRequest) -> tuple[str, ...]:
     """The debias methods of a request: its own ``x_debias``, else the server's default."""
-    return request.debias if request.debias is not None else getattr(app, "debias", ())
+    return request.debias if request.debias is not None else app.debias
 
 
 async def _score_path(app: "App", mem: ScoringMemory, request: SystemOneRequest, questions: list[Question],
