@@ -274,8 +274,7 @@ def bench_llm(args) -> None:
         client = httpx2.Client(base_url=srv.base, timeout=600)
         systemone(client, "warm-up: " + TICKET, {"q": QUESTIONS_16["urgency"]})  # load pages, first decode
         prefill_ms, decode_ms = prefill_and_decode(client)
-        rows: dict[str, list[float]] = {k: [] for k in ("s1_cold", "s1_warm", "gen_cold", "gen_warm", "gen_reread",
-                                                        "db_cold", "db_warm")}
+        rows: dict[str, list[float]] = {k: [] for k in ("s1_cold", "s1_warm", "gen_cold", "gen_warm", "gen_reread")}
         n_gen = 0
         body: dict = {}
         warm_body: dict = {}
@@ -291,11 +290,6 @@ def bench_llm(args) -> None:
             t, n_gen, greedy, prompt_tokens = by_generation(client, state_gen, questions, args.gen_tokens)
             rows["gen_cold"].append(t)
             rows["gen_warm"].append(by_generation(client, state_gen, questions, args.gen_tokens)[0])
-            state_db = f"Ticket {5000 + r}. " + TICKET
-            t, db_body = systemone(client, state_db, questions, DEBIASED)
-            rows["db_cold"].append(t)
-            t, db_warm_body = systemone(client, state_db, questions, DEBIASED)
-            rows["db_warm"].append(t)
         # k sampled answers a question, on the state generation has warmed (the last round's), against
         # System One on the same state (the first request reads it and is the reference for the greedy
         # and the sampled answers; the second, on the sampled questions only, is timed warm)
@@ -303,12 +297,15 @@ def bench_llm(args) -> None:
         t_samp, n_samp, sampled, _ = by_generation(client, state_gen, sq, args.gen_tokens, args.samples, 1.0)
         _, ref = systemone(client, state_gen, questions)  # the reference: System One on generation's own state
         t_s1_sq, _ = systemone(client, state_gen, sq)
-        _, ref_db = systemone(client, state_gen, questions, DEBIASED)
+        # System One debiased, on the same (warm) state: the first request also reads each question's
+        # content-free state (remembered by the server from then on), the second is the steady cost
+        t_db_first, ref_db = systemone(client, state_gen, questions, DEBIASED)
+        t_db_warm, db_warm_body = systemone(client, state_gen, questions, DEBIASED)
         t_db_sq, _ = systemone(client, state_gen, sq, DEBIASED)
 
         c1, c2, w1, w2 = med(rows["s1_cold"]), med(rows["gen_cold"]), med(rows["s1_warm"]), med(rows["gen_warm"])
         r2 = med(rows["gen_reread"])
-        d1, dw = med(rows["db_cold"]), med(rows["db_warm"])
+        d1, dw = t_db_first, t_db_warm
         errs, errs_db, floors, unparsed, agree = [], [], [], 0, 0
         for qid, q in sq.items():
             opts = options_of(q)
@@ -331,9 +328,10 @@ def bench_llm(args) -> None:
         print(f"| {nq} questions, warm state | {w1:.2f} s | {w2:.2f} s | {w2 / w1:.1f}x |")
         print(f"| {nq} questions, generation re-reading the state for each (no prefix cache, the seed's baseline) | "
               f"{w1:.2f} s (warm) | {r2:.2f} s | {r2 / w1:.1f}x |")
-        print(f"| {nq} questions, cold state, System One debiased as served on the default model "
-              f"(x_debias cyclic + content_free) | {d1:.2f} s | {c2:.2f} s | {c2 / d1:.1f}x |")
-        print(f"| {nq} questions, warm state, System One debiased | {dw:.2f} s | {w2:.2f} s | {w2 / dw:.1f}x |")
+        print(f"| {nq} questions, warm state, System One debiased as served on the default model (x_debias cyclic + "
+              f"content_free), its first request (the questions' content-free readings included) | {d1:.2f} s | "
+              f"{w2:.2f} s | {w2 / d1:.1f}x |")
+        print(f"| {nq} questions, warm state, System One debiased, the next request | {dw:.2f} s | {w2:.2f} s | {w2 / dw:.1f}x |")
         print(f"| {nq} questions, warm, System One debiased, generation re-reading the state | {dw:.2f} s | {r2:.2f} s | "
               f"{r2 / dw:.1f}x |")
         print(f"| per question, warm | {w1 / nq * 1e3:.0f} ms ({dw / nq * 1e3:.0f} ms debiased) | {w2 / nq * 1e3:.0f} ms | |")
