@@ -10,6 +10,7 @@ side and the arithmetic are in :mod:`gateway.chat_client`.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from gateway.chat_client import (
@@ -58,7 +59,13 @@ def add_parsers(sub) -> None:
 
 
 def run(args) -> int:
-    """Entry point of ``serveproto chat``; returns the exit status."""
+    """Entry point of ``serveproto chat``; returns the exit status.
+
+    Ctrl-C cancels a request (a ``KeyboardInterrupt``), so SIGINT gets Python's
+    default handler back even when the client was started with SIGINT ignored
+    (``make test > log &``, ``nohup``): Python installs none then.
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         client = Client(args.attach, api_key=args.api_key, timeout=args.timeout)
     except ValueError as exc:

@@ -93,7 +93,7 @@ def _debias_methods(text: str) -> tuple[str, ...]:
     from gateway import debias
 
     try:
-        return debias.parse([x.strip() for x in text.split(",")] if text.strip() != "none" else "none")
+        return debias.parse(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

@@ -56,20 +56,29 @@ MAX_ROTATIONS = 16
 
 
 def parse(value: Any) -> tuple[str, ...]:
-    """The methods asked for by an ``x_debias`` value, in :data:`METHODS` order.
+    """The methods asked for by an ``x_debias`` value or a ``--debias`` flag, in :data:`METHODS` order.
 
-    ``value``: ``None``, ``"none"`` or ``[]`` (no correction), one method name,
-    or a list of method names. Raises ``ValueError`` with a message fit for a
-    422 for anything else.
+    ``value``: ``"none"`` or ``[]`` (no correction), a method name, a
+    comma-separated string of method names (``"cyclic,content_free"``, the
+    flag's form), or a list of method names. ``None`` is not taken here: a
+    request's ``null`` means the server's default (:mod:`gateway.jev`).
+    Raises ``ValueError`` with a message fit for a 422 for anything else,
+    ``"none"`` mixed with a method included.
     """
-    if value is None or value == "none":
-        return ()
-    names = [value] if isinstance(value, str) else value
-    if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
+    if isinstance(value, str):
+        names = [x.strip() for x in value.split(",")]
+    elif isinstance(value, list) and all(isinstance(x, str) for x in value):
+        names = value
+    else:
         raise ValueError("Input should be 'none', 'cyclic', 'content_free' or a list of those")
+    if names == ["none"]:
+        return ()
+    if "none" in names:
+        raise ValueError("'none' cannot be combined with a debias method")
     unknown = [x for x in names if x not in METHODS]
     if unknown:
-        raise ValueError(f"Unknown debias method {unknown[0]!r}: use 'cyclic', 'content_free' or both")
+        raise ValueError(f"Unknown debias method {unknown[0]!r}: use 'none', 'cyclic', 'content_free' "
+                         f"or a list of the last two")
     return tuple(m for m in METHODS if m in names)
 
 

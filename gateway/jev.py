@@ -65,7 +65,7 @@ class SystemOneRequest:
     ``pin_state``: bool or None (server decides); ``prefix``: str or None;
     ``cache_slot``: int or None; ``debias``: the ``x_debias`` methods
     (:func:`gateway.debias.parse`), or None when the request left it to the
-    server's default.
+    server's default (absent or null).
     """
 
     state: Any
@@ -204,7 +204,7 @@ def parse_request(body: Any) -> SystemOneRequest:
     if cache_slot is not None and (isinstance(cache_slot, bool) or not isinstance(cache_slot, int) or cache_slot < 0):
         errors.append(_err(["cache_slot"], "Input should be a non-negative integer", "int_type"))
     debias_methods = None
-    if "x_debias" in body:
+    if body.get("x_debias") is not None:
         try:
             debias_methods = debias.parse(body["x_debias"])
         except ValueError as exc:

@@ -24,18 +24,25 @@ def anyio_backend():
 
 
 @pytest.mark.parametrize("value, methods", [
-    (None, ()), ("none", ()), ([], ()), ("cyclic", ("cyclic",)), ("content_free", ("content_free",)),
+    ("none", ()), ([], ()), (["none"], ()), ("cyclic", ("cyclic",)), ("content_free", ("content_free",)),
     (["content_free", "cyclic"], ("cyclic", "content_free")), (["cyclic", "cyclic"], ("cyclic",)),
+    ("cyclic,content_free", ("cyclic", "content_free")), ("content_free, cyclic", ("cyclic", "content_free")),
 ])
-def test_parse_accepts_names_and_lists(value, methods):
+def test_parse_accepts_names_lists_and_the_flags_form(value, methods):
     assert debias.parse(value) == methods
 
 
+UNKNOWN = "Unknown debias method {!r}: use 'none', 'cyclic', 'content_free' or a list of the last two"
+
+
 @pytest.mark.parametrize("value, message", [
-    ("both", "Unknown debias method 'both': use 'cyclic', 'content_free' or both"),
-    (["cyclic", "x"], "Unknown debias method 'x': use 'cyclic', 'content_free' or both"),
+    ("both", UNKNOWN.format("both")),
+    (["cyclic", "x"], UNKNOWN.format("x")),
+    (["none", "cyclic"], "'none' cannot be combined with a debias method"),
+    ("none,cyclic", "'none' cannot be combined with a debias method"),
     (3, "Input should be 'none', 'cyclic', 'content_free' or a list of those"),
     ([1], "Input should be 'none', 'cyclic', 'content_free' or a list of those"),
+    (None, "Input should be 'none', 'cyclic', 'content_free' or a list of those"),
 ])
 def test_parse_refuses_anything_else(value, message):
     with pytest.raises(ValueError) as e:
@@ -113,17 +120,18 @@ async def test_the_server_default_applies_and_a_request_overrides_it():
     eng = FakeEngine()
     async with running(make_app(eng, debias=("cyclic",))) as base:
         default = await post(base, TICKET)
+        null = await post(base, {**TICKET, "x_debias": None})  # null, like absent: the server's default
         off = await post(base, {**TICKET, "x_debias": "none"})
-    assert default.json()["x_debias"] == ["cyclic"] and "x_debias" not in off.json()
+    assert default.json()["x_debias"] == null.json()["x_debias"] == ["cyclic"] and "x_debias" not in off.json()
     scores = [c for c in eng.calls if c[0] == "score"]
-    assert [len(c[2]) for c in scores] == [10, 3]
+    assert [len(c[2]) for c in scores] == [10, 10, 3]
 
 
 async def test_a_bad_x_debias_is_a_422_naming_the_field():
     async with running(make_app(FakeEngine())) as base:
         r = await post(base, {**TICKET, "x_debias": "both"})
     assert r.status_code == 422
-    msg = "Unknown debias method 'both': use 'cyclic', 'content_free' or both"
+    msg = UNKNOWN.format("both")
     assert r.json() == {"detail": [{"loc": ["body", "x_debias"], "msg": msg, "type": "literal_error"}],
                         "error": {"type": "invalid_request_error", "message": f"body.x_debias: {msg}",
                                   "param": "x_debias"}}
