@@ -9,7 +9,7 @@ const ENDPOINT_CHAT = "v1/chat/completions";
 const KEY_STORAGE = "serveproto.apiKey";
 const MAX_FILE_BYTES = 4 << 20; // 4 MiB of text is far past any context window
 const CHAT_MAX_TOKENS = 256; // one chat reply's limit, as the terminal client's default
-// Normalised-entropy readings, the seed's table: < 0.4 sure, 0.4..0.8 unsure, > 0.8 does not know.
+// Normalised-entropy readings, as serveproto chat gives them: < 0.4 sure, 0.4..0.8 unsure, > 0.8 does not know.
 const SURE_BELOW = 0.4, UNSURE_UP_TO = 0.8;
 const REFUSED_EXT = {
   pdf: "PDF", doc: "Word", docx: "Word", odt: "OpenDocument", rtf: "RTF", pages: "Pages",
