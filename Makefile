@@ -13,19 +13,27 @@ THREADS ?=
 DEBIAS ?=
 export SERVEPROTO_CACHE ?= $(HOME)/.cache/serveproto
 
-.PHONY: serve test venv engines model browser clean
+.PHONY: serve test venv venv-test engines model browser clean
 
 serve: venv engines model
 	$(VENV)/bin/serveproto serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL)) $(if $(THREADS),--threads $(THREADS)) $(if $(DEBIAS),--debias $(DEBIAS))
 
-test: venv engines model browser
+test: venv-test engines model browser
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+# serve needs the package's own dependencies; test adds the [test] extra (pytest, the SDK, selenium...)
 venv: $(VENV)/.installed
+venv-test: $(VENV)/.installed-test
 
 $(VENV)/.installed: setup.cfg pyproject.toml
+	@echo "serveproto: installing the Python packages into $(VENV) (first run only, about a minute)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	@echo "serveproto: installing the test packages into $(VENV) (first run only)"
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
