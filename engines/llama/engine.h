@@ -135,6 +135,7 @@ snapshot *snapshot_find(engine *e, const llama_token *toks, int n, int max_len, 
 void snapshot_take(engine *e, int slot, const llama_token *toks, int n, const float *logits);
 void slot_truncate(engine *e, int slot, int keep);
 void slot_restore(engine *e, int slot, snapshot *s);
+int slot_resume(engine *e, int slot, const llama_token *toks, int n, snapshot *snap);
 void slot_append(engine *e, int slot, const llama_token *toks, int n);
 
 /* splice.c: a prefix's tokens kept, continuations tokenized from near its end */

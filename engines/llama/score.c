@@ -183,8 +183,6 @@ static int load_trunk(engine *e, uint64_t id, int slot, const option_tokens *o0,
         return 0;
     }
     snapshot *snap = snapshot_find(e, toks, trunk, trunk, &stale);
-    slot_state *sl = &e->slots[slot];
-    int live = lcp(sl->tokens, sl->n, toks, trunk);
     ri->snapshot = snap ? "hit" : stale ? "stale" : "none";
     if (snap && snap->n == trunk) {
         slot_restore(e, slot, snap);
@@ -192,15 +190,8 @@ static int load_trunk(engine *e, uint64_t id, int slot, const option_tokens *o0,
         ri->reused = trunk;
         return 0;
     }
-    if (live > trunk - 1)
-        live = trunk - 1; /* the live rows have no logits: recompute the last */
-    if (snap && snap->n > live) {
-        slot_restore(e, slot, snap);
-        base = snap->n;
-    } else {
-        slot_truncate(e, slot, live);
-        base = live;
-    }
+    /* the live rows have no logits: the trunk's last position is recomputed */
+    base = slot_resume(e, slot, toks, trunk, snap);
     ri->reused = base;
     for (int a = base; a < trunk;) {
         int b = a + e->n_chunk < trunk ? a + e->n_chunk : trunk;

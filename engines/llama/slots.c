@@ -104,6 +104,24 @@ void slot_truncate(engine *e, int slot, int keep)
         sl->n = keep;
 }
 
+/* Truncate-and-extend for a prompt toks[0..n) whose last position must be
+ * computed (its logits are needed): keeps the slot's live common prefix with
+ * it, at most n - 1 positions, or restores `snap` (may be NULL) when that is
+ * deeper. Returns the positions kept, the first one to compute. */
+int slot_resume(engine *e, int slot, const llama_token *toks, int n, snapshot *snap)
+{
+    slot_state *sl = &e->slots[slot];
+    int live = lcp(sl->tokens, sl->n, toks, n);
+    if (live > n - 1)
+        live = n - 1;
+    if (snap && snap->n > live) {
+        slot_restore(e, slot, snap);
+        return snap->n;
+    }
+    slot_truncate(e, slot, live);
+    return live;
+}
+
 /* Makes the slot hold exactly the snapshot's tokens: truncation when the
  * snapshot is the slot's own, else a sequence copy (cells are shared in the
  * unified KV cache, nothing is recomputed). */

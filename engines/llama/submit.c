@@ -195,17 +195,7 @@ void serve_submit(engine *e, pending *p)
             base = 0;
         }
     } else {
-        slot_state *sl = &e->slots[slot];
-        int live = lcp(sl->tokens, sl->n, toks, n);
-        if (live > n - 1)
-            live = n - 1;
-        if (snap && snap->n > live) {
-            slot_restore(e, slot, snap);
-            base = snap->n;
-        } else {
-            slot_truncate(e, slot, live);
-            base = live;
-        }
+        base = slot_resume(e, slot, toks, n, snap);
     }
     const char *snap_state = snap ? "hit" : stale ? "stale" : "none";
 
