@@ -144,6 +144,9 @@ _DELETE = object()
 @pytest.mark.parametrize("record, reason", [
     (b"{", "record: not valid JSON (byte 1: expected a string key)"),
     (b"[]", "record: expected an object"),
+    (b'{"state": 1.}', "record: not valid JSON (byte 12: bad number)"),
+    (b'{"state": 1e+}', "record: not valid JSON (byte 13: bad number)"),
+    (b'{"state": -x}', "record: not valid JSON (byte 11: bad number)"),
     (_with(["state"], 3), "state: expected a string"),
     (_with(["state_type"], "list"), "state_type: expected one of string, object, array, number, boolean, null"),
     (_with(["questions"], []), "questions: expected 1 to 64 questions, got 0"),

@@ -181,6 +181,15 @@ static int parse_string(parser *p, char **out, size_t *out_len)
     return 0;
 }
 
+/* Skips a run of decimal digits; returns how many there were. */
+static size_t skip_digits(parser *p)
+{
+    size_t start = p->i;
+    while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9')
+        p->i++;
+    return p->i - start;
+}
+
 static int parse_number(parser *p, double *out)
 {
     size_t start = p->i;
@@ -189,26 +198,19 @@ static int parse_number(parser *p, double *out)
     if (p->i < p->n && p->s[p->i] == '0')
         p->i++;
     else if (p->i < p->n && p->s[p->i] >= '1' && p->s[p->i] <= '9')
-        while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9')
-            p->i++;
+        skip_digits(p);
     else
         return fail(p, "bad number");
     if (p->i < p->n && p->s[p->i] == '.') {
         p->i++;
-        size_t d = p->i;
-        while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9')
-            p->i++;
-        if (p->i == d)
+        if (skip_digits(p) == 0)
             return fail(p, "bad number");
     }
     if (p->i < p->n && (p->s[p->i] == 'e' || p->s[p->i] == 'E')) {
         p->i++;
         if (p->i < p->n && (p->s[p->i] == '+' || p->s[p->i] == '-'))
             p->i++;
-        size_t d = p->i;
-        while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9')
-            p->i++;
-        if (p->i == d)
+        if (skip_digits(p) == 0)
             return fail(p, "bad number");
     }
     size_t len = p->i - start;
