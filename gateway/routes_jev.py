@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import attrs
 
-from gateway import debias, decision_record, jev, scoring
+from gateway import debias, decision_record, jev, readings, scoring
 from gateway.app import RETRY_AFTER, parse_json
 from gateway.http import HTTPError, Request, Response
 from gateway.jev import JevValidationError, Question, SystemOneRequest
@@ -113,15 +113,21 @@ async def _score_path(app: "App", mem: ScoringMemory, request: SystemOneRequest,
     if request.cache_slot is not None:
         _check_slot(app, request)
     methods = _methods(app, request)
-    # one group per question and rotation; spans[i] = (first group, rotations) of question i
+    method = readings.Method.from_names(methods)
+    # one group per read of a question (gateway.readings.plan); spans[i] = (first group, reads) of question i
     groups: list[tuple[str, list[str]]] = []
+    owners: list[tuple[int, ...]] = []
     spans: list[tuple[int, int]] = []
     for q in questions:
-        rots = debias.rotations(q.n_options, methods)
-        spans.append((len(groups), len(rots)))
-        for r in rots:
-            qp = prompts.question(q.type, q.instructions, q.criteria, r)
-            groups.append((qp.stem, list(qp.options)))
+        try:
+            reads = readings.plan(q.type, q.instructions, q.criteria, q.n_options, method)
+        except ValueError as exc:
+            raise JevValidationError([{"loc": ["body", "questions", q.id, "criteria"], "msg": str(exc),
+                                       "type": "value_error"}]) from None
+        spans.append((len(groups), len(reads)))
+        for rd in reads:
+            groups.append((prompts.stem(rd.text), list(rd.scored)))
+            owners.append(rd.owner)
     seen = mem.seen(prefix_text)
     pin = request.pin_state if request.pin_state is not None else (len(questions) >= 2 or seen)
     engine = app.engine
@@ -140,7 +146,7 @@ async def _score_path(app: "App", mem: ScoringMemory, request: SystemOneRequest,
             mem.fixed[key] = True
     content_free = None
     if "content_free" in methods:
-        content_free = await _content_free(app, mem, request, groups, spans, slot, route, out)
+        content_free = await _content_free(app, mem, request, groups, owners, spans, slot, route, out)
     result = await _engine_call(app, engine.score, prefix_text, groups, pin=pin, slot=slot, **route)
     out.engine_ms = (time.perf_counter() - t0) * 1e3
     out.path = "score"
@@ -161,9 +167,9 @@ async def _score_path(app: "App", mem: ScoringMemory, request: SystemOneRequest,
                                 f"({min(counts)} to {max(counts)}): a per-token average favours the longer options")
         try:
             if methods:
-                per_rotation = [scoring.option_scores(lps, request.normalize) for lps in rows]
+                per_read = [readings.log_probs(owners[start + j], lps, request.normalize) for j, lps in enumerate(rows)]
                 cf = content_free[i] if content_free is not None else None
-                out.probs[q.id] = scoring.report(scoring.softmax(debias.calibrated(per_rotation, cf)))
+                out.probs[q.id] = scoring.report(scoring.softmax(readings.combine(per_read, cf)))
             else:
                 out.probs[q.id] = scoring.decide(rows[0], request.normalize)
         except ValueError as exc:
@@ -181,8 +187,8 @@ def _add(a: int | None, b: int | None) -> int | None:
 
 
 async def _content_free(app: "App", mem: ScoringMemory, request: SystemOneRequest, groups: list[tuple[str, list[str]]],
-                        spans: list[tuple[int, int]], slot: int | None, route: dict[str, str],
-                        out: Decided) -> list[list[float]]:
+                        owners: list[tuple[int, ...]], spans: list[tuple[int, int]], slot: int | None,
+                        route: dict[str, str], out: Decided) -> list[list[float]]:
     """Each question's mean option log-probabilities on the content-free states (:mod:`gateway.debias`).
 
     Read once per question (its rotations' stems and options, the fixed
@@ -194,7 +200,8 @@ async def _content_free(app: "App", mem: ScoringMemory, request: SystemOneReques
     again. Returns one list of ``n_options`` floats per question.
     """
     cf_prefix = app.prompts.prefix("", request.prefix)
-    keys = [(cf_prefix, request.normalize, tuple((stem, tuple(opts)) for stem, opts in groups[start:start + k]))
+    keys = [(cf_prefix, request.normalize, tuple((stem, tuple(opts), owner) for (stem, opts), owner
+                                                 in zip(groups[start:start + k], owners[start:start + k])))
             for start, k in spans]
     while True:
         missing = [key for key in dict.fromkeys(keys) if key not in mem.content_free]
@@ -222,22 +229,23 @@ async def _content_free(app: "App", mem: ScoringMemory, request: SystemOneReques
 async def _read_content_free(app: "App", mem: ScoringMemory, request: SystemOneRequest, missing: list[tuple],
                              cf_prefix: str, slot: int | None, route: dict[str, str], out: Decided) -> None:
     cf_groups = [(state + stem, list(opts)) for key in missing for state in debias.CONTENT_FREE_STATES
-                 for stem, opts in key[2]]
+                 for stem, opts, _ in key[2]]
     result = await _engine_call(app, app.engine.score, cf_prefix, cf_groups, pin=False, slot=slot, **route)
     out.computed = _add(out.computed, getattr(result, "computed", None))
     out.reused = _add(out.reused, getattr(result, "reused", None))
     g = 0
     for key in missing:
         per_read = []
-        for _ in range(len(debias.CONTENT_FREE_STATES) * len(key[2])):
-            lps = [tuple(o.logprobs) for o in result.groups[g]]
-            out.output_tokens += sum(len(x) for x in lps)
-            try:
-                per_read.append(scoring.option_scores(lps, request.normalize))
-            except ValueError as exc:
-                raise HTTPError(502, "api_error", f"the engine's content-free scores are unusable: {exc}") from None
-            g += 1
-        mem.remember_content_free(key, debias.mean_log_probs(per_read))
+        for _ in debias.CONTENT_FREE_STATES:
+            for _stem, _opts, owner in key[2]:
+                lps = [tuple(o.logprobs) for o in result.groups[g]]
+                out.output_tokens += sum(len(x) for x in lps)
+                try:
+                    per_read.append(readings.log_probs(owner, lps, request.normalize))
+                except ValueError as exc:
+                    raise HTTPError(502, "api_error", f"the engine's content-free scores are unusable: {exc}") from None
+                g += 1
+        mem.remember_content_free(key, readings.mean_log_probs(per_read))
 
 
 def decide_invalid_error(reason: str, questions: list[Question]) -> dict[str, Any]:

@@ -27,12 +27,14 @@ def anyio_backend():
     ("none", ()), ([], ()), (["none"], ()), ("cyclic", ("cyclic",)), ("content_free", ("content_free",)),
     (["content_free", "cyclic"], ("cyclic", "content_free")), (["cyclic", "cyclic"], ("cyclic",)),
     ("cyclic,content_free", ("cyclic", "content_free")), ("content_free, cyclic", ("cyclic", "content_free")),
+    ("content_free,canonical", ("canonical", "content_free")), (["content_free", "cloze"], ("cloze", "content_free")),
+    ("letters", ("letters",)),
 ])
 def test_parse_accepts_names_lists_and_the_flags_form(value, methods):
     assert debias.parse(value) == methods
 
 
-UNKNOWN = "Unknown debias method {!r}: use 'none', 'cyclic', 'content_free' or a list of the last two"
+UNKNOWN = "Unknown debias method {!r}: use 'none', 'cloze', 'letters', 'canonical', 'cyclic', 'content_free' or a list of those"
 
 
 @pytest.mark.parametrize("value, message", [
@@ -40,9 +42,12 @@ UNKNOWN = "Unknown debias method {!r}: use 'none', 'cyclic', 'content_free' or a
     (["cyclic", "x"], UNKNOWN.format("x")),
     (["none", "cyclic"], "'none' cannot be combined with a debias method"),
     ("none,cyclic", "'none' cannot be combined with a debias method"),
-    (3, "Input should be 'none', 'cyclic', 'content_free' or a list of those"),
-    ([1], "Input should be 'none', 'cyclic', 'content_free' or a list of those"),
-    (None, "Input should be 'none', 'cyclic', 'content_free' or a list of those"),
+    ("cloze,letters", "'cloze' and 'letters' are two prompt formats: choose one"),
+    ("cloze,cyclic", "a 'cloze' prompt lists no options: 'cyclic' and 'canonical' do not apply to it"),
+    (["canonical", "cloze"], "a 'cloze' prompt lists no options: 'cyclic' and 'canonical' do not apply to it"),
+    (3, "Input should be 'none', 'cloze', 'letters', 'canonical', 'cyclic', 'content_free' or a list of those"),
+    ([1], "Input should be 'none', 'cloze', 'letters', 'canonical', 'cyclic', 'content_free' or a list of those"),
+    (None, "Input should be 'none', 'cloze', 'letters', 'canonical', 'cyclic', 'content_free' or a list of those"),
 ])
 def test_parse_refuses_anything_else(value, message):
     with pytest.raises(ValueError) as e:
