@@ -77,6 +77,8 @@ CONFIGS = [
     ("canonical + cyclic + content_free", Method(canonical=True, cyclic=True, content_free=True), None),
     ("canonical + batch calibration", Method(canonical=True), "batch"),
     ("canonical + PriDe", Method(canonical=True), "pride"),
+    ("letters, canonical order", Method("letters", canonical=True), None),
+    ("letters, canonical order + content_free", Method("letters", canonical=True, content_free=True), None),
     ("cloze", Method("cloze"), None),
     ("cloze + content_free (PMI)", Method("cloze", content_free=True), None),
     ("cloze + batch calibration", Method("cloze"), "batch"),
@@ -515,7 +517,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=evalset.SEED, help="the generator's and the orders' seed")
     parser.add_argument("--subset", type=int, default=0, help="only the first N requests of each domain (quick runs)")
     parser.add_argument("--qorder-every", type=int, default=4, help="re-ask every Nth request with its questions reversed")
-    parser.add_argument("--cost-requests", type=int, default=3, help="requests per domain served for the cost columns")
+    parser.add_argument("--cost-requests", type=int, default=2, help="requests per domain served for the cost columns")
     parser.add_argument("--cache", help="a file keeping the reads between runs of the same model")
     parser.add_argument("--json", help="write the rows as JSON here")
     parser.add_argument("--readme", action="store_true", help="write the table into bench/README.md")

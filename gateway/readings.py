@@ -73,8 +73,9 @@ class Method:
 @attrs.frozen
 class Read:
     """One prompt of a question: ``text`` (the question's text, :meth:`gateway.prompts.PromptBuilder.stem`
-    makes the stem), ``scored`` (the option texts scored after it) and ``owner[k]``: the reply-order
-    option that ``scored[k]`` counts for (one each, or several spellings of one letter);
+    makes the stem), ``scored`` (the option texts scored after it; in the canonical order for a
+    canonical or cloze read) and ``owner[k]``: the reply-order option that ``scored[k]`` counts
+    for (one each, or several spellings of one letter);
     ``places[i]``: where reply option ``i`` is listed (0 first; None in the cloze format)."""
 
     text: str
@@ -111,22 +112,26 @@ def plan(qtype: str, instructions: Any, criteria: Any, n_options: int, method: M
     cloze format reads one. Raises ``ValueError`` as the prompt functions do
     (letters over 26 options; a cloze score with two equal levels).
     """
-    base = canonical_order(qtype, criteria) if method.canonical else (list(order) if order is not None else None)
+    canon = canonical_order(qtype, criteria)
+    base = canon if method.canonical else (list(order) if order is not None else None)
     n_listed = 2 if qtype == "noul" else n_options
+    # A canonical or cloze read sends its scored texts in the canonical order too, so the engine gets
+    # the same bytes whatever the request's order (its last digits depend on the batch's layout).
+    scored_order = canon if (method.canonical or method.format == "cloze") and canon is not None else range(n_options)
     if method.format == "cloze":
-        text, scored = cloze_text(qtype, instructions, criteria)
-        return [Read(text, scored, tuple(range(len(scored))), None)]
+        text, options = cloze_text(qtype, instructions, criteria)
+        return [Read(text, tuple(options[i] for i in scored_order), tuple(scored_order), None)]
     reads = []
     for r in debias.rotations(n_options, ("cyclic",) if method.cyclic else ()):
         listed = listing_order(n_listed, base, r)
         places = _places(qtype, n_options, listed)
         if method.format == "letters":
             text, per_option = letters_text(qtype, instructions, criteria, listed)
-            scored = tuple(s for opts in per_option for s in opts)
-            owner = tuple(i for i, opts in enumerate(per_option) for _ in opts)
         else:
-            text, scored = question_text(qtype, instructions, criteria, 0, listed)
-            owner = tuple(range(len(scored)))
+            text, options = question_text(qtype, instructions, criteria, 0, listed)
+            per_option = tuple((o,) for o in options)
+        scored = tuple(s for i in scored_order for s in per_option[i])
+        owner = tuple(i for i in scored_order for _ in per_option[i])
         reads.append(Read(text, scored, owner, places))
     return reads
 

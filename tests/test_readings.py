@@ -54,9 +54,11 @@ def test_canonical_reads_do_not_depend_on_the_request_order():
     b = readings.plan("choice", "Who?", other, 3, Method(canonical=True))
     assert [r.text for r in a] == [r.text for r in b] == [
         "Who?\nbilling: payments\nsales: plans\ntechnical\nAnswer with one label."]
-    # the scored strings follow each request's reply order; places say where each is listed
-    assert a[0].scored == ("sales", "billing", "technical") and a[0].places == (1, 0, 2)
-    assert b[0].scored == ("technical", "sales", "billing") and b[0].places == (2, 1, 0)
+    # the scored strings too (canonical order); owner maps them to each request's reply order, places
+    # say where each reply option is listed
+    assert a[0].scored == b[0].scored == ("billing", "sales", "technical")
+    assert a[0].owner == (1, 0, 2) and a[0].places == (1, 0, 2)
+    assert b[0].owner == (2, 1, 0) and b[0].places == (2, 1, 0)
     rot = readings.plan("choice", "Who?", CRIT, 3, Method(canonical=True, cyclic=True))
     assert [r.text.splitlines()[1] for r in rot] == ["billing: payments", "sales: plans", "technical"]
     assert [r.places for r in rot] == [(1, 0, 2), (0, 2, 1), (2, 1, 0)]
@@ -74,7 +76,8 @@ def test_request_order_reads_match_the_listed_prompt():
     letters = readings.plan("choice", "Who?", CRIT, 3, Method("letters"))
     assert letters[0].scored[:4] == spellings("A") and letters[0].owner == (0,) * 4 + (1,) * 4 + (2,) * 4
     cloze = readings.plan("choice", "Who?", CRIT, 3, Method("cloze", content_free=True))
-    assert [(r.text, r.scored, r.places) for r in cloze] == [("Who?", ("sales", "billing", "technical"), None)]
+    assert [(r.text, r.scored, r.owner, r.places) for r in cloze] == [("Who?", ("billing", "sales", "technical"),
+                                                                       (1, 0, 2), None)]
 
 
 def test_method_names_round_trip():
