@@ -69,6 +69,9 @@ def add_parsers(sub) -> None:
                         "content_free (calibrated against content-free states), or cyclic,content_free. "
                         "Default: cyclic,content_free on the default model (it answers by position without), "
                         "none on a model you name")
+    p.add_argument("--calibration", default=None, metavar="FILE",
+                   help="a calibration file (serveproto calibrate) applied to the answers read under its x_debias; "
+                        "'none' for none. Default: $SERVEPROTO_CACHE/calibration/<the model's sha256>.json when it exists")
     p.add_argument("--request-timeout", type=float, default=120.0, help="seconds one engine call may take (503 after)")
     p.add_argument("--handshake-timeout", type=float, default=180.0, help="seconds the engine may take to load")
     p.add_argument("--max-inflight", type=int, default=256, help="POST requests served at once (503 + Retry-After above)")
@@ -109,6 +112,33 @@ def default_debias(args) -> tuple[str, ...]:
     if args.debias is not None:
         return args.debias
     return DEFAULT_MODEL_DEBIAS if not args.model and not args.engine else ()
+
+
+def load_calibration(choice: str | None, model_path: str | None):
+    """The calibration ``serve`` applies: ``choice`` (``--calibration``) ``"none"`` for none, a file, or
+    None for the model's own (:func:`gateway.calibration.default_path` of its sha256, when it exists).
+
+    Raises ``SystemExit`` for a file that cannot be read or that was fitted on another model file.
+    """
+    from gateway import calibration
+
+    if choice == "none":
+        return None
+    sha = calibration.sha256_file(model_path) if model_path and Path(model_path).exists() else None
+    if choice is None:
+        if sha is None or not calibration.default_path(sha).exists():
+            return None
+        path = calibration.default_path(sha)
+    else:
+        path = Path(choice)
+    try:
+        cal = calibration.load(path)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"serveproto serve: --calibration: {exc}") from None
+    if sha is not None and cal.model_sha256 != sha:
+        raise SystemExit(f"serveproto serve: --calibration: {path} was fitted on another model file "
+                         f"(sha256 {cal.model_sha256[:12]}..., the served model's is {sha[:12]}...)")
+    return cal
 
 
 def default_threads(threads: int | None, environ=os.environ, cpu_count: int | None = None) -> int:
@@ -169,6 +199,7 @@ async def serve(args, *, task_status=None) -> None:
         model = await anyio.to_thread.run_sync(ModelInfo.load, caps.model, model_path)
         app = App(engine, model, api_key=api_key, request_timeout=args.request_timeout, max_inflight=args.max_inflight,
                   debias=default_debias(args))
+        app.calibration = await anyio.to_thread.run_sync(load_calibration, getattr(args, "calibration", None), model_path)
         limits = Limits(max_body_bytes=args.max_body, max_decoded_bytes=max(args.max_body, 64 << 20))
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, tg.cancel_scope)
@@ -176,6 +207,9 @@ async def serve(args, *, task_status=None) -> None:
             print(f"serveproto: serving {model.name} on http://{args.host}:{port}", flush=True)
             if app.debias:
                 print(f"serveproto: x_debias defaults to {','.join(app.debias)} (--debias none to turn it off)", flush=True)
+            if app.calibration is not None:
+                print(f"serveproto: calibration {app.calibration.id} on answers read under x_debias "
+                      f"{','.join(app.calibration.debias) or 'none'} (--calibration none to turn it off)", flush=True)
             if task_status is not None:
                 task_status.started(port)
 

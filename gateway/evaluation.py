@@ -49,9 +49,19 @@ def confidences(probs: Sequence[Sequence[float]], gold: Sequence[int]) -> tuple[
 
 
 def _bins(conf: np.ndarray, w: np.ndarray, n_bins: int) -> np.ndarray:
-    """Equal-mass bin of each answer: sorted by confidence, cut where the cumulative weight crosses k/n_bins."""
+    """Equal-mass bin of each answer: sorted by confidence, cut where the cumulative weight crosses
+    k/n_bins; answers of equal confidence share the bin of their group's middle (so that bins do not
+    split ties arbitrarily: reported probabilities are rounded, and ties are common)."""
     order = np.argsort(conf, kind="stable")
-    mid = np.cumsum(w[order]) - w[order] / 2
+    c, ws = conf[order], w[order]
+    cum = np.cumsum(ws)
+    mid = np.empty(len(c))
+    start = 0
+    for end in range(1, len(c) + 1):
+        if end == len(c) or c[end] != c[start]:
+            lo = cum[start - 1] if start else 0.0
+            mid[start:end] = (lo + cum[end - 1]) / 2
+            start = end
     b = np.minimum((mid / w.sum() * n_bins).astype(int), n_bins - 1)
     out = np.empty(len(conf), dtype=int)
     out[order] = b
@@ -63,7 +73,7 @@ def ece(conf: Sequence[float], correct: Sequence[float], weights: Sequence[float
     """Expected calibration error of top-label confidences, with equal-mass bins.
 
     ``sum_b (W_b / W) |acc_b - conf_b|`` over ``n_bins`` bins holding equal
-    weight of answers sorted by confidence (the adaptive binning of Nixon et
+    weight of answers sorted by confidence, ties kept in one bin (the adaptive binning of Nixon et
     al. 2019, "Measuring Calibration in Deep Learning", CVPR workshops; ECE of
     Naeini et al. 2015 and Guo et al. 2017, "On Calibration of Modern Neural
     Networks", ICML). ``conf``, ``correct``: shape ``(m,)``. In [0, 1].

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("serveproto.systemone")
 
+#: ``x_calibration`` of an answer no calibration map was applied to (gateway.calibration).
+IDENTITY = "identity"
+
 #: How many recent states the server remembers to decide ``pin_state`` on its own.
 SEEN_STATES = 1024
 
@@ -41,7 +44,8 @@ class Decided:
     tokens read (0 on a decision engine); ``engine_ms``: the engine's time;
     ``path``: ``"score"``, ``"decide"`` or ``"none"`` (no engine call);
     ``warnings``: text for ``x_warnings``; counters of the scoring calls;
-    ``debias``: the :mod:`gateway.debias` methods applied.
+    ``debias``: the :mod:`gateway.debias` methods applied; ``calibration``:
+    question id -> the ``x_calibration`` of its answer (absent: identity).
     """
 
     probs: dict[str, list[float]]
@@ -54,6 +58,7 @@ class Decided:
     reused: int | None = None
     snapshot: str | None = None
     debias: tuple[str, ...] = ()
+    calibration: dict[str, str] = attrs.field(factory=dict)
 
 
 class ScoringMemory:
@@ -114,6 +119,7 @@ async def _score_path(app: "App", mem: ScoringMemory, request: SystemOneRequest,
         _check_slot(app, request)
     methods = _methods(app, request)
     method = readings.Method.from_names(methods)
+    calibration = getattr(app, "calibration", None)  # gateway.calibration.Calibration, set by serve
     # one group per read of a question (gateway.readings.plan); spans[i] = (first group, reads) of question i
     groups: list[tuple[str, list[str]]] = []
     owners: list[tuple[int, ...]] = []
@@ -169,9 +175,12 @@ async def _score_path(app: "App", mem: ScoringMemory, request: SystemOneRequest,
             if methods:
                 per_read = [readings.log_probs(owners[start + j], lps, request.normalize) for j, lps in enumerate(rows)]
                 cf = content_free[i] if content_free is not None else None
-                out.probs[q.id] = scoring.report(scoring.softmax(readings.combine(per_read, cf)))
+                p = scoring.softmax(readings.combine(per_read, cf))
             else:
-                out.probs[q.id] = scoring.decide(rows[0], request.normalize)
+                p = scoring.softmax(scoring.option_scores(rows[0], request.normalize))
+            if calibration is not None:
+                p, out.calibration[q.id] = calibration.apply(q.type, p, methods)
+            out.probs[q.id] = scoring.report(p)
         except ValueError as exc:
             raise HTTPError(502, "api_error", f"the engine's scores for {q.id!r} are unusable: {exc}") from None
     longest = 0
@@ -350,7 +359,8 @@ def _headers(request: Request, decided: Decided) -> list[tuple[str, str]]:
 async def systemone(app: "App", memory: ScoringMemory, request: Request) -> Response:
     parsed = jev.parse_request(parse_json(request))
     decided = await decide_questions(app, parsed, memory)
-    answers = {q.id: jev.answer(q, decided.probs[q.id]) for q in parsed.questions}
+    answers = {q.id: {**jev.answer(q, decided.probs[q.id]), "x_calibration": decided.calibration.get(q.id, IDENTITY)}
+               for q in parsed.questions}
     extra: dict[str, Any] = {"x_request_id": request.request_id, "x_engine_ms": round(decided.engine_ms, 3), "x_path": decided.path}
     if decided.computed is not None:
         extra["x_positions"] = {"computed": decided.computed, "reused": decided.reused, "snapshot": decided.snapshot}
@@ -442,6 +452,7 @@ async def decisions(app: "App", memory: ScoringMemory, request: Request) -> Resp
         a: dict[str, Any] = {"type": raw["type"]}
         if raw.get("name") is not None:
             a["name"] = raw["name"]
+        a["x_calibration"] = decided.calibration.get(q.id, IDENTITY)
         if q.type == "noul":
             a["probability"] = scoring.r6(p[1])
         elif q.type == "choice":

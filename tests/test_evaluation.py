@@ -28,6 +28,10 @@ def test_ece_with_equal_mass_bins_by_hand():
     # a weight of 3 on the 0.9 answer: bins cut at half the weight (3 of 6): {0.55, 0.6, 0.8} and {0.9 x3}
     want = (abs(1 - (0.55 + 0.6 + 0.8)) + 3 * abs(1 - 0.9)) / 6
     assert ev.ece(conf, correct, [3, 1, 1, 1], n_bins=2) == pytest.approx(want)
+    # equal confidences stay in one bin: four answers at 0.7, half right, are one bin (|0.5 - 0.7|), not
+    # two bins of whatever order the sort left them in
+    assert ev.ece([0.7] * 4, [1, 1, 0, 0], n_bins=2) == pytest.approx(0.2)
+    assert ev.ece([0.7] * 4 + [0.9] * 4, [1, 1, 0, 0] + [1] * 4, n_bins=2) == pytest.approx((0.2 + 0.1) / 2)
 
 
 def test_ece_noise_floor():
