@@ -319,21 +319,23 @@ def default_path(model_sha256: str, cache: str | Path | None = None) -> Path:
 
 
 def reliability_text(probs: Sequence[Sequence[float]], gold: Sequence[int], n_bins: int = 10, width: int = 40) -> str:
-    """A reliability diagram in text: per equal-mass bin, mean confidence, accuracy and a bar."""
+    """A reliability diagram in text: per equal-mass bin (:func:`gateway.evaluation.bins`), mean
+    confidence, accuracy and a bar."""
     import numpy as np
 
     conf, correct = evaluation.confidences(probs, gold)
-    order = np.argsort(conf, kind="stable")
+    b = evaluation.bins(conf, np.ones(len(conf)), n_bins)
     lines = ["confidence  accuracy  n     (| = confidence, # = accuracy)"]
-    for chunk in np.array_split(order, n_bins):
-        if len(chunk) == 0:
+    for k in range(n_bins):
+        chunk = b == k
+        if not chunk.any():
             continue
         c, a = float(conf[chunk].mean()), float(correct[chunk].mean())
         bar = [" "] * (width + 1)
         for x in range(int(round(a * width)) + 1):
             bar[x] = "#"
         bar[int(round(c * width))] = "|"
-        lines.append(f"{c:10.3f}  {a:8.3f}  {len(chunk):<4}  {''.join(bar)}")
+        lines.append(f"{c:10.3f}  {a:8.3f}  {int(chunk.sum()):<4}  {''.join(bar)}")
     return "\n".join(lines)
 
 
@@ -351,12 +353,12 @@ def reliability_png(before: tuple, after: tuple, path: str | Path, title: str, n
     ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="calibrated")
     for (probs, gold), label, marker in ((before, "before", "o"), (after, "after", "s")):
         conf, correct = evaluation.confidences(probs, gold)
-        order = np.argsort(conf, kind="stable")
+        b = evaluation.bins(conf, np.ones(len(conf)), n_bins)
         xs, ys = [], []
-        for chunk in np.array_split(order, n_bins):
-            if len(chunk):
-                xs.append(float(conf[chunk].mean()))
-                ys.append(float(correct[chunk].mean()))
+        for k in range(n_bins):
+            if (b == k).any():
+                xs.append(float(conf[b == k].mean()))
+                ys.append(float(correct[b == k].mean()))
         e = evaluation.ece(conf, correct, n_bins=n_bins)
         ax.plot(xs, ys, marker=marker, label=f"{label} (ECE {e:.3f})")
     ax.set_xlim(0, 1)

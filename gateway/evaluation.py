@@ -48,7 +48,7 @@ def confidences(probs: Sequence[Sequence[float]], gold: Sequence[int]) -> tuple[
     return conf, correct
 
 
-def _bins(conf: np.ndarray, w: np.ndarray, n_bins: int) -> np.ndarray:
+def bins(conf: np.ndarray, w: np.ndarray, n_bins: int) -> np.ndarray:
     """Equal-mass bin of each answer: sorted by confidence, cut where the cumulative weight crosses
     k/n_bins; answers of equal confidence share the bin of their group's middle (so that bins do not
     split ties arbitrarily: reported probabilities are rounded, and ties are common)."""
@@ -81,7 +81,7 @@ def ece(conf: Sequence[float], correct: Sequence[float], weights: Sequence[float
     conf = np.asarray(conf, dtype=np.float64)
     correct = np.asarray(correct, dtype=np.float64)
     w = _w(weights, len(conf))
-    b = _bins(conf, w, n_bins)
+    b = bins(conf, w, n_bins)
     total = 0.0
     for k in range(n_bins):
         m = b == k
