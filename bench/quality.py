@@ -85,6 +85,9 @@ CONFIGS = [
 ]
 
 PASSES = 3
+
+#: The columns ``--reuse`` takes from an earlier run: those that need the engine beyond the cached reads.
+REUSED = ("positions", "first", "seconds", "served_diff", "qorder_changed", "qorder_moved", "qorder_n")
 README_START = "<!-- bench/quality.py table: start -->"
 README_END = "<!-- bench/quality.py table: end -->"
 
@@ -233,6 +236,7 @@ async def run(args) -> dict:
     n_q = sum(len(g) for g in golds[0])
     print(f"{len(items)} requests, {n_q} labelled questions, {PASSES} option orders per choice", flush=True)
 
+    reused = {r["name"]: r for r in orjson.loads(Path(args.reuse).read_bytes())["rows"]} if args.reuse else None
     cache_file = Path(args.cache) if args.cache else None
     cache: dict = {}
     ident = [Path(args.model).name, Path(args.model).stat().st_size]
@@ -270,7 +274,7 @@ async def run(args) -> dict:
 
         # question order: every E-th request, its questions reversed, read afresh
         reversed_reads: dict[int, dict] = {}
-        for i in range(0, len(items), args.qorder_every):
+        for i in (range(0, len(items), args.qorder_every) if not reused else ()):
             body = bodies[0][i]
             rev = {**body, "questions": dict(reversed(list(body["questions"].items())))}
             r = jev.parse_request(rev)
@@ -279,12 +283,22 @@ async def run(args) -> dict:
         print(f"question order: {len(reversed_reads)} requests read again with their questions reversed", flush=True)
 
         rows = evaluate(items, requests, golds, keys, reader, reversed_reads)
+        out["noul_check"] = noul_check(items, requests, golds, keys, reader)
 
         # cost, and a check against the served path
-        served = await cost(App, ModelInfo, ScoringMemory, decide_questions, eng, info, items, requests, keys, reader,
-                            args.cost_requests)
+        if reused:
+            served = {}
+        else:
+            served = await cost(App, ModelInfo, ScoringMemory, decide_questions, eng, info, items, requests, keys,
+                                reader, args.cost_requests)
     for row, (name, method, state) in zip(rows, CONFIGS):
-        row.update(served[(method, state)])
+        if reused:
+            old = reused.get(name)
+            if old is None:
+                raise SystemExit(f"--reuse: {args.reuse} has no row {name!r}")
+            row.update({k: old[k] for k in REUSED})
+        else:
+            row.update(served[(method, state)])
     out["rows"] = rows
     return out
 
@@ -308,6 +322,32 @@ def evaluate(items, requests, golds, keys, reader, reversed_reads) -> list[dict]
               f"score {r['acc_score']:.3f}) F1 {r['macro_f1']:.3f} ECE {r['ece']:.3f} (floor {r['ece_floor']:.3f}) "
               f"flips {r['flips']:.3f} JSD {r['jsd']:.4f}", flush=True)
     return rows
+
+
+def noul_check(items, requests, golds, keys, reader) -> dict:
+    """The issue's hypothesis: on the content-free state "N/A" most cue nouls are truly "no", so dividing by
+    it pushes answers to "yes". Per noul task (listed format): p(yes | "N/A"), the share answered yes
+    raw and with content_free, and the gold share."""
+    lookup = reader.cache.__getitem__
+    raw, cf = Method(), Method(content_free=True)
+    out = {}
+    for i, item in enumerate(items):
+        for qi, q in enumerate(requests[0][i].questions):
+            if q.type != "noul" or q.id not in golds[0][i]:
+                continue
+            t = out.setdefault(item.tasks[q.id], {"p_yes_na": None, "yes_raw": 0, "yes_cf": 0, "gold_yes": 0, "n": 0})
+            _, free = keys[cf][0][i][qi]
+            reads = readings.plan(q.type, q.instructions, q.criteria, q.n_options, cf)
+            t["p_yes_na"] = math.exp(readings.log_probs(reads[0].owner, lookup(free[0]))[1])
+            t["yes_raw"] += probabilities(raw, q, keys[raw][0][i][qi], lookup)[1] > 0.5
+            t["yes_cf"] += probabilities(cf, q, keys[cf][0][i][qi], lookup)[1] > 0.5
+            t["gold_yes"] += golds[0][i][q.id] == 1
+            t["n"] += 1
+    print("\nnouls (listed format): p(yes | N/A), answered yes raw / with content_free / gold, of n", flush=True)
+    for task, t in out.items():
+        print(f"  {task:<22} p(yes | N/A) {t['p_yes_na']:.3f}; yes {t['yes_raw']} / {t['yes_cf']} / {t['gold_yes']} "
+              f"of {t['n']}", flush=True)
+    return out
 
 
 def stateful(state, method, cyc, items, requests, keys, lookup, probs, rev, reversed_reads):
@@ -520,6 +560,8 @@ def main() -> None:
     parser.add_argument("--cost-requests", type=int, default=2, help="requests per domain served for the cost columns")
     parser.add_argument("--cache", help="a file keeping the reads between runs of the same model")
     parser.add_argument("--json", help="write the rows as JSON here")
+    parser.add_argument("--reuse", help="an earlier run's --json: take its cost and question-order columns "
+                                        "(with --cache, the rest is recomputed from the reads without the engine)")
     parser.add_argument("--readme", action="store_true", help="write the table into bench/README.md")
     args = parser.parse_args()
     started = time.perf_counter()
