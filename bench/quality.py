@@ -329,24 +329,28 @@ def noul_check(items, requests, golds, keys, reader) -> dict:
     it pushes answers to "yes". Per noul task (listed format): p(yes | "N/A"), the share answered yes
     raw and with content_free, and the gold share."""
     lookup = reader.cache.__getitem__
-    raw, cf = Method(), Method(content_free=True)
+    methods = {"raw": Method(), "cf": Method(content_free=True), "cyc": Method(cyclic=True),
+               "cyc_cf": Method(cyclic=True, content_free=True)}
     out = {}
     for i, item in enumerate(items):
         for qi, q in enumerate(requests[0][i].questions):
             if q.type != "noul" or q.id not in golds[0][i]:
                 continue
-            t = out.setdefault(item.tasks[q.id], {"p_yes_na": None, "yes_raw": 0, "yes_cf": 0, "gold_yes": 0, "n": 0})
-            _, free = keys[cf][0][i][qi]
-            reads = readings.plan(q.type, q.instructions, q.criteria, q.n_options, cf)
-            t["p_yes_na"] = math.exp(readings.log_probs(reads[0].owner, lookup(free[0]))[1])
-            t["yes_raw"] += probabilities(raw, q, keys[raw][0][i][qi], lookup)[1] > 0.5
-            t["yes_cf"] += probabilities(cf, q, keys[cf][0][i][qi], lookup)[1] > 0.5
+            t = out.setdefault(item.tasks[q.id], {"n": 0, "gold_yes": 0, **{f"yes_{k}": 0 for k in methods}})
+            # p(yes | "N/A") when yes is listed first and when no is
+            _, free = keys[methods["cyc_cf"]][0][i][qi]
+            reads = readings.plan(q.type, q.instructions, q.criteria, q.n_options, methods["cyc_cf"])
+            t["p_yes_na"] = [math.exp(readings.log_probs(rd.owner, lookup(k))[1]) for rd, k in zip(reads, free)]
+            for k, m in methods.items():
+                t[f"yes_{k}"] += probabilities(m, q, keys[m][0][i][qi], lookup)[1] > 0.5
             t["gold_yes"] += golds[0][i][q.id] == 1
             t["n"] += 1
-    print("\nnouls (listed format): p(yes | N/A), answered yes raw / with content_free / gold, of n", flush=True)
+    print("\nnouls, listed format: p(yes | N/A) with yes listed first, no listed first; questions answered yes "
+          "with none / content_free / cyclic / cyclic,content_free; gold yes; of n", flush=True)
     for task, t in out.items():
-        print(f"  {task:<22} p(yes | N/A) {t['p_yes_na']:.3f}; yes {t['yes_raw']} / {t['yes_cf']} / {t['gold_yes']} "
-              f"of {t['n']}", flush=True)
+        a, b = t["p_yes_na"]
+        print(f"  {task:<20} {a:.3f}, {b:.3f}; {t['yes_raw']} / {t['yes_cf']} / {t['yes_cyc']} / {t['yes_cyc_cf']}; "
+              f"{t['gold_yes']}; of {t['n']}", flush=True)
     return out
 
 
