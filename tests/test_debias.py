@@ -155,7 +155,7 @@ def test_serve_flag_and_its_default():
     from gateway.cli_serve import default_debias
 
     parse = build_parser().parse_args
-    assert default_debias(parse(["serve"])) == ("cyclic", "content_free")  # the default model needs it
+    assert default_debias(parse(["serve"])) == ("canonical", "content_free")  # the default model needs it (bench/quality.py)
     assert default_debias(parse(["serve", "--model", "m.gguf"])) == ()
     assert default_debias(parse(["serve", "--engine", "engines/bin/serveproto-fixture"])) == ()
     assert default_debias(parse(["serve", "--debias", "none"])) == ()
