@@ -452,7 +452,6 @@ async def decisions(app: "App", memory: ScoringMemory, request: Request) -> Resp
         a: dict[str, Any] = {"type": raw["type"]}
         if raw.get("name") is not None:
             a["name"] = raw["name"]
-        a["x_calibration"] = decided.calibration.get(q.id, IDENTITY)
         if q.type == "noul":
             a["probability"] = scoring.r6(p[1])
         elif q.type == "choice":
@@ -464,6 +463,7 @@ async def decisions(app: "App", memory: ScoringMemory, request: Request) -> Resp
             a.update(score=scoring.r6(scoring.expected_level(p)),
                      probabilities=[{"value": i, "label": lv["label"], "probability": p[i]} for i, lv in enumerate(raw["levels"])],
                      confidence=scoring.r6(scoring.confidence(p)))
+        a["x_calibration"] = decided.calibration.get(q.id, IDENTITY)
         answers.append(a)
     body = {"id": request.request_id, "object": "decision", "created": int(time.time()), "model": app.model.name,
             "answers": answers, "usage": {"input_tokens": decided.input_tokens, "output_tokens": decided.output_tokens}}
