@@ -26,6 +26,7 @@ import attrs
 import h11
 import orjson
 
+from gateway.http import framing
 from gateway.http.encoding import decode_body
 from gateway.http.message import HTTPError, Request, Response
 
@@ -197,27 +198,38 @@ class HTTPConnection:
                 await self._receive()
             if not self.conn.trailing_data[0]:
                 return None
-        self._check_head_size()
+        self._check_head()
         event = self.conn.next_event()
         if event is h11.NEED_DATA:
             with anyio.fail_after(self.limits.header_timeout):
                 while event is h11.NEED_DATA:
                     await self._receive()
-                    self._check_head_size()
+                    self._check_head()
                     event = self.conn.next_event()
         if isinstance(event, h11.ConnectionClosed):
             return None
         assert isinstance(event, h11.Request), event
         return event
 
-    def _check_head_size(self) -> None:
+    def _check_head(self) -> None:
+        """Bound the head's size (431) and, once it has arrived whole, refuse framing that is not to be
+        trusted (:func:`gateway.http.framing.check_head`, raises ``FramingError``) before h11 reads it."""
         # h11 bounds only a head that is still incomplete; one that arrives
         # whole in a single read is bounded here.
         limit = self.limits.max_header_bytes
         buf = self.conn.trailing_data[0]
-        end = buf.find(b"\r\n\r\n", 0, limit + 4)
-        if (end == -1 and len(buf) > limit) or end + 4 > limit:
+        end = framing.head_end(buf, limit)
+        if (end == -1 and len(buf) > limit) or end > limit:
             raise h11.RemoteProtocolError("request header block too large", error_status_hint=431)
+        if end != -1:
+            framing.check_head(buf[:end])
+
+    def _consume_refused_head(self) -> None:
+        # h11 lets a response be sent once it has read the head (or failed to): let it do either
+        try:
+            self.conn.next_event()
+        except h11.RemoteProtocolError:
+            pass
 
     async def _read_body(self, head: h11.Request) -> bytes:
         """The body as sent on the wire; 413 as soon as it is over the bound."""
@@ -258,6 +270,11 @@ class HTTPConnection:
             return False
         except TimeoutError:
             await self._send_error_and_close(408, "request_timeout", "the request head was not received in time", request_id)
+            return False
+        except framing.FramingError as exc:
+            # Close after answering: whatever follows this head cannot be told apart from its body.
+            self._consume_refused_head()
+            await self._send_error_and_close(400, "invalid_request_error", str(exc), request_id)
             return False
         if head is None:
             return False

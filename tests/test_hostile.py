@@ -1,0 +1,129 @@
+"""What an attacker or a careless client tries (issue 16), kept as tests.
+
+Request smuggling through framing h11 accepts but RFC 9112 says to distrust
+(raw sockets), unauthenticated bodies that would be inflated, limits named by
+the request's own field, an engine that stalls or keeps dying, and the
+ambiguous requests of item 6 (duplicate keys, look-alike labels, ``n > 1``).
+"""
+from __future__ import annotations
+
+import anyio
+import orjson
+import pytest
+
+from gateway.http import HTTPServer, Request, Response
+from test_routes_support import TICKET, FakeEngine, make_app
+
+pytestmark = pytest.mark.anyio
+
+
+# --- raw sockets ---------------------------------------------------------------------------------
+
+async def raw_exchange(port: int, raw: bytes, seconds: float = 5.0) -> bytes:
+    """Send ``raw``, half-close, and read everything until the server closes."""
+    async with await anyio.connect_tcp("127.0.0.1", port) as s:
+        await s.send(raw)
+        await s.send_eof()
+        data = b""
+        with anyio.fail_after(seconds):
+            while True:
+                try:
+                    data += await s.receive()
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    return data
+
+
+def responses(data: bytes) -> list[tuple[int, dict[str, str], bytes]]:
+    """Split what the server sent into ``(status, headers, body)`` (bodies by Content-Length)."""
+    out = []
+    while data:
+        head, sep, rest = data.partition(b"\r\n\r\n")
+        assert sep, data
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ")[1])
+        headers = {k.lower(): v for k, _, v in (line.partition(": ") for line in lines[1:])}
+        n = int(headers["content-length"])
+        out.append((status, headers, rest[:n]))
+        data = rest[n:]
+    return out
+
+
+async def served(handler, fn):
+    """Run ``fn(port)`` against an HTTPServer over ``handler``."""
+    async with anyio.create_task_group() as tg:
+        port = await HTTPServer(handler).start(tg)
+        try:
+            return await fn(port)
+        finally:
+            tg.cancel_scope.cancel()
+
+
+async def echo(request: Request) -> Response:
+    return Response.json({"path": request.path, "body": request.body.decode("latin-1")})
+
+
+SMUGGLED = b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
+
+#: Heads h11 accepts (or reads its own way) that RFC 9112 says not to trust; each is followed by a
+#: request that a parser framing the body differently would run: the server must answer 400 and close.
+DISTRUSTED = {
+    "te_and_cl": (b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n0\r\n\r\n",
+                  "Transfer-Encoding and Content-Length together: the body's length is ambiguous; send one of them "
+                  "(RFC 9112 section 6.1)"),
+    "cl_and_te": (b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+                  "Transfer-Encoding and Content-Length together: the body's length is ambiguous; send one of them "
+                  "(RFC 9112 section 6.1)"),
+    "te_on_http10": (b"POST /echo HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+                     "Transfer-Encoding on an HTTP/1.0 request: its framing cannot be trusted; send Content-Length "
+                     "(RFC 9112 section 6.1)"),
+    "te_not_chunked_last": (b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, gzip\r\n\r\n0\r\n\r\n",
+                            "Transfer-Encoding 'chunked, gzip' does not end in chunked: the body's length cannot be "
+                            "determined (RFC 9112 section 6.3)"),
+    "te_identity": (b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: identity\r\n\r\n",
+                    "Transfer-Encoding 'identity' does not end in chunked: the body's length cannot be determined "
+                    "(RFC 9112 section 6.3)"),
+    "cl_twice_same": (b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nContent-Length: 4\r\n\r\nabcd",
+                      "Content-Length sent 2 times: send it once (RFC 9112 section 6.3)"),
+    "cl_list": (b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4, 4\r\n\r\nabcd",
+                "Content-Length '4, 4' is not one decimal number (RFC 9112 section 6.3)"),
+    "obs_fold": (b"POST /echo HTTP/1.1\r\nHost: x\r\n Transfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\nabcd",
+                 "a header line starts with whitespace (obs-fold): send each field on one line (RFC 9112 section 5.2)"),
+    "obs_fold_tab": (b"POST /echo HTTP/1.1\r\nHost: x\r\nX-Note: a\r\n\tb\r\nContent-Length: 4\r\n\r\nabcd",
+                     "a header line starts with whitespace (obs-fold): send each field on one line (RFC 9112 section 5.2)"),
+    "bare_lf": (b"POST /echo HTTP/1.1\nHost: x\nContent-Length: 4\n\nabcd",
+                "a line of the request head ends in a bare LF: end every line with CRLF (RFC 9112 section 2.2)"),
+    "bare_lf_blank_line": (b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\nabcd",
+                           "a line of the request head ends in a bare LF: end every line with CRLF (RFC 9112 section 2.2)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DISTRUSTED))
+async def test_distrusted_framing_is_400_and_the_connection_closes(case):
+    head, message = DISTRUSTED[case]
+    data = await served(echo, lambda port: raw_exchange(port, head + SMUGGLED))
+    (status, headers, body), = responses(data)  # one answer: the smuggled request never runs
+    assert status == 400
+    assert headers["connection"] == "close"
+    assert orjson.loads(body) == {"detail": {"error_type": "invalid_request_error", "message": message}}
+
+
+async def test_the_issue_smuggling_example_gets_one_answer():
+    # issue 16, item 1: a 422 then a 200 for /v1/models before the fix
+    app = make_app(FakeEngine())
+    raw = (b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n0\r\n\r\n"
+           b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+    data = await served(app, lambda port: raw_exchange(port, raw))
+    (status, headers, body), = responses(data)
+    assert (status, headers["connection"]) == (400, "close")
+    assert orjson.loads(body)["detail"]["message"].startswith("Transfer-Encoding and Content-Length together")
+
+
+async def test_trusted_framing_still_keeps_the_connection():
+    raw = (b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n0\r\n\r\n"
+           b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi"
+           b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n")
+    got = responses(await served(echo, lambda port: raw_exchange(port, raw)))
+    assert [(s, orjson.loads(b)) for s, _, b in got[:2]] == [(200, {"path": "/echo", "body": "abcd"}),
+                                                             (200, {"path": "/echo", "body": "hi"})]
+    # a coding we do not decode before chunked is h11's 501, and the connection closes after it
+    assert [s for s, _, _ in got[2:]] == [501] and got[2][1]["connection"] == "close"
