@@ -169,6 +169,33 @@ class App:
     def caps(self):
         return self.engine.caps
 
+    def screen(self, request: Request) -> Response | None:
+        """The server's look at a request's head (``request.body`` empty) before it reads the body.
+
+        A route that needs the key and a request without it get their 401
+        here, so that an unauthenticated body is never read whole nor
+        decoded (a compressed body would be inflated up to the decoded bound
+        first). Everything else (public routes, unknown paths, methods not
+        allowed) goes on to :meth:`__call__`. Logged and counted as a response.
+        """
+        if not self.api_key:
+            return None
+        try:
+            route, _ = self.router.resolve(request)
+        except HTTPError:
+            return None
+        if route in PUBLIC_ROUTES:
+            return None
+        try:
+            auth.check(request, self.api_key)
+        except HTTPError as exc:
+            response = exc.response()
+            self.metrics.observe_request(route, request.method, response.status, 0.0)
+            if log.isEnabledFor(logging.INFO):
+                log.info(access_line(request, response.status, 0.0, {"error": exc.error_type}))
+            return response
+        return None
+
     async def __call__(self, request: Request) -> Response:
         started = time.perf_counter()
         route = "unknown"

@@ -127,3 +127,67 @@ async def test_trusted_framing_still_keeps_the_connection():
                                                              (200, {"path": "/echo", "body": "hi"})]
     # a coding we do not decode before chunked is h11's 501, and the connection closes after it
     assert [s for s, _, _ in got[2:]] == [501] and got[2][1]["connection"] == "close"
+
+
+# --- auth before the body ------------------------------------------------------------------------
+
+def zstd_bomb(decoded: int) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=19).compress(b"\0" * decoded)
+
+
+def post_raw(path: str, body: bytes, *headers: str) -> bytes:
+    extra = "".join(f"{h}\r\n" for h in headers)
+    return f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
+
+
+async def test_a_bad_key_is_401_before_the_body_is_decoded(monkeypatch):
+    from gateway.http import Limits
+    from gateway.http import server as http_server
+
+    decoded = []
+    real = http_server.decode_body
+    monkeypatch.setattr(http_server, "decode_body", lambda *a: decoded.append(len(a[0])) or real(*a))
+    app = make_app(FakeEngine(), api_key="sk-right")
+    bomb = zstd_bomb(2 << 20)
+    assert len(bomb) < 1024  # inflates 2000-fold and more
+
+    async def run(port):
+        async def one(*headers):
+            return responses(await raw_exchange(port, post_raw("/v1/systemone", bomb, "Content-Encoding: zstd",
+                                                               *headers)))
+        return (await one("Authorization: Bearer sk-wrong"), await one(), decoded[:],
+                await one("Authorization: Bearer sk-right"))
+
+    async with anyio.create_task_group() as tg:
+        port = await HTTPServer(app, Limits(max_decoded_bytes=1 << 20)).start(tg)
+        wrong, missing, decoded_before, right = await run(port)
+        tg.cancel_scope.cancel()
+    (status, headers, body), = wrong
+    assert (status, headers["connection"], headers["www-authenticate"]) == (401, "close", "Bearer")
+    assert orjson.loads(body) == {"detail": {"error_type": "authentication_error", "message": "invalid API key"}}
+    (status, _, body), = missing
+    assert status == 401
+    assert orjson.loads(body)["detail"]["message"] == "missing API key: send 'Authorization: Bearer <key>'"
+    assert decoded_before == []          # neither body was decoded
+    (status, _, body), = right           # with the key, the bomb is decoded and refused as before
+    assert status == 413
+    assert orjson.loads(body) == {"detail": {"error_type": "request_too_large",
+                                             "message": "the decoded request body is over 1048576 bytes"}}
+    assert decoded == [len(bomb)]
+
+
+async def test_a_bad_key_is_401_not_413_for_a_body_over_the_bound():
+    from gateway.http import Limits
+
+    app = make_app(FakeEngine(), api_key="sk-right")
+    head = b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\nContent-Length: 99999999\r\n\r\n"
+    async with anyio.create_task_group() as tg:
+        port = await HTTPServer(app, Limits(max_body_bytes=1000)).start(tg)
+        (status, headers, body), = responses(await raw_exchange(port, head + b"x" * 5000))
+        public = responses(await raw_exchange(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
+        tg.cancel_scope.cancel()
+    assert (status, headers["connection"]) == (401, "close")
+    assert orjson.loads(body)["detail"]["message"] == "invalid API key"
+    assert [s for s, _, _ in public] == [200]   # public routes need no key, as before

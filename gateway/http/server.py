@@ -6,9 +6,11 @@ next request until this one's response is sent). Each connection has one
 reader task, which owns the socket's receiving side and feeds h11 for as long
 as the connection lives; so the connection is watched while a handler runs: a
 client that closes it cancels the handler (and the engine work under it).
-Header block and body sizes
-are bounded (431 / 413), the head and the body each have a read timeout (408),
-and ``Content-Encoding`` bodies are decoded with a bound on their output.
+Header block and body sizes are bounded (431 / 413), the head and the body
+each have a read timeout (408), and ``Content-Encoding`` bodies are decoded
+with a bound on their output. A head whose framing RFC 9112 says to distrust
+is refused before h11 reads it (:mod:`gateway.http.framing`: 400, closed), and
+a handler's ``screen`` sees each head before its body is read (auth first).
 """
 from __future__ import annotations
 
@@ -35,6 +37,10 @@ log = logging.getLogger("serveproto.http")
 access_log = logging.getLogger("serveproto.access")
 
 Handler = Callable[[Request], Awaitable[Response]]
+#: A handler's optional ``screen`` method: called with the request's head alone (``body`` empty)
+#: before the body is read or decoded; a response it returns is sent at once and the connection
+#: closed (e.g. a 401, so that no unauthenticated body is ever inflated). None lets the request on.
+Screen = Callable[[Request], "Response | None"]
 
 _RECEIVE = 65536
 #: Seconds a closing connection keeps reading what the client still sends.
@@ -96,6 +102,7 @@ class HTTPConnection:
         self.stream = stream
         self._on_release = on_release  # called once, when the peer's EOF is seen or serving ends
         self.handler = handler
+        self._screen: Screen | None = getattr(handler, "screen", None)
         self.limits = limits
         self.client = client
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
@@ -278,6 +285,12 @@ class HTTPConnection:
             return False
         if head is None:
             return False
+        if self._screen is not None:
+            refused = self._screen(self._request(head, b"", request_id))
+            if refused is not None:
+                # The body is left unread (the linger drops it): answer and close.
+                await self._send_response(self._finish(refused, request_id, close=True), head.method == b"HEAD")
+                return False
         try:
             raw = await self._read_body(head)
             encoding = _header(head.headers, b"content-encoding")
@@ -295,15 +308,7 @@ class HTTPConnection:
             # The rest of the body may still be on the wire: answer and close.
             await self._send_response(self._finish(exc.response(), request_id, close=True), head.method == b"HEAD")
             return False
-        request = Request(
-            method=head.method.decode("ascii"),
-            target=head.target.decode("latin-1"),
-            headers=tuple(head.headers),
-            body=body,
-            request_id=request_id,
-            http_version=head.http_version.decode("ascii"),
-            client=self.client,
-        )
+        request = self._request(head, body, request_id)
         response = await self._call_watching(request)
         if response is None:
             # nginx's 499 "client closed request": no response is sent, the line says why
@@ -314,6 +319,17 @@ class HTTPConnection:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s %s %s %.1fms", request_id, request.method, request.target, (time.perf_counter() - started) * 1e3)
         return self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
+
+    def _request(self, head: h11.Request, body: bytes, request_id: str) -> Request:
+        return Request(
+            method=head.method.decode("ascii"),
+            target=head.target.decode("latin-1"),
+            headers=tuple(head.headers),
+            body=body,
+            request_id=request_id,
+            http_version=head.http_version.decode("ascii"),
+            client=self.client,
+        )
 
     async def _call_watching(self, request: Request) -> Response | None:
         """Run the handler while the reader watches the connection; None when the client went away meanwhile.
