@@ -191,3 +191,191 @@ async def test_a_bad_key_is_401_not_413_for_a_body_over_the_bound():
     assert (status, headers["connection"]) == (401, "close")
     assert orjson.loads(body)["detail"]["message"] == "invalid API key"
     assert [s for s, _, _ in public] == [200]   # public routes need no key, as before
+
+
+# --- an engine that stalls, stops or keeps dying -------------------------------------------------
+
+import contextlib  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import httpx2  # noqa: E402
+
+from gateway.cli import build_parser  # noqa: E402
+from gateway.cli_serve import serve  # noqa: E402
+from gateway.paths import ROOT  # noqa: E402
+
+
+@contextlib.asynccontextmanager
+async def serving(*argv: str):
+    """``serveproto serve`` in-process on a free port with ``argv``; yields the base URL."""
+    args = build_parser().parse_args(["serve", "--port", "0", "--log-level", "WARNING", *argv])
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(lambda task_status: serve(args, task_status=task_status))
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            tg.cancel_scope.cancel()
+
+
+def first_start_only(fixture, tmp_path, monkeypatch, faults: str) -> list[str]:
+    """The ``--engine`` argv of a fixture that has ``faults`` on its first start only (a marker file
+    remembers it; ``exec`` keeps the pid, so the supervisor watches the fixture itself)."""
+    monkeypatch.setenv("SERVEPROTO_FIXTURE_FAULTS", faults)
+    script = '[ -e "$0" ] && unset SERVEPROTO_FIXTURE_FAULTS || : > "$0"; exec "$@"'
+    return ["sh", "-c", script, str(tmp_path / "started"), str(fixture)]
+
+
+def restarts_of(metrics: str) -> float:
+    return float(next(line.split()[1] for line in metrics.splitlines()
+                      if line.startswith("serveproto_engine_restarts ")))
+
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+
+
+async def test_a_hung_engine_is_found_by_its_ping_not_the_request_timeout(fixture_engine, tmp_path, monkeypatch):
+    # partial_payload: PINGs are answered until the first DATA frame, written in half, then silence.
+    # The request timeout (60 s) would answer after a minute; the PING watchdog ends it in about 1 s.
+    engine = first_start_only(fixture_engine, tmp_path, monkeypatch, "partial_payload")
+    async with serving("--request-timeout", "60", "--ping-interval", "0.2", "--ping-timeout", "0.8",
+                       "--engine", *engine) as base:
+        async with httpx2.AsyncClient(base_url=base, timeout=30) as c:
+            with anyio.fail_after(10):
+                t0 = anyio.current_time()
+                stalled = await c.post("/v1/chat/completions", json=CHAT)
+                seconds = anyio.current_time() - t0
+                while (await c.get("/health")).status_code != 200:
+                    await anyio.sleep(0.05)
+                after = await c.post("/v1/chat/completions", json=CHAT)
+                restarts = restarts_of((await c.get("/metrics")).text)
+    assert stalled.status_code == 503 and stalled.headers["retry-after"] == "1"
+    assert stalled.json() == {"detail": {"error_type": "overloaded_error", "message":
+                              "the engine is unavailable: engine 'sh' did not answer PING within 0.8 s; killed"}}
+    assert seconds < 5
+    assert after.status_code == 200 and restarts == 1.0
+
+
+async def test_health_says_an_idle_hung_engine_is_unresponsive_then_it_is_restarted(fixture_engine, tmp_path,
+                                                                                     monkeypatch):
+    # hang_after=0: alive, silent from its handshake on (issue 16, item 3: /health said 200 throughout)
+    engine = first_start_only(fixture_engine, tmp_path, monkeypatch, "hang_after=0")
+    seen = []
+    async with serving("--request-timeout", "3", "--ping-interval", "0.3", "--ping-timeout", "3",
+                       "--engine", *engine) as base:
+        async with httpx2.AsyncClient(base_url=base, timeout=30) as c:
+            with anyio.fail_after(15):
+                while True:
+                    r = await c.get("/health")
+                    if not seen or seen[-1] != (r.status_code, r.json()):
+                        seen.append((r.status_code, r.json()))
+                    if r.status_code == 200 and len(seen) > 1:
+                        break
+                    await anyio.sleep(0.05)
+                restarts = restarts_of((await c.get("/metrics")).text)
+    assert seen[0] == (200, {"status": "ok", "model": "fixture"})
+    assert (503, {"status": "unavailable", "model": "fixture", "engine": "unresponsive"}) in seen
+    assert seen[-1] == (200, {"status": "ok", "model": "fixture"}) and restarts == 1.0
+
+
+async def test_a_stopped_engine_is_unresponsive_killed_and_replaced(fixture_engine, probes):
+    async with serving("--request-timeout", "60", "--ping-interval", "0.2", "--ping-timeout", "1.5",
+                       "--engine", str(fixture_engine)) as base:
+        async with httpx2.AsyncClient(base_url=base, timeout=30) as c:
+            assert (await c.get("/health")).status_code == 200
+            (pid,) = probes.child_pids()
+            os.kill(pid, signal.SIGSTOP)
+            with anyio.fail_after(10):
+                t0 = anyio.current_time()
+                stopped = await c.post("/v1/chat/completions", json=CHAT)
+                seconds = anyio.current_time() - t0
+                health = await c.get("/health")
+                while (await c.get("/health")).status_code != 200:
+                    await anyio.sleep(0.05)
+            (new_pid,) = probes.child_pids()
+            after = await c.post("/v1/chat/completions", json=CHAT)
+    assert stopped.status_code == 503
+    assert stopped.json()["detail"]["message"] == ("the engine is unavailable: engine 'serveproto-fixture' did not "
+                                                   "answer PING within 1.5 s; killed")
+    assert seconds < 5
+    assert health.status_code == 503 and health.json()["engine"] in ("unresponsive", "restarting")
+    assert new_pid != pid and after.status_code == 200
+
+
+def serve_process(*argv: str) -> tuple[subprocess.Popen, str]:
+    """``serveproto serve --port 0 ...`` as a process; returns it and its base URL once it serves."""
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--log-level", "WARNING",
+                             *argv], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("serveproto: serving "), (line, proc.stderr.read() if proc.poll() is not None else "")
+    return proc, line.split(" on ")[1].strip()
+
+
+def test_restart_intensity_exceeded_answers_in_flight_then_exits_1(fixture_engine):
+    # The engine exits after its third frame (ACCEPT, DATA, DATA): the chat request in flight is
+    # answered 503, and with no restart allowed the server then exits 1 with one line saying why.
+    proc, base = serve_process("--max-restarts", "0", "--ping-interval", "60", "--engine", str(fixture_engine),
+                               "--token-delay-ms", "20", "--fault", "exit_after=3")
+    try:
+        r = httpx2.post(base + "/v1/chat/completions", json=CHAT, timeout=30)
+        status = proc.wait(timeout=20)
+        stderr = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert r.json() == {"detail": {"error_type": "overloaded_error", "message":
+                        "the engine is unavailable: engine 'serveproto-fixture' exited (exit status 3)"}}
+    assert status == 1
+    assert stderr.splitlines()[-1] == (
+        "serveproto serve: giving up: the engine failed 1 time(s) within 60 s (--max-restarts 0); last error: "
+        "engine 'serveproto-fixture' exited (exit status 3); exiting with status 1 (--keep-restarting keeps retrying)")
+
+
+def test_keep_restarting_goes_on_past_the_restart_intensity(fixture_engine):
+    # The engine exits after its first frame, the PONG of the first PING: a crash loop.
+    proc, base = serve_process("--max-restarts", "0", "--keep-restarting", "--ping-interval", "0.05",
+                               "--engine", str(fixture_engine), "--fault", "exit_after=1")
+    try:
+        t0 = time.monotonic()
+        restarts = 0.0
+        while restarts < 4 and time.monotonic() - t0 < 20:
+            restarts = restarts_of(httpx2.get(base + "/metrics", timeout=10).text)
+            time.sleep(0.1)
+        running = proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        status = proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert restarts >= 4 and running
+    assert status == 0
+
+
+async def test_a_stopped_llama_engine_is_found_and_replaced(llama_engine):
+    # issue 16, item 3: during a 30 s SIGSTOP of the llama engine /health said 200 throughout
+    from gateway.engine import Engine, EngineTimeout
+
+    states = []
+    with anyio.fail_after(120):
+        async with Engine.spawn(llama_engine, health_interval=0.2, ping_timeout=3.0, handshake_timeout=100) as eng:
+            first = eng.pid
+            states.append(eng.state)
+            os.kill(first, signal.SIGSTOP)
+            while eng.restarts == 0:
+                if eng.state != states[-1]:
+                    states.append(eng.state)
+                await anyio.sleep(0.02)
+            await eng.wait_ready()
+            states.append(eng.state)
+            assert eng.pid != first and eng.healthy
+            assert isinstance(eng.last_error, EngineTimeout) and eng.last_error.what == "stall"
+            assert (await eng.ping())["active"] == "0"
+    assert states[:2] == ["serving", "unresponsive"] and states[-1] == "serving"
+    # SIGTERM, then SIGCONT so that the stopped process acts on it: no SIGKILL needed
+    assert eng.exit_statuses[0] == -signal.SIGTERM

@@ -111,6 +111,15 @@ class HTTPConnection:
         self._resume: anyio.Event | None = None           # set to wake a reader paused by READ_AHEAD
         self._draining = False                            # closing: read and drop what the client still sends
         self._handler_scope: anyio.CancelScope | None = None
+        self._stopping = False                            # the server drains: serve no request after this one
+        self._idle_scope: anyio.CancelScope | None = None  # around the keep-alive wait for the next request
+
+    def stop(self) -> None:
+        """Serve no further request: the one being answered finishes (its response closes the
+        connection), an idle keep-alive connection closes at once."""
+        self._stopping = True
+        if self._idle_scope is not None:
+            self._idle_scope.cancel()
 
     async def _reader(self) -> None:
         """Receive until EOF: into h11, or dropped once the connection is closing."""
@@ -201,8 +210,14 @@ class HTTPConnection:
     async def _read_head(self) -> h11.Request | None:
         """Wait (keep-alive idle) for a request and read its head. None when the peer closed."""
         if not self.conn.trailing_data[0]:
-            with anyio.move_on_after(self.limits.keepalive_timeout):
-                await self._receive()
+            if self._stopping:
+                return None
+            with anyio.move_on_after(self.limits.keepalive_timeout) as idle:
+                self._idle_scope = idle
+                try:
+                    await self._receive()
+                finally:
+                    self._idle_scope = None
             if not self.conn.trailing_data[0]:
                 return None
         self._check_head()
@@ -315,7 +330,7 @@ class HTTPConnection:
             access_log.info(access_line(request, 499, time.perf_counter() - started,
                                  {"error": "the client closed the connection; the request was cancelled"}))
             raise _Closed()
-        await self._send_response(self._finish(response, request_id), request.method == "HEAD")
+        await self._send_response(self._finish(response, request_id, close=self._stopping), request.method == "HEAD")
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s %s %s %.1fms", request_id, request.method, request.target, (time.perf_counter() - started) * 1e3)
         return self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
@@ -465,15 +480,26 @@ class HTTPServer:
 
     Use ``port = await server.start(task_group, host, port)`` to listen (port
     0 picks a free one) and serve in ``task_group``; cancelling the task
-    group stops the server and every connection with it.
+    group stops the server and every connection with it. ``await
+    server.drain(seconds)`` stops it gracefully first: no new connection or
+    request, the requests being answered finish.
     """
 
     def __init__(self, handler: Handler, limits: Limits | None = None) -> None:
         self.handler = handler
         self.limits = limits or Limits()
         self.connections = 0
+        #: True once :meth:`drain` was called: no connection is accepted, no new request served.
+        self.draining = False
+        self._live: set[HTTPConnection] = set()
+        self._accepting: list[anyio.CancelScope] = []
+        self._drained: anyio.Event | None = None  # made by drain(), set when the last connection ends
 
     async def _handle(self, stream: anyio.abc.SocketStream) -> None:
+        if self.draining:
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+            return
         if self.connections >= self.limits.max_connections:
             body = orjson.dumps({"detail": {"error_type": "overloaded_error", "message": "too many connections"}})
             with anyio.CancelScope(shield=True), anyio.move_on_after(1):
@@ -496,7 +522,41 @@ class HTTPServer:
         except Exception:
             client = ""
         self.connections += 1
-        await HTTPConnection(stream, self.handler, self.limits, client, self._release_one).serve()
+        conn = HTTPConnection(stream, self.handler, self.limits, client, self._release_one)
+        self._live.add(conn)
+        try:
+            await conn.serve()
+        finally:
+            self._live.discard(conn)
+            if self._drained is not None and not self._live:
+                self._drained.set()
+
+    async def drain(self, timeout: float) -> bool:
+        """Stop accepting connections and let the requests being answered finish.
+
+        Each response then carries ``Connection: close``; idle keep-alive
+        connections are closed at once. Returns True once every connection
+        has ended, False when some are still open after ``timeout`` seconds
+        (the caller then cancels the server's task group, which ends them).
+        """
+        self.draining = True
+        self._drained = anyio.Event()
+        for scope in self._accepting:
+            scope.cancel()
+        for conn in list(self._live):
+            conn.stop()
+        if self._live:
+            with anyio.move_on_after(timeout):
+                await self._drained.wait()
+        return not self._live
+
+    async def _accept(self, listener: anyio.abc.Listener, tg: anyio.abc.TaskGroup) -> None:
+        # The connections run in ``tg``, outside this scope: drain() stops accepting, not serving.
+        with anyio.CancelScope() as scope:
+            self._accepting.append(scope)
+            if self.draining:
+                scope.cancel()
+            await listener.serve(self._handle, task_group=tg)
 
     def _release_one(self) -> None:
         self.connections -= 1
@@ -522,7 +582,7 @@ class HTTPServer:
         if listener is None:
             listener = await self.bind(host, port)
         bound = listener.extra(anyio.abc.SocketAttribute.local_port)
-        tg.start_soon(listener.serve, self._handle)
+        tg.start_soon(self._accept, listener, tg)
         return bound
 
     async def serve_forever(self, host: str, port: int) -> None:
