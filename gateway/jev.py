@@ -18,6 +18,8 @@ from gateway.prompts import as_text
 
 MAX_QUESTIONS = 64
 MAX_OPTIONS = 255
+#: Tokens an option (a choice's label) may have: the engines score at most this many per option (spec 9.1).
+MAX_OPTION_TOKENS = 200
 QUESTION_TYPES = ("noul", "choice", "score")
 
 

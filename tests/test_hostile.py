@@ -379,3 +379,106 @@ async def test_a_stopped_llama_engine_is_found_and_replaced(llama_engine):
     assert states[:2] == ["serving", "unresponsive"] and states[-1] == "serving"
     # SIGTERM, then SIGCONT so that the stopped process acts on it: no SIGKILL needed
     assert eng.exit_statuses[0] == -signal.SIGTERM
+
+
+# --- limits named by the request's own field -----------------------------------------------------
+
+from gateway.prompts import PromptBuilder  # noqa: E402
+
+
+def question_set(**questions) -> dict:
+    return {"state": TICKET["state"], "questions": questions}
+
+
+DEPARTMENT = {"type": "choice", "instructions": "Which team?", "criteria": {"billing": None, "technical": None}}
+
+
+async def test_a_state_over_the_context_is_422_naming_state(fixture_engine):
+    body = {"state": "x" * 1000, "questions": TICKET["questions"]}
+    async with serving("--engine", str(fixture_engine), "--ctx", "512") as base:
+        async with httpx2.AsyncClient(base_url=base, timeout=30) as c:
+            r = await c.post("/v1/systemone", json=body)
+            long_question = await c.post("/v1/systemone", json=question_set(
+                short={"type": "noul"}, long={"type": "noul", "instructions": "y" * 1000}))
+            decisions = await c.post("/v1/decisions", json={"input": "x" * 1000, "questions": [
+                {"type": "predicate", "question": "Is it urgent?"}]})
+    message = ("The prompt of question 'urgency' (the state, then the question and its options) is longer than the "
+               "engine's context of 512 tokens; this is its longest part")
+    assert r.status_code == 422
+    assert r.json() == {"detail": [{"loc": ["body", "state"], "msg": message, "type": "too_long"}],
+                        "error": {"type": "invalid_request_error", "message": "body.state: " + message,
+                                  "param": "state"}}
+    assert long_question.status_code == 422
+    assert long_question.json()["detail"] == [{"loc": ["body", "questions", "long"], "type": "too_long", "msg":
+        "The prompt of question 'long' (the state, then the question and its options) is longer than the engine's "
+        "context of 512 tokens; this is its longest part"}]
+    assert decisions.status_code == 400
+    assert decisions.json()["error"] == {"type": "invalid_request_error", "param": "input", "code": None, "message":
+        "The prompt of question '0' (the state, then the question and its options) is longer than the engine's "
+        "context of 512 tokens; this is its longest part"}
+
+
+async def test_a_label_over_200_tokens_is_422_naming_the_label(fixture_engine):
+    label = "a" * 201  # the fixture's tokens are bytes
+    body = question_set(department={"type": "choice", "criteria": {"billing": None, label: None}})
+    async with serving("--engine", str(fixture_engine)) as base:
+        async with httpx2.AsyncClient(base_url=base, timeout=30) as c:
+            r = await c.post("/v1/systemone", json=body)
+            at_200 = await c.post("/v1/systemone", json=question_set(
+                department={"type": "choice", "criteria": {"billing": None, "a" * 200: None}}))
+            decisions = await c.post("/v1/decisions", json={"input": "x", "questions": [
+                {"type": "choice", "choices": [{"value": "billing"}, {"value": label}]}]})
+    message = "An option may have at most 200 tokens: the engine scores at most 200 tokens per option"
+    assert r.status_code == 422
+    assert r.json()["detail"] == [{"loc": ["body", "questions", "department", "criteria", label], "msg": message,
+                                   "type": "too_long"}]
+    assert r.json()["error"]["param"] == f"questions.department.criteria.{label}"
+    assert at_200.status_code == 200
+    assert decisions.status_code == 400
+    assert decisions.json()["error"]["param"] == "questions[0].choices[1].value"
+    assert decisions.json()["error"]["message"] == message
+
+
+async def test_a_prompt_over_the_context_names_messages_or_prompt(fixture_engine):
+    messages = [{"role": "user", "content": "z" * 100}]
+    n_chat = len(PromptBuilder().chat(messages).encode())
+    async with serving("--engine", str(fixture_engine), "--ctx", "64") as base:
+        async with httpx2.AsyncClient(base_url=base, timeout=30) as c:
+            chat = await c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 4})
+            streamed = await c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 4,
+                                                                   "stream": True})
+            completion = await c.post("/v1/completions", json={"prompt": "q" * 100, "max_tokens": 4})
+            read_out = await c.post("/v1/completions", json={"prompt": "q" * 100, "max_tokens": 0, "echo": True,
+                                                             "logprobs": 1})
+            default_max = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    message = (f"'messages': the prompt is longer than the engine's context of 64 tokens (the engine said: prompt of "
+               f"{n_chat} tokens exceeds n_ctx=64)")
+    assert chat.status_code == 400 and streamed.status_code == 400
+    assert chat.json() == streamed.json() == {
+        "error": {"message": message, "type": "invalid_request_error", "param": "messages", "code": None},
+        "detail": {"error_type": "invalid_request_error", "message": message}}
+    for r in (completion, read_out):
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+        assert r.json()["error"]["message"] == ("'prompt': the prompt is longer than the engine's context of 64 "
+                                                "tokens (the engine said: prompt of 100 tokens exceeds n_ctx=64)")
+    # max_tokens left out defaults to the context when that is under 256: not a 400 about a field never sent
+    assert default_max.status_code == 200, default_max.text
+
+
+async def test_the_llama_engine_refusals_name_the_request_field(llama_engine):
+    model = llama_engine[llama_engine.index("--model") + 1]
+    label = " ".join(["word"] * 250)
+    async with serving("--model", model, "--ctx", "1024", "--threads", "1", "--debias", "none") as base:
+        async with httpx2.AsyncClient(base_url=base, timeout=120) as c:
+            state = await c.post("/v1/systemone", json={"state": "the cat sat on the mat. " * 200,
+                                                       "questions": {"q": {"type": "noul"}}})
+            long_label = await c.post("/v1/systemone", json=question_set(
+                department={"type": "choice", "criteria": {"billing": None, label: None}}))
+    assert state.status_code == 422
+    assert state.json()["detail"] == [{"loc": ["body", "state"], "type": "too_long", "msg":
+        "The prompt of question 'q' (the state, then the question and its options) is longer than the engine's "
+        "context of 1024 tokens; this is its longest part"}]
+    assert long_label.status_code == 422
+    assert long_label.json()["detail"] == [{"loc": ["body", "questions", "department", "criteria", label],
+                                            "type": "too_long", "msg": "An option may have at most 200 tokens: the "
+                                            "engine scores at most 200 tokens per option"}]
