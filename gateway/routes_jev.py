@@ -353,6 +353,13 @@ async def decide_questions(app: "App", request: SystemOneRequest, memory: Scorin
     own errors through for :class:`gateway.app.App` to map.
     """
     out = Decided(probs={})
+    for q in request.questions:
+        # accepted (a scale may describe only some of its levels), but said: the model sees "2: " alone
+        if q.type == "score":
+            empty = [str(i) for i, level in enumerate(q.criteria) if isinstance(level, str) and not level.strip()]
+            if empty:
+                out.warnings.append(f"question {q.id!r}: level {', '.join(empty)} {'is' if len(empty) == 1 else 'are'} "
+                                    "empty: the model reads only its number")
     asked = []
     for q in request.questions:
         if q.n_options == 1:

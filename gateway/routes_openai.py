@@ -100,6 +100,15 @@ def _include_usage(body: dict) -> bool:
     return _flag(opts, "include_usage", "stream_options.include_usage")
 
 
+def _one_choice(body: dict, name: str) -> None:
+    """``n`` (or ``best_of``): absent, null or 1; more choices are a 400 naming the field rather than
+    one choice answered as if the client had not asked (issue 16)."""
+    v = body.get(name)
+    if v is None or (v == 1 and isinstance(v, int) and not isinstance(v, bool)):
+        return
+    raise _bad(f"'{name}' must be 1: this server returns one choice per request", name)
+
+
 def _stops(body: dict) -> list[str]:
     stop = body.get("stop")
     if stop is None:
@@ -443,6 +452,7 @@ async def chat_completions(app: "App", request: Request) -> Response:
     _require_chat(app)
     body = _body(request)
     messages = _messages(body)
+    _one_choice(body, "n")
     params = _sampling(app, body)
     stops = _stops(body)
     want_lp = _flag(body, "logprobs")
@@ -507,6 +517,8 @@ class CompletionAsk:
         if not isinstance(prompt, str) or not prompt:
             raise _bad("'prompt' must be a non-empty string", "prompt")
         echo = _flag(body, "echo")
+        _one_choice(body, "n")
+        _one_choice(body, "best_of")
         k = _number(body, "logprobs", None, 0, int(app.caps.max_logprobs or 32), integer=True)
         max_tokens = body.get("max_tokens", 16)
         if max_tokens == 0 and not isinstance(max_tokens, bool):

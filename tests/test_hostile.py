@@ -482,3 +482,93 @@ async def test_the_llama_engine_refusals_name_the_request_field(llama_engine):
     assert long_label.json()["detail"] == [{"loc": ["body", "questions", "department", "criteria", label],
                                             "type": "too_long", "msg": "An option may have at most 200 tokens: the "
                                             "engine scores at most 200 tokens per option"}]
+
+
+# --- item 6: ambiguous requests, each decided ----------------------------------------------------
+
+from test_routes_support import running  # noqa: E402
+
+
+async def post_json(base: str, path: str, body, *, raw: bytes | None = None):
+    async with httpx2.AsyncClient(base_url=base, timeout=30) as c:
+        return await c.post(path, content=raw if raw is not None else orjson.dumps(body),
+                            headers={"content-type": "application/json"})
+
+
+@pytest.mark.parametrize("labels, twin, label", [
+    (["billing", "Billing"], "billing", "Billing"),
+    (["billing", " billing "], "billing", " billing "),
+    (["Sales ", "technical", "sALES"], "Sales ", "sALES"),
+])
+async def test_labels_that_differ_only_by_case_or_space_are_422(labels, twin, label):
+    body = question_set(department={"type": "choice", "criteria": dict.fromkeys(labels)})
+    async with running(make_app(FakeEngine())) as base:
+        r = await post_json(base, "/v1/systemone", body)
+    assert r.status_code == 422
+    assert r.json()["detail"] == [{"loc": ["body", "questions", "department", "criteria", label], "type": "value_error",
+                                   "msg": f"The label {label!r} differs from {twin!r} only by case or surrounding "
+                                          "whitespace: the model cannot tell them apart; rename one"}]
+
+
+async def test_a_whitespace_only_label_is_422():
+    body = question_set(department={"type": "choice", "criteria": {"billing": None, " \t": None}})
+    async with running(make_app(FakeEngine())) as base:
+        r = await post_json(base, "/v1/systemone", body)
+    assert r.status_code == 422
+    assert r.json()["detail"] == [{"loc": ["body", "questions", "department", "criteria", " \t"], "type": "value_error",
+                                   "msg": "A label must not be only whitespace: it is the text the model is scored on"}]
+
+
+async def test_an_empty_score_level_is_answered_with_a_warning():
+    body = question_set(severity={"type": "score", "criteria": ["none", "", "  ", "total"]},
+                        other={"type": "score", "criteria": ["low", "", "high"]})
+    async with running(make_app(FakeEngine())) as base:
+        r = await post_json(base, "/v1/systemone", body)
+    assert r.status_code == 200
+    assert r.json()["x_warnings"] == ["question 'severity': level 1, 2 are empty: the model reads only its number",
+                                      "question 'other': level 1 is empty: the model reads only its number"]
+    assert r.json()["answers"]["severity"]["legend"] == {"0": "none", "1": "", "2": "  ", "3": "total"}
+
+
+@pytest.mark.parametrize("raw, loc", [
+    (b'{"state": "s", "questions": {"q": {"type": "noul"}, "q": {"type": "noul"}}}', ["body", "questions", "q"]),
+    (b'{"state": "s", "state": "t", "questions": {"q": {"type": "noul"}}}', ["body", "state"]),
+    (b'{"state": "s", "questions": {"q": {"type": "choice", "criteria": {"a": 1, "b": 2, "a": 3}}}}',
+     ["body", "questions", "q", "criteria", "a"]),
+    (b'{"state": [{"x": 1}, {"y": 1, "y": 2}], "questions": {"q": {"type": "noul"}}}', ["body", "state", 1, "y"]),
+])
+async def test_a_repeated_json_key_is_422_naming_it(raw, loc):
+    async with running(make_app(FakeEngine())) as base:
+        r = await post_json(base, "/v1/systemone", None, raw=raw)
+    msg = f"The key {loc[-1]!r} is sent more than once in this object: send it once"
+    param = ".".join(map(str, loc[1:]))
+    assert r.status_code == 422
+    assert r.json() == {"detail": [{"loc": loc, "msg": msg, "type": "duplicate_key"}],
+                        "error": {"type": "invalid_request_error", "message": f"body.{param}: {msg}", "param": param}}
+
+
+@pytest.mark.parametrize("path, body, name", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
+    ("/v1/completions", {"prompt": "hi", "n": 3}, "n"),
+    ("/v1/completions", {"prompt": "hi", "best_of": 2}, "best_of"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": True}, "n"),
+])
+async def test_more_than_one_choice_is_400_naming_the_field(path, body, name):
+    async with running(make_app(FakeEngine())) as base:
+        r = await post_json(base, path, body)
+        one = await post_json(base, path, {**body, name: 1})
+    message = f"'{name}' must be 1: this server returns one choice per request"
+    assert r.status_code == 400
+    assert r.json() == {"error": {"message": message, "type": "invalid_request_error", "param": name, "code": None},
+                        "detail": {"error_type": "invalid_request_error", "message": message}}
+    assert one.status_code == 200
+
+
+async def test_a_sure_answer_has_entropy_0_not_minus_0():
+    # "a" scores -0.1 nats, 60 "z"s about -0.5 each: the reported probabilities are [1.0, 0.0]
+    body = question_set(department={"type": "choice", "criteria": {"a": None, "z" * 60: None}})
+    async with running(make_app(FakeEngine())) as base:
+        r = await post_json(base, "/v1/systemone", body)
+    answer = r.json()["answers"]["department"]
+    assert answer["probabilities"] == {"a": 1.0, "z" * 60: 0.0}
+    assert b'"confidence":1.0,"x_entropy":0.0}' in r.content and b"-0.0" not in r.content
