@@ -1,6 +1,6 @@
 """``serveproto serve``: the decision server, an engine under the supervisor behind the HTTP server.
 
-    serveproto serve [--model PATH] [--host H] [--port P] [--api-key KEY] [--engine CMD ...]
+    serveproto serve [--model PATH] [--host H] [--port P] [--api-key KEY] [--keep-restarting] [--engine CMD ...]
 
 With no ``--engine`` it serves ``engines/bin/serveproto-llama --model PATH``
 (``PATH`` defaulting to the fetched SmolLM2 model). ``--engine`` takes the
@@ -41,6 +41,13 @@ command line as the engine's command, e.g.
 Once the engine is loaded it prints one line,
 "serveproto: serving <model> on http://<host>:<port>", then logs one JSON
 line per request on stderr. SIGINT or SIGTERM stops it.
+
+The engine is PINGed every --ping-interval seconds; one that does not answer
+within --ping-timeout is killed and restarted. If it fails more than
+--max-restarts times within --restart-period seconds, the server answers the
+requests in flight and exits with status 1 and one line saying why, so that a
+process manager restarts it; --keep-restarting retries forever instead.
+Limits and timeouts: docs/http-api.md, "Security and limits".
 """
 
 

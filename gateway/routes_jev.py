@@ -358,8 +358,9 @@ async def decide_questions(app: "App", request: SystemOneRequest, memory: Scorin
         if q.type == "score":
             empty = [str(i) for i, level in enumerate(q.criteria) if isinstance(level, str) and not level.strip()]
             if empty:
-                out.warnings.append(f"question {q.id!r}: level {', '.join(empty)} {'is' if len(empty) == 1 else 'are'} "
-                                    "empty: the model reads only its number")
+                out.warnings.append(f"question {q.id!r}: level {empty[0]} is empty: the model reads only its number"
+                                    if len(empty) == 1 else f"question {q.id!r}: levels {', '.join(empty)} are "
+                                    "empty: the model reads only their numbers")
     asked = []
     for q in request.questions:
         if q.n_options == 1:

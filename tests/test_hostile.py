@@ -525,7 +525,7 @@ async def test_an_empty_score_level_is_answered_with_a_warning():
     async with running(make_app(FakeEngine())) as base:
         r = await post_json(base, "/v1/systemone", body)
     assert r.status_code == 200
-    assert r.json()["x_warnings"] == ["question 'severity': level 1, 2 are empty: the model reads only its number",
+    assert r.json()["x_warnings"] == ["question 'severity': levels 1, 2 are empty: the model reads only their numbers",
                                       "question 'other': level 1 is empty: the model reads only its number"]
     assert r.json()["answers"]["severity"]["legend"] == {"0": "none", "1": "", "2": "  ", "3": "total"}
 
