@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import attrs
 
-from gateway import debias, decision_record, jev, readings, scoring
+from gateway import debias, decision_record, jev, readings, refusals, scoring
 from gateway.app import RETRY_AFTER, parse_json
 from gateway.http import HTTPError, Request, Response
 from gateway.jev import JevValidationError, Question, SystemOneRequest
@@ -106,6 +106,29 @@ async def _engine_call(app: "App", fn, *args, **kwargs):
                         headers=[("retry-after", RETRY_AFTER)]) from None
 
 
+def _raise_refusal(app: "App", exc: BaseException, owners: list[Question | None], request: SystemOneRequest,
+                   read_owners: list[tuple[int, ...]] | None = None) -> None:
+    """Raise the 422 naming the request's own field when ``exc`` is the engine's ``BAD_REQUEST`` of a
+    text it cannot score (:func:`gateway.refusals.scoring_refusal`); return otherwise. ``read_owners[g]``
+    maps group ``g``'s scored texts to reply options (a canonical read scores them in another order)."""
+    if getattr(exc, "code", None) != "BAD_REQUEST":
+        return
+    reason = getattr(exc, "reason", "") or ""
+    m = refusals._OPTION_FIELD.match(reason)
+    if m is not None and read_owners is not None:
+        g, o = int(m.group(1) or m.group(2)), int(m.group(3) or m.group(4))
+        if g < len(read_owners) and o < len(read_owners[g]):
+            reason = f"groups[{g}].options[{read_owners[g][o]}]: {m.group(5)}"
+    entry = refusals.scoring_refusal(reason, owners, request, _n_ctx(app))
+    if entry is not None:
+        raise JevValidationError([entry]) from None
+
+
+def _n_ctx(app: "App") -> int | None:
+    n = getattr(app.caps, "n_ctx", None)
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+
 def _methods(app: "App", request: SystemOneRequest) -> tuple[str, ...]:
     """The debias methods of a request: its own ``x_debias``, else the server's default."""
     return request.debias if request.debias is not None else app.debias
@@ -122,8 +145,9 @@ async def _score_path(app: "App", mem: ScoringMemory, request: SystemOneRequest,
     calibration = getattr(app, "calibration", None)  # gateway.calibration.Calibration, set by serve
     # one group per read of a question (gateway.readings.plan); spans[i] = (first group, reads) of question i
     groups: list[tuple[str, list[str]]] = []
-    owners: list[tuple[int, ...]] = []
+    read_owners: list[tuple[int, ...]] = []  # per group, the reply option of each scored text (Read.owner)
     spans: list[tuple[int, int]] = []
+    owners: list[Question | None] = []  # the question of each group, to name a refused option's field
     for q in questions:
         try:
             reads = readings.plan(q.type, q.instructions, q.criteria, q.n_options, method)
@@ -133,7 +157,8 @@ async def _score_path(app: "App", mem: ScoringMemory, request: SystemOneRequest,
         spans.append((len(groups), len(reads)))
         for rd in reads:
             groups.append((prompts.stem(rd.text), list(rd.scored)))
-            owners.append(rd.owner)
+            read_owners.append(rd.owner)
+            owners.append(q)
     seen = mem.seen(prefix_text)
     pin = request.pin_state if request.pin_state is not None else (len(questions) >= 2 or seen)
     engine = app.engine
@@ -148,12 +173,24 @@ async def _score_path(app: "App", mem: ScoringMemory, request: SystemOneRequest,
         route = {"route": fixed}
         key = (slot, fixed)
         if key not in mem.fixed:
-            await _engine_call(app, engine.read_out, fixed, logprobs=1, pin=True, slot=slot, **route)
+            try:
+                await _engine_call(app, engine.read_out, fixed, logprobs=1, pin=True, slot=slot, **route)
+            except Exception as exc:
+                if getattr(exc, "code", None) == "BAD_REQUEST" and refusals.too_long(getattr(exc, "reason", "") or ""):
+                    n = _n_ctx(app)
+                    raise JevValidationError([{"loc": ["body", "prefix"], "type": "too_long", "msg":
+                                               f"The prefix is longer than the engine's context"
+                                               f"{f' of {n} tokens' if n else ''}"}]) from None
+                raise
             mem.fixed[key] = True
     content_free = None
     if "content_free" in methods:
-        content_free = await _content_free(app, mem, request, groups, owners, spans, slot, route, out)
-    result = await _engine_call(app, engine.score, prefix_text, groups, pin=pin, slot=slot, **route)
+        content_free = await _content_free(app, mem, request, questions, groups, read_owners, spans, slot, route, out)
+    try:
+        result = await _engine_call(app, engine.score, prefix_text, groups, pin=pin, slot=slot, **route)
+    except Exception as exc:
+        _raise_refusal(app, exc, owners, request, read_owners)
+        raise
     out.engine_ms = (time.perf_counter() - t0) * 1e3
     out.path = "score"
     if methods:
@@ -173,7 +210,8 @@ async def _score_path(app: "App", mem: ScoringMemory, request: SystemOneRequest,
                                 f"({min(counts)} to {max(counts)}): a per-token average favours the longer options")
         try:
             if methods:
-                per_read = [readings.log_probs(owners[start + j], lps, request.normalize) for j, lps in enumerate(rows)]
+                per_read = [readings.log_probs(read_owners[start + j], lps, request.normalize)
+                            for j, lps in enumerate(rows)]
                 cf = content_free[i] if content_free is not None else None
                 p = scoring.softmax(readings.combine(per_read, cf))
             else:
@@ -195,8 +233,9 @@ def _add(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else a + b
 
 
-async def _content_free(app: "App", mem: ScoringMemory, request: SystemOneRequest, groups: list[tuple[str, list[str]]],
-                        owners: list[tuple[int, ...]], spans: list[tuple[int, int]], slot: int | None,
+async def _content_free(app: "App", mem: ScoringMemory, request: SystemOneRequest, questions: list[Question],
+                        groups: list[tuple[str, list[str]]], read_owners: list[tuple[int, ...]],
+                        spans: list[tuple[int, int]], slot: int | None,
                         route: dict[str, str], out: Decided) -> list[list[float]]:
     """Each question's mean option log-probabilities on the content-free states (:mod:`gateway.debias`).
 
@@ -210,8 +249,11 @@ async def _content_free(app: "App", mem: ScoringMemory, request: SystemOneReques
     """
     cf_prefix = app.prompts.prefix("", request.prefix)
     keys = [(cf_prefix, request.normalize, tuple((stem, tuple(opts), owner) for (stem, opts), owner
-                                                 in zip(groups[start:start + k], owners[start:start + k])))
+                                                 in zip(groups[start:start + k], read_owners[start:start + k])))
             for start, k in spans]
+    owner_of: dict[tuple, Question] = {}
+    for key, q in zip(keys, questions):
+        owner_of.setdefault(key, q)
     while True:
         missing = [key for key in dict.fromkeys(keys) if key not in mem.content_free]
         waiting = [mem.reading[key] for key in missing if key in mem.reading]
@@ -227,7 +269,7 @@ async def _content_free(app: "App", mem: ScoringMemory, request: SystemOneReques
             # Shielded: a client that leaves (the SDK's 10 s timeout) does not waste the reading;
             # its retry finds it remembered. The engine call keeps its own time limit.
             with anyio.CancelScope(shield=True):
-                await _read_content_free(app, mem, request, missing, cf_prefix, slot, route, out)
+                await _read_content_free(app, mem, request, missing, owner_of, cf_prefix, slot, route, out)
         finally:
             for key in missing:
                 mem.reading.pop(key, None)
@@ -236,10 +278,18 @@ async def _content_free(app: "App", mem: ScoringMemory, request: SystemOneReques
 
 
 async def _read_content_free(app: "App", mem: ScoringMemory, request: SystemOneRequest, missing: list[tuple],
-                             cf_prefix: str, slot: int | None, route: dict[str, str], out: Decided) -> None:
+                             owner_of: dict[tuple, Question], cf_prefix: str, slot: int | None,
+                             route: dict[str, str], out: Decided) -> None:
     cf_groups = [(state + stem, list(opts)) for key in missing for state in debias.CONTENT_FREE_STATES
                  for stem, opts, _ in key[2]]
-    result = await _engine_call(app, app.engine.score, cf_prefix, cf_groups, pin=False, slot=slot, **route)
+    owners: list[Question | None] = [owner_of[key] for key in missing
+                                     for _ in range(len(debias.CONTENT_FREE_STATES) * len(key[2]))]
+    read_owners = [owner for key in missing for _ in debias.CONTENT_FREE_STATES for _s, _o, owner in key[2]]
+    try:
+        result = await _engine_call(app, app.engine.score, cf_prefix, cf_groups, pin=False, slot=slot, **route)
+    except Exception as exc:
+        _raise_refusal(app, exc, owners, request, read_owners)
+        raise
     out.computed = _add(out.computed, getattr(result, "computed", None))
     out.reused = _add(out.reused, getattr(result, "reused", None))
     g = 0
@@ -331,6 +381,14 @@ async def decide_questions(app: "App", request: SystemOneRequest, memory: Scorin
     own errors through for :class:`gateway.app.App` to map.
     """
     out = Decided(probs={})
+    for q in request.questions:
+        # accepted (a scale may describe only some of its levels), but said: the model sees "2: " alone
+        if q.type == "score":
+            empty = [str(i) for i, level in enumerate(q.criteria) if isinstance(level, str) and not level.strip()]
+            if empty:
+                out.warnings.append(f"question {q.id!r}: level {empty[0]} is empty: the model reads only its number"
+                                    if len(empty) == 1 else f"question {q.id!r}: levels {', '.join(empty)} are "
+                                    "empty: the model reads only their numbers")
     asked = []
     for q in request.questions:
         if q.n_options == 1:
@@ -443,9 +501,34 @@ def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
     return parsed, qs
 
 
+def _openai_param(loc: list, sent: list[dict[str, Any]]) -> str:
+    """The ``/v1/decisions`` parameter of a System One field path (``["body", "questions", "1",
+    "criteria", "sales"]`` is ``questions[1].choices[2].value``; ``state`` is ``input``)."""
+    path = list(loc[1:])
+    if path[:1] == ["state"]:
+        return "input"
+    if path[:1] != ["questions"] or len(path) < 2 or not str(path[1]).isdigit() or int(path[1]) >= len(sent):
+        return ".".join(map(str, path))
+    i = int(path[1])
+    param, rest, q = f"questions[{i}]", path[2:], sent[int(path[1])]
+    if rest[:1] == ["criteria"]:
+        if q.get("type") == "choice":
+            values = [c.get("value") for c in q.get("choices", [])]
+            return f"{param}.choices[{values.index(rest[1])}].value" if len(rest) > 1 and rest[1] in values \
+                else f"{param}.choices"
+        if q.get("type") == "score":
+            return f"{param}.levels[{rest[1]}]" if len(rest) > 1 else f"{param}.levels"
+        return param
+    return ".".join([param, *map(str, rest)])
+
+
 async def decisions(app: "App", memory: ScoringMemory, request: Request) -> Response:
     parsed, sent = parse_decisions(parse_json(request))
-    decided = await decide_questions(app, parsed, memory)
+    try:
+        decided = await decide_questions(app, parsed, memory)
+    except JevValidationError as exc:  # what the engine refused, in this route's envelope
+        e = exc.errors[0]
+        raise _openai_error(e["msg"], _openai_param(e["loc"], sent)) from None
     answers = []
     for q, raw in zip(parsed.questions, sent):
         p = decided.probs[q.id]

@@ -15,9 +15,15 @@ LLAMA_PY_VERSION := 0.3.36
 SERVEPROTO_CACHE ?= $(HOME)/.cache/serveproto
 LLAMA_CACHE  := $(SERVEPROTO_CACHE)/llama.cpp/$(LLAMA_PY_VERSION)
 LLAMA_SDIST  := $(LLAMA_CACHE)/sdist/llama_cpp_python-$(LLAMA_PY_VERSION).tar.gz
-# The source subset; override with a carried copy (LLAMA_SRC=.llama-src) where there is no network.
-LLAMA_SRC    ?= $(LLAMA_CACHE)/src
 LLAMA_SUBSET := CMakeLists.txt cmake ggml src include vendor LICENSE
+# Our patches to ggml (llama/patches/, see spec/llama-engine.md "Reproducible digits"), applied to a
+# copy of the pristine subset named after their hash, so a changed patch gets its own source and build.
+LLAMA_PATCHES  := $(sort $(wildcard llama/patches/*.patch))
+LLAMA_PATCH_ID := $(shell cat $(LLAMA_PATCHES) /dev/null | sha256sum | cut -c1-10)
+LLAMA_PRISTINE := $(LLAMA_CACHE)/src
+LLAMA_PATCHED  := $(LLAMA_CACHE)/src-$(LLAMA_PATCH_ID)
+# The patched source; override with a carried copy (LLAMA_SRC=.llama-src) where there is no network.
+LLAMA_SRC    ?= $(LLAMA_PATCHED)
 LLAMA_JOBS   ?= 2
 # Python with pip, to fetch the sdist (the project venv when it exists).
 LLAMA_PIP_PY ?= $(shell test -x ../.venv/bin/python && echo ../.venv/bin/python || echo python3)
@@ -41,7 +47,7 @@ LLAMA_EXTRA_LIBS  :=
 LLAMA_SYS_LIBS    :=
 endif
 
-LLAMA_BUILD := $(LLAMA_CACHE)/build-$(LLAMA_VARIANT)
+LLAMA_BUILD := $(LLAMA_CACHE)/build-$(LLAMA_VARIANT)-$(LLAMA_PATCH_ID)
 # Link order: llama, ggml (the backend registry), the backends, ggml-base.
 LLAMA_LIBS  := $(LLAMA_BUILD)/src/libllama.a $(LLAMA_BUILD)/ggml/src/libggml.a \
   $(addprefix $(LLAMA_BUILD)/,$(LLAMA_EXTRA_LIBS)) $(LLAMA_BUILD)/ggml/src/libggml-cpu.a \
@@ -64,28 +70,34 @@ $(LLAMA_SDIST):
 	test -f $@
 
 # Only the subset that the C libraries need (36 MB instead of the whole sdist).
-$(LLAMA_CACHE)/src/.extracted: $(LLAMA_SDIST)
-	rm -rf $(LLAMA_CACHE)/src.tmp && mkdir -p $(LLAMA_CACHE)/src.tmp
-	tar -xzf $< -C $(LLAMA_CACHE)/src.tmp --strip-components=3 \
-	  $(addprefix llama_cpp_python-$(LLAMA_PY_VERSION)/vendor/llama.cpp/,$(LLAMA_SUBSET))
-	touch $(LLAMA_CACHE)/src.tmp/.extracted
-	rm -rf $(LLAMA_CACHE)/src && mv $(LLAMA_CACHE)/src.tmp $(LLAMA_CACHE)/src
+$(LLAMA_PRISTINE)/.extracted: | $(LLAMA_SDIST)
+	t=$$(mktemp -d $(LLAMA_PRISTINE).tmp.XXXXXX) && tar -xzf $(LLAMA_SDIST) -C $$t --strip-components=3 \
+	  $(addprefix llama_cpp_python-$(LLAMA_PY_VERSION)/vendor/llama.cpp/,$(LLAMA_SUBSET)) && \
+	  touch $$t/.extracted && { mv -T $$t $(LLAMA_PRISTINE) 2>/dev/null || rm -rf $$t; }
 
-$(LLAMA_STAMP): $(LLAMA_SRC)/.extracted
-	cmake -S $(LLAMA_SRC) -B $(LLAMA_BUILD) $(if $(shell command -v ninja),-G Ninja) $(LLAMA_CMAKE_FLAGS)
-	cmake --build $(LLAMA_BUILD) --target llama -j$(LLAMA_JOBS)
-	touch $@
+# Named after the patches' content: once made it never changes, so a checkout's newer patch file
+# mtimes do not remake it (several checkouts share the cache).
+$(LLAMA_PATCHED)/.extracted: | $(LLAMA_PRISTINE)/.extracted
+	t=$$(mktemp -d $(LLAMA_PATCHED).tmp.XXXXXX) && cp -a $(LLAMA_PRISTINE)/. $$t/ && \
+	  for p in $(abspath $(LLAMA_PATCHES)); do patch -s -p1 -d $$t < $$p || exit 1; done && \
+	  touch $$t/.extracted && { mv -T $$t $(LLAMA_PATCHED) 2>/dev/null || rm -rf $$t; }
+
+# One build at a time per build directory (flock): checkouts sharing the cache may run make at once.
+$(LLAMA_STAMP): | $(LLAMA_SRC)/.extracted
+	mkdir -p $(LLAMA_BUILD) && flock $(LLAMA_BUILD)/.lock sh -c '\
+	  test -f $@ || { cmake -S $(LLAMA_SRC) -B $(LLAMA_BUILD) $(if $(shell command -v ninja),-G Ninja) $(LLAMA_CMAKE_FLAGS) && \
+	  cmake --build $(LLAMA_BUILD) --target llama -j$(LLAMA_JOBS) && touch $@; }'
 
 # A carried copy (LLAMA_SRC=DIR) counts as extracted once its files are there.
-ifneq ($(LLAMA_SRC),$(LLAMA_CACHE)/src)
+ifneq ($(LLAMA_SRC),$(LLAMA_PATCHED))
 $(LLAMA_SRC)/.extracted:
 	test -f $(LLAMA_SRC)/CMakeLists.txt || { echo "LLAMA_SRC=$(LLAMA_SRC) has no llama.cpp source" >&2; exit 1; }
 	touch $@
 endif
 
-llama-src: $(LLAMA_CACHE)/src/.extracted
+llama-src: $(LLAMA_PATCHED)/.extracted
 	test -n "$(DEST)" || { echo "usage: make -C engines llama-src DEST=DIR" >&2; exit 1; }
-	mkdir -p $(DEST) && cp -a $(LLAMA_CACHE)/src/. $(DEST)/
+	mkdir -p $(DEST) && cp -a $(LLAMA_PATCHED)/. $(DEST)/
 
 # -O3 -fno-trapping-math: the log-softmax loops of model.c vectorize (branch-free clamps).
 LLAMA_CFLAGS := $(CFLAGS) -O3 -fno-trapping-math -pthread -fopenmp $(LLAMA_INC) $(COMMON_CFLAGS)
@@ -104,3 +116,22 @@ $(BIN)/serveproto-llama: $(LLAMA_ENGINE_SRCS) $(LLAMA_ENGINE_HDRS) $(COMMON_LIB)
 # The reference for bench/engine.py: llama.cpp's own batched decode of a prompt, nothing else.
 $(BIN)/llama-prefill-ref: llama/bench/prefill_ref.c $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
 	$(CC) $(LLAMA_CFLAGS) -o $@ $< $(LLAMA_LDLIBS)
+
+# llama-server from the same sdist, stock (no patches): the peer bench/repeat.py measures against.
+# Not part of `all`: `make -C engines llama-server` (a few minutes the first time).
+LLAMA_FULL         := $(LLAMA_CACHE)/full
+LLAMA_SERVER_BUILD := $(LLAMA_CACHE)/build-server
+$(LLAMA_FULL)/.extracted: | $(LLAMA_SDIST)
+	t=$$(mktemp -d $(LLAMA_FULL).tmp.XXXXXX) && \
+	  tar -xzf $(LLAMA_SDIST) -C $$t --strip-components=3 llama_cpp_python-$(LLAMA_PY_VERSION)/vendor/llama.cpp/ && \
+	  touch $$t/.extracted && { mv -T $$t $(LLAMA_FULL) 2>/dev/null || rm -rf $$t; }
+
+$(BIN)/llama-server: $(LLAMA_FULL)/.extracted | $(BIN)
+	cmake -S $(LLAMA_FULL) -B $(LLAMA_SERVER_BUILD) $(if $(shell command -v ninja),-G Ninja) -DCMAKE_BUILD_TYPE=Release \
+	  -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
+	  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=OFF
+	cmake --build $(LLAMA_SERVER_BUILD) --target llama-server -j$(LLAMA_JOBS)
+	cp $(LLAMA_SERVER_BUILD)/bin/llama-server $@
+
+.PHONY: llama-server
+llama-server: $(BIN)/llama-server
