@@ -84,6 +84,8 @@ CONFIGS = [
     ("cloze + batch calibration", Method("cloze"), "batch"),
 ]
 
+CONFIGS_ALL = list(CONFIGS)
+
 PASSES = 3
 
 #: The columns ``--reuse`` takes from an earlier run: those that need the engine beyond the cached reads.
@@ -225,6 +227,11 @@ async def run(args) -> dict:
     from gateway.prompts import PromptBuilder
     from gateway.routes_jev import ScoringMemory, decide_questions
 
+    if args.configs:
+        wanted = [c.strip() for c in args.configs.split(";")]
+        CONFIGS[:] = [c for c in CONFIGS if c[0] in wanted]
+        if len(CONFIGS) != len(wanted):
+            raise SystemExit(f"--configs: unknown names; the rows are named {[c[0] for c in CONFIGS_ALL]}")
     items = evalset.read_jsonl(args.data) if args.data else evalset.generate(args.seed)
     if args.subset:
         by_dom: dict[str, list] = {}
@@ -525,7 +532,7 @@ async def cost(App, ModelInfo, ScoringMemory, decide_questions, eng, info, items
 
 def table(out: dict) -> str:
     rows = out["rows"]
-    raw = next(r for r in rows if r["name"].startswith("listed (x_debias none)"))
+    raw = next((r for r in rows if r["name"].startswith("listed (x_debias none)")), rows[0])
     lines = ["| configuration (`x_debias`) | accuracy | noul / choice / score | nouls answered yes (gold) | macro-F1 "
              "| ECE (noise floor) | Brier | NLL | order flips | order JSD (bits) | question order: changed, mean max dp "
              "| positions a request (first) | x raw | s a request |",
@@ -563,6 +570,7 @@ def main() -> None:
     parser.add_argument("--qorder-every", type=int, default=4, help="re-ask every Nth request with its questions reversed")
     parser.add_argument("--cost-requests", type=int, default=2, help="requests per domain served for the cost columns")
     parser.add_argument("--cache", help="a file keeping the reads between runs of the same model")
+    parser.add_argument("--configs", help="only these rows, by name, separated by ';' (default: all)")
     parser.add_argument("--json", help="write the rows as JSON here")
     parser.add_argument("--reuse", help="an earlier run's --json: take its cost and question-order columns "
                                         "(with --cache, the rest is recomputed from the reads without the engine)")
