@@ -135,7 +135,7 @@ def run(args) -> int:
     if png != "none":
         try:
             calibration.reliability_png((before, gold), (after, gold), png,
-                                        f"{Path(model).name}, x_debias {','.join(methods) or 'none'}, held out")
+                                        f"{Path(model).name}\nx_debias {','.join(methods) or 'none'}, held out")
             print(f"\nreliability diagram: {png}")
         except ImportError:
             print("\nno reliability diagram: matplotlib is not installed (pip install 'serveproto[calibrate]')")
