@@ -290,7 +290,9 @@ async def run(args) -> dict:
         print(f"question order: {len(reversed_reads)} requests read again with their questions reversed", flush=True)
 
         rows = evaluate(items, requests, golds, keys, reader, reversed_reads)
-        out["noul_check"] = noul_check(items, requests, golds, keys, reader)
+        if all(m in keys for m in (Method(), Method(content_free=True), Method(cyclic=True),
+                                   Method(cyclic=True, content_free=True))):
+            out["noul_check"] = noul_check(items, requests, golds, keys, reader)
 
         # cost, and a check against the served path
         if reused:
