@@ -5,7 +5,7 @@
  * in a unified KV cache so copied prefix rows are shared, not duplicated.
  * Requests run one at a time. While one runs, the engine reads stdin from
  * llama.cpp's abort callback, between the graph nodes of every llama_decode
- * (main.c: decode_abort), so PING is answered, STOP recorded and a CANCEL
+ * (main.c: engine_decode_abort), so PING is answered, STOP recorded and a CANCEL
  * aborts the decode within one ubatch of ENGINE_UBATCH positions.
  */
 #ifndef SERVEPROTO_LLAMA_ENGINE_H

@@ -4,7 +4,7 @@
  * handshake (READY, CAPS, STAT), then the request loop: frames are read from
  * stdin and queued, requests run one at a time, and while one runs, llama.cpp's
  * abort callback reads stdin between the graph nodes of each llama_decode, so
- * STOP / CANCEL / PING are served within one ubatch (decode_abort below).
+ * STOP / CANCEL / PING are served within one ubatch (engine_decode_abort).
  * stdout carries only protocol frames; llama.cpp's logs go to stderr.
  */
 #include <errno.h>

@@ -177,7 +177,6 @@ int model_decode(engine *e, int *err_code)
     if (rc == MODEL_DECODE_CANCELLED && e->cancel_running)
         return -1;
     fprintf(stderr, "serveproto-llama: llama_decode of %d tokens failed (%d)\n", e->batch.n_tokens, rc);
-    *err_code = rc;
     return -1;
 }
 
