@@ -1,6 +1,7 @@
 """``serveproto serve``: the decision server, an engine under the supervisor behind the HTTP server.
 
-    serveproto serve [--model PATH] [--host H] [--port P] [--api-key KEY] [--engine CMD ...]
+    serveproto serve [--model PATH] [--host H] [--port P] [--api-key KEY] [--precision native|f32]
+                     [--engine CMD ...]
 
 With no ``--engine`` it serves ``engines/bin/serveproto-llama --model PATH``
 (``PATH`` defaulting to the fetched SmolLM2 model). ``--engine`` takes the
@@ -63,6 +64,11 @@ def add_parsers(sub) -> None:
                    help=f"CPU threads of the llama engine (default ${THREADS_ENV}, else the number of cores "
                         "minus one, at least 1: llama.cpp's all-cores default slows down sharply when the "
                         "gateway or anything else shares the cores)")
+    p.add_argument("--precision", type=_precision, default="native", metavar="{native,f32}",
+                   help="the llama engine's weights: native (the GGUF's own types, default) or f32 (the GGUF "
+                        "transcoded once to F32 by llama.cpp's quantizer into the cache, then reused: logprobs "
+                        "within 1e-4 of the float64 oracle instead of ~0.2 nats off on a quantized model, for "
+                        "about 5.5 times the file size; see bench/README.md)")
     p.add_argument("--debias", type=_debias_methods, default=None, metavar="METHODS",
                    help="how a language model's option scores are corrected when a request does not say "
                         "(its x_debias): none, cyclic (each order of the listed options read once), "
@@ -94,6 +100,15 @@ def _debias_methods(text: str) -> tuple[str, ...]:
 
     try:
         return debias.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _precision(text: str) -> str:
+    from gateway.precision import parse_precision
+
+    try:
+        return parse_precision(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -132,6 +147,9 @@ def default_threads(threads: int | None, environ=os.environ, cpu_count: int | No
 def engine_argv(args) -> tuple[list[str], str | None]:
     """The engine's argv and the GGUF whose chat template the prompts use (None: ChatML)."""
     if args.engine:
+        if args.precision != "native":
+            raise SystemExit("serveproto serve: --precision applies to the llama engine; with --engine, "
+                             "give your engine its model")
         argv = shlex.split(args.engine[0]) + list(args.engine[1:]) if len(args.engine) == 1 else list(args.engine)
         return argv, args.model
     model = args.model or str(default_model_path())
@@ -144,6 +162,14 @@ def engine_argv(args) -> tuple[list[str], str | None]:
     if not os.access(argv[0], os.X_OK):
         raise SystemExit(f"serveproto serve: {argv[0]} is not built (run `make engines`)")
     return argv, model
+
+
+def _f32_argv(argv: list[str], threads: int | None) -> list[str]:
+    """``argv`` with its ``--model`` replaced by the model's F32 transcode (made once: ``gateway.precision``)."""
+    from gateway.precision import ensure_f32
+
+    i = argv.index("--model") + 1
+    return argv[:i] + [str(ensure_f32(argv[i], threads=default_threads(threads)))] + argv[i + 1:]
 
 
 async def serve(args, *, task_status=None) -> None:
@@ -164,6 +190,16 @@ async def serve(args, *, task_status=None) -> None:
                            f"(set PORT=..., e.g. PORT=8123 make serve)") from None
     except OSError as exc:
         raise ListenFailed(f"serveproto: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    if args.precision == "f32":   # after the bind: a port in use is still reported at once
+        from gateway.precision import TranscodeError
+
+        try:
+            argv = await anyio.to_thread.run_sync(_f32_argv, argv, args.threads)
+        except BaseException as exc:
+            await listener.aclose()
+            if isinstance(exc, TranscodeError):
+                raise SystemExit(f"serveproto serve: --precision f32: {exc}") from None
+            raise
     async with listener, Engine.spawn(argv, handshake_timeout=args.handshake_timeout) as engine:
         caps = engine.caps
         model = await anyio.to_thread.run_sync(ModelInfo.load, caps.model, model_path)

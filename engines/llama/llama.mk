@@ -104,3 +104,10 @@ $(BIN)/serveproto-llama: $(LLAMA_ENGINE_SRCS) $(LLAMA_ENGINE_HDRS) $(COMMON_LIB)
 # The reference for bench/engine.py: llama.cpp's own batched decode of a prompt, nothing else.
 $(BIN)/llama-prefill-ref: llama/bench/prefill_ref.c $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
 	$(CC) $(LLAMA_CFLAGS) -o $@ $< $(LLAMA_LDLIBS)
+
+# serveproto-quantize: llama.cpp's own quantizer (llama_model_quantize, already in libllama.a) to F32,
+# for `serveproto serve --precision f32` (gateway/precision.py). Its source is outside llama/*.c, the
+# engine's sources.
+all: $(BIN)/serveproto-quantize
+$(BIN)/serveproto-quantize: llama/tools/quantize.c $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
+	$(CC) $(LLAMA_CFLAGS) -o $@ $< $(LLAMA_LDLIBS)
