@@ -12,8 +12,9 @@
    the same binary meets the oracle.
 2. Speed (``--reps`` > 0): prefill tokens/s of a ~512-token prompt (read-out of
    every position, and last logit only) and a warm SCORE of one question over a
-   pinned prefix (4 one-token options; 4 multi-token options), both files with
-   the same binary and threads, interleaved round by round, best of ``--reps``.
+   pinned prefix (4 one-token options; 4 multi-token options), and greedy
+   generation of 32 tokens, both files with the same binary and threads,
+   interleaved round by round, best of ``--reps``.
 
 Usage::
 
@@ -66,28 +67,79 @@ ONE_TOKEN = [" billing", " finance", " sales", " support"]
 MULTI_TOKEN = [" the billing team", " the finance department", " a sales manager", " customer support staff"]
 
 
+def q41_mins(path: Path) -> dict[str, np.ndarray]:
+    """The block minimums ``m`` (float16 -> float64) of every Q4_1 tensor of ``path``: name ->
+    ``(n_out, n_in / 32)`` (ggml's block_q4_1 is d, m as float16, then 16 bytes of nibbles)."""
+    from fixtures.gguf_read import GGUFFile
+
+    out = {}
+    with GGUFFile(path) as f:
+        for name, info in f.tensors.items():
+            if info.ggml_type == 3:
+                n_in, n_out = info.ne[0], info.ne[1]
+                raw = f.tensor_bytes(name, n_out * n_in // 32 * 20).reshape(-1, 20)
+                out[name] = raw[:, 2:4].copy().view("<f2").astype(np.float64).reshape(n_out, n_in // 32)
+                del raw   # the file's map closes only once no view is left
+    return out
+
+
+def q8_matmul(types: dict[str, int], mins: dict[str, np.ndarray]):
+    """An ``oracle.forward`` matmul hook that rounds activations as ggml-cpu does before a matmul by a
+    quantized weight (its ``vec_dot_type``, ``quantize_row_q8_1`` in ggml-cpu's quants.c), the rest
+    exact in float64: per 32 values ``d = max|x| / 127`` (float32, stored float16) and ``q = round(x/d)``,
+    so ``x`` becomes ``d16 * q``; for Q4_1 weights also the block sum ``s = d * sum(q)`` stored as
+    float16, which multiplies the weight block's ``m`` (``mins``, from :func:`q41_mins`). F32 weights:
+    no rounding. ``types``: tensor name -> ggml type (``oracle.Model.types``; a tied head has
+    token_embd's). Not modelled: ggml's float32 sums, so this shows the size of the rounding and does
+    not reproduce the engine's digits."""
+    def mm(x: np.ndarray, w: np.ndarray, name: str) -> np.ndarray:
+        t = types.get(name, types.get("token_embd.weight") if name == "output.weight" else 0)
+        if t == 0:
+            return x @ w.T
+        b = x.astype(np.float32).reshape(x.shape[0], -1, 32)
+        d = np.abs(b).max(axis=-1, keepdims=True) / np.float32(127)
+        with np.errstate(divide="ignore"):
+            inv = np.where(d > 0, np.float32(1) / d, np.float32(0))
+        q = np.round(b * inv)
+        d16 = d.astype(np.float16).astype(np.float64)
+        out = (q * d16).reshape(x.shape) @ w.T
+        if name in mins:
+            sq = q.sum(axis=-1)                                          # (n, n_in / 32)
+            s16 = (d[..., 0] * sq.astype(np.float32)).astype(np.float16).astype(np.float64)
+            out += (s16 - d16[..., 0] * sq) @ mins[name].T
+        return out
+    return mm
+
+
 def exactness(engines: dict[str, SyncEngine], q41: Path) -> None:
-    """Prints the per-prompt table of |engine - oracle| for each engine (the first one tokenizes the text)."""
+    """Prints the per-prompt table of |engine - oracle| for each engine (the first one tokenizes the
+    text), and of the oracle with activations rounded to Q8 (``q8_matmul``, "Q8 sim") against it."""
     names = list(engines)
-    print("exactness: |engine logprob - float64 oracle| over positions 1..n-1 (nats); oracle on the Q4_1 "
-          "file's dequantized weights")
-    head = "".join(f" {n + ' max':>12s} {n + ' mean':>12s}" for n in names)
+    print("exactness: |logprob - float64 oracle| over positions 1..n-1 (nats); oracle on the Q4_1 file's "
+          "dequantized weights; 'Q8 sim' = that oracle with activations rounded to Q8_1 blocks before each "
+          "quantized matmul as ggml stores them, nothing else (q8_matmul)")
+    model = oracle.load(q41)
+    sim_mm = q8_matmul(model.types, q41_mins(q41))
+    cols = names + ["Q8 sim"]
+    head = "".join(f" {n + ' max':>12s} {n + ' mean':>12s}" for n in cols)
     print(f"  {'prompt':18s} {'tokens':>6s}{head}")
-    diffs: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    diffs: dict[str, list[np.ndarray]] = {n: [] for n in cols}
     for label, text in PROMPTS:
         ids, lp = read_out(engines[names[0]], text.encode(), q41)
         got = {names[0]: lp}
         for n in names[1:]:
             got[n] = read_out(engines[n], ids)[1]
         ref = oracle.logprobs(q41, ids)
+        lsm = oracle.log_softmax(oracle.forward(model, ids, matmul=sim_mm))
+        got["Q8 sim"] = np.r_[np.nan, lsm[np.arange(len(ids) - 1), ids[1:]]]
         row = ""
-        for n in names:
+        for n in cols:
             d = np.abs(got[n][1:] - ref[1:])
             diffs[n].append(d)
             row += f" {d.max():12.2e} {d.mean():12.2e}"
         print(f"  {label:18s} {len(ids):6d}{row}")
     row = ""
-    for n in names:
+    for n in cols:
         d = np.concatenate(diffs[n])
         row += f" {d.max():12.2e} {d.mean():12.2e}"
     print(f"  {'all':18s} {sum(len(d) + 1 for d in diffs[names[0]]):6d}{row}")
@@ -129,10 +181,18 @@ def speed(engines: dict[str, SyncEngine], reps: int, n_tokens: int) -> None:
         dt, evs = _timed(eng, Score(id=eng.new_id(), slot=0, payload=json.dumps(job).encode()))
         return dt, evs[-1].computed
 
+    def generate(eng):
+        # a short prompt the slot does not hold, then 32 greedy tokens: decode-bound (weights read per token)
+        _timed(eng, Submit(id=eng.new_id(), slot=0, prompt=b"x", max_tokens=1, temperature=0.0, top_p=1.0))
+        dt, evs = _timed(eng, Submit(id=eng.new_id(), slot=0, prompt=b"Once upon a time, in a small village,",
+                                     max_tokens=32, temperature=0.0, top_p=1.0, counters=True))
+        return dt, evs[-1].emitted
+
     rows = [("prefill, read-out (tok/s)", lambda e: prefill(e, True), True),
             ("prefill, last logit (tok/s)", lambda e: prefill(e, False), True),
             ("SCORE 4 one-token (ms)", lambda e: score(e, ONE_TOKEN), False),
-            ("SCORE 4 multi-token (ms)", lambda e: score(e, MULTI_TOKEN), False)]
+            ("SCORE 4 multi-token (ms)", lambda e: score(e, MULTI_TOKEN), False),
+            ("generation, 32 tokens (tok/s)", generate, True)]
     print(f"speed: best of {reps}, the engines interleaved; prefill of {n_tokens} tokens from cold, "
           "SCORE warm on a pinned prefix")
     print(f"  {'':28s}" + "".join(f" {n:>12s}" for n in names) + f" {names[-1] + '/' + names[0] + ' time':>18s}")
