@@ -69,6 +69,13 @@ def add_parsers(sub) -> None:
                         "transcoded once to F32 by llama.cpp's quantizer into the cache, then reused: logprobs "
                         "within 1e-4 of the float64 oracle instead of ~0.2 nats off on a quantized model, for "
                         "about 5.5 times the file size; see bench/README.md)")
+    p.add_argument("--numerics", choices=("invariant", "fast"), default=None,
+                   help="the llama engine's arithmetic: invariant (the CPU default: every number depends on the "
+                        "model, the build and the tokens only, whatever ran before or beside it) or fast "
+                        "(llama.cpp's batch-shape-dependent kernels; the GPU default)")
+    p.add_argument("--score-cache-mb", type=_non_negative_int, default=None, metavar="MB",
+                   help="memory for scored options kept between requests, so a repeated question is not "
+                        "computed again (llama engine, invariant numerics; default 64, 0 turns it off)")
     p.add_argument("--debias", type=_debias_methods, default=None, metavar="METHODS",
                    help="how a language model's option scores are corrected when a request does not say "
                         "(its x_debias): none, cyclic (each order of the listed options read once), "
@@ -85,14 +92,21 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _int_at_least(low: int):
+    """An argparse ``type``: an integer ``>= low``, else ``ArgumentTypeError`` saying so."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+    return parse
+
+
+_positive_int = _int_at_least(1)
+_non_negative_int = _int_at_least(0)
 
 
 def _debias_methods(text: str) -> tuple[str, ...]:
@@ -156,7 +170,8 @@ def engine_argv(args) -> tuple[list[str], str | None]:
     if not Path(model).exists():
         raise SystemExit(f"serveproto serve: model {model} not found (run `make model`, or pass --model PATH)")
     argv = [str(engine_bin("serveproto-llama")), "--model", model]
-    for flag, value in (("--slots", args.slots), ("--ctx", args.ctx), ("--threads", default_threads(args.threads))):
+    for flag, value in (("--slots", args.slots), ("--ctx", args.ctx), ("--threads", default_threads(args.threads)),
+                        ("--numerics", args.numerics), ("--score-cache-mb", args.score_cache_mb)):
         if value is not None:
             argv += [flag, str(value)]
     if not os.access(argv[0], os.X_OK):

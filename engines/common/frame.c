@@ -107,6 +107,8 @@ int sp_parse_float(const char *s, size_t n, double *out)
     return 0;
 }
 
+int sp_float_digits = 9;
+
 char *sp_format_float(char out[SP_FLOAT_MAX], double x)
 {
     if (isnan(x))
@@ -114,7 +116,7 @@ char *sp_format_float(char out[SP_FLOAT_MAX], double x)
     else if (isinf(x))
         strcpy(out, x > 0 ? "inf" : "-inf");
     else
-        snprintf(out, SP_FLOAT_MAX, "%.9g", x);
+        snprintf(out, SP_FLOAT_MAX, "%.*g", sp_float_digits, x);
     return out;
 }
 

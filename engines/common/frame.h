@@ -174,6 +174,10 @@ int sp_parse_token_ids(const unsigned char *p, size_t n, uint64_t **out, size_t 
  * out needs SP_FLOAT_MAX bytes. Returns out. */
 #define SP_FLOAT_MAX 32
 char *sp_format_float(char out[SP_FLOAT_MAX], double x);
+/* Significant digits sp_format_float writes: 9 by default (a float32 to the
+ * last digit); 17 prints a double so that it reads back to the same bits
+ * (engines' --float-digits, for tests that compare bits). */
+extern int sp_float_digits;
 
 /* ---- writing ---- */
 

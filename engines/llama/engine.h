@@ -24,6 +24,7 @@
 #define ENGINE_QUEUE_MAX      256             /* requests in flight, the running one included */
 #define ENGINE_UBATCH         512             /* llama.cpp's physical batch */
 #define ENGINE_PREFIXES       4               /* SCORE prefixes whose tokens are kept (splice.c) */
+#define ENGINE_SCORE_CACHE_MB 64              /* SCORE results kept between requests (score_cache.c) */
 
 /* A request taken from stdin and not yet answered. */
 typedef struct pending {
@@ -73,6 +74,21 @@ typedef struct splice_stats {
     uint64_t mismatched; /* --splice-check: the splice differed from the whole text */
 } splice_stats;
 
+/* SCORE results kept between requests (score_cache.c). */
+typedef struct score_key {
+    uint64_t h1, h2;     /* two independent hashes of the token ids */
+    int n;               /* tokens hashed */
+} score_key;
+
+struct score_entry;
+typedef struct score_cache {
+    struct score_entry **buckets;
+    size_t n_buckets;    /* a power of two; 0: the cache is off */
+    struct score_entry *lru_head, *lru_tail;
+    size_t bytes, budget;
+    uint64_t entries, hits, misses;
+} score_cache;
+
 typedef struct engine {
     struct llama_model *model;
     struct llama_context *ctx;
@@ -86,6 +102,7 @@ typedef struct engine {
     int n_chunk;         /* prompt positions per llama_decode: one physical batch, so
                           * STOP / CANCEL / PING wait at most one ubatch */
     char model_name[256];
+    const char *numerics;  /* "invariant" or "fast" (CAPS numerics) */
 
     slot_state *slots;
     snapshot *snaps;
@@ -103,6 +120,7 @@ typedef struct engine {
     uint32_t seed;              /* sampling seed (--seed), mixed with the request id */
     prefix_tokens prefixes[ENGINE_PREFIXES];
     splice_stats splice;
+    score_cache scores;         /* --score-cache-mb; only with invariant numerics */
     int splice_check;           /* --splice-check: tokenize whole too and compare */
 
     sp_reader rd;
@@ -143,6 +161,14 @@ const prefix_tokens *prefix_tokens_get(engine *e, const char *text, size_t len);
 int splice_tokenize(engine *e, const prefix_tokens *p, const char *a, size_t na, const char *b, size_t nb,
                     llama_token **out, int *n_out);
 void prefix_tokens_free(engine *e);
+
+/* score_cache.c: an option's logprobs kept by the hash of its tokens */
+void score_key_init(score_key *k);
+void score_key_add(score_key *k, const llama_token *toks, int n);
+int score_cache_init(score_cache *c, size_t budget);
+int score_cache_get(score_cache *c, const score_key *k, int ctx, double *lps, int cap);
+void score_cache_put(score_cache *c, const score_key *k, int ctx, const double *lps, int n_lps);
+void score_cache_free(score_cache *c);
 
 /* main.c: the request loop */
 void engine_poll(engine *e);

@@ -15,9 +15,15 @@ LLAMA_PY_VERSION := 0.3.36
 SERVEPROTO_CACHE ?= $(HOME)/.cache/serveproto
 LLAMA_CACHE  := $(SERVEPROTO_CACHE)/llama.cpp/$(LLAMA_PY_VERSION)
 LLAMA_SDIST  := $(LLAMA_CACHE)/sdist/llama_cpp_python-$(LLAMA_PY_VERSION).tar.gz
-# The source subset; override with a carried copy (LLAMA_SRC=.llama-src) where there is no network.
-LLAMA_SRC    ?= $(LLAMA_CACHE)/src
 LLAMA_SUBSET := CMakeLists.txt cmake ggml src include vendor LICENSE
+# Our patches to ggml (llama/patches/, see spec/llama-engine.md "Reproducible digits"), applied to a
+# copy of the pristine subset named after their hash, so a changed patch gets its own source and build.
+LLAMA_PATCHES  := $(sort $(wildcard llama/patches/*.patch))
+LLAMA_PATCH_ID := $(shell cat $(LLAMA_PATCHES) /dev/null | sha256sum | cut -c1-10)
+LLAMA_PRISTINE := $(LLAMA_CACHE)/src
+LLAMA_PATCHED  := $(LLAMA_CACHE)/src-$(LLAMA_PATCH_ID)
+# The patched source; override with a carried copy (LLAMA_SRC=.llama-src) where there is no network.
+LLAMA_SRC    ?= $(LLAMA_PATCHED)
 LLAMA_JOBS   ?= 2
 # Python with pip, to fetch the sdist (the project venv when it exists).
 LLAMA_PIP_PY ?= $(shell test -x ../.venv/bin/python && echo ../.venv/bin/python || echo python3)
@@ -41,7 +47,7 @@ LLAMA_EXTRA_LIBS  :=
 LLAMA_SYS_LIBS    :=
 endif
 
-LLAMA_BUILD := $(LLAMA_CACHE)/build-$(LLAMA_VARIANT)
+LLAMA_BUILD := $(LLAMA_CACHE)/build-$(LLAMA_VARIANT)-$(LLAMA_PATCH_ID)
 # Link order: llama, ggml (the backend registry), the backends, ggml-base.
 LLAMA_LIBS  := $(LLAMA_BUILD)/src/libllama.a $(LLAMA_BUILD)/ggml/src/libggml.a \
   $(addprefix $(LLAMA_BUILD)/,$(LLAMA_EXTRA_LIBS)) $(LLAMA_BUILD)/ggml/src/libggml-cpu.a \
@@ -64,12 +70,18 @@ $(LLAMA_SDIST):
 	test -f $@
 
 # Only the subset that the C libraries need (36 MB instead of the whole sdist).
-$(LLAMA_CACHE)/src/.extracted: $(LLAMA_SDIST)
-	rm -rf $(LLAMA_CACHE)/src.tmp && mkdir -p $(LLAMA_CACHE)/src.tmp
-	tar -xzf $< -C $(LLAMA_CACHE)/src.tmp --strip-components=3 \
+$(LLAMA_PRISTINE)/.extracted: $(LLAMA_SDIST)
+	rm -rf $(LLAMA_PRISTINE).tmp && mkdir -p $(LLAMA_PRISTINE).tmp
+	tar -xzf $< -C $(LLAMA_PRISTINE).tmp --strip-components=3 \
 	  $(addprefix llama_cpp_python-$(LLAMA_PY_VERSION)/vendor/llama.cpp/,$(LLAMA_SUBSET))
-	touch $(LLAMA_CACHE)/src.tmp/.extracted
-	rm -rf $(LLAMA_CACHE)/src && mv $(LLAMA_CACHE)/src.tmp $(LLAMA_CACHE)/src
+	touch $(LLAMA_PRISTINE).tmp/.extracted
+	rm -rf $(LLAMA_PRISTINE) && mv $(LLAMA_PRISTINE).tmp $(LLAMA_PRISTINE)
+
+$(LLAMA_PATCHED)/.extracted: $(LLAMA_PRISTINE)/.extracted $(LLAMA_PATCHES)
+	rm -rf $(LLAMA_PATCHED).tmp && cp -a $(LLAMA_PRISTINE) $(LLAMA_PATCHED).tmp
+	for p in $(abspath $(LLAMA_PATCHES)); do patch -s -p1 -d $(LLAMA_PATCHED).tmp < $$p || exit 1; done
+	touch $(LLAMA_PATCHED).tmp/.extracted
+	rm -rf $(LLAMA_PATCHED) && mv $(LLAMA_PATCHED).tmp $(LLAMA_PATCHED)
 
 $(LLAMA_STAMP): $(LLAMA_SRC)/.extracted
 	cmake -S $(LLAMA_SRC) -B $(LLAMA_BUILD) $(if $(shell command -v ninja),-G Ninja) $(LLAMA_CMAKE_FLAGS)
@@ -77,15 +89,15 @@ $(LLAMA_STAMP): $(LLAMA_SRC)/.extracted
 	touch $@
 
 # A carried copy (LLAMA_SRC=DIR) counts as extracted once its files are there.
-ifneq ($(LLAMA_SRC),$(LLAMA_CACHE)/src)
+ifneq ($(LLAMA_SRC),$(LLAMA_PATCHED))
 $(LLAMA_SRC)/.extracted:
 	test -f $(LLAMA_SRC)/CMakeLists.txt || { echo "LLAMA_SRC=$(LLAMA_SRC) has no llama.cpp source" >&2; exit 1; }
 	touch $@
 endif
 
-llama-src: $(LLAMA_CACHE)/src/.extracted
+llama-src: $(LLAMA_PATCHED)/.extracted
 	test -n "$(DEST)" || { echo "usage: make -C engines llama-src DEST=DIR" >&2; exit 1; }
-	mkdir -p $(DEST) && cp -a $(LLAMA_CACHE)/src/. $(DEST)/
+	mkdir -p $(DEST) && cp -a $(LLAMA_PATCHED)/. $(DEST)/
 
 # -O3 -fno-trapping-math: the log-softmax loops of model.c vectorize (branch-free clamps).
 LLAMA_CFLAGS := $(CFLAGS) -O3 -fno-trapping-math -pthread -fopenmp $(LLAMA_INC) $(COMMON_CFLAGS)

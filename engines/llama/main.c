@@ -23,9 +23,12 @@
 typedef struct options {
     const char *model;
     int slots, ctx, pins, threads, score_seqs;
+    int score_cache_mb; /* --score-cache-mb: SCORE results kept between requests */
     uint32_t seed;
     int kv_f16;     /* --kv-type f16: half the KV memory, logprobs off by ~1e-3 */
-    int flash_attn; /* --flash-attn: faster on GPUs; on the CPU it rounds through F16 */
+    int flash_attn; /* --flash-attn (implied by --numerics invariant) */
+    int fast;       /* --numerics fast: llama.cpp's shape-dependent kernels (digits move with batching) */
+    int numerics_set; /* --numerics given (else: invariant on the CPU, fast with a GPU) */
     int splice_check; /* --splice-check: SCORE tokenizes every text whole too and compares */
     int verbose;      /* --verbose: llama.cpp's informational log too, not only warnings and errors */
 } options;
@@ -35,7 +38,8 @@ static void usage(void)
     fprintf(stderr,
             "usage: serveproto-llama --model PATH [--slots N] [--ctx N] [--pin-slots N]\n"
             "                        [--threads N] [--score-seqs N] [--seed N] [--kv-type f32|f16]\n"
-            "                        [--flash-attn] [--splice-check] [--verbose]\n"
+            "                        [--numerics invariant|fast] [--score-cache-mb N] [--flash-attn]\n"
+            "                        [--float-digits 9..17] [--splice-check] [--verbose]\n"
             "Speaks the serve protocol (spec/serve-protocol.md) on stdin/stdout.\n");
 }
 
@@ -55,7 +59,8 @@ static int parse_int_arg(const char *name, const char *v, int lo, int hi, int *o
 static int parse_options(int argc, char **argv, options *o)
 {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    *o = (options){ NULL, ENGINE_DEFAULT_SLOTS, 0, ENGINE_DEFAULT_PINS, ncpu > 0 ? (int)ncpu : 1, ENGINE_SCORE_SEQS, 42, 0, 0, 0, 0 };
+    *o = (options){ .slots = ENGINE_DEFAULT_SLOTS, .pins = ENGINE_DEFAULT_PINS, .threads = ncpu > 0 ? (int)ncpu : 1,
+                    .score_seqs = ENGINE_SCORE_SEQS, .seed = 42, .score_cache_mb = ENGINE_SCORE_CACHE_MB };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -98,6 +103,17 @@ static int parse_options(int argc, char **argv, options *o)
                 return -1;
             }
             o->kv_f16 = !strcmp(v, "f16");
+        } else if (!strcmp(a, "--score-cache-mb")) {
+            rc = parse_int_arg(a, v, 0, 1 << 20, &o->score_cache_mb);
+        } else if (!strcmp(a, "--float-digits")) {
+            rc = parse_int_arg(a, v, 9, 17, &sp_float_digits);
+        } else if (!strcmp(a, "--numerics")) {
+            if (strcmp(v, "invariant") && strcmp(v, "fast")) {
+                fprintf(stderr, "serveproto-llama: --numerics must be invariant or fast, got '%s'\n", v);
+                return -1;
+            }
+            o->fast = !strcmp(v, "fast");
+            o->numerics_set = 1;
         } else if (!strcmp(a, "--seed")) {
             rc = parse_int_arg(a, v, 0, 0x7fffffff, &seed);
             o->seed = (uint32_t)seed;
@@ -189,7 +205,7 @@ static void model_name(const char *path, char *out, size_t cap)
         snprintf(out, cap, "model");
 }
 
-static int load(engine *e, const options *o)
+static int load(engine *e, options *o)
 {
     /* io / format are told apart before llama.cpp sees the file. */
     int fd = open(o->model, O_RDONLY);
@@ -204,8 +220,23 @@ static int load(engine *e, const options *o)
     if (got < 4 || memcmp(magic, "GGUF", 4) != 0)
         return load_fail(e, "format", "%s: not a GGUF file (bad magic)", o->model);
 
+    /* Invariance is a property of the CPU backend's reference kernels; a GPU
+     * build runs llama.cpp's own kernels (spec/llama-engine.md). */
+    if (llama_supports_gpu_offload()) {
+        if (o->numerics_set && !o->fast)
+            return load_fail(e, "unsupported", "--numerics invariant needs the CPU backend; this engine is built for a GPU "
+                             "(use --numerics fast, or a CPU build)");
+        o->fast = 1;
+    }
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 999;
+    /* Repacked weights (Q4_0, Q4_K, IQ4_NL... interleaved for AVX2/AMX) switch
+     * between a GEMV and a GEMM kernel by batch rows: off for invariant digits. */
+    if (!o->fast) {
+        mp.use_extra_bufts = false;
+        /* read when llama.cpp creates the CPU backend (llama/patches/0001) */
+        setenv("GGML_CPU_USE_REF", "1", 1);
+    }
     g_log_tail[0] = '\0';
     e->model = llama_model_load_from_file(o->model, mp);
     if (!e->model) {
@@ -240,19 +271,26 @@ static int load(engine *e, const options *o)
     cp.n_threads_batch = o->threads;
     cp.kv_unified = true;
     cp.no_perf = true;
-    /* F32 keys and values by default: an F16 KV cache moves logprobs by ~1e-3. */
+    /* F32 keys and values by default: an F16 KV cache rounds them. */
     cp.type_k = o->kv_f16 ? GGML_TYPE_F16 : GGML_TYPE_F32;
     cp.type_v = cp.type_k;
-    /* Flash attention off by default: ggml's CPU kernel rounds Q and the
-     * accumulators through F16, which moves logprobs by ~1e-3. */
-    cp.flash_attn_type = o->flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    /* Invariant numerics (spec/llama-engine.md, "Reproducible digits"): flash
+     * attention visits a query row's unmasked cells one by one in cell order,
+     * so a row's attention depends on its own context only, not on the other
+     * rows of the batch, the masked cells between or the cells' indices;
+     * without it the KQ softmax and the KQV product sum cells lane by lane
+     * by cell index. The reference kernels (our ggml patch, GGML_CPU_USE_REF)
+     * keep flash attention on its row-by-row path and every matmul on the
+     * per-row vec_dot path, whatever the batch shape. */
+    cp.flash_attn_type = o->flash_attn || !o->fast ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    e->numerics = o->fast ? "fast" : "invariant";
     /* CUDA graphs off with that pair (F32 KV, no flash attention): on an H200
      * with llama.cpp 0c1e57098bba it aborted in cudaGraphLaunch ("an illegal
      * instruction was encountered") on a warm SCORE after a 13.5K-token state,
      * every time; F16 KV, flash attention or no graphs each avoided it
      * (bench/README.md, "Known"). ggml-cuda reads the variable at the first
      * graph it computes; a value the user set is kept. No effect on the CPU. */
-    if (!o->kv_f16 && !o->flash_attn)
+    if (!o->kv_f16 && cp.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_DISABLED)
         setenv("GGML_CUDA_DISABLE_GRAPHS", "1", 0);
     g_log_tail[0] = '\0';
     e->ctx = llama_init_from_model(e->model, cp);
@@ -276,6 +314,9 @@ static int load(engine *e, const options *o)
     if (!e->echo_rows || !e->echo_lse || !e->echo_k || !e->echo_top)
         return load_fail(e, "nomem", "allocating the read-out buffers failed");
     e->batch = llama_batch_init(e->n_batch, 0, e->n_score_seqs);
+    /* kept numbers equal fresh ones only when the arithmetic is invariant */
+    if (score_cache_init(&e->scores, o->fast ? 0 : (size_t)o->score_cache_mb << 20) != 0)
+        return load_fail(e, "nomem", "allocating the score cache failed");
     return 0;
 }
 
@@ -298,6 +339,7 @@ static void engine_free(engine *e)
     free(e->echo_k);
     free(e->echo_top);
     prefix_tokens_free(e);
+    score_cache_free(&e->scores);
     if (e->splice_check)
         fprintf(stderr, "serveproto-llama: splice check: %llu spliced, %llu whole, %llu mismatched\n",
                 (unsigned long long)e->splice.spliced, (unsigned long long)e->splice.whole,
@@ -318,8 +360,8 @@ static void handshake(engine *e)
 {
     char caps[512];
     snprintf(caps, sizeof caps,
-             "chat=1 slots=%d n_ctx=%d n_vocab=%d model=%s pin_slots=%d max_logprobs=%d x_score=1 x_counters=1 x_health=1",
-             e->n_slots, e->n_ctx, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS);
+             "chat=1 slots=%d n_ctx=%d n_vocab=%d model=%s pin_slots=%d max_logprobs=%d x_score=1 x_counters=1 x_health=1 x_numerics=%s",
+             e->n_slots, e->n_ctx, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS, e->numerics);
     sp_write_ready(&e->w);
     sp_write_caps(&e->w, caps);
     double stat[4] = { 0.0, 0.0, 0.0, rss_gb() };

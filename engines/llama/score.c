@@ -30,6 +30,10 @@ typedef struct option_tokens {
     int ctx;           /* context_tokens: lcp with prefix + stem */
     int group, index;
     int *path;         /* node of positions trunk .. n-1 (chunk-local), owned */
+    score_key key;     /* hash of toks (score_cache.c) */
+    double *lps;       /* n_lps logprobs once scored or found in the cache, owned */
+    int n_lps;
+    int cached;        /* lps came from the score cache */
 } option_tokens;
 
 typedef struct trie_node {
@@ -49,6 +53,7 @@ static void job_free(score_job *j)
     for (int i = 0; i < j->n_opts; i++) {
         free(j->opts[i].toks);
         free(j->opts[i].path);
+        free(j->opts[i].lps);
     }
     free(j->opts);
     memset(j, 0, sizeof *j);
@@ -212,10 +217,11 @@ static int load_trunk(engine *e, uint64_t id, int slot, const option_tokens *o0,
     return trunk - base;
 }
 
-/* Scores options [first, last) of the job in one llama_decode, writing their
- * SCORED frames. nodes/trie are scratch of n_batch entries. Returns the
- * positions computed, or -1 after answering an ERROR. */
-static int run_chunk(engine *e, uint64_t id, int slot, score_job *job, int first, int last,
+/* Scores options idx[first .. last) of the job in one llama_decode, keeping
+ * their logprobs in ot->lps (and in the score cache). trie is scratch of
+ * n_batch entries. Returns the positions computed, or -1 after answering an
+ * ERROR. */
+static int run_chunk(engine *e, uint64_t id, int slot, score_job *job, const int *idx, int first, int last,
                      trie_node *trie, double pred_lse)
 {
     llama_memory_t mem = llama_get_memory(e->ctx);
@@ -223,7 +229,7 @@ static int run_chunk(engine *e, uint64_t id, int slot, score_job *job, int first
     const int trunk = job->trunk;
     batch_clear(b);
     for (int q = 0; q < last - first; q++) {
-        option_tokens *ot = &job->opts[first + q];
+        option_tokens *ot = &job->opts[idx[first + q]];
         int seq = e->n_slots + q, cur = -1;
         /* the option's last token predicts nothing: it is never computed, so a
          * one-token option costs no position at all */
@@ -269,8 +275,8 @@ static int run_chunk(engine *e, uint64_t id, int slot, score_job *job, int first
         return -1;
     }
     for (int j = first; j < last; j++) {
-        option_tokens *ot = &job->opts[j];
-        double lps[ENGINE_MAX_SCORED];
+        option_tokens *ot = &job->opts[idx[j]];
+        double *lps = ot->lps;
         int n = 0;
         for (int p = ot->ctx; p < ot->n; p++) {
             int prev = p - 1;
@@ -288,24 +294,26 @@ static int run_chunk(engine *e, uint64_t id, int slot, score_job *job, int first
             }
             lps[n++] = (double)logits[ot->toks[p]] - lse;
         }
-        sp_write_scored(&e->w, id, (uint64_t)ot->group, (uint64_t)ot->index, (uint64_t)ot->ctx, n, lps);
+        ot->n_lps = n;
+        score_cache_put(&e->scores, &ot->key, ot->ctx, lps, n);
     }
     for (int q = 0; q < last - first; q++)
         llama_memory_seq_rm(mem, e->n_slots + q, -1, -1);
     return computed;
 }
 
-/* Nodes option j would add to a trie already holding options [first, j):
- * its positions up to its last but one (the last is never computed) after
- * the longest prefix it shares with the nodes already there. */
-static int new_nodes(const score_job *job, int first, int j)
+/* Nodes option idx[j] would add to a trie already holding options
+ * idx[first .. j): its positions up to its last but one (the last is never
+ * computed) after the longest prefix it shares with the nodes already there. */
+static int new_nodes(const score_job *job, const int *idx, int first, int j)
 {
-    const option_tokens *ot = &job->opts[j];
+    const option_tokens *ot = &job->opts[idx[j]];
     int shared = job->trunk;
     for (int i = first; i < j; i++) {
-        int l = lcp(job->opts[i].toks, job->opts[i].n, ot->toks, ot->n);
-        if (l > job->opts[i].n - 1)
-            l = job->opts[i].n - 1;
+        const option_tokens *oi = &job->opts[idx[i]];
+        int l = lcp(oi->toks, oi->n, ot->toks, ot->n);
+        if (l > oi->n - 1)
+            l = oi->n - 1;
         if (l > shared)
             shared = l;
     }
@@ -324,46 +332,76 @@ void serve_score(engine *e, pending *p)
         return;
     }
     const int cap_nodes = e->n_batch < e->n_ctx ? e->n_batch : e->n_ctx;
-    for (int j = 0; j < job.n_opts; j++) {
-        if (job.opts[j].n - job.trunk > cap_nodes) {
-            sp_write_error(&e->w, rq->id, "BAD_REQUEST", "groups[%d].options[%d]: the text does not fit one batch of %d",
-                           job.opts[j].group, job.opts[j].index, cap_nodes);
-            job_free(&job);
-            return;
-        }
-        job.opts[j].path = malloc((size_t)(job.opts[j].n - job.trunk + 1) * sizeof(int));
-        if (!job.opts[j].path) {
-            sp_write_error(&e->w, rq->id, "BAD_REQUEST", "out of memory");
-            job_free(&job);
-            return;
-        }
-    }
+    int *todo = malloc((size_t)job.n_opts * sizeof *todo), *done_idx = malloc((size_t)job.n_opts * sizeof *done_idx);
     trie_node *trie = malloc((size_t)e->n_batch * sizeof *trie);
-    if (!trie) {
+    if (!todo || !done_idx || !trie) {
         sp_write_error(&e->w, rq->id, "BAD_REQUEST", "out of memory");
-        job_free(&job);
-        return;
+        goto out;
+    }
+    /* every option's key continues the trunk's hash: the trunk is hashed once */
+    score_key trunk_key;
+    score_key_init(&trunk_key);
+    score_key_add(&trunk_key, job.opts[0].toks, job.trunk);
+    int n_todo = 0, n_cached = 0;
+    for (int j = 0; j < job.n_opts; j++) {
+        option_tokens *ot = &job.opts[j];
+        if (ot->n - job.trunk > cap_nodes) {
+            sp_write_error(&e->w, rq->id, "BAD_REQUEST", "groups[%d].options[%d]: the text does not fit one batch of %d",
+                           ot->group, ot->index, cap_nodes);
+            goto out;
+        }
+        ot->path = malloc((size_t)(ot->n - job.trunk + 1) * sizeof(int));
+        ot->lps = malloc(ENGINE_MAX_SCORED * sizeof(double));
+        if (!ot->path || !ot->lps) {
+            sp_write_error(&e->w, rq->id, "BAD_REQUEST", "out of memory");
+            goto out;
+        }
+        ot->key = trunk_key;
+        score_key_add(&ot->key, ot->toks + job.trunk, ot->n - job.trunk);
+        ot->n_lps = score_cache_get(&e->scores, &ot->key, ot->ctx, ot->lps, ENGINE_MAX_SCORED);
+        ot->cached = ot->n_lps >= 0;
+        if (ot->cached)
+            done_idx[n_cached++] = j;
+        else
+            todo[n_todo++] = j;
     }
     sp_write_accept(&e->w, rq->id, (uint64_t)job.longest);
 
-    reuse_info ri;
-    int computed = load_trunk(e, rq->id, slot, &job.opts[0], job.trunk, &ri);
-    if (computed < 0)
-        goto out;
-    if (pin && job.trunk > 0)
-        snapshot_take(e, slot, job.opts[0].toks, job.trunk, e->pred_buf);
-    double pred_lse = job.trunk > 0 ? model_logsumexp(e->pred_buf, e->n_vocab) : NAN;
+    /* the positions the cached options would have needed count as reused */
+    int reused_nodes = 0;
+    for (int j = 0; j < n_cached; j++)
+        reused_nodes += new_nodes(&job, done_idx, 0, j);
 
-    for (int first = 0; first < job.n_opts;) {
+    reuse_info ri = { 0, "none" };
+    int computed = 0, stale = 0;
+    const snapshot *pinned = NULL;
+    if (n_todo == 0 && job.trunk > 0)
+        pinned = snapshot_find(e, job.opts[0].toks, job.trunk, job.trunk, &stale);
+    if (n_todo > 0 || (pin && job.trunk > 0 && !(pinned && pinned->n == job.trunk))) {
+        computed = load_trunk(e, rq->id, slot, &job.opts[0], job.trunk, &ri);
+        if (computed < 0)
+            goto out;
+        if (stale && !strcmp(ri.snapshot, "none"))
+            ri.snapshot = "stale"; /* released by the lookup above */
+        if (pin && job.trunk > 0)
+            snapshot_take(e, slot, job.opts[0].toks, job.trunk, e->pred_buf);
+    } else {
+        /* every option answered from the cache: the trunk is not touched */
+        ri.reused = job.trunk;
+        ri.snapshot = pinned ? "hit" : stale ? "stale" : "none";
+    }
+    double pred_lse = job.trunk > 0 && n_todo > 0 ? model_logsumexp(e->pred_buf, e->n_vocab) : NAN;
+
+    for (int first = 0; first < n_todo;) {
         int last = first, nodes = 0;
-        while (last < job.n_opts && last - first < e->n_score_seqs) {
-            int add = new_nodes(&job, first, last);
+        while (last < n_todo && last - first < e->n_score_seqs) {
+            int add = new_nodes(&job, todo, first, last);
             if (nodes + add > cap_nodes)
                 break;
             nodes += add;
             last++;
         }
-        int c = run_chunk(e, rq->id, slot, &job, first, last, trie, pred_lse);
+        int c = run_chunk(e, rq->id, slot, &job, todo, first, last, trie, pred_lse);
         if (c < 0)
             goto out;
         computed += c;
@@ -374,15 +412,22 @@ void serve_score(engine *e, pending *p)
             goto out;
         }
     }
+    /* one SCORED per option in request order (spec 9.1) */
+    for (int j = 0; j < job.n_opts; j++) {
+        const option_tokens *ot = &job.opts[j];
+        sp_write_scored(&e->w, rq->id, (uint64_t)ot->group, (uint64_t)ot->index, (uint64_t)ot->ctx, ot->n_lps, ot->lps);
+    }
     sp_done d = { 0 };
     d.prompt_tokens = (uint64_t)job.longest;
     d.rss_gb = rss_gb();
     d.has_counters = 1;
     d.computed = (uint64_t)computed;
-    d.reused = (uint64_t)ri.reused;
+    d.reused = (uint64_t)(ri.reused + reused_nodes);
     d.snapshot = ri.snapshot;
     sp_write_done(&e->w, rq->id, &d);
 out:
     free(trie);
+    free(todo);
+    free(done_idx);
     job_free(&job);
 }
