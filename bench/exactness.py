@@ -14,11 +14,12 @@
    every position, and last logit only) and a warm SCORE of one question over a
    pinned prefix (4 one-token options; 4 multi-token options), and greedy
    generation of 32 tokens, both files with the same binary and threads,
-   interleaved round by round, best of ``--reps``.
+   interleaved round by round, best of ``--reps`` (the engines' score cache off,
+   so that a repeated SCORE computes).
 
 Usage::
 
-    .venv/bin/python bench/exactness.py [--model PATH] [--threads 2] [--reps 5]
+    .venv/bin/python bench/exactness.py [--model PATH] [--threads 2] [--reps 5] [--numerics fast]
 """
 from __future__ import annotations
 
@@ -83,6 +84,23 @@ def q41_mins(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
+def _q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``x`` ``(n, n_in)`` as Q8 blocks of 32: ``(q, d, d16)``, shapes ``(n, n_in/32, 32)``,
+    ``(n, n_in/32, 1)`` twice: ``d = max|x| / 127`` in float32, ``d16`` it as float16 (widened to float64),
+    ``q = round(x / d)`` (``quantize_row_q8_1`` in ggml-cpu's quants.c)."""
+    b = x.astype(np.float32).reshape(x.shape[0], -1, 32)
+    d = np.abs(b).max(axis=-1, keepdims=True) / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d > 0, np.float32(1) / d, np.float32(0))
+    return np.round(b * inv), d, d.astype(np.float16).astype(np.float64)
+
+
+def q8_blocks(x: np.ndarray) -> np.ndarray:
+    """``x`` ``(n, n_in)`` as the activations a Q8_0/Q8_1 block holds, ``d16 * q`` (``_q8``), float64."""
+    q, _, d16 = _q8(x)
+    return (q * d16).reshape(x.shape)
+
+
 def q8_matmul(types: dict[str, int], mins: dict[str, np.ndarray]):
     """An ``oracle.forward`` matmul hook that rounds activations as ggml-cpu does before a matmul by a
     quantized weight (its ``vec_dot_type``, ``quantize_row_q8_1`` in ggml-cpu's quants.c), the rest
@@ -96,12 +114,7 @@ def q8_matmul(types: dict[str, int], mins: dict[str, np.ndarray]):
         t = types.get(name, types.get("token_embd.weight") if name == "output.weight" else 0)
         if t == 0:
             return x @ w.T
-        b = x.astype(np.float32).reshape(x.shape[0], -1, 32)
-        d = np.abs(b).max(axis=-1, keepdims=True) / np.float32(127)
-        with np.errstate(divide="ignore"):
-            inv = np.where(d > 0, np.float32(1) / d, np.float32(0))
-        q = np.round(b * inv)
-        d16 = d.astype(np.float16).astype(np.float64)
+        q, d, d16 = _q8(x)
         out = (q * d16).reshape(x.shape) @ w.T
         if name in mins:
             sq = q.sum(axis=-1)                                          # (n, n_in / 32)
@@ -215,15 +228,20 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5, help="speed rounds (0: exactness only)")
     ap.add_argument("--tokens", type=int, default=512, help="prefill prompt length, tokens")
+    ap.add_argument("--numerics", choices=("invariant", "fast"), help="the engines' --numerics (default: theirs)")
     args = ap.parse_args(argv)
     binary = engine_bin("serveproto-llama")
     if not binary.exists() or not args.model.exists():
         print(f"missing {binary} or {args.model}: run make engines model", file=sys.stderr)
         return 2
     f32 = ensure_f32(args.model, threads=args.threads)
-    print(f"engine {binary.name}, {args.threads} threads; Q4_1 = {args.model.name}, F32 = {f32.name}")
+    print(f"engine {binary.name}, {args.threads} threads, numerics {args.numerics or 'default'}; "
+          f"Q4_1 = {args.model.name}, F32 = {f32.name}")
     with tempfile.TemporaryDirectory() as tmp:
-        common = ["--threads", str(args.threads), "--slots", "1", "--ctx", "2048"]
+        # no score cache: a repeated SCORE must compute its positions to be timed
+        common = ["--threads", str(args.threads), "--slots", "1", "--ctx", "2048", "--score-cache-mb", "0"]
+        if args.numerics:
+            common += ["--numerics", args.numerics]
         with SyncEngine([str(binary), "--model", str(args.model), *common], Path(tmp) / "q41.log") as q, \
                 SyncEngine([str(binary), "--model", str(f32), *common], Path(tmp) / "f32.log") as f:
             engines = {"Q4_1": q, "F32": f}
