@@ -67,8 +67,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--precision", type=_precision, default="native", metavar="{native,f32}",
                    help="the llama engine's weights: native (the GGUF's own types, default) or f32 (the GGUF "
                         "transcoded once to F32 by llama.cpp's quantizer into the cache, then reused: logprobs "
-                        "within 1e-4 of the float64 oracle instead of ~0.2 nats off on a quantized model, for "
-                        "about 5.5 times the file size; see bench/README.md)")
+                        "within 1e-4 of the float64 oracle instead of ~0.15 nats off on average on a quantized "
+                        "model, for about 5.5 times the file size; see bench/README.md)")
     p.add_argument("--numerics", choices=("invariant", "fast"), default=None,
                    help="the llama engine's arithmetic: invariant (the CPU default: every number depends on the "
                         "model, the build and the tokens only, whatever ran before or beside it) or fast "

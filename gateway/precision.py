@@ -1,8 +1,9 @@
 """``serve --precision f32``: the model transcoded once to F32 by llama.cpp's own quantizer, then reused.
 
 On a quantized GGUF, ggml rounds activations to Q8 before each quantized matmul, so
-the served logprobs sit about 0.1-0.3 nats from the model's exact ones and move by
-as much when the arithmetic order changes (``bench/README.md``, exactness). On an F32
+the served logprobs sit about 0.15 nats on average from the model's exact ones
+(reproducible under the engine's invariant numerics, but not exact; ``bench/README.md``,
+"Exactness"). On an F32
 transcode of the same weights (every 2-D tensor dequantized by ggml's own
 ``to_float``, ``engines/bin/serveproto-quantize``) they match the float64 oracle
 (``fixtures/oracle.py``) to 1e-4, for about 5.5 times the file size (92 MiB -> 515
