@@ -28,6 +28,11 @@ least disturbed). Usage::
 
     .venv/bin/python bench/engine.py [--model PATH] [--threads 2] [--tokens 512] [--reps 5]
     .venv/bin/python bench/engine.py --long-state [--engine BIN ...] [--reps 5]
+    .venv/bin/python bench/engine.py --numerics [--engine BIN ...] [--threads 1] [--reps 5]
+
+4. ``--numerics``: the cost of invariant numerics (``--numerics invariant``, the default) against
+   llama.cpp's own kernel choices (``--numerics fast``) and any ``--engine`` binary: prefill, SCORE
+   per option, 16 questions warm; see :func:`bench_numerics`.
 """
 from __future__ import annotations
 
@@ -260,6 +265,77 @@ def bench_long_state(args) -> None:
                   f"{base / results[(str(path), True)]:.2f}")
 
 
+def bench_numerics(args) -> None:
+    """Invariant numerics against llama.cpp's own kernel choices, interleaved in one run.
+
+    Each engine is a configuration: ``--numerics fast`` and ``--numerics invariant`` of the built
+    binary (the score cache off, so every SCORE computes), and each ``--engine`` binary as given
+    (e.g. the last landed tree's). Per round, each engine in turn: a read-out of ``--tokens``
+    tokens (every position's logits), the same prompt with the last logit only, a warm SCORE of
+    one question with 1 and with 8 options (one-token and multi-token: the marginal cost per
+    option), and a warm SCORE of 16 questions x 3 options. Best of ``--reps``.
+    """
+    binary = str(engine_bin("serveproto-llama"))
+    common = ["--model", str(args.model), "--threads", str(args.threads), "--ctx", str(args.ctx)]
+    configs = [(f"tree {p.parent.parent.parent.name}", [str(p), *common]) for p in (args.engine or [])]
+    configs += [("fast", [binary, *common, "--numerics", "fast"]),
+                ("invariant", [binary, *common, "--numerics", "invariant", "--score-cache-mb", "0"])]
+    configs = getattr(args, "configs", None) or configs
+    text = (SENTENCE * (args.tokens // 14 + 1)).encode()
+    prefix = SENTENCE * 20
+    stem = "Question: which colour is the fox? Answer:"
+    tail = "<|im_start|>user\nAnswer each question with yes, no or unsure.\n"
+
+    def score(eng, groups, pin=False):
+        payload = json.dumps({"prefix": prefix, "groups": groups, "pin": pin}).encode()
+        return eng.run(lambda rid: Score(id=rid, slot=0, payload=payload))
+
+    engines = [Engine(argv) for _, argv in configs]
+    best: dict[tuple[str, str], float] = {}
+    try:
+        _, ev = engines[0].submit(text, max_tokens=1)
+        n_full = ev[-1].prompt_tokens
+        text = text[: max(1, len(text) * args.tokens // n_full)]
+        for _ in range(args.reps):
+            for (label, _), eng in zip(configs, engines):
+                def timed(metric, fn):
+                    dt, ev = fn()
+                    best[(label, metric)] = min(best.get((label, metric), dt), dt)
+                    return ev
+                eng.submit(b"x", max_tokens=1)
+                ev = timed("read-out", lambda: eng.submit(text, max_tokens=0, logprobs=1))
+                n_tokens = ev[-1].computed
+                eng.submit(b"x", max_tokens=1)
+                timed("last logit", lambda: eng.submit(text, max_tokens=1))
+                score(eng, [{"stem": "Q: is it? A:", "options": [" yes"]}], pin=True)
+                for kind, opts in (("one-token", COLOURS), ("multi-token", SHADES)):
+                    for k in (1, 8):
+                        timed(f"{kind} K={k}", lambda: score(eng, [{"stem": stem, "options": opts[:k]}]))
+                groups = [{"stem": f"{tail}Q: {q}\nA:", "options": [" yes", " no", " unsure"]} for q in QUESTIONS]
+                timed("16 questions", lambda: score(eng, groups))
+    finally:
+        for eng in engines:
+            eng.close()
+    labels = [label for label, _ in configs]
+    print(f"invariant numerics vs the others: {args.model.name}, {args.threads} threads, best of {args.reps}, "
+          "interleaved")
+    print(f"  {'measurement':34s}" + "".join(f"{lab[-14:]:>15s}" for lab in labels)
+          + "".join(f"{'inv/' + lab[-10:]:>15s}" for lab in labels[:-1]))
+
+    def row(name, values):
+        cells = "".join(f"{v:15.2f}" for v in values)
+        ratios = "".join(f"{values[-1] / v:15.3f}" for v in values[:-1])
+        print(f"  {name:34s}{cells}{ratios}")
+
+    for metric in ("read-out", "last logit"):
+        row(f"prefill {metric}, tok/s ({n_tokens} tokens)", [n_tokens / best[(lab, metric)] for lab in labels])
+    for kind in ("one-token", "multi-token"):
+        row(f"SCORE ms per {kind} option", [(best[(lab, f"{kind} K=8")] - best[(lab, f"{kind} K=1")]) / 7 * 1e3
+                                             for lab in labels])
+    row("SCORE 16 questions x 3, ms (warm)", [best[(lab, "16 questions")] * 1e3 for lab in labels])
+    print("  (tok/s: higher is faster, inv/x > 1 means invariant is faster; ms: inv/x > 1 means slower)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=default_model_path())
@@ -273,7 +349,12 @@ def main(argv=None) -> int:
                     help="only the warm SCORE at a ~370- and a ~13,500-token state (default model: the tiny fixture)")
     ap.add_argument("--engine", type=Path, action="append",
                     help="with --long-state: an engine binary to time (repeatable; default the built one)")
+    ap.add_argument("--numerics", action="store_true",
+                    help="only invariant numerics against --numerics fast (and each --engine), interleaved")
     args = ap.parse_args(argv)
+    if args.numerics:
+        bench_numerics(args)
+        return 0
     if args.long_state:
         if "--model" not in (argv if argv is not None else sys.argv):
             from fixtures import tiny_gguf

@@ -392,8 +392,9 @@ def main(argv=None) -> int:
         ap.error(f"--questions: at most {len(QUESTIONS)}")
     if args.ref_bin and not Path(args.ref_bin).exists():
         ap.error(f"--ref-bin {args.ref_bin} does not exist (build it, or pass --ref-bin '')")
+    # the score cache off: every timed SCORE computes (a repeat would otherwise compute nothing)
     argv_eng = [args.engine_bin, "--model", args.model, "--ctx", str(args.ctx), "--slots", "1",
-                "--threads", str(args.threads), *shlex.split(args.engine_flags)]
+                "--threads", str(args.threads), "--score-cache-mb", "0", *shlex.split(args.engine_flags)]
 
     from gateway.chat_template import ChatTemplate
     from gateway.prompts import PromptBuilder

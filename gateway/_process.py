@@ -3,11 +3,14 @@
 :class:`EngineProcess` owns the child process, its ``serveproto``
 GatewayConnection, a reader task that routes each frame to its request by id,
 a stderr pump that logs the engine's lines under ``gateway.engine.<name>``, and
-the watchdog that declares the engine hung when it writes nothing for
-``stall_timeout`` seconds while requests are in flight (an idle engine with
-``x_health`` is sent a PING every ``health_interval`` seconds, so a hang is
-found without waiting for a request). It never restarts
-anything: that is :mod:`gateway.supervisor`'s job.
+two watchdogs. An engine with ``x_health`` is sent a PING every
+``health_interval`` seconds, busy or idle; one not answered within
+``ping_timeout`` seconds means the engine is stalled (hung, stopped by a
+signal, stuck in one computation), and it is failed and shut down, whatever
+the requests' own deadlines. Without ``x_health``, an engine that writes
+nothing for ``stall_timeout`` seconds while requests are in flight is declared
+hung the same way. It never restarts anything: that is
+:mod:`gateway.supervisor`'s job.
 """
 from __future__ import annotations
 
@@ -93,7 +96,7 @@ class EngineProcess:
 
     def __init__(self, argv: Sequence[str], *, name: str, handshake_timeout: float | None,
                  stall_timeout: float | None, health_interval: float | None,
-                 drain_timeout: float, term_timeout: float,
+                 ping_timeout: float, drain_timeout: float, term_timeout: float,
                  env: dict[str, str] | None, cwd: str | None,
                  on_exit: Callable[[], None] | None, stderr_lines_per_s: int,
                  max_line: int, max_payload: int) -> None:
@@ -102,6 +105,8 @@ class EngineProcess:
         self.handshake_timeout = handshake_timeout
         self.stall_timeout = stall_timeout
         self.health_interval = health_interval
+        self.ping_timeout = ping_timeout
+        self._ping_sent: float | None = None  # when the watchdog's PING now unanswered was sent
         self.drain_timeout = drain_timeout
         self.term_timeout = term_timeout
         self._env = env
@@ -149,6 +154,13 @@ class EngineProcess:
                 and not self._eof)
 
     @property
+    def responsive(self) -> bool:
+        """False while the watchdog's PING has gone unanswered for more than ``health_interval`` s
+        (a beat missed: the engine is slow or stalled; at ``ping_timeout`` it is failed)."""
+        sent = self._ping_sent
+        return sent is None or anyio.current_time() - sent <= (self.health_interval or 0.0)
+
+    @property
     def failure(self) -> BaseException | None:
         """Why the process stopped serving (an :class:`EngineError`), or ``None``."""
         return self._failure
@@ -173,7 +185,7 @@ class EngineProcess:
     @asynccontextmanager
     async def start(cls, argv: Sequence[str], *, name: str | None = None,
                     handshake_timeout: float | None = 60.0, stall_timeout: float | None = 60.0,
-                    health_interval: float | None = None,
+                    health_interval: float | None = None, ping_timeout: float = 30.0,
                     drain_timeout: float = 5.0, term_timeout: float = 2.0,
                     env: dict[str, str] | None = None, cwd: str | None = None,
                     on_exit: Callable[[], None] | None = None, stderr_lines_per_s: int = 1000,
@@ -189,7 +201,8 @@ class EngineProcess:
             raise ValueError("argv: the engine command is empty")
         self = cls(argv, name=name or os.path.basename(os.fspath(argv[0])),
                    handshake_timeout=handshake_timeout, stall_timeout=stall_timeout,
-                   health_interval=health_interval, drain_timeout=drain_timeout,
+                   health_interval=health_interval, ping_timeout=ping_timeout,
+                   drain_timeout=drain_timeout,
                    term_timeout=term_timeout, env=env, cwd=cwd,
                    on_exit=on_exit, stderr_lines_per_s=stderr_lines_per_s,
                    max_line=max_line, max_payload=max_payload)
@@ -221,7 +234,7 @@ class EngineProcess:
                         raise
                     tg.start_soon(self._read_loop)
                     if health_interval is not None and self.caps.x_health:
-                        tg.start_soon(self._heartbeat)
+                        tg.start_soon(self._watchdog)
                     try:
                         yield self
                     finally:
@@ -306,6 +319,7 @@ class EngineProcess:
                                 self.name, self.drain_timeout)
             if proc.returncode is None:
                 _signal(proc, signal.SIGTERM)
+                _signal(proc, signal.SIGCONT)  # a stopped engine (SIGSTOP) acts on the TERM only once resumed
                 with anyio.move_on_after(self.term_timeout):
                     await proc.wait()
             if proc.returncode is None:
@@ -406,23 +420,38 @@ class EngineProcess:
             if req.lease is not None:
                 req.lease.end()
 
-    async def _heartbeat(self) -> None:
-        """PING an idle engine every ``health_interval`` s; the stall watchdog
-        fails it if the PONG does not come within ``stall_timeout``."""
-        while self._failure is None and not self._closing:
+    async def _watchdog(self) -> None:
+        """PING the engine every ``health_interval`` s, busy or idle (it answers between its own
+        frames, spec 9.3). A PONG that has not come within ``ping_timeout`` s fails the engine
+        with :class:`EngineTimeout` (``what="stall"``) and shuts it down: every request in it gets
+        that error at once, whatever its own deadline."""
+        while True:
             await anyio.sleep(self.health_interval)
-            if self._inflight or self._failure is not None or self._closing:
-                continue    # a busy engine shows it is alive by its output
-            try:
-                req = await self.begin(lambda rid, _slot: Ping(id=rid), None)
-            except (EngineError, LocalProtocolError):
-                return
-            try:
-                await req.recv.receive()    # the PONG, or the engine's failure
-            except (anyio.EndOfStream, anyio.ClosedResourceError):
-                pass
-            finally:
+            req: Inflight | None = None
+            self._ping_sent = anyio.current_time()
+            with anyio.move_on_after(self.ping_timeout) as scope:
+                try:
+                    # not shielded: a PING line is written whole or not at all, and one that cannot
+                    # even be written in time (a full pipe) is a stall too
+                    req = await self.begin(lambda rid, _slot: Ping(id=rid), None, shield=False)
+                except (EngineError, LocalProtocolError):
+                    self._ping_sent = None
+                    return
+                try:
+                    await req.recv.receive()    # the PONG, or the engine's failure
+                except (anyio.EndOfStream, anyio.ClosedResourceError):
+                    pass
+            self._ping_sent = None
+            if req is not None:
+                req.detached = True
                 req.recv.close()
+            if self._failure is not None or self._closing:
+                return
+            if scope.cancelled_caught:
+                await self._fail(EngineTimeout(
+                    f"engine {self.name!r} did not answer PING within {self.ping_timeout:g} s; killed",
+                    name=self.name, what="stall", seconds=self.ping_timeout))
+                return
 
     # ------------------------------------------------------------ stderr
 
@@ -479,13 +508,16 @@ class EngineProcess:
         self._check_open()
         return await self.router.acquire(slot, key)
 
-    async def begin(self, make: Callable[[int, int], object], lease: SlotLease | None) -> Inflight:
+    async def begin(self, make: Callable[[int, int], object], lease: SlotLease | None, *,
+                    shield: bool = True) -> Inflight:
         """Send one request and return its :class:`Inflight`.
 
         ``make(id, slot)`` builds the request event (``Submit``, ``Score``, ...)
         with a fresh id; ``lease`` is the slot it runs on (``None`` for PING).
-        Raises the engine's failure if it is gone, ``LocalProtocolError`` if the
-        connection refuses the event (nothing was sent then).
+        The write is shielded from cancellation (a frame is never cut) unless
+        ``shield`` is False. Raises the engine's failure if it is gone,
+        ``LocalProtocolError`` if the connection refuses the event (nothing was
+        sent then).
         """
         self._check_open()
         rid = self._next_id
@@ -499,7 +531,7 @@ class EngineProcess:
             self._read_scope.deadline = min(self._read_scope.deadline,
                                             anyio.current_time() + self.stall_timeout)
         try:
-            with anyio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=shield):
                 await self._write(event)
         except LocalProtocolError:
             if self._inflight.pop(rid, None) is not None:

@@ -1,7 +1,7 @@
 """``serveproto serve``: the decision server, an engine under the supervisor behind the HTTP server.
 
-    serveproto serve [--model PATH] [--host H] [--port P] [--api-key KEY] [--precision native|f32]
-                     [--engine CMD ...]
+    serveproto serve [--model PATH] [--host H] [--port P] [--api-key KEY] [--keep-restarting]
+                     [--precision native|f32] [--engine CMD ...]
 
 With no ``--engine`` it serves ``engines/bin/serveproto-llama --model PATH``
 (``PATH`` defaulting to the fetched SmolLM2 model). ``--engine`` takes the
@@ -42,12 +42,30 @@ command line as the engine's command, e.g.
 Once the engine is loaded it prints one line,
 "serveproto: serving <model> on http://<host>:<port>", then logs one JSON
 line per request on stderr. SIGINT or SIGTERM stops it.
+
+The engine is PINGed every --ping-interval seconds; one that does not answer
+within --ping-timeout is killed and restarted. If it fails more than
+--max-restarts times within --restart-period seconds, the server answers the
+requests in flight and exits with status 1 and one line saying why, so that a
+process manager restarts it; --keep-restarting retries forever instead.
+Limits and timeouts: docs/http-api.md, "Security and limits".
 """
 
 
 class ListenFailed(Exception):
     """The server could not listen (port in use, address not available, no permission); the message is
     the one line shown to the user, and ``serveproto serve`` exits with status 2."""
+
+
+class EngineGaveUp(Exception):
+    """The engine's restart intensity was exceeded (without ``--keep-restarting``): the server answered
+    the requests in flight and stopped; the message is the one line shown, and the status is 1."""
+
+
+#: Seconds the server gives the requests in flight to be answered after the engine's supervisor gave up.
+GIVE_UP_DRAIN = 10.0
+#: The cap of the restart backoff with ``--keep-restarting`` (seconds): a broken engine is retried this often.
+KEEP_RESTARTING_BACKOFF_MAX = 30.0
 
 
 def add_parsers(sub) -> None:
@@ -84,6 +102,21 @@ def add_parsers(sub) -> None:
                         "none on a model you name")
     p.add_argument("--request-timeout", type=float, default=120.0, help="seconds one engine call may take (503 after)")
     p.add_argument("--handshake-timeout", type=float, default=180.0, help="seconds the engine may take to load")
+    p.add_argument("--ping-interval", type=_positive_float, default=5.0,
+                   help="seconds between the supervisor's PINGs of the engine, busy or idle (default 5); /health "
+                        "is 503 while a PING has waited longer than this")
+    p.add_argument("--ping-timeout", type=_positive_float, default=30.0,
+                   help="seconds a PING may go unanswered before the engine is declared stalled, killed and "
+                        "restarted, its requests answered 503 (default 30; raise it for a model whose 512-token "
+                        "decode step takes longer)")
+    p.add_argument("--max-restarts", type=_non_negative_int, default=3,
+                   help="engine restarts allowed within --restart-period (default 3); one more and the server "
+                        "answers the requests in flight and exits with status 1, unless --keep-restarting")
+    p.add_argument("--restart-period", type=_positive_float, default=60.0,
+                   help="seconds of the restart intensity window (default 60)")
+    p.add_argument("--keep-restarting", action="store_true",
+                   help="never give up on the engine: restart it for as long as the server runs, the backoff "
+                        f"doubling from 0.1 s to {KEEP_RESTARTING_BACKOFF_MAX:g} s")
     p.add_argument("--max-inflight", type=int, default=256, help="POST requests served at once (503 + Retry-After above)")
     p.add_argument("--max-body", type=int, default=16 << 20, help="largest request body in bytes (413 above)")
     p.add_argument("--log-level", default="INFO", help="logging level (INFO logs one JSON line per request)")
@@ -107,6 +140,16 @@ def _int_at_least(low: int):
 
 _positive_int = _int_at_least(1)
 _non_negative_int = _int_at_least(0)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
 
 
 def _debias_methods(text: str) -> tuple[str, ...]:
@@ -215,7 +258,14 @@ async def serve(args, *, task_status=None) -> None:
             if isinstance(exc, TranscodeError):
                 raise SystemExit(f"serveproto serve: --precision f32: {exc}") from None
             raise
-    async with listener, Engine.spawn(argv, handshake_timeout=args.handshake_timeout) as engine:
+    restarts = dict(max_restarts=None if args.keep_restarting else args.max_restarts,
+                    restart_period=args.restart_period)
+    if args.keep_restarting:
+        restarts["backoff_max"] = KEEP_RESTARTING_BACKOFF_MAX
+    gave_up: list[str] = []
+    async with listener, Engine.spawn(argv, handshake_timeout=args.handshake_timeout,
+                                      health_interval=args.ping_interval, ping_timeout=args.ping_timeout,
+                                      **restarts) as engine:
         caps = engine.caps
         model = await anyio.to_thread.run_sync(ModelInfo.load, caps.model, model_path)
         app = App(engine, model, api_key=api_key, request_timeout=args.request_timeout, max_inflight=args.max_inflight,
@@ -223,12 +273,32 @@ async def serve(args, *, task_status=None) -> None:
         limits = Limits(max_body_bytes=args.max_body, max_decoded_bytes=max(args.max_body, 64 << 20))
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, tg.cancel_scope)
-            port = await HTTPServer(app, limits).start(tg, listener=listener)
+            server = HTTPServer(app, limits)
+            port = await server.start(tg, listener=listener)
+            tg.start_soon(_fail_upward, engine, server, tg.cancel_scope, args, gave_up)
             print(f"serveproto: serving {model.name} on http://{args.host}:{port}", flush=True)
             if app.debias:
                 print(f"serveproto: x_debias defaults to {','.join(app.debias)} (--debias none to turn it off)", flush=True)
             if task_status is not None:
                 task_status.started(port)
+    if gave_up:
+        raise EngineGaveUp(gave_up[0])
+
+
+async def _fail_upward(engine, server, scope, args, gave_up: list[str]) -> None:
+    """When the supervisor gives up on the engine, so does the server (OTP's answer to an exceeded restart
+    intensity): it stops accepting, answers the requests in flight (they get 503 from the engine's error)
+    within :data:`GIVE_UP_DRAIN` seconds, then ``scope`` is cancelled and :func:`serve` raises
+    :class:`EngineGaveUp`, so that a process manager sees the exit and restarts the whole server."""
+    await engine.wait_stopped()
+    if not engine.gave_up:
+        return  # closed: the server is stopping anyway
+    failures = args.max_restarts + 1
+    gave_up.append(f"serveproto serve: giving up: the engine failed {failures} time(s) within "
+                   f"{args.restart_period:g} s (--max-restarts {args.max_restarts}); last error: "
+                   f"{engine.last_error}; exiting with status 1 (--keep-restarting keeps retrying)")
+    await server.drain(GIVE_UP_DRAIN)
+    scope.cancel()
 
 
 async def _stop_on_signal(scope) -> None:
@@ -256,6 +326,9 @@ def run(args) -> int:
     except ListenFailed as exc:
         print(exc, file=sys.stderr)
         return 2
+    except EngineGaveUp as exc:
+        print(exc, file=sys.stderr)
+        return 1
     except Exception as exc:
         if any(c.__name__ == "EngineError" for c in type(exc).__mro__):
             print(f"serveproto serve: the engine did not start: {exc}", file=sys.stderr)

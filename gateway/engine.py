@@ -147,26 +147,32 @@ class Engine:
     async def spawn(cls, argv: Sequence[str], *, name: str | None = None,
                     handshake_timeout: float | None = 60.0,
                     stall_timeout: float | None = 60.0,
-                    health_interval: float | None = 30.0,
+                    health_interval: float | None = 5.0, ping_timeout: float = 30.0,
                     request_timeout: float | None = None,
                     drain_timeout: float = 5.0, term_timeout: float = 2.0,
-                    max_restarts: int = 3, restart_period: float = 60.0,
+                    max_restarts: int | None = 3, restart_period: float = 60.0,
                     backoff_initial: float = 0.1, backoff_max: float = 5.0,
                     env: dict[str, str] | None = None, cwd: str | None = None,
                     stderr_lines_per_s: int = 1000,
                     max_waiting: int | None = None) -> AsyncIterator[Engine]:
         """Start ``argv`` (a list, no shell), wait for its handshake, yield the :class:`Engine`.
 
-        Seconds: ``handshake_timeout`` (READY..STAT), ``stall_timeout`` (no
-        output while requests are in flight: the engine is declared hung,
-        killed and restarted; ``None`` trusts the engine forever, and a request
-        written to an engine that stopped reading its stdin then waits with it), ``health_interval`` (an idle engine with
-        ``x_health`` is PINGed this often, so a hang is found before a request
-        meets it; ``None``: never), ``request_timeout`` (default deadline of each
-        request, ``None``: none), ``drain_timeout`` / ``term_timeout`` (the
-        shutdown ladder: EOF, drain, SIGTERM, SIGKILL). Restarts: at most
-        ``max_restarts`` within ``restart_period`` s, backoff doubling from
-        ``backoff_initial`` to ``backoff_max`` s; then health fails for good.
+        Seconds: ``handshake_timeout`` (READY..STAT), ``health_interval`` (an
+        engine with ``x_health`` is PINGed this often, busy or idle; ``None``:
+        never) and ``ping_timeout`` (a PING unanswered this long: the engine is
+        stalled, killed and restarted, its requests fail with
+        :class:`EngineTimeout` ``what="stall"`` whatever their own deadlines;
+        :attr:`healthy` is already False once a PING waits longer than
+        ``health_interval``), ``stall_timeout`` (no output while requests are in
+        flight: the engine is declared hung the same way; the watchdog of an
+        engine without ``x_health``; ``None`` trusts the engine forever, and a
+        request written to an engine that stopped reading its stdin then waits
+        with it), ``request_timeout`` (default deadline of each request,
+        ``None``: none), ``drain_timeout`` / ``term_timeout`` (the shutdown
+        ladder: EOF, drain, SIGTERM, SIGKILL). Restarts: at most
+        ``max_restarts`` within ``restart_period`` s (``None``: no limit),
+        backoff doubling from ``backoff_initial`` to ``backoff_max`` s; then
+        health fails for good and :meth:`wait_stopped` returns.
         The engine's stderr is logged line by line to ``gateway.engine.<name>``
         (at most ``stderr_lines_per_s`` lines a second; the rest are counted).
         ``max_waiting``: with that many callers already queued for slots, a new
@@ -182,6 +188,7 @@ class Engine:
         policy = RestartPolicy(max_restarts, restart_period, backoff_initial, backoff_max)
         sup = Supervisor(argv, name=name, policy=policy, handshake_timeout=handshake_timeout,
                          stall_timeout=stall_timeout, health_interval=health_interval,
+                         ping_timeout=ping_timeout,
                          drain_timeout=drain_timeout,
                          term_timeout=term_timeout, env=env, cwd=cwd,
                          stderr_lines_per_s=stderr_lines_per_s)
@@ -216,8 +223,15 @@ class Engine:
 
     @property
     def healthy(self) -> bool:
-        """True while a process serves; False while restarting, after giving up, or closed."""
+        """True while a process serves and answers its PINGs in time; False while it is
+        unresponsive, restarting, after giving up, or closed."""
         return self._sup.healthy
+
+    @property
+    def state(self) -> str:
+        """``"serving"``, ``"unresponsive"``, ``"restarting"``, ``"gave_up"`` or ``"closed"``
+        (see :attr:`gateway.supervisor.Supervisor.state`)."""
+        return self._sup.state
 
     @property
     def gave_up(self) -> bool:
@@ -258,6 +272,10 @@ class Engine:
         """Callers queued for a slot of the serving process."""
         cur = self._sup.current
         return cur.router.waiting() if cur is not None and cur.router is not None else 0
+
+    async def wait_stopped(self) -> None:
+        """Return once the supervisor stopped for good: it gave up (:attr:`gave_up`) or was closed."""
+        await self._sup.wait_closed()
 
     async def wait_ready(self) -> None:
         """Wait until a process serves (through a restart).

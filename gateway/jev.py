@@ -18,6 +18,8 @@ from gateway.prompts import as_text
 
 MAX_QUESTIONS = 64
 MAX_OPTIONS = 255
+#: Tokens an option (a choice's label) may have: the engines score at most this many per option (spec 9.1).
+MAX_OPTION_TOKENS = 200
 QUESTION_TYPES = ("noul", "choice", "score")
 
 
@@ -132,9 +134,20 @@ def _question(errors: list, qid: str, raw: Any) -> Question | None:
             errors.append(_err(cloc, f"A choice needs 1 to {MAX_OPTIONS} labels, got {len(criteria)}",
                                "too_short" if not criteria else "too_long"))
         else:
+            seen: dict[str, str] = {}
             for label, desc in criteria.items():
                 if label == "":
                     errors.append(_err([*cloc, label], "A label must not be empty", "string_too_short"))
+                elif not label.strip():
+                    errors.append(_err([*cloc, label], "A label must not be only whitespace: it is the text the "
+                                       "model is scored on", "value_error"))
+                else:
+                    # the model cannot keep apart labels that differ only so: the probability splits between them
+                    twin = seen.setdefault(label.strip().casefold(), label)
+                    if twin != label:
+                        errors.append(_err([*cloc, label], f"The label {label!r} differs from {twin!r} only by case "
+                                           "or surrounding whitespace: the model cannot tell them apart; rename one",
+                                           "value_error"))
                 _check_content(errors, [*cloc, label], desc, nullable=True)
     else:  # score
         if "criteria" not in raw:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import attrs
 
-from gateway import debias, decision_record, jev, scoring
+from gateway import debias, decision_record, jev, refusals, scoring
 from gateway.app import RETRY_AFTER, parse_json
 from gateway.http import HTTPError, Request, Response
 from gateway.jev import JevValidationError, Question, SystemOneRequest
@@ -101,6 +101,21 @@ async def _engine_call(app: "App", fn, *args, **kwargs):
                         headers=[("retry-after", RETRY_AFTER)]) from None
 
 
+def _raise_refusal(app: "App", exc: BaseException, owners: list[Question | None], request: SystemOneRequest) -> None:
+    """Raise the 422 naming the request's own field when ``exc`` is the engine's ``BAD_REQUEST`` of a
+    text it cannot score (:func:`gateway.refusals.scoring_refusal`); return otherwise."""
+    if getattr(exc, "code", None) != "BAD_REQUEST":
+        return
+    entry = refusals.scoring_refusal(getattr(exc, "reason", "") or "", owners, request, _n_ctx(app))
+    if entry is not None:
+        raise JevValidationError([entry]) from None
+
+
+def _n_ctx(app: "App") -> int | None:
+    n = getattr(app.caps, "n_ctx", None)
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+
 def _methods(app: "App", request: SystemOneRequest) -> tuple[str, ...]:
     """The debias methods of a request: its own ``x_debias``, else the server's default."""
     return request.debias if request.debias is not None else app.debias
@@ -116,12 +131,14 @@ async def _score_path(app: "App", mem: ScoringMemory, request: SystemOneRequest,
     # one group per question and rotation; spans[i] = (first group, rotations) of question i
     groups: list[tuple[str, list[str]]] = []
     spans: list[tuple[int, int]] = []
+    owners: list[Question | None] = []  # the question of each group, to name a refused option's field
     for q in questions:
         rots = debias.rotations(q.n_options, methods)
         spans.append((len(groups), len(rots)))
         for r in rots:
             qp = prompts.question(q.type, q.instructions, q.criteria, r)
             groups.append((qp.stem, list(qp.options)))
+            owners.append(q)
     seen = mem.seen(prefix_text)
     pin = request.pin_state if request.pin_state is not None else (len(questions) >= 2 or seen)
     engine = app.engine
@@ -136,12 +153,24 @@ async def _score_path(app: "App", mem: ScoringMemory, request: SystemOneRequest,
         route = {"route": fixed}
         key = (slot, fixed)
         if key not in mem.fixed:
-            await _engine_call(app, engine.read_out, fixed, logprobs=1, pin=True, slot=slot, **route)
+            try:
+                await _engine_call(app, engine.read_out, fixed, logprobs=1, pin=True, slot=slot, **route)
+            except Exception as exc:
+                if getattr(exc, "code", None) == "BAD_REQUEST" and refusals.too_long(getattr(exc, "reason", "") or ""):
+                    n = _n_ctx(app)
+                    raise JevValidationError([{"loc": ["body", "prefix"], "type": "too_long", "msg":
+                                               f"The prefix is longer than the engine's context"
+                                               f"{f' of {n} tokens' if n else ''}"}]) from None
+                raise
             mem.fixed[key] = True
     content_free = None
     if "content_free" in methods:
-        content_free = await _content_free(app, mem, request, groups, spans, slot, route, out)
-    result = await _engine_call(app, engine.score, prefix_text, groups, pin=pin, slot=slot, **route)
+        content_free = await _content_free(app, mem, request, questions, groups, spans, slot, route, out)
+    try:
+        result = await _engine_call(app, engine.score, prefix_text, groups, pin=pin, slot=slot, **route)
+    except Exception as exc:
+        _raise_refusal(app, exc, owners, request)
+        raise
     out.engine_ms = (time.perf_counter() - t0) * 1e3
     out.path = "score"
     if methods:
@@ -180,9 +209,9 @@ def _add(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else a + b
 
 
-async def _content_free(app: "App", mem: ScoringMemory, request: SystemOneRequest, groups: list[tuple[str, list[str]]],
-                        spans: list[tuple[int, int]], slot: int | None, route: dict[str, str],
-                        out: Decided) -> list[list[float]]:
+async def _content_free(app: "App", mem: ScoringMemory, request: SystemOneRequest, questions: list[Question],
+                        groups: list[tuple[str, list[str]]], spans: list[tuple[int, int]], slot: int | None,
+                        route: dict[str, str], out: Decided) -> list[list[float]]:
     """Each question's mean option log-probabilities on the content-free states (:mod:`gateway.debias`).
 
     Read once per question (its rotations' stems and options, the fixed
@@ -196,6 +225,9 @@ async def _content_free(app: "App", mem: ScoringMemory, request: SystemOneReques
     cf_prefix = app.prompts.prefix("", request.prefix)
     keys = [(cf_prefix, request.normalize, tuple((stem, tuple(opts)) for stem, opts in groups[start:start + k]))
             for start, k in spans]
+    owner_of: dict[tuple, Question] = {}
+    for key, q in zip(keys, questions):
+        owner_of.setdefault(key, q)
     while True:
         missing = [key for key in dict.fromkeys(keys) if key not in mem.content_free]
         waiting = [mem.reading[key] for key in missing if key in mem.reading]
@@ -211,7 +243,7 @@ async def _content_free(app: "App", mem: ScoringMemory, request: SystemOneReques
             # Shielded: a client that leaves (the SDK's 10 s timeout) does not waste the reading;
             # its retry finds it remembered. The engine call keeps its own time limit.
             with anyio.CancelScope(shield=True):
-                await _read_content_free(app, mem, request, missing, cf_prefix, slot, route, out)
+                await _read_content_free(app, mem, request, missing, owner_of, cf_prefix, slot, route, out)
         finally:
             for key in missing:
                 mem.reading.pop(key, None)
@@ -220,10 +252,17 @@ async def _content_free(app: "App", mem: ScoringMemory, request: SystemOneReques
 
 
 async def _read_content_free(app: "App", mem: ScoringMemory, request: SystemOneRequest, missing: list[tuple],
-                             cf_prefix: str, slot: int | None, route: dict[str, str], out: Decided) -> None:
+                             owner_of: dict[tuple, Question], cf_prefix: str, slot: int | None,
+                             route: dict[str, str], out: Decided) -> None:
     cf_groups = [(state + stem, list(opts)) for key in missing for state in debias.CONTENT_FREE_STATES
                  for stem, opts in key[2]]
-    result = await _engine_call(app, app.engine.score, cf_prefix, cf_groups, pin=False, slot=slot, **route)
+    owners: list[Question | None] = [owner_of[key] for key in missing
+                                     for _ in range(len(debias.CONTENT_FREE_STATES) * len(key[2]))]
+    try:
+        result = await _engine_call(app, app.engine.score, cf_prefix, cf_groups, pin=False, slot=slot, **route)
+    except Exception as exc:
+        _raise_refusal(app, exc, owners, request)
+        raise
     out.computed = _add(out.computed, getattr(result, "computed", None))
     out.reused = _add(out.reused, getattr(result, "reused", None))
     g = 0
@@ -314,6 +353,14 @@ async def decide_questions(app: "App", request: SystemOneRequest, memory: Scorin
     own errors through for :class:`gateway.app.App` to map.
     """
     out = Decided(probs={})
+    for q in request.questions:
+        # accepted (a scale may describe only some of its levels), but said: the model sees "2: " alone
+        if q.type == "score":
+            empty = [str(i) for i, level in enumerate(q.criteria) if isinstance(level, str) and not level.strip()]
+            if empty:
+                out.warnings.append(f"question {q.id!r}: level {empty[0]} is empty: the model reads only its number"
+                                    if len(empty) == 1 else f"question {q.id!r}: levels {', '.join(empty)} are "
+                                    "empty: the model reads only their numbers")
     asked = []
     for q in request.questions:
         if q.n_options == 1:
@@ -425,9 +472,34 @@ def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
     return parsed, qs
 
 
+def _openai_param(loc: list, sent: list[dict[str, Any]]) -> str:
+    """The ``/v1/decisions`` parameter of a System One field path (``["body", "questions", "1",
+    "criteria", "sales"]`` is ``questions[1].choices[2].value``; ``state`` is ``input``)."""
+    path = list(loc[1:])
+    if path[:1] == ["state"]:
+        return "input"
+    if path[:1] != ["questions"] or len(path) < 2 or not str(path[1]).isdigit() or int(path[1]) >= len(sent):
+        return ".".join(map(str, path))
+    i = int(path[1])
+    param, rest, q = f"questions[{i}]", path[2:], sent[int(path[1])]
+    if rest[:1] == ["criteria"]:
+        if q.get("type") == "choice":
+            values = [c.get("value") for c in q.get("choices", [])]
+            return f"{param}.choices[{values.index(rest[1])}].value" if len(rest) > 1 and rest[1] in values \
+                else f"{param}.choices"
+        if q.get("type") == "score":
+            return f"{param}.levels[{rest[1]}]" if len(rest) > 1 else f"{param}.levels"
+        return param
+    return ".".join([param, *map(str, rest)])
+
+
 async def decisions(app: "App", memory: ScoringMemory, request: Request) -> Response:
     parsed, sent = parse_decisions(parse_json(request))
-    decided = await decide_questions(app, parsed, memory)
+    try:
+        decided = await decide_questions(app, parsed, memory)
+    except JevValidationError as exc:  # what the engine refused, in this route's envelope
+        e = exc.errors[0]
+        raise _openai_error(e["msg"], _openai_param(e["loc"], sent)) from None
     answers = []
     for q, raw in zip(parsed.questions, sent):
         p = decided.probs[q.id]

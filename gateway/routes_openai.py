@@ -22,6 +22,7 @@ import anyio
 import attrs
 import orjson
 
+from gateway import refusals
 from gateway.app import engine_http_error, parse_json
 from gateway.chat_template import TemplateError
 from gateway.engine import EngineError, RequestError
@@ -99,6 +100,15 @@ def _include_usage(body: dict) -> bool:
     return _flag(opts, "include_usage", "stream_options.include_usage")
 
 
+def _one_choice(body: dict, name: str) -> None:
+    """``n`` (or ``best_of``): absent, null or 1; more choices are a 400 naming the field rather than
+    one choice answered as if the client had not asked (issue 16)."""
+    v = body.get(name)
+    if v is None or (v == 1 and isinstance(v, int) and not isinstance(v, bool)):
+        return
+    raise _bad(f"'{name}' must be 1: this server returns one choice per request", name)
+
+
 def _stops(body: dict) -> list[str]:
     stop = body.get("stop")
     if stop is None:
@@ -113,7 +123,9 @@ def _stops(body: dict) -> list[str]:
 def _sampling(app: "App", body: dict) -> dict[str, Any]:
     n_ctx = int(app.caps.n_ctx or 1 << 20)
     return {
-        "max_tokens": _number(body, "max_tokens", body.get("max_completion_tokens") or DEFAULT_MAX_TOKENS, 1, n_ctx, integer=True),
+        # the default is capped by the context: a field the client did not send is never refused
+        "max_tokens": _number(body, "max_tokens", body.get("max_completion_tokens") or min(DEFAULT_MAX_TOKENS, n_ctx),
+                              1, n_ctx, integer=True),
         "temperature": float(_number(body, "temperature", 0.0, 0.0, 2.0)),
         "top_p": float(_number(body, "top_p", 1.0, 1e-9, 1.0)),
     }
@@ -361,8 +373,19 @@ def _stream_error(exc: Exception, request_id: str) -> dict:
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}
 
 
+def _prompt_refusal(app: "App", exc: BaseException, param: str) -> HTTPError | None:
+    """A 400 naming ``param`` (the request's field the prompt came from) for the engine's refusal of a
+    prompt longer than its context, with the engine's token counts; None for any other error."""
+    reason = getattr(exc, "reason", "") or ""
+    if not isinstance(exc, RequestError) or exc.code != "BAD_REQUEST" or not refusals.too_long(reason):
+        return None
+    n_ctx = getattr(app.caps, "n_ctx", None)
+    limit = f" of {n_ctx} tokens" if isinstance(n_ctx, int) and n_ctx > 0 else ""
+    return _bad(f"'{param}': the prompt is longer than the engine's context{limit} (the engine said: {reason})", param)
+
+
 async def _reply(app: "App", request: Request, body: dict, items: AsyncIterator[Item], shape: Chunks, tally: Tally, *,
-                 ident: str, objects: tuple[str, str]) -> Response:
+                 ident: str, objects: tuple[str, str], param: str) -> Response:
     """Answer from ``items``: one JSON reply, or (``stream: true``) SSE chunks then ``data: [DONE]``.
 
     ``objects``: the ``object`` of the whole reply and of a chunk. A stream
@@ -371,7 +394,8 @@ async def _reply(app: "App", request: Request, body: dict, items: AsyncIterator[
     ``data: {"error": ...}`` event before ``[DONE]``. With
     ``stream_options.include_usage`` a chunk with no choices and the
     ``usage`` comes last. A client that leaves closes ``items`` (the engine
-    request is cancelled).
+    request is cancelled). A prompt over the engine's context is a 400 naming
+    ``param``, the request's field the prompt was made from.
     """
     stream = _flag(body, "stream")
     include_usage = _include_usage(body)
@@ -381,6 +405,11 @@ async def _reply(app: "App", request: Request, body: dict, items: AsyncIterator[
         try:
             async for item in items:
                 choices += shape.choices(item)
+        except RequestError as exc:
+            refused = _prompt_refusal(app, exc, param)
+            if refused is not None:
+                raise refused from None
+            raise
         finally:
             app.metrics.generated.inc(tally.completion_tokens)
             await items.aclose()
@@ -388,8 +417,11 @@ async def _reply(app: "App", request: Request, body: dict, items: AsyncIterator[
 
     try:
         first = await items.__anext__()
-    except BaseException:
+    except BaseException as exc:
         await items.aclose()
+        refused = _prompt_refusal(app, exc, param)
+        if refused is not None:
+            raise refused from None
         raise
 
     async def events() -> AsyncIterator[bytes]:
@@ -420,6 +452,7 @@ async def chat_completions(app: "App", request: Request) -> Response:
     _require_chat(app)
     body = _body(request)
     messages = _messages(body)
+    _one_choice(body, "n")
     params = _sampling(app, body)
     stops = _stops(body)
     want_lp = _flag(body, "logprobs")
@@ -431,7 +464,8 @@ async def chat_completions(app: "App", request: Request) -> Response:
     tally = Tally()
     items = _generate(app, prompt, params, stops, max(1, top_n) if want_lp else 0, tally)
     return await _reply(app, request, body, items, ChatChunks(top_n, app.model.pieces), tally,
-                        ident="chatcmpl-" + request.request_id[4:], objects=("chat.completion", "chat.completion.chunk"))
+                        ident="chatcmpl-" + request.request_id[4:], objects=("chat.completion", "chat.completion.chunk"),
+                        param="messages")
 
 
 async def full_readout(app: "App", prompt: str, k: int, echoes: list) -> list:
@@ -483,6 +517,8 @@ class CompletionAsk:
         if not isinstance(prompt, str) or not prompt:
             raise _bad("'prompt' must be a non-empty string", "prompt")
         echo = _flag(body, "echo")
+        _one_choice(body, "n")
+        _one_choice(body, "best_of")
         k = _number(body, "logprobs", None, 0, int(app.caps.max_logprobs or 32), integer=True)
         max_tokens = body.get("max_tokens", 16)
         if max_tokens == 0 and not isinstance(max_tokens, bool):
@@ -537,7 +573,8 @@ async def completions(app: "App", request: Request) -> Response:
     tally = Tally()
     shape = CompletionChunks(ask.prompt if ask.echo else "", ask.logprobs, app.model.pieces)
     return await _reply(app, request, body, _completion_items(app, ask, tally), shape, tally,
-                        ident="cmpl-" + request.request_id[4:], objects=("text_completion", "text_completion"))
+                        ident="cmpl-" + request.request_id[4:], objects=("text_completion", "text_completion"),
+                        param="prompt")
 
 
 async def models(app: "App", request: Request) -> Response:

@@ -25,11 +25,16 @@ def capabilities(app: "App") -> list[str]:
 
 def register(app: "App") -> None:
     async def health(request: Request) -> Response:
+        # 200 only while the engine serves and answers the supervisor's PINGs in time; a stalled
+        # or stopped engine is "unresponsive" from one missed PING interval until it is restarted
         healthy = bool(getattr(app.engine, "healthy", True))
-        body = {"status": "ok" if healthy else "unavailable", "model": app.model.name}
-        if not healthy:
-            return Response.json(body, 503, [("retry-after", "1")])
-        return Response.json(body)
+        if healthy:
+            return Response.json({"status": "ok", "model": app.model.name})
+        body = {"status": "unavailable", "model": app.model.name}
+        state = getattr(app.engine, "state", None)
+        if isinstance(state, str):
+            body["engine"] = state
+        return Response.json(body, 503, [("retry-after", "1")])
 
     async def index(request: Request) -> Response:
         return Response.json({
@@ -42,7 +47,7 @@ def register(app: "App") -> None:
                 {"method": "GET", "path": "/v1/models", "doc": "the served model (Jev models and OpenAI data)"},
                 {"method": "POST", "path": "/v1/chat/completions", "doc": "OpenAI chat completions (stream or not)"},
                 {"method": "POST", "path": "/v1/completions", "doc": "OpenAI completions, echo + logprobs read the prompt out"},
-                {"method": "GET", "path": "/health", "doc": "200 when the engine serves, 503 when it has failed"},
+                {"method": "GET", "path": "/health", "doc": "200 when the engine serves and answers its PINGs, 503 when it is unresponsive, restarting or has failed"},
                 {"method": "GET", "path": "/metrics", "doc": "Prometheus text format"},
             ],
         })

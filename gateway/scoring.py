@@ -92,7 +92,7 @@ def entropy(p: Sequence[float]) -> float:
     if n == 1:
         return 0.0
     h = -sum(x * math.log(x) for x in p if x > 0)
-    return h / math.log(n)
+    return max(0.0, h / math.log(n))  # never -0.0 (a sure answer's -(1 * log 1)), which JSON would print
 
 
 def expected_level(p: Sequence[float]) -> float:

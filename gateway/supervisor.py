@@ -5,8 +5,11 @@ for it to fail, and starts the next one after a backoff delay. Like an
 Erlang/OTP supervisor it has a restart intensity: more than ``max_restarts``
 restarts within ``restart_period`` seconds and it gives up, reporting failed
 health (:attr:`Supervisor.healthy` False, requests raise
-:class:`EngineUnavailable`). A failure of the very first start is not retried:
-it is raised to the caller, who asked for an engine that cannot start.
+:class:`EngineUnavailable`) and ending :meth:`Supervisor.run`, so that its
+owner can fail upward in turn (``serveproto serve`` exits non-zero).
+``max_restarts=None`` never gives up: it restarts with the capped backoff for
+as long as it runs. A failure of the very first start is not retried: it is
+raised to the caller, who asked for an engine that cannot start.
 """
 from __future__ import annotations
 
@@ -26,18 +29,19 @@ class RestartPolicy:
     """Restart intensity and backoff.
 
     ``max_restarts`` restarts are allowed within any ``period`` seconds (OTP's
-    intensity / period; 0 means never restart). The n-th consecutive restart
-    waits ``min(backoff_max, backoff_initial * 2**(n-1))`` seconds; the count
-    of consecutive restarts resets after a process served for ``period`` s.
-    Raises ValueError naming the field for a negative value.
+    intensity / period; 0 means never restart, ``None`` restart without limit).
+    The n-th consecutive restart waits ``min(backoff_max, backoff_initial *
+    2**(n-1))`` seconds; the count of consecutive restarts resets after a
+    process served for ``period`` s. Raises ValueError naming the field for a
+    negative value.
     """
 
-    def __init__(self, max_restarts: int = 3, period: float = 60.0,
+    def __init__(self, max_restarts: int | None = 3, period: float = 60.0,
                  backoff_initial: float = 0.1, backoff_max: float = 5.0) -> None:
         for field, value in (("max_restarts", max_restarts), ("period", period),
                              ("backoff_initial", backoff_initial),
                              ("backoff_max", backoff_max)):
-            if value < 0:
+            if value is not None and value < 0:
                 raise ValueError(f"{field}: must be >= 0, got {value}")
         self.max_restarts = max_restarts
         self.period = period
@@ -80,8 +84,23 @@ class Supervisor:
 
     @property
     def healthy(self) -> bool:
-        """True while a process is serving; False while restarting, after giving up or closing."""
-        return self._current is not None and self._current.healthy
+        """True while a process is serving and answers its PINGs in time; False while it is
+        unresponsive, while restarting, after giving up or closing."""
+        cur = self._current
+        return cur is not None and cur.healthy and cur.responsive
+
+    @property
+    def state(self) -> str:
+        """One word: ``"serving"``, ``"unresponsive"`` (a PING unanswered for longer than the
+        PING interval: slow or stalled), ``"restarting"``, ``"gave_up"`` or ``"closed"``."""
+        if self._gave_up is not None:
+            return "gave_up"
+        if self._closing:
+            return "closed"
+        cur = self._current
+        if cur is None or not cur.healthy:
+            return "restarting"
+        return "serving" if cur.responsive else "unresponsive"
 
     @property
     def gave_up(self) -> bool:
@@ -122,6 +141,8 @@ class Supervisor:
         self._wake.set()
 
     def _allow_restart(self) -> bool:
+        if self.policy.max_restarts is None:
+            return True
         now = anyio.current_time()
         while self._restart_times and now - self._restart_times[0] > self.policy.period:
             self._restart_times.popleft()
@@ -192,5 +213,5 @@ class Supervisor:
         self._ready.set()
 
     async def wait_closed(self) -> None:
-        """Return once :meth:`run` has finished (after :meth:`close` or giving up)."""
+        """Return once :meth:`run` has finished (after :meth:`close` or giving up: see :attr:`gave_up`)."""
         await self._done.wait()

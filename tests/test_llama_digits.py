@@ -6,32 +6,28 @@ fixture. The engine prints every number with ``--float-digits 17``, which a
 double reads back from to the same bits, so ``==`` on the parsed floats
 compares bits: every cell below is an exact equality, no tolerance.
 
-Cells: SCORE vs pinned one-by-one (the fallback) vs a plain read-out; cold vs
-after unrelated requests; questions in any order; a group alone vs 1st / 9th
-of 16; after a longer pinned state then a shorter one; a state computed in
-pieces vs at once; 1 vs 2 threads; the score cache's answer vs a fresh one;
-and ``--numerics fast`` showing that the same cells differ without all this.
+The matrix's cells are built in ``bench/digits.py`` (which prints the same
+table for any engine build, e.g. on a GPU); here every cell must equal the
+plain read-out. Beside it: 1 vs 2 threads; the score cache's answer vs a fresh
+one; ``--numerics fast`` showing that the same cells differ without all this;
+and ``/v1/systemone`` answers under question order, label rotation and other
+traffic.
 """
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import anyio
 import pytest
 
-from gateway.engine import Engine
 from gateway.paths import default_model_path, engine_bin
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from digits import FILLER, GROUPS, STATE, differences, numbers, spawn, the_matrix  # noqa: E402
 
-STATE = ("<|im_start|>user\nI have been trying to connect my Stripe account for 3 days and the "
-         "integration keeps failing. I am losing sales.")
-GROUPS = [
-    ("\nQ: Which team handles this? Options: billing, technical, sales. A:", [" billing", " technical", " sales"]),
-    ("\nQ: Is this urgent? Answer yes or no. A:", [" yes", " no"]),
-    ("\nQ: How severe is it? A:", [" no impact", " minor inconvenience", " losing money", " business down"]),
-]
-FILLER = [(f"\nQ: Filler question {i}? A:", [" a", " b c", " maybe not"]) for i in range(15)]
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
 @pytest.fixture
@@ -57,67 +53,8 @@ def tiny_path():
     return tiny_gguf.ensure()
 
 
-def spawn(model, *args: str, threads: int = 1):
-    return Engine.spawn([str(engine_bin("serveproto-llama")), "--model", str(model), "--threads", str(threads),
-                         "--float-digits", "17", *args])
-
-
-def numbers(result) -> list[list[float]]:
-    """``(n_groups, n_options)``: each option's summed logprob, nats."""
-    return [[o.logprob for o in g] for g in result.groups]
-
-
-async def read_out_scores(eng: Engine, prefix: str, groups) -> list[list[float]]:
-    """Each option's logprob from plain read-outs (no snapshot taken, so each is read from position 0)
-    of ``prefix + stem`` and ``prefix + stem + option``: the positions past the stem's tokens, summed
-    (spec 9.1's definition)."""
-    out = []
-    for stem, options in groups:
-        base = (await eng.read_out(prefix + stem, logprobs=1)).done.prompt_tokens
-        row = []
-        for option in options:
-            readout = await eng.read_out(prefix + stem + option, logprobs=1)
-            assert readout.done.reused == 0
-            row.append(sum(e.logprob for e in readout.echoes if e.position >= base))
-        out.append(row)
-    return out
-
-
-async def the_matrix(model, *args: str) -> dict[str, list[list[float]]]:
-    """Every cell's numbers for GROUPS on STATE, keyed by the cell's name."""
-    cells = {}
-    async with spawn(model, "--score-cache-mb", "0", *args) as eng:
-        cells["read-out"] = await read_out_scores(eng, STATE, GROUPS)
-    async with spawn(model, "--score-cache-mb", "0", *args) as eng:
-        cells["score"] = numbers(await eng.score(STATE, GROUPS))
-        cells["reversed"] = numbers(await eng.score(STATE, GROUPS[::-1]))[::-1]
-        cells["alone"] = [numbers(await eng.score(STATE, [g]))[0] for g in GROUPS]
-        cells["first of 16"] = [numbers(await eng.score(STATE, [g] + FILLER))[0] for g in GROUPS]
-        cells["9th of 16"] = [numbers(await eng.score(STATE, FILLER[:8] + [g] + FILLER[8:]))[8] for g in GROUPS]
-        cells["one by one"] = numbers(await eng.score(STATE, GROUPS, fast=False))
-        # a longer pinned state, then the shorter one (its rows reused live, the rest dropped)
-        await eng.score(STATE + " I also cannot log in since yesterday.", GROUPS[:1], pin=True)
-        cells["after a longer state"] = numbers(await eng.score(STATE, GROUPS))
-        for i in range(20):
-            if i % 2:
-                await eng.read_out(f"Unrelated text number {i} about the weather and the sea.", logprobs=2)
-            else:
-                await eng.score(f"Another customer, case {i}, writes about a late parcel.",
-                                [("\nQ: Late? A:", [" yes", " no"]), ("\nQ: Angry? A:", [" very much", " no"])])
-        cells["after 20 unrelated requests"] = numbers(await eng.score(STATE, GROUPS))
-    async with spawn(model, "--score-cache-mb", "0", *args) as eng:
-        # the state reached in three pieces: each SCORE extends the last one's rows
-        words = STATE.split(" ")
-        for cut in (len(words) // 3, 2 * len(words) // 3):
-            await eng.score(" ".join(words[:cut]), GROUPS[1:2], pin=True)
-        cells["state in pieces"] = numbers(await eng.score(STATE, GROUPS))
-    return cells
-
-
 def assert_all_equal(cells: dict[str, list[list[float]]]) -> None:
-    ref = cells["read-out"]
-    differ = {name: max(abs(a - b) for ra, rb in zip(v, ref) for a, b in zip(ra, rb))
-              for name, v in cells.items() if v != ref}
+    differ = {name: d for name, d in differences(cells).items() if cells[name] != cells["read-out"]}
     assert not differ, f"cells whose bits differ from the plain read-out (max |d| nats): {differ}"
 
 
@@ -126,7 +63,7 @@ async def test_every_cell_is_bit_identical_on_the_default_model(model_path):
     assert_all_equal(cells)
     # the numbers are real logprobs of these options, not a constant
     assert all(-30 < x < 0 for row in cells["score"] for x in row)
-    assert len({x for row in cells["score"] for x in row}) == 9
+    assert len({x for row in cells["score"] for x in row}) == 11
 
 
 async def test_every_cell_is_bit_identical_on_the_tiny_fixture(tiny_path):
@@ -181,3 +118,68 @@ async def test_numerics_flag_is_checked_and_announced(model_path):
                                     "--numerics", "exact"], check=False)
     assert proc.returncode == 2
     assert b"--numerics must be invariant or fast, got 'exact'" in proc.stderr
+
+
+# ---- the same through POST /v1/systemone ------------------------------------------------------
+
+TICKET = {
+    "state": "I have been trying to connect my Stripe account for 3 days and the integration keeps failing. "
+             "I am losing sales.",
+    "questions": {
+        "urgency": {"type": "noul", "instructions": "Does this message express urgency?"},
+        "department": {"type": "choice", "instructions": "Which team should handle this?",
+                       "criteria": {"billing": "payments, invoices", "technical": "bugs, integration errors",
+                                    "sales": "pricing, plans"}},
+        "severity": {"type": "score", "instructions": "How severe is the customer impact?",
+                     "criteria": ["no impact", "minor inconvenience", "blocked on one task", "losing money",
+                                  "business down"]},
+    },
+}
+
+
+def reordered(request: dict, order: list[str], rotate: int = 0) -> dict:
+    """The request with its questions in ``order`` and each choice's labels rotated by ``rotate``
+    (the same cyclic order, so ``cyclic`` reads the same rotations)."""
+    questions = {}
+    for qid in order:
+        q = dict(request["questions"][qid])
+        if q["type"] == "choice":
+            items = list(q["criteria"].items())
+            q["criteria"] = dict(items[rotate:] + items[:rotate])
+        questions[qid] = q
+    return {**request, "questions": questions}
+
+
+def answers(body: dict) -> dict:
+    """Each answer with its probabilities keyed by label, so that label order does not show."""
+    out = {}
+    for qid, a in body["answers"].items():
+        a = dict(a)
+        if "probabilities" in a:
+            a["probabilities"] = dict(sorted(a["probabilities"].items()))
+        out[qid] = a
+    return dict(sorted(out.items()))
+
+
+@pytest.mark.parametrize("cache_mb", ["0", "64"])
+async def test_systemone_answers_do_not_depend_on_order_or_traffic(model_path, cache_mb):
+    """Default model, default correction (cyclic + content_free): the same answers, to the last digit of
+    the reply, for any question order, a rotated label order and after other requests; with the score
+    cache off (every request computes) and on."""
+    import httpx2
+    from test_server_llama import post, serving
+
+    async with serving("--score-cache-mb", cache_mb) as url:
+        async with httpx2.AsyncClient(base_url=url, timeout=300) as c:
+            first = await post(c, "/v1/systemone", TICKET)
+            assert first["x_debias"] == ["cyclic", "content_free"]
+            seen = [await post(c, "/v1/systemone", reordered(TICKET, ["severity", "department", "urgency"])),
+                    await post(c, "/v1/systemone", reordered(TICKET, ["department", "urgency", "severity"], 1))]
+            for i in range(3):
+                await post(c, "/v1/systemone", {"state": f"Order {i} arrived broken, I want a refund.",
+                                                "questions": {"refund": {"type": "noul",
+                                                                         "instructions": "Is a refund asked?"}}})
+            seen.append(await post(c, "/v1/systemone", reordered(TICKET, ["urgency", "severity", "department"], 2)))
+    assert first["answers"]["department"]["probabilities"]["technical"] > 0.4
+    for body in seen:
+        assert answers(body) == answers(first)

@@ -194,23 +194,36 @@ def test_cli_prints_its_address_and_serves(fixture_engine):
             proc.wait()
 
 
-async def test_engine_that_keeps_dying_is_restarted_then_health_fails(fixture_engine):
+async def test_engine_that_keeps_dying_is_restarted_then_the_server_fails_upward(fixture_engine):
     """Each engine process exits after its third frame (one DECIDE answered): the supervisor restarts
-    it, requests are answered or get 503 + Retry-After, and once the restart intensity is spent
-    /health says 503 and the metrics count the restarts."""
-    statuses = []
-    async with serving(fixture_engine, "--mode", "decide", "--fault", "exit_after=3", timeout=5.0) as base:
+    it, requests are answered or get 503 + Retry-After, the metrics count the restarts, and once the
+    restart intensity is spent the server stops: ``serve`` raises ``EngineGaveUp`` (``serveproto
+    serve`` exits 1; tests/test_hostile.py runs the command)."""
+    from gateway.cli_serve import EngineGaveUp
+
+    args = build_parser().parse_args(["serve", "--port", "0", "--request-timeout", "5", "--log-level", "WARNING",
+                                      "--ping-interval", "60", "--engine", str(fixture_engine), "--mode", "decide",
+                                      "--fault", "exit_after=3"])
+    statuses, restarts = [], []
+
+    async def client(base: str) -> None:
         async with httpx2.AsyncClient(base_url=base, timeout=30) as c:
-            with anyio.fail_after(60):
-                for _ in range(12):
-                    r = await c.post("/v1/systemone", content=orjson.dumps(TICKET), headers={"content-type": "application/json"})
-                    statuses.append(r.status_code)
-                    if r.status_code == 503:
-                        assert r.headers["retry-after"] == "1"
-                    await anyio.sleep(0.3)
-                health = await c.get("/health")
+            while True:
+                r = await c.post("/v1/systemone", content=orjson.dumps(TICKET), headers={"content-type": "application/json"})
+                statuses.append(r.status_code)
+                if r.status_code == 503:
+                    assert r.headers["retry-after"] == "1"
                 metrics = (await c.get("/metrics")).text
+                restarts.append(float(next(line.split()[1] for line in metrics.splitlines()
+                                           if line.startswith("serveproto_engine_restarts "))))
+                await anyio.sleep(0.3)
+
+    with pytest.raises(BaseExceptionGroup) as info:
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                port = await tg.start(lambda task_status: serve(args, task_status=task_status))
+                tg.start_soon(client, f"http://127.0.0.1:{port}")
+    gave_up = [e for e in info.value.exceptions if isinstance(e, EngineGaveUp)]
+    assert len(gave_up) == 1 and "the engine failed 4 time(s) within 60 s (--max-restarts 3)" in str(gave_up[0])
     assert set(statuses) <= {200, 503} and 200 in statuses and 503 in statuses, statuses
-    assert health.status_code == 503
-    restarts = float(next(line.split()[1] for line in metrics.splitlines() if line.startswith("serveproto_engine_restarts ")))
-    assert restarts >= 1
+    assert max(restarts) >= 1

@@ -45,7 +45,6 @@ MODEL_PID=$!
 
 # make decides what is out of date (on a warm machine that already built: nothing)
 CUDA=${CUDA:-1}
-B=$SERVEPROTO_CACHE/llama.cpp/0.3.36/build-$([ "$CUDA" = 1 ] && echo cuda || echo cpu)
 if [ -z "${LLAMA_SRC:-}" ]; then
   LLAMA_SRC=/tmp/llama-src
   [ -f $LLAMA_SRC/CMakeLists.txt ] || { mkdir -p $LLAMA_SRC && tar -xzf $C/llama-src.tgz -C $LLAMA_SRC; }
@@ -58,6 +57,8 @@ MK="make -C engines CUDA=$CUDA LLAMA_JOBS=${JOBS:-16} LLAMA_SRC=$LLAMA_SRC"
   # (and builds without NCCL since 2fbb9ee); should the link fail, the line that linked on the H200
   # on 2026-11-30 (before that commit): one archive group, NCCL when CMake found it.
   if ! $MK all >> $RES/build.log 2>&1; then
+    # the build directory is named after engines/llama/patches (engines/llama/llama.mk)
+    B=$(ls -d $SERVEPROTO_CACHE/llama.cpp/0.3.36/build-$([ "$CUDA" = 1 ] && echo cuda || echo cpu)-* | head -1)
     NCCL=$(sed -n 's/^NCCL_LIBRARY[^=]*=//p' $B/CMakeCache.txt | head -1)
     NCCL_LINK=""
     [ -f "$NCCL" ] && NCCL_LINK="$NCCL -Wl,-rpath,$(dirname "$NCCL")"
@@ -89,8 +90,20 @@ bench() {
   grep -v "^|" $RES/$tag.log | tail -4
   cat $RES/$tag.md 2>/dev/null || grep "^|" $RES/$tag.log
 }
+# Extras (EXTRAS=0 skips them), each within the time left: the gateway's own share per request
+# and a loopback load run on the fixture engine (bench/decisions.py, its fixture part only,
+# on this host's quiet cores), then where the engine's fixed per-request cost goes.
+extra() {
+  local tag=$1; shift
+  log "extra $tag: $*, $(left) s left"
+  [ "$(left)" -gt 40 ] || return 1
+  timeout $(( $(left) - 15 )) "$@" > $RES/$tag.log 2>&1
+  log "extra $tag: exit $?"
+  cat $RES/$tag.log | tail -25
+}
 if [ -n "${BENCHES:-}" ]; then
-  # one command a line, instead of the two below: "[VAR=VALUE ...] bench TAG ARGS..."
+  # one command a line, instead of the two below: "[VAR=VALUE ...] bench TAG ARGS..." or
+  # "extra TAG COMMAND..." (e.g. extra digits python3 bench/digits.py --model $MODEL)
   while IFS= read -r line; do
     [ -n "$line" ] && eval "$line"
   done <<< "$BENCHES"
@@ -107,17 +120,6 @@ for f in $RES/*-server.log $RES/*-engine.log; do
   grep -B3 -m3 -E "GGML_ASSERT|CUDA error|error:" "$f" | tail -12 | tee -a $RES/run.log
 done
 
-# Extras (EXTRAS=0 skips them), each within the time left: the gateway's own share per request
-# and a loopback load run on the fixture engine (bench/decisions.py, its fixture part only,
-# on this host's quiet cores), then where the engine's fixed per-request cost goes.
-extra() {
-  local tag=$1; shift
-  log "extra $tag: $*, $(left) s left"
-  [ "$(left)" -gt 40 ] || return 1
-  timeout $(( $(left) - 15 )) "$@" > $RES/$tag.log 2>&1
-  log "extra $tag: exit $?"
-  cat $RES/$tag.log | tail -25
-}
 if [ "${EXTRAS:-1}" = 1 ]; then
   # the committed bench/decisions.py (prepare.sh), run from beside the working tree's copy
   D=bench/decisions.py

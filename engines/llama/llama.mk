@@ -70,23 +70,23 @@ $(LLAMA_SDIST):
 	test -f $@
 
 # Only the subset that the C libraries need (36 MB instead of the whole sdist).
-$(LLAMA_PRISTINE)/.extracted: $(LLAMA_SDIST)
-	rm -rf $(LLAMA_PRISTINE).tmp && mkdir -p $(LLAMA_PRISTINE).tmp
-	tar -xzf $< -C $(LLAMA_PRISTINE).tmp --strip-components=3 \
-	  $(addprefix llama_cpp_python-$(LLAMA_PY_VERSION)/vendor/llama.cpp/,$(LLAMA_SUBSET))
-	touch $(LLAMA_PRISTINE).tmp/.extracted
-	rm -rf $(LLAMA_PRISTINE) && mv $(LLAMA_PRISTINE).tmp $(LLAMA_PRISTINE)
+$(LLAMA_PRISTINE)/.extracted: | $(LLAMA_SDIST)
+	t=$$(mktemp -d $(LLAMA_PRISTINE).tmp.XXXXXX) && tar -xzf $(LLAMA_SDIST) -C $$t --strip-components=3 \
+	  $(addprefix llama_cpp_python-$(LLAMA_PY_VERSION)/vendor/llama.cpp/,$(LLAMA_SUBSET)) && \
+	  touch $$t/.extracted && { mv -T $$t $(LLAMA_PRISTINE) 2>/dev/null || rm -rf $$t; }
 
-$(LLAMA_PATCHED)/.extracted: $(LLAMA_PRISTINE)/.extracted $(LLAMA_PATCHES)
-	rm -rf $(LLAMA_PATCHED).tmp && cp -a $(LLAMA_PRISTINE) $(LLAMA_PATCHED).tmp
-	for p in $(abspath $(LLAMA_PATCHES)); do patch -s -p1 -d $(LLAMA_PATCHED).tmp < $$p || exit 1; done
-	touch $(LLAMA_PATCHED).tmp/.extracted
-	rm -rf $(LLAMA_PATCHED) && mv $(LLAMA_PATCHED).tmp $(LLAMA_PATCHED)
+# Named after the patches' content: once made it never changes, so a checkout's newer patch file
+# mtimes do not remake it (several checkouts share the cache).
+$(LLAMA_PATCHED)/.extracted: | $(LLAMA_PRISTINE)/.extracted
+	t=$$(mktemp -d $(LLAMA_PATCHED).tmp.XXXXXX) && cp -a $(LLAMA_PRISTINE)/. $$t/ && \
+	  for p in $(abspath $(LLAMA_PATCHES)); do patch -s -p1 -d $$t < $$p || exit 1; done && \
+	  touch $$t/.extracted && { mv -T $$t $(LLAMA_PATCHED) 2>/dev/null || rm -rf $$t; }
 
-$(LLAMA_STAMP): $(LLAMA_SRC)/.extracted
-	cmake -S $(LLAMA_SRC) -B $(LLAMA_BUILD) $(if $(shell command -v ninja),-G Ninja) $(LLAMA_CMAKE_FLAGS)
-	cmake --build $(LLAMA_BUILD) --target llama -j$(LLAMA_JOBS)
-	touch $@
+# One build at a time per build directory (flock): checkouts sharing the cache may run make at once.
+$(LLAMA_STAMP): | $(LLAMA_SRC)/.extracted
+	mkdir -p $(LLAMA_BUILD) && flock $(LLAMA_BUILD)/.lock sh -c '\
+	  test -f $@ || { cmake -S $(LLAMA_SRC) -B $(LLAMA_BUILD) $(if $(shell command -v ninja),-G Ninja) $(LLAMA_CMAKE_FLAGS) && \
+	  cmake --build $(LLAMA_BUILD) --target llama -j$(LLAMA_JOBS) && touch $@; }'
 
 # A carried copy (LLAMA_SRC=DIR) counts as extracted once its files are there.
 ifneq ($(LLAMA_SRC),$(LLAMA_PATCHED))
@@ -116,6 +116,25 @@ $(BIN)/serveproto-llama: $(LLAMA_ENGINE_SRCS) $(LLAMA_ENGINE_HDRS) $(COMMON_LIB)
 # The reference for bench/engine.py: llama.cpp's own batched decode of a prompt, nothing else.
 $(BIN)/llama-prefill-ref: llama/bench/prefill_ref.c $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
 	$(CC) $(LLAMA_CFLAGS) -o $@ $< $(LLAMA_LDLIBS)
+
+# llama-server from the same sdist, stock (no patches): the peer bench/repeat.py measures against.
+# Not part of `all`: `make -C engines llama-server` (a few minutes the first time).
+LLAMA_FULL         := $(LLAMA_CACHE)/full
+LLAMA_SERVER_BUILD := $(LLAMA_CACHE)/build-server
+$(LLAMA_FULL)/.extracted: | $(LLAMA_SDIST)
+	t=$$(mktemp -d $(LLAMA_FULL).tmp.XXXXXX) && \
+	  tar -xzf $(LLAMA_SDIST) -C $$t --strip-components=3 llama_cpp_python-$(LLAMA_PY_VERSION)/vendor/llama.cpp/ && \
+	  touch $$t/.extracted && { mv -T $$t $(LLAMA_FULL) 2>/dev/null || rm -rf $$t; }
+
+$(BIN)/llama-server: $(LLAMA_FULL)/.extracted | $(BIN)
+	cmake -S $(LLAMA_FULL) -B $(LLAMA_SERVER_BUILD) $(if $(shell command -v ninja),-G Ninja) -DCMAKE_BUILD_TYPE=Release \
+	  -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
+	  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=OFF
+	cmake --build $(LLAMA_SERVER_BUILD) --target llama-server -j$(LLAMA_JOBS)
+	cp $(LLAMA_SERVER_BUILD)/bin/llama-server $@
+
+.PHONY: llama-server
+llama-server: $(BIN)/llama-server
 
 # serveproto-quantize: llama.cpp's own quantizer (llama_model_quantize, already in libllama.a) to F32,
 # for `serveproto serve --precision f32` (gateway/precision.py). Its source is outside llama/*.c, the

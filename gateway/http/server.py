@@ -6,9 +6,11 @@ next request until this one's response is sent). Each connection has one
 reader task, which owns the socket's receiving side and feeds h11 for as long
 as the connection lives; so the connection is watched while a handler runs: a
 client that closes it cancels the handler (and the engine work under it).
-Header block and body sizes
-are bounded (431 / 413), the head and the body each have a read timeout (408),
-and ``Content-Encoding`` bodies are decoded with a bound on their output.
+Header block and body sizes are bounded (431 / 413), the head and the body
+each have a read timeout (408), and ``Content-Encoding`` bodies are decoded
+with a bound on their output. A head whose framing RFC 9112 says to distrust
+is refused before h11 reads it (:mod:`gateway.http.framing`: 400, closed), and
+a handler's ``screen`` sees each head before its body is read (auth first).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import attrs
 import h11
 import orjson
 
+from gateway.http import framing
 from gateway.http.encoding import decode_body
 from gateway.http.message import HTTPError, Request, Response
 
@@ -34,6 +37,10 @@ log = logging.getLogger("serveproto.http")
 access_log = logging.getLogger("serveproto.access")
 
 Handler = Callable[[Request], Awaitable[Response]]
+#: A handler's optional ``screen`` method: called with the request's head alone (``body`` empty)
+#: before the body is read or decoded; a response it returns is sent at once and the connection
+#: closed (e.g. a 401, so that no unauthenticated body is ever inflated). None lets the request on.
+Screen = Callable[[Request], "Response | None"]
 
 _RECEIVE = 65536
 #: Seconds a closing connection keeps reading what the client still sends.
@@ -95,6 +102,7 @@ class HTTPConnection:
         self.stream = stream
         self._on_release = on_release  # called once, when the peer's EOF is seen or serving ends
         self.handler = handler
+        self._screen: Screen | None = getattr(handler, "screen", None)
         self.limits = limits
         self.client = client
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
@@ -103,6 +111,15 @@ class HTTPConnection:
         self._resume: anyio.Event | None = None           # set to wake a reader paused by READ_AHEAD
         self._draining = False                            # closing: read and drop what the client still sends
         self._handler_scope: anyio.CancelScope | None = None
+        self._stopping = False                            # the server drains: serve no request after this one
+        self._idle_scope: anyio.CancelScope | None = None  # around the keep-alive wait for the next request
+
+    def stop(self) -> None:
+        """Serve no further request: the one being answered finishes (its response closes the
+        connection), an idle keep-alive connection closes at once."""
+        self._stopping = True
+        if self._idle_scope is not None:
+            self._idle_scope.cancel()
 
     async def _reader(self) -> None:
         """Receive until EOF: into h11, or dropped once the connection is closing."""
@@ -193,31 +210,48 @@ class HTTPConnection:
     async def _read_head(self) -> h11.Request | None:
         """Wait (keep-alive idle) for a request and read its head. None when the peer closed."""
         if not self.conn.trailing_data[0]:
-            with anyio.move_on_after(self.limits.keepalive_timeout):
-                await self._receive()
+            if self._stopping:
+                return None
+            with anyio.move_on_after(self.limits.keepalive_timeout) as idle:
+                self._idle_scope = idle
+                try:
+                    await self._receive()
+                finally:
+                    self._idle_scope = None
             if not self.conn.trailing_data[0]:
                 return None
-        self._check_head_size()
+        self._check_head()
         event = self.conn.next_event()
         if event is h11.NEED_DATA:
             with anyio.fail_after(self.limits.header_timeout):
                 while event is h11.NEED_DATA:
                     await self._receive()
-                    self._check_head_size()
+                    self._check_head()
                     event = self.conn.next_event()
         if isinstance(event, h11.ConnectionClosed):
             return None
         assert isinstance(event, h11.Request), event
         return event
 
-    def _check_head_size(self) -> None:
+    def _check_head(self) -> None:
+        """Bound the head's size (431) and, once it has arrived whole, refuse framing that is not to be
+        trusted (:func:`gateway.http.framing.check_head`, raises ``FramingError``) before h11 reads it."""
         # h11 bounds only a head that is still incomplete; one that arrives
         # whole in a single read is bounded here.
         limit = self.limits.max_header_bytes
         buf = self.conn.trailing_data[0]
-        end = buf.find(b"\r\n\r\n", 0, limit + 4)
-        if (end == -1 and len(buf) > limit) or end + 4 > limit:
+        end = framing.head_end(buf, limit)
+        if (end == -1 and len(buf) > limit) or end > limit:
             raise h11.RemoteProtocolError("request header block too large", error_status_hint=431)
+        if end != -1:
+            framing.check_head(buf[:end])
+
+    def _consume_refused_head(self) -> None:
+        # h11 lets a response be sent once it has read the head (or failed to): let it do either
+        try:
+            self.conn.next_event()
+        except h11.RemoteProtocolError:
+            pass
 
     async def _read_body(self, head: h11.Request) -> bytes:
         """The body as sent on the wire; 413 as soon as it is over the bound."""
@@ -259,8 +293,19 @@ class HTTPConnection:
         except TimeoutError:
             await self._send_error_and_close(408, "request_timeout", "the request head was not received in time", request_id)
             return False
+        except framing.FramingError as exc:
+            # Close after answering: whatever follows this head cannot be told apart from its body.
+            self._consume_refused_head()
+            await self._send_error_and_close(400, "invalid_request_error", str(exc), request_id)
+            return False
         if head is None:
             return False
+        if self._screen is not None:
+            refused = self._screen(self._request(head, b"", request_id))
+            if refused is not None:
+                # The body is left unread (the linger drops it): answer and close.
+                await self._send_response(self._finish(refused, request_id, close=True), head.method == b"HEAD")
+                return False
         try:
             raw = await self._read_body(head)
             encoding = _header(head.headers, b"content-encoding")
@@ -278,7 +323,20 @@ class HTTPConnection:
             # The rest of the body may still be on the wire: answer and close.
             await self._send_response(self._finish(exc.response(), request_id, close=True), head.method == b"HEAD")
             return False
-        request = Request(
+        request = self._request(head, body, request_id)
+        response = await self._call_watching(request)
+        if response is None:
+            # nginx's 499 "client closed request": no response is sent, the line says why
+            access_log.info(access_line(request, 499, time.perf_counter() - started,
+                                 {"error": "the client closed the connection; the request was cancelled"}))
+            raise _Closed()
+        await self._send_response(self._finish(response, request_id, close=self._stopping), request.method == "HEAD")
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s %s %s %.1fms", request_id, request.method, request.target, (time.perf_counter() - started) * 1e3)
+        return self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
+
+    def _request(self, head: h11.Request, body: bytes, request_id: str) -> Request:
+        return Request(
             method=head.method.decode("ascii"),
             target=head.target.decode("latin-1"),
             headers=tuple(head.headers),
@@ -287,16 +345,6 @@ class HTTPConnection:
             http_version=head.http_version.decode("ascii"),
             client=self.client,
         )
-        response = await self._call_watching(request)
-        if response is None:
-            # nginx's 499 "client closed request": no response is sent, the line says why
-            access_log.info(access_line(request, 499, time.perf_counter() - started,
-                                 {"error": "the client closed the connection; the request was cancelled"}))
-            raise _Closed()
-        await self._send_response(self._finish(response, request_id), request.method == "HEAD")
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s %s %s %.1fms", request_id, request.method, request.target, (time.perf_counter() - started) * 1e3)
-        return self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
 
     async def _call_watching(self, request: Request) -> Response | None:
         """Run the handler while the reader watches the connection; None when the client went away meanwhile.
@@ -432,15 +480,26 @@ class HTTPServer:
 
     Use ``port = await server.start(task_group, host, port)`` to listen (port
     0 picks a free one) and serve in ``task_group``; cancelling the task
-    group stops the server and every connection with it.
+    group stops the server and every connection with it. ``await
+    server.drain(seconds)`` stops it gracefully first: no new connection or
+    request, the requests being answered finish.
     """
 
     def __init__(self, handler: Handler, limits: Limits | None = None) -> None:
         self.handler = handler
         self.limits = limits or Limits()
         self.connections = 0
+        #: True once :meth:`drain` was called: no connection is accepted, no new request served.
+        self.draining = False
+        self._live: set[HTTPConnection] = set()
+        self._accepting: list[anyio.CancelScope] = []
+        self._drained: anyio.Event | None = None  # made by drain(), set when the last connection ends
 
     async def _handle(self, stream: anyio.abc.SocketStream) -> None:
+        if self.draining:
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+            return
         if self.connections >= self.limits.max_connections:
             body = orjson.dumps({"detail": {"error_type": "overloaded_error", "message": "too many connections"}})
             with anyio.CancelScope(shield=True), anyio.move_on_after(1):
@@ -463,7 +522,41 @@ class HTTPServer:
         except Exception:
             client = ""
         self.connections += 1
-        await HTTPConnection(stream, self.handler, self.limits, client, self._release_one).serve()
+        conn = HTTPConnection(stream, self.handler, self.limits, client, self._release_one)
+        self._live.add(conn)
+        try:
+            await conn.serve()
+        finally:
+            self._live.discard(conn)
+            if self._drained is not None and not self._live:
+                self._drained.set()
+
+    async def drain(self, timeout: float) -> bool:
+        """Stop accepting connections and let the requests being answered finish.
+
+        Each response then carries ``Connection: close``; idle keep-alive
+        connections are closed at once. Returns True once every connection
+        has ended, False when some are still open after ``timeout`` seconds
+        (the caller then cancels the server's task group, which ends them).
+        """
+        self.draining = True
+        self._drained = anyio.Event()
+        for scope in self._accepting:
+            scope.cancel()
+        for conn in list(self._live):
+            conn.stop()
+        if self._live:
+            with anyio.move_on_after(timeout):
+                await self._drained.wait()
+        return not self._live
+
+    async def _accept(self, listener: anyio.abc.Listener, tg: anyio.abc.TaskGroup) -> None:
+        # The connections run in ``tg``, outside this scope: drain() stops accepting, not serving.
+        with anyio.CancelScope() as scope:
+            self._accepting.append(scope)
+            if self.draining:
+                scope.cancel()
+            await listener.serve(self._handle, task_group=tg)
 
     def _release_one(self) -> None:
         self.connections -= 1
@@ -489,7 +582,7 @@ class HTTPServer:
         if listener is None:
             listener = await self.bind(host, port)
         bound = listener.extra(anyio.abc.SocketAttribute.local_port)
-        tg.start_soon(listener.serve, self._handle)
+        tg.start_soon(self._accept, listener, tg)
         return bound
 
     async def serve_forever(self, host: str, port: int) -> None:
