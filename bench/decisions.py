@@ -265,7 +265,9 @@ def bench_llm(args) -> None:
     """Rounds interleave System One and generation on fresh states, so that load from other
     processes on the machine falls on both alike; every figure is the median over the rounds."""
     model = args.model or str(default_model_path())
-    srv = Server("--model", model, "--threads", str(args.threads), "--request-timeout", "600")
+    # the score cache off: a repeated request here measures computing it (bench/repeat.py: the cache)
+    srv = Server("--model", model, "--threads", str(args.threads), "--request-timeout", "600",
+                 "--score-cache-mb", "0")
     med = statistics.median
     names = list(QUESTIONS_16)[:args.questions]
     questions = {k: QUESTIONS_16[k] for k in names}

@@ -51,8 +51,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class LlamaServer:
-    """``engines/bin/llama-server`` on the model, one slot, loopback; ``base`` is its URL."""
+class LlamaServer(Server):
+    """``engines/bin/llama-server`` on the model, one slot, loopback; ``base`` is its URL
+    (``close`` as :class:`decisions.Server`'s)."""
 
     def __init__(self, binary: Path, model: Path, threads: int) -> None:
         port = free_port()
@@ -70,13 +71,6 @@ class LlamaServer:
             time.sleep(0.2)
         self.close()
         raise SystemExit("llama-server did not become healthy within 120 s")
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 def main(argv=None) -> int:
