@@ -1,5 +1,6 @@
 # serveproto: the two commands of the README.
-#   make serve   start the decision server on the default model (HOST, PORT, MODEL, THREADS, DEBIAS, SERVEPROTO_API_KEY)
+#   make serve   start the decision server on the default model (HOST, PORT, MODEL, THREADS, DEBIAS, PRECISION,
+#                SERVEPROTO_API_KEY)
 #   make test    run the tests
 # Both create .venv, build the engines and fetch the default model; a second run reuses all of it.
 
@@ -11,12 +12,13 @@ PORT   ?= 8000
 MODEL  ?=
 THREADS ?=
 DEBIAS ?=
+PRECISION ?=
 export SERVEPROTO_CACHE ?= $(HOME)/.cache/serveproto
 
 .PHONY: serve test venv venv-test engines model browser clean
 
 serve: venv engines model
-	$(VENV)/bin/serveproto serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL)) $(if $(THREADS),--threads $(THREADS)) $(if $(DEBIAS),--debias $(DEBIAS))
+	$(VENV)/bin/serveproto serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL)) $(if $(THREADS),--threads $(THREADS)) $(if $(DEBIAS),--debias $(DEBIAS)) $(if $(PRECISION),--precision $(PRECISION))
 
 test: venv-test engines model browser
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

@@ -231,6 +231,25 @@ SCORE_BODY = {"prefix": "Ticket: the app crashes.\n", "groups": [
     {"stem": "Team:", "options": [" billing", " tech", "x"]}], "pin": True}
 
 
+def test_delayed_score_pings_cancels_then_answers():
+    """--score-delay-ms: a SCORE is a long decode that PING and CANCEL reach."""
+    ref = tm.ToyEngine()
+    payload = json.dumps(SCORE_BODY).encode()
+    groups = [(g["stem"].encode(), [o.encode() for o in g["options"]]) for g in SCORE_BODY["groups"]]
+    with Fixture("--score-delay-ms", "60000") as f:       # two groups: two minutes
+        f.send(payload_frame("SCORE", 1, 0, payload))
+        assert f.request(b"PING 2\n", 2) == b"PONG 2 active=1\n"   # nothing of SCORE 1 yet
+        assert f.request(submit(3, b"x", max_tokens=1), 3) == b"ERROR 3 SLOT_BUSY slot 0 is generating\n"
+        f.send(b"STOP 1\n")                                # a SCORE has nothing to stop
+        assert f.request(b"CANCEL 1\n", 1) == b"ERROR 1 CANCELLED cancelled by CANCEL\n"
+        assert f.request(b"PING 4\n", 4) == b"PONG 4 active=0\n"
+        assert f.close() == 0
+    with Fixture("--score-delay-ms", "1") as f:
+        assert f.request(payload_frame("SCORE", 5, 0, payload), 5) == \
+            ref.score(5, SCORE_BODY["prefix"].encode(), groups, pin=True)
+        assert f.close() == 0
+
+
 def test_score_matches_reference_and_readout():
     ref = tm.ToyEngine()
     payload = json.dumps(SCORE_BODY).encode()

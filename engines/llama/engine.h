@@ -3,8 +3,10 @@
  * One process serves one model. KV slot s is llama.cpp sequence s; SCORE
  * borrows the sequences above the slots as scratch, one per continuation,
  * in a unified KV cache so copied prefix rows are shared, not duplicated.
- * Requests run one at a time; between decode steps the engine polls stdin
- * so STOP / CANCEL / PING are answered while a request runs.
+ * Requests run one at a time. While one runs, the engine reads stdin from
+ * llama.cpp's abort callback, between the graph nodes of every llama_decode
+ * (main.c: engine_decode_abort), so PING is answered, STOP recorded and a CANCEL
+ * aborts the decode within one ubatch of ENGINE_UBATCH positions.
  */
 #ifndef SERVEPROTO_LLAMA_ENGINE_H
 #define SERVEPROTO_LLAMA_ENGINE_H
@@ -22,7 +24,8 @@
 #define ENGINE_SCORE_SEQS     128             /* scratch sequences for SCORE continuations */
 #define ENGINE_MAX_SCORED     200             /* scored tokens per SCORE option (spec 9.1) */
 #define ENGINE_QUEUE_MAX      256             /* requests in flight, the running one included */
-#define ENGINE_UBATCH         512             /* llama.cpp's physical batch */
+#define ENGINE_UBATCH         512             /* llama.cpp's physical batch (--ubatch): a CANCEL waits at most one */
+#define ENGINE_POLL_US        1000            /* the abort callback reads stdin at most this often (microseconds) */
 #define ENGINE_PREFIXES       4               /* SCORE prefixes whose tokens are kept (splice.c) */
 #define ENGINE_SCORE_CACHE_MB 64              /* SCORE results kept between requests (score_cache.c) */
 
@@ -99,8 +102,8 @@ typedef struct engine {
     int n_pins;
     int n_score_seqs;
     int n_batch;
-    int n_chunk;         /* prompt positions per llama_decode: one physical batch, so
-                          * STOP / CANCEL / PING wait at most one ubatch */
+    int n_ubatch;        /* llama.cpp's physical batch (--ubatch) */
+    int n_chunk;         /* prompt positions per llama_decode: one physical batch */
     char model_name[256];
     const char *numerics;  /* "invariant" or "fast" (CAPS numerics) */
 
@@ -131,7 +134,8 @@ typedef struct engine {
     pending queue[ENGINE_QUEUE_MAX];
     int n_queue;                /* queue[0] is the running request once started */
     int running;                /* queue[0] is being served */
-    int cancel_running;         /* CANCEL arrived for queue[0] */
+    int cancel_running;         /* CANCEL arrived for queue[0]: its llama_decode aborts (returns 2) */
+    uint64_t polled_us;         /* when the abort callback last read stdin (CLOCK_MONOTONIC) */
     uint64_t skip_submit_id;    /* a refused IMAGE's id: its SUBMIT is dropped */
 } engine;
 
@@ -141,6 +145,7 @@ int model_tokenize_ex(engine *e, const char *text, size_t len, int add_special, 
 int model_piece(engine *e, llama_token tok, char *buf, size_t cap);
 double model_logsumexp(const float *logits, int n);
 int model_top_k(engine *e, const float *logits, double lse, int k, sp_alt *out);
+#define MODEL_DECODE_CANCELLED 2 /* llama_decode's status when the abort callback stopped it */
 int model_decode(engine *e, int *err_code);
 void batch_clear(struct llama_batch *b);
 void batch_add(struct llama_batch *b, llama_token tok, int pos, const int *seqs, int n_seqs, int logits);
@@ -172,6 +177,7 @@ void score_cache_free(score_cache *c);
 
 /* main.c: the request loop */
 void engine_poll(engine *e);
+bool engine_decode_abort(void *data);
 
 /* submit.c / score.c: one request each, answered whole (ACCEPT .. DONE or ERROR) */
 void serve_submit(engine *e, pending *p);

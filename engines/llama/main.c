@@ -2,8 +2,9 @@
  *
  * Reads top to bottom: options, model load (LOAD_FAIL with its kind), the
  * handshake (READY, CAPS, STAT), then the request loop: frames are read from
- * stdin and queued, requests run one at a time, and between decode steps the
- * running request polls stdin so STOP / CANCEL / PING are served at once.
+ * stdin and queued, requests run one at a time, and while one runs, llama.cpp's
+ * abort callback reads stdin between the graph nodes of each llama_decode, so
+ * STOP / CANCEL / PING are served within one ubatch (engine_decode_abort).
  * stdout carries only protocol frames; llama.cpp's logs go to stderr.
  */
 #include <errno.h>
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine.h"
@@ -23,6 +25,7 @@
 typedef struct options {
     const char *model;
     int slots, ctx, pins, threads, score_seqs;
+    int ubatch;         /* --ubatch: llama.cpp's physical batch, the cancellation grain */
     int score_cache_mb; /* --score-cache-mb: SCORE results kept between requests */
     uint32_t seed;
     int kv_f16;     /* --kv-type f16: half the KV memory, logprobs off by ~1e-3 */
@@ -37,7 +40,7 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: serveproto-llama --model PATH [--slots N] [--ctx N] [--pin-slots N]\n"
-            "                        [--threads N] [--score-seqs N] [--seed N] [--kv-type f32|f16]\n"
+            "                        [--threads N] [--score-seqs N] [--ubatch N] [--seed N] [--kv-type f32|f16]\n"
             "                        [--numerics invariant|fast] [--score-cache-mb N] [--flash-attn]\n"
             "                        [--float-digits 9..17] [--splice-check] [--verbose]\n"
             "Speaks the serve protocol (spec/serve-protocol.md) on stdin/stdout.\n");
@@ -60,7 +63,7 @@ static int parse_options(int argc, char **argv, options *o)
 {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     *o = (options){ .slots = ENGINE_DEFAULT_SLOTS, .pins = ENGINE_DEFAULT_PINS, .threads = ncpu > 0 ? (int)ncpu : 1,
-                    .score_seqs = ENGINE_SCORE_SEQS, .seed = 42, .score_cache_mb = ENGINE_SCORE_CACHE_MB };
+                    .score_seqs = ENGINE_SCORE_SEQS, .ubatch = ENGINE_UBATCH, .seed = 42, .score_cache_mb = ENGINE_SCORE_CACHE_MB };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -97,6 +100,8 @@ static int parse_options(int argc, char **argv, options *o)
             rc = parse_int_arg(a, v, 1, 1024, &o->threads);
         else if (!strcmp(a, "--score-seqs"))
             rc = parse_int_arg(a, v, 1, 255, &o->score_seqs);
+        else if (!strcmp(a, "--ubatch"))
+            rc = parse_int_arg(a, v, 1, 2048, &o->ubatch);
         else if (!strcmp(a, "--kv-type")) {
             if (strcmp(v, "f32") && strcmp(v, "f16")) {
                 fprintf(stderr, "serveproto-llama: --kv-type must be f32 or f16, got '%s'\n", v);
@@ -137,13 +142,14 @@ static int parse_options(int argc, char **argv, options *o)
 
 static char g_log_tail[4096];
 static int g_log_verbose;
+static int g_log_aborting; /* a decode is being aborted: its warnings are expected, not shown */
 
 static void log_cb(enum ggml_log_level level, const char *text, void *ud)
 {
     static int last_shown; /* whether the line a CONT continues was shown */
     (void)ud;
     int important = level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN;
-    int shown = g_log_verbose || important || (level == GGML_LOG_LEVEL_CONT && last_shown);
+    int shown = g_log_verbose || (important && !g_log_aborting) || (level == GGML_LOG_LEVEL_CONT && last_shown);
     if (level != GGML_LOG_LEVEL_CONT)
         last_shown = shown;
     if (shown)
@@ -255,7 +261,8 @@ static int load(engine *e, options *o)
     e->n_score_seqs = o->score_seqs < 256 - o->slots ? o->score_seqs : 256 - o->slots;
     e->n_batch = e->n_ctx < 2048 ? e->n_ctx : 2048;
 
-    e->n_chunk = e->n_batch < ENGINE_UBATCH ? e->n_batch : ENGINE_UBATCH;
+    e->n_ubatch = e->n_batch < o->ubatch ? e->n_batch : o->ubatch;
+    e->n_chunk = e->n_ubatch;
     e->seed = o->seed;
     e->splice_check = o->splice_check;
     model_name(o->model, e->model_name, sizeof e->model_name);
@@ -263,7 +270,7 @@ static int load(engine *e, options *o)
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = (uint32_t)e->n_ctx * (uint32_t)(e->n_slots + 1); /* the slots + SCORE scratch */
     cp.n_batch = (uint32_t)e->n_batch;
-    cp.n_ubatch = (uint32_t)(e->n_batch < ENGINE_UBATCH ? e->n_batch : ENGINE_UBATCH);
+    cp.n_ubatch = (uint32_t)e->n_ubatch;
     cp.n_seq_max = (uint32_t)(e->n_slots + e->n_score_seqs);
     /* llama.cpp reserves room for n_seq_max outputs: never fewer than that */
     cp.n_outputs_max = cp.n_batch > cp.n_seq_max ? cp.n_batch : cp.n_seq_max;
@@ -296,6 +303,7 @@ static int load(engine *e, options *o)
     e->ctx = llama_init_from_model(e->model, cp);
     if (!e->ctx)
         return load_fail(e, "nomem", "creating the context of %u tokens failed: %s", cp.n_ctx, log_detail());
+    llama_set_abort_callback(e->ctx, engine_decode_abort, e);
 
     e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
     e->snaps = calloc((size_t)e->n_pins, sizeof *e->snaps);
@@ -505,6 +513,38 @@ void engine_poll(engine *e)
     drain(e);
 }
 
+static uint64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* llama.cpp's abort callback (llama_set_abort_callback). The CPU backend calls
+ * it on the calling thread after every node of the graph it computes, so
+ * within one ubatch: here stdin is read without blocking (at most every
+ * ENGINE_POLL_US), PING answered, STOP recorded, and a CANCEL of the running
+ * request aborts the decode. llama_decode then returns 2 after removing the
+ * aborted ubatch's positions from each sequence of its tokens' first seq id;
+ * ubatches already computed stay in the cache, and the request's own code
+ * puts the slot and the scratch sequences right (submit.c, score.c). A GPU
+ * backend does not call it: there the checks between decodes remain. */
+bool engine_decode_abort(void *data)
+{
+    engine *e = data;
+    if (!e->running)
+        return false;
+    if (!e->cancel_running) {
+        uint64_t t = now_us();
+        if (t - e->polled_us < ENGINE_POLL_US)
+            return false;
+        e->polled_us = t;
+        engine_poll(e);
+    }
+    g_log_aborting = e->cancel_running;
+    return e->cancel_running != 0;
+}
+
 int main(int argc, char **argv)
 {
     options o;
@@ -537,6 +577,7 @@ int main(int argc, char **argv)
                 serve_submit(&e, &e.queue[0]);
             e.running = 0;
             e.cancel_running = 0;
+            g_log_aborting = 0;
             remove_queued(&e, 0);
             continue;
         }

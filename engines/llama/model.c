@@ -166,14 +166,17 @@ void batch_add(struct llama_batch *b, llama_token tok, int pos, const int *seqs,
 
 /* Runs the engine's batch through llama_decode. Returns 0, or -1 with
  * *err_code set to llama_decode's status (1: no room in the KV cache for the
- * batch, 2: aborted, < 0: an error), logged to stderr. */
+ * batch, MODEL_DECODE_CANCELLED: the running request was cancelled, < 0: an
+ * error), failures logged to stderr. */
 int model_decode(engine *e, int *err_code)
 {
     int rc = llama_decode(e->ctx, e->batch);
     if (rc == 0)
         return 0;
-    fprintf(stderr, "serveproto-llama: llama_decode of %d tokens failed (%d)\n", e->batch.n_tokens, rc);
     *err_code = rc;
+    if (rc == MODEL_DECODE_CANCELLED && e->cancel_running)
+        return -1;
+    fprintf(stderr, "serveproto-llama: llama_decode of %d tokens failed (%d)\n", e->batch.n_tokens, rc);
     return -1;
 }
 

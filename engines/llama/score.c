@@ -205,6 +205,13 @@ static int load_trunk(engine *e, uint64_t id, int slot, const option_tokens *o0,
             batch_add(&e->batch, toks[i], i, &slot, 1, i == trunk - 1);
         int rc;
         if (model_decode(e, &rc) != 0) {
+            if (rc == MODEL_DECODE_CANCELLED && e->cancel_running) {
+                /* one ubatch per decode: llama.cpp dropped its rows, the slot
+                 * keeps the positions computed before it */
+                llama_memory_seq_rm(llama_get_memory(e->ctx), slot, e->slots[slot].n, -1);
+                sp_write_error(&e->w, id, "CANCELLED", "cancelled");
+                return -1;
+            }
             slot_truncate(e, slot, 0);
             sp_write_error(&e->w, id, "BAD_REQUEST", "llama_decode of the prefix failed (%d)", rc);
             return -1;
@@ -268,10 +275,16 @@ static int run_chunk(engine *e, uint64_t id, int slot, score_job *job, const int
             llama_memory_seq_cp(mem, slot, e->n_slots + q, 0, trunk);
     }
     if (computed > 0 && model_decode(e, &rc) != 0) {
+        /* the trie's rows live in the scratch sequences only (the slot's
+         * sequence is never in this batch): dropping them whole undoes a
+         * failed or cancelled decode, the ubatches it finished included */
         for (int q = 0; q < last - first; q++)
             llama_memory_seq_rm(mem, e->n_slots + q, -1, -1);
-        sp_write_error(&e->w, id, "BAD_REQUEST", rc == 1 ? "the KV cache has no room for the options"
-                                                          : "llama_decode of the options failed");
+        if (rc == MODEL_DECODE_CANCELLED && e->cancel_running)
+            sp_write_error(&e->w, id, "CANCELLED", "cancelled");
+        else
+            sp_write_error(&e->w, id, "BAD_REQUEST", rc == 1 ? "the KV cache has no room for the options"
+                                                              : "llama_decode of the options failed");
         return -1;
     }
     for (int j = first; j < last; j++) {

@@ -145,9 +145,18 @@ static llama_token sample(engine *e, struct llama_sampler *smpl, const float *lo
     return arr.data[arr.selected].id;
 }
 
-/* A failed llama_decode leaves the slot's rows in doubt: drop them. */
+/* A llama_decode that did not finish. Cancelled (the abort callback): llama.cpp
+ * dropped the aborted ubatch's rows, and the batch is never more than one
+ * ubatch here (n_chunk positions, or one generation step), so the slot keeps
+ * exactly the rows slot_append recorded; the call below only makes sure of it.
+ * Any other failure leaves the slot's rows in doubt: drop them. */
 static void decode_failed(engine *e, uint64_t id, int slot, int rc)
 {
+    if (rc == MODEL_DECODE_CANCELLED && e->cancel_running) {
+        llama_memory_seq_rm(llama_get_memory(e->ctx), slot, e->slots[slot].n, -1);
+        sp_write_error(&e->w, id, "CANCELLED", "cancelled");
+        return;
+    }
     slot_truncate(e, slot, 0);
     e->slots[slot].n = 0;
     sp_write_error(&e->w, id, "BAD_REQUEST", rc == 1 ? "the KV cache has no room for the batch" : "llama_decode failed (%d)", rc);

@@ -1,0 +1,132 @@
+"""What a smaller llama.cpp ubatch costs, and how soon a CANCEL lands (issue 15).
+
+One engine per ``--ubatch`` value (and per binary, to compare builds), all
+loaded at once and used in turn, round by round, so that each sees the same
+machine. Per engine and round: a cold prefill of about 500 tokens, a warm
+SCORE of 16 questions x 3 options on it, 64 generated tokens, then a prefill
+cancelled 0.2 s after its ACCEPT. Prints the medians of the wall seconds and
+of the engine's CPU seconds (utime + stime from /proc, the number that other
+load on a shared machine moves least), and the CANCEL latency: from writing
+CANCEL to reading its ERROR (``DONE`` in the last column: the request ran to
+its end first). Score cache off, so a repeat computes again.
+
+    .venv/bin/python bench/cancel.py [--ubatch 64,128,256,512] [--rounds 2] [--threads 1]
+                                     [--engine BIN[,BIN2]] [--model PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import selectors
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gateway.paths import default_model_path, engine_bin  # noqa: E402
+from serveproto import (NEED_DATA, Accept, Cancel, Done, Error, GatewayConnection, Score,  # noqa: E402
+                        Stat, Submit)
+
+TICK = os.sysconf("SC_CLK_TCK")
+WORDS = "the quick brown fox jumps over the lazy dog while a customer writes about billing trouble".split()
+PREFIX = "Ticket: " + " ".join(WORDS[i % len(WORDS)] for i in range(500)) + "\n"
+GROUPS = [{"stem": f"Question {g}: is the {WORDS[g % len(WORDS)]} part of item {g} relevant here? Answer:",
+           "options": [" yes", " no", f" it depends on item {g}"]} for g in range(16)]
+
+
+class Proc:
+    """One engine over pipes; reply events through GatewayConnection."""
+
+    def __init__(self, argv: list[str]):
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL)
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.proc.stdout, selectors.EVENT_READ)
+        self.conn = GatewayConnection()
+        while not isinstance(self.next_event(), Stat):
+            pass
+
+    def next_event(self):
+        while (ev := self.conn.next_event()) is NEED_DATA:
+            if not self.sel.select(600):
+                raise TimeoutError("engine silent for 600 s")
+            self.conn.receive_data(os.read(self.proc.stdout.fileno(), 1 << 16))
+        return ev
+
+    def send(self, ev) -> None:
+        self.proc.stdin.write(self.conn.send(ev))
+        self.proc.stdin.flush()
+
+    def until_end(self, rid: int):
+        while not (isinstance(ev := self.next_event(), (Done, Error)) and ev.id == rid):
+            pass
+        return ev
+
+    def cpu_s(self) -> float:
+        f = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / TICK
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(60)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ubatch", default="64,128,256,512")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--engine", default=str(engine_bin("serveproto-llama")))
+    ap.add_argument("--model", default=str(default_model_path()))
+    a = ap.parse_args()
+    engines = {(b, u): Proc([b, "--model", a.model, "--threads", str(a.threads), "--score-cache-mb", "0",
+                             "--ubatch", u])
+               for b in a.engine.split(",") for u in a.ubatch.split(",")}
+    got = {k: {"prefill": [], "score": [], "gen": [], "cancel": []} for k in engines}
+    rid = 0
+
+    def timed(e: Proc, what: str, key, ev) -> None:
+        c, t = e.cpu_s(), time.perf_counter()
+        e.send(ev)
+        e.until_end(ev.id)
+        got[key][what].append((time.perf_counter() - t, e.cpu_s() - c))
+
+    for r in range(a.rounds):
+        prompt = f"{r} {PREFIX}"   # a new prompt each round: cold
+        for key, e in engines.items():
+            rid += 4
+            timed(e, "prefill", key, Submit(id=rid, slot=0, prompt=prompt.encode(), max_tokens=1,
+                                            temperature=0.0, top_p=1.0))
+            timed(e, "score", key, Score(id=rid + 1, slot=0,
+                                         payload=json.dumps({"prefix": prompt, "groups": GROUPS}).encode()))
+            timed(e, "gen", key, Submit(id=rid + 2, slot=0, prompt=b"Write a story:", max_tokens=64,
+                                        temperature=0.0, top_p=1.0))
+            e.send(Submit(id=rid + 3, slot=0, prompt=("y " + PREFIX).encode(), max_tokens=1,
+                          temperature=0.0, top_p=1.0))
+            assert isinstance(e.next_event(), Accept)
+            time.sleep(0.2)
+            t = time.perf_counter()
+            e.send(Cancel(id=rid + 3))
+            end = e.until_end(rid + 3)
+            got[key]["cancel"].append((time.perf_counter() - t, getattr(end, "code", "DONE")))
+    for e in engines.values():
+        e.close()
+
+    def med(v, i):
+        return sorted(x[i] for x in v)[len(v) // 2]
+
+    print(f"threads {a.threads}, {a.rounds} rounds, medians; wall s / engine CPU s")
+    print(f"{'engine':>28} {'ubatch':>6} | {'prefill ~510 tok':>16} | {'warm SCORE 16x3':>16} | "
+          f"{'64 tokens':>14} | CANCEL ms (max) ended")
+    for (b, u), v in got.items():
+        print(f"{b[-28:]:>28} {u:>6} | {med(v['prefill'], 0):7.2f} {med(v['prefill'], 1):7.2f}  | "
+              f"{med(v['score'], 0):7.2f} {med(v['score'], 1):7.2f}  | {med(v['gen'], 0):6.2f} {med(v['gen'], 1):6.2f} "
+              f" | {med(v['cancel'], 0) * 1e3:7.1f} ({max(x[0] for x in v['cancel']) * 1e3:.1f}) "
+              f"{','.join(sorted({x[1] for x in v['cancel']}))}")
+
+
+if __name__ == "__main__":
+    main()
