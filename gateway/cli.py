@@ -2,7 +2,9 @@
 
 ``serve`` (the decision server) lives in :mod:`gateway.cli_serve`; ``drive``
 and ``score`` (driving an engine by hand) in :mod:`gateway.cli_drive`;
-``chat`` (the terminal client of a running server) in :mod:`gateway.cli_chat`.
+``chat`` (the terminal client of a running server) in :mod:`gateway.cli_chat`;
+``calibrate`` (fitting a calibration on labelled requests) in
+:mod:`gateway.cli_calibrate`.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gateway import cli_chat, cli_drive, cli_serve
+    from gateway import cli_calibrate, cli_chat, cli_drive, cli_serve
 
     parser = argparse.ArgumentParser(
         prog="serveproto",
@@ -21,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_serve.add_parsers(sub)
     cli_drive.add_parsers(sub)
     cli_chat.add_parsers(sub)
+    cli_calibrate.add_parsers(sub)
     return parser
 
 

@@ -95,11 +95,15 @@ def add_parsers(sub) -> None:
                    help="memory for scored options kept between requests, so a repeated question is not "
                         "computed again (llama engine, invariant numerics; default 64, 0 turns it off)")
     p.add_argument("--debias", type=_debias_methods, default=None, metavar="METHODS",
-                   help="how a language model's option scores are corrected when a request does not say "
-                        "(its x_debias): none, cyclic (each order of the listed options read once), "
-                        "content_free (calibrated against content-free states), or cyclic,content_free. "
-                        "Default: cyclic,content_free on the default model (it answers by position without), "
-                        "none on a model you name")
+                   help="how a language model's option scores are read and corrected when a request does not "
+                        "say (its x_debias, docs/http-api.md): none, or a comma-separated list of canonical (the "
+                        "options listed in one fixed order), cyclic (each rotation of the listed options read "
+                        "once), content_free (calibrated against a content-free state), cloze or letters (other "
+                        "prompt formats). Default: canonical,content_free on the default model (it answers by "
+                        "position without), none on a model you name")
+    p.add_argument("--calibration", default=None, metavar="FILE",
+                   help="a calibration file (serveproto calibrate) applied to the answers read under its x_debias; "
+                        "'none' for none. Default: $SERVEPROTO_CACHE/calibration/<the model's sha256>.json when it exists")
     p.add_argument("--request-timeout", type=float, default=120.0, help="seconds one engine call may take (503 after)")
     p.add_argument("--handshake-timeout", type=float, default=180.0, help="seconds the engine may take to load")
     p.add_argument("--ping-interval", type=_positive_float, default=5.0,
@@ -170,9 +174,12 @@ def _precision(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-#: ``--debias`` on the default model when not given (``bench/position_bias.py``: without it, SmolLM2-135M's
-#: first-listed label wins 0.78 of choices against a chance of 0.33).
-DEFAULT_MODEL_DEBIAS = ("cyclic", "content_free")
+#: ``--debias`` on the default model when not given. ``bench/quality.py`` (292 labelled questions, bench/README.md):
+#: accuracy 0.469 against 0.326 raw, 0.326 with the earlier default (cyclic,content_free) and 0.417 for the
+#: letter read-out of llama-server-based peers; ECE 0.103 (0.191 the peers'); no answer changes with the order
+#: of a choice's labels (the prompt is the same); the raw positions once the question's content-free reading
+#: is remembered.
+DEFAULT_MODEL_DEBIAS = ("canonical", "content_free")
 
 
 def default_debias(args) -> tuple[str, ...]:
@@ -181,6 +188,33 @@ def default_debias(args) -> tuple[str, ...]:
     if args.debias is not None:
         return args.debias
     return DEFAULT_MODEL_DEBIAS if not args.model and not args.engine else ()
+
+
+def load_calibration(choice: str | None, model_path: str | None):
+    """The calibration ``serve`` applies: ``choice`` (``--calibration``) ``"none"`` for none, a file, or
+    None for the model's own (:func:`gateway.calibration.default_path` of its sha256, when it exists).
+
+    Raises ``SystemExit`` for a file that cannot be read or that was fitted on another model file.
+    """
+    from gateway import calibration
+
+    if choice == "none":
+        return None
+    sha = calibration.sha256_file(model_path) if model_path and Path(model_path).exists() else None
+    if choice is None:
+        if sha is None or not calibration.default_path(sha).exists():
+            return None
+        path = calibration.default_path(sha)
+    else:
+        path = Path(choice)
+    try:
+        cal = calibration.load(path)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"serveproto serve: --calibration: {exc}") from None
+    if sha is not None and cal.model_sha256 != sha:
+        raise SystemExit(f"serveproto serve: --calibration: {path} was fitted on another model file "
+                         f"(sha256 {cal.model_sha256[:12]}..., the served model's is {sha[:12]}...)")
+    return cal
 
 
 def default_threads(threads: int | None, environ=os.environ, cpu_count: int | None = None) -> int:
@@ -270,6 +304,7 @@ async def serve(args, *, task_status=None) -> None:
         model = await anyio.to_thread.run_sync(ModelInfo.load, caps.model, model_path)
         app = App(engine, model, api_key=api_key, request_timeout=args.request_timeout, max_inflight=args.max_inflight,
                   debias=default_debias(args))
+        app.calibration = await anyio.to_thread.run_sync(load_calibration, getattr(args, "calibration", None), model_path)
         limits = Limits(max_body_bytes=args.max_body, max_decoded_bytes=max(args.max_body, 64 << 20))
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, tg.cancel_scope)
@@ -279,6 +314,9 @@ async def serve(args, *, task_status=None) -> None:
             print(f"serveproto: serving {model.name} on http://{args.host}:{port}", flush=True)
             if app.debias:
                 print(f"serveproto: x_debias defaults to {','.join(app.debias)} (--debias none to turn it off)", flush=True)
+            if app.calibration is not None:
+                print(f"serveproto: calibration {app.calibration.id} on answers read under x_debias "
+                      f"{','.join(app.calibration.debias) or 'none'} (--calibration none to turn it off)", flush=True)
             if task_status is not None:
                 task_status.started(port)
     if gave_up:

@@ -38,7 +38,13 @@ reads. Two standard corrections, each opt-in (``x_debias`` on a request,
     state: the server computes them once per question and remembers them.
 
 The two combine: the content-free scores are then read under the same
-rotations. All functions here are pure arithmetic on Python floats.
+rotations. Three more names choose how the question is asked
+(:mod:`gateway.readings`): ``canonical`` (the options listed in a fixed
+order, a choice's labels sorted, whatever order the request sent them in),
+``cloze`` (options not listed, each scored as the answer; with
+``content_free`` this is the domain-conditional PMI of Holtzman et al. 2021)
+and ``letters`` (the letter read-out of llama-server-based servers). All
+functions here are pure arithmetic on Python floats.
 """
 from __future__ import annotations
 
@@ -46,7 +52,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-METHODS = ("cyclic", "content_free")
+METHODS = ("cloze", "letters", "canonical", "cyclic", "content_free")
+
+_NAMES = "'none', " + ", ".join(repr(m) for m in METHODS)
 
 #: The content-free states read (Zhao et al. 2021, sec. 5; see the module doc for why one).
 CONTENT_FREE_STATES = ("N/A",)
@@ -62,23 +70,27 @@ def parse(value: Any) -> tuple[str, ...]:
     comma-separated string of method names (``"cyclic,content_free"``, the
     flag's form), or a list of method names. ``None`` is not taken here: a
     request's ``null`` means the server's default (:mod:`gateway.jev`).
-    Raises ``ValueError`` with a message fit for a 422 for anything else,
-    ``"none"`` mixed with a method included.
+    Raises ``ValueError`` with a message fit for a 422 for anything else:
+    ``"none"`` mixed with a method, ``cloze`` with ``letters``, or ``cloze``
+    with ``canonical`` or ``cyclic`` (a cloze prompt lists no options).
     """
     if isinstance(value, str):
         names = [x.strip() for x in value.split(",")]
     elif isinstance(value, list) and all(isinstance(x, str) for x in value):
         names = value
     else:
-        raise ValueError("Input should be 'none', 'cyclic', 'content_free' or a list of those")
+        raise ValueError(f"Input should be {_NAMES} or a list of those")
     if names == ["none"]:
         return ()
     if "none" in names:
         raise ValueError("'none' cannot be combined with a debias method")
     unknown = [x for x in names if x not in METHODS]
     if unknown:
-        raise ValueError(f"Unknown debias method {unknown[0]!r}: use 'none', 'cyclic', 'content_free' "
-                         f"or a list of the last two")
+        raise ValueError(f"Unknown debias method {unknown[0]!r}: use {_NAMES} or a list of those")
+    if "cloze" in names and "letters" in names:
+        raise ValueError("'cloze' and 'letters' are two prompt formats: choose one")
+    if "cloze" in names and ("cyclic" in names or "canonical" in names):
+        raise ValueError("a 'cloze' prompt lists no options: 'cyclic' and 'canonical' do not apply to it")
     return tuple(m for m in METHODS if m in names)
 
 

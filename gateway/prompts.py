@@ -13,10 +13,25 @@ prefix, state) is shared by every question of a request and photographed once;
 | noul | ``yes``, ``no`` | instructions, ``yes: <true>`` / ``no: <false>`` when given, "Answer yes or no." |
 | choice | the labels | instructions, one line per label (``label: description``), "Answer with one label." |
 | score | ``"1".."n"`` | instructions, ``k: <level>`` per level, "Answer with the number." |
+
+Two other formats, compared in ``bench/quality.py`` and served on request
+(``x_debias``, :mod:`gateway.readings`):
+
+- **cloze** (:func:`cloze_text`): the options are not listed; the question is
+  the instructions alone and each option's own text is scored as the answer
+  (noul ``no`` / ``yes``, a choice's labels, a score's level descriptions), so
+  no option has a place in the prompt (the cloze format of Holtzman et al.
+  2021, "Surface Form Competition", EMNLP).
+- **letters** (:func:`letters_text`): the read-out of llama-server-based
+  System One servers (seed ``001_*``): a choice's options lettered ``A``,
+  ``B``, ... (a score's levels numbered ``0``, ``1``, ...; a noul answered
+  ``yes`` / ``no``) and the first answer token read, each option's spellings
+  (:func:`spellings`) summed.
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -34,6 +49,22 @@ DEFAULT_INSTRUCTIONS = {
 }
 
 _SENTINEL = "\x00serveproto-question\x00"
+
+
+def spellings(word: str) -> tuple[str, ...]:
+    """The spellings of one letter-format answer whose probabilities are summed: the word in its
+    own case and the other (``A``/``a``; ``yes``/``Yes``; a digit has one), each bare and after a
+    space: ``spellings("A") == ("A", " A", "a", " a")``."""
+    other = word.lower() if word != word.lower() else (word.upper() if len(word) == 1 else word.capitalize())
+    out: list[str] = []
+    for w in (word, other):
+        for s in (w, " " + w):
+            if s not in out:
+                out.append(s)
+    return tuple(out)
+
+#: Letters of the letter format's options, in listed order (a question of more options is refused).
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
 def as_text(value: Any) -> str:
@@ -59,40 +90,129 @@ class QuestionPrompt:
     options: tuple[str, ...]
 
 
-def question_text(qtype: str, instructions: Any, criteria: Any, rotation: int = 0) -> tuple[str, tuple[str, ...]]:
+def _listed(qtype: str, criteria: Any) -> tuple[list[tuple[str, str | None]], tuple[str, ...]]:
+    """The listed lines of a question in its natural order, and its options in reply order.
+
+    ``listed[j] = (word, line)``: the word an answer gives (a label, a level
+    number, yes / no) and the line that lists it (None: not listed, a noul
+    side without a description). Natural order: a noul's yes then no, a
+    choice's labels as sent, a score's levels from level 0.
+    """
+    if qtype == "noul":
+        crit = criteria or {}
+        listed = [(word, f"{word}: {as_text(crit[key])}" if crit.get(key) is not None else None)
+                  for word, key in (("yes", "true"), ("no", "false"))]
+        return listed, ("no", "yes")
+    if qtype == "choice":
+        return ([(label, f"{label}: {as_text(desc)}" if desc is not None and desc != "" else label)
+                 for label, desc in criteria.items()], tuple(criteria))
+    if qtype == "score":
+        return ([(str(k), f"{k}: {as_text(level)}") for k, level in enumerate(criteria, start=1)],
+                tuple(str(k) for k in range(1, len(criteria) + 1)))
+    raise ValueError(f"unknown question type {qtype!r}")
+
+
+def listing_order(n_listed: int, order: Sequence[int] | None, rotation: int) -> list[int]:
+    """Indices into the natural listing (:func:`_listed`) in the order the prompt lists them.
+
+    ``order``: a permutation of ``range(n_listed)`` (None: the natural order),
+    then rotated left by ``rotation``. Raises ``ValueError`` for an ``order``
+    that is not a permutation of ``range(n_listed)``.
+    """
+    base = list(range(n_listed)) if order is None else list(order)
+    if sorted(base) != list(range(n_listed)):
+        raise ValueError(f"order {order!r} is not a permutation of range({n_listed})")
+    r = rotation % n_listed
+    return base[r:] + base[:r]
+
+
+def question_text(qtype: str, instructions: Any, criteria: Any, rotation: int = 0,
+                  order: Sequence[int] | None = None) -> tuple[str, tuple[str, ...]]:
     """The question's text and its scored option strings, per the module table.
 
     ``criteria``: noul ``{"true"?, "false"?}`` or None; choice ``{label:
     description | None}``; score ``[level, ...]``. Options come back in the
     reply's order: noul ``("no", "yes")``, choice the labels, score ``"1".."n"``.
-    ``rotation``: the options are listed from the ``rotation``-th on, cyclically
-    (:mod:`gateway.debias`); each keeps its own text and scored string, so the
-    options tuple does not change. A noul lists yes before no, ``rotation`` 1
-    the other way round ("Answer no or yes.").
+    ``order`` (:func:`listing_order`): the listed lines' order as indices into
+    the natural one (yes, no; the labels as sent; level 0 first), None for the
+    natural order; ``rotation``: that order is listed from its
+    ``rotation``-th line on, cyclically (:mod:`gateway.debias`). Each option
+    keeps its own text and scored string, so the options tuple does not
+    change. A noul lists yes before no, ``rotation`` 1 the other way round
+    ("Answer no or yes.").
     """
     head = as_text(instructions) if instructions is not None else DEFAULT_INSTRUCTIONS[qtype]
-    if qtype == "noul":
-        crit = criteria or {}
-        listed = [(word, f"{word}: {as_text(crit[key])}" if crit.get(key) is not None else None)
-                  for word, key in (("yes", "true"), ("no", "false"))]
-        options = ("no", "yes")
-    elif qtype == "choice":
-        listed = [(label, f"{label}: {as_text(desc)}" if desc is not None and desc != "" else label)
-                  for label, desc in criteria.items()]
-        options = tuple(criteria)
-    elif qtype == "score":
-        listed = [(str(k), f"{k}: {as_text(level)}") for k, level in enumerate(criteria, start=1)]
-        options = tuple(str(k) for k in range(1, len(criteria) + 1))
-    else:
-        raise ValueError(f"unknown question type {qtype!r}")
-    r = rotation % len(listed)
-    listed = listed[r:] + listed[:r]
+    listed, options = _listed(qtype, criteria)
+    listed = [listed[j] for j in listing_order(len(listed), order, rotation)]
     lines = [head] + [line for _, line in listed if line is not None]
     if qtype == "noul":
         lines.append(f"Answer {listed[0][0]} or {listed[1][0]}.")
     else:
         lines.append("Answer with one label." if qtype == "choice" else "Answer with the number.")
     return "\n".join(lines), options
+
+
+def cloze_text(qtype: str, instructions: Any, criteria: Any) -> tuple[str, tuple[str, ...]]:
+    """The cloze format: the instructions alone, and each option's own text as the answer scored.
+
+    Options in reply order: noul ``("no", "yes")``, choice the labels, score
+    each level's description (:func:`as_text`). Nothing is listed, so the
+    text does not depend on the options' order. Raises ``ValueError`` when two
+    options would be scored as the same text (a score with two equal levels).
+    """
+    head = as_text(instructions) if instructions is not None else DEFAULT_INSTRUCTIONS[qtype]
+    if qtype == "noul":
+        options: tuple[str, ...] = ("no", "yes")
+    elif qtype == "choice":
+        options = tuple(criteria)
+    elif qtype == "score":
+        options = tuple(as_text(level) for level in criteria)
+    else:
+        raise ValueError(f"unknown question type {qtype!r}")
+    if len(set(options)) != len(options):
+        raise ValueError("two options have the same text: the cloze format cannot tell them apart")
+    return head, options
+
+
+def letters_text(qtype: str, instructions: Any, criteria: Any,
+                 order: Sequence[int] | None = None) -> tuple[str, tuple[tuple[str, ...], ...]]:
+    """The letter format (seed ``001_*``): the question with one-token answer words, and their spellings.
+
+    A choice's labels are listed ``A. label: description`` (``A`` ... ``Z`` in
+    listed order), a score's levels ``0. level`` (letters past 10 levels), a
+    noul's sides as in :func:`question_text`; "Answer with the letter." /
+    "Answer with the number." / "Answer yes or no.". ``order`` as in
+    :func:`question_text` (the letters follow the listed places, so ``A`` is
+    whichever option is listed first). Returns the text and, per option in
+    reply order, the strings scored for it (:func:`spellings` of its word),
+    whose probabilities are summed. Raises ``ValueError`` for more than
+    26 options.
+    """
+    head = as_text(instructions) if instructions is not None else DEFAULT_INSTRUCTIONS[qtype]
+    listed, options = _listed(qtype, criteria)
+    n = len(listed)
+    if n > len(LETTERS):
+        raise ValueError(f"the letter format takes at most {len(LETTERS)} options, got {n}")
+    places = listing_order(n, order, 0)
+    if qtype == "noul":
+        text, _ = question_text(qtype, instructions, criteria, 0, order)
+        words = ["no", "yes"]
+        return text, tuple(spellings(w) for w in words)
+    digits = qtype == "score" and n <= 10
+    marks = [str(i) if digits else LETTERS[i] for i in range(n)]
+    lines = [head]
+    word_of = [""] * n
+    for place, j in enumerate(places):
+        label, _ = listed[j]
+        if qtype == "choice":
+            desc = criteria[label]
+            body = f"{label}: {as_text(desc)}" if desc is not None and desc != "" else label
+        else:
+            body = as_text(criteria[j])
+        lines.append(f"{marks[place]}. {body}")
+        word_of[j] = marks[place]
+    lines.append("Answer with the number." if digits else "Answer with the letter.")
+    return "\n".join(lines), tuple(spellings(word_of[j]) for j in range(n))
 
 
 class PromptBuilder:
@@ -135,10 +255,15 @@ class PromptBuilder:
     def prefix(self, state: Any, fixed: str | None = None) -> str:
         return self._head + self.user_text_head(state, fixed)
 
-    def question(self, qtype: str, instructions: Any, criteria: Any, rotation: int = 0) -> QuestionPrompt:
-        """One question's stem and options; ``rotation`` as in :func:`question_text`."""
-        text, options = question_text(qtype, instructions, criteria, rotation)
+    def question(self, qtype: str, instructions: Any, criteria: Any, rotation: int = 0,
+                 order: Sequence[int] | None = None) -> QuestionPrompt:
+        """One question's stem and options; ``rotation`` and ``order`` as in :func:`question_text`."""
+        text, options = question_text(qtype, instructions, criteria, rotation, order)
         return QuestionPrompt(stem="\n\n" + text + self._tail, options=options)
+
+    def stem(self, text: str) -> str:
+        """The stem of a question whose text is ``text`` (:func:`cloze_text`, :func:`letters_text`)."""
+        return "\n\n" + text + self._tail
 
     def chat(self, messages: list[dict[str, str]]) -> str:
         """A chat for generation (the OpenAI chat route): the template over ``messages``.

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import attrs
 
-from gateway import debias, decision_record, jev, refusals, scoring
+from gateway import debias, decision_record, jev, readings, refusals, scoring
 from gateway.app import RETRY_AFTER, parse_json
 from gateway.http import HTTPError, Request, Response
 from gateway.jev import JevValidationError, Question, SystemOneRequest
@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from gateway.app import App
 
 log = logging.getLogger("serveproto.systemone")
+
+#: ``x_calibration`` of an answer no calibration map was applied to (gateway.calibration).
+IDENTITY = "identity"
 
 #: How many recent states the server remembers to decide ``pin_state`` on its own.
 SEEN_STATES = 1024
@@ -41,7 +44,8 @@ class Decided:
     tokens read (0 on a decision engine); ``engine_ms``: the engine's time;
     ``path``: ``"score"``, ``"decide"`` or ``"none"`` (no engine call);
     ``warnings``: text for ``x_warnings``; counters of the scoring calls;
-    ``debias``: the :mod:`gateway.debias` methods applied.
+    ``debias``: the :mod:`gateway.debias` methods applied; ``calibration``:
+    question id -> the ``x_calibration`` of its answer (absent: identity).
     """
 
     probs: dict[str, list[float]]
@@ -54,6 +58,7 @@ class Decided:
     reused: int | None = None
     snapshot: str | None = None
     debias: tuple[str, ...] = ()
+    calibration: dict[str, str] = attrs.field(factory=dict)
 
 
 class ScoringMemory:
@@ -101,12 +106,20 @@ async def _engine_call(app: "App", fn, *args, **kwargs):
                         headers=[("retry-after", RETRY_AFTER)]) from None
 
 
-def _raise_refusal(app: "App", exc: BaseException, owners: list[Question | None], request: SystemOneRequest) -> None:
+def _raise_refusal(app: "App", exc: BaseException, owners: list[Question | None], request: SystemOneRequest,
+                   read_owners: list[tuple[int, ...]] | None = None) -> None:
     """Raise the 422 naming the request's own field when ``exc`` is the engine's ``BAD_REQUEST`` of a
-    text it cannot score (:func:`gateway.refusals.scoring_refusal`); return otherwise."""
+    text it cannot score (:func:`gateway.refusals.scoring_refusal`); return otherwise. ``read_owners[g]``
+    maps group ``g``'s scored texts to reply options (a canonical read scores them in another order)."""
     if getattr(exc, "code", None) != "BAD_REQUEST":
         return
-    entry = refusals.scoring_refusal(getattr(exc, "reason", "") or "", owners, request, _n_ctx(app))
+    reason = getattr(exc, "reason", "") or ""
+    m = refusals._OPTION_FIELD.match(reason)
+    if m is not None and read_owners is not None:
+        g, o = int(m.group(1) or m.group(2)), int(m.group(3) or m.group(4))
+        if g < len(read_owners) and o < len(read_owners[g]):
+            reason = f"groups[{g}].options[{read_owners[g][o]}]: {m.group(5)}"
+    entry = refusals.scoring_refusal(reason, owners, request, _n_ctx(app))
     if entry is not None:
         raise JevValidationError([entry]) from None
 
@@ -128,16 +141,23 @@ async def _score_path(app: "App", mem: ScoringMemory, request: SystemOneRequest,
     if request.cache_slot is not None:
         _check_slot(app, request)
     methods = _methods(app, request)
-    # one group per question and rotation; spans[i] = (first group, rotations) of question i
+    method = readings.Method.from_names(methods)
+    calibration = getattr(app, "calibration", None)  # gateway.calibration.Calibration, set by serve
+    # one group per read of a question (gateway.readings.plan); spans[i] = (first group, reads) of question i
     groups: list[tuple[str, list[str]]] = []
+    read_owners: list[tuple[int, ...]] = []  # per group, the reply option of each scored text (Read.owner)
     spans: list[tuple[int, int]] = []
     owners: list[Question | None] = []  # the question of each group, to name a refused option's field
     for q in questions:
-        rots = debias.rotations(q.n_options, methods)
-        spans.append((len(groups), len(rots)))
-        for r in rots:
-            qp = prompts.question(q.type, q.instructions, q.criteria, r)
-            groups.append((qp.stem, list(qp.options)))
+        try:
+            reads = readings.plan(q.type, q.instructions, q.criteria, q.n_options, method)
+        except ValueError as exc:
+            raise JevValidationError([{"loc": ["body", "questions", q.id, "criteria"], "msg": str(exc),
+                                       "type": "value_error"}]) from None
+        spans.append((len(groups), len(reads)))
+        for rd in reads:
+            groups.append((prompts.stem(rd.text), list(rd.scored)))
+            read_owners.append(rd.owner)
             owners.append(q)
     seen = mem.seen(prefix_text)
     pin = request.pin_state if request.pin_state is not None else (len(questions) >= 2 or seen)
@@ -165,11 +185,11 @@ async def _score_path(app: "App", mem: ScoringMemory, request: SystemOneRequest,
             mem.fixed[key] = True
     content_free = None
     if "content_free" in methods:
-        content_free = await _content_free(app, mem, request, questions, groups, spans, slot, route, out)
+        content_free = await _content_free(app, mem, request, questions, groups, read_owners, spans, slot, route, out)
     try:
         result = await _engine_call(app, engine.score, prefix_text, groups, pin=pin, slot=slot, **route)
     except Exception as exc:
-        _raise_refusal(app, exc, owners, request)
+        _raise_refusal(app, exc, owners, request, read_owners)
         raise
     out.engine_ms = (time.perf_counter() - t0) * 1e3
     out.path = "score"
@@ -190,11 +210,15 @@ async def _score_path(app: "App", mem: ScoringMemory, request: SystemOneRequest,
                                 f"({min(counts)} to {max(counts)}): a per-token average favours the longer options")
         try:
             if methods:
-                per_rotation = [scoring.option_scores(lps, request.normalize) for lps in rows]
+                per_read = [readings.log_probs(read_owners[start + j], lps, request.normalize)
+                            for j, lps in enumerate(rows)]
                 cf = content_free[i] if content_free is not None else None
-                out.probs[q.id] = scoring.report(scoring.softmax(debias.calibrated(per_rotation, cf)))
+                p = scoring.softmax(readings.combine(per_read, cf))
             else:
-                out.probs[q.id] = scoring.decide(rows[0], request.normalize)
+                p = scoring.softmax(scoring.option_scores(rows[0], request.normalize))
+            if calibration is not None:
+                p, out.calibration[q.id] = calibration.apply(q.type, p, methods)
+            out.probs[q.id] = scoring.report(p)
         except ValueError as exc:
             raise HTTPError(502, "api_error", f"the engine's scores for {q.id!r} are unusable: {exc}") from None
     longest = 0
@@ -210,7 +234,8 @@ def _add(a: int | None, b: int | None) -> int | None:
 
 
 async def _content_free(app: "App", mem: ScoringMemory, request: SystemOneRequest, questions: list[Question],
-                        groups: list[tuple[str, list[str]]], spans: list[tuple[int, int]], slot: int | None,
+                        groups: list[tuple[str, list[str]]], read_owners: list[tuple[int, ...]],
+                        spans: list[tuple[int, int]], slot: int | None,
                         route: dict[str, str], out: Decided) -> list[list[float]]:
     """Each question's mean option log-probabilities on the content-free states (:mod:`gateway.debias`).
 
@@ -223,7 +248,8 @@ async def _content_free(app: "App", mem: ScoringMemory, request: SystemOneReques
     again. Returns one list of ``n_options`` floats per question.
     """
     cf_prefix = app.prompts.prefix("", request.prefix)
-    keys = [(cf_prefix, request.normalize, tuple((stem, tuple(opts)) for stem, opts in groups[start:start + k]))
+    keys = [(cf_prefix, request.normalize, tuple((stem, tuple(opts), owner) for (stem, opts), owner
+                                                 in zip(groups[start:start + k], read_owners[start:start + k])))
             for start, k in spans]
     owner_of: dict[tuple, Question] = {}
     for key, q in zip(keys, questions):
@@ -255,28 +281,30 @@ async def _read_content_free(app: "App", mem: ScoringMemory, request: SystemOneR
                              owner_of: dict[tuple, Question], cf_prefix: str, slot: int | None,
                              route: dict[str, str], out: Decided) -> None:
     cf_groups = [(state + stem, list(opts)) for key in missing for state in debias.CONTENT_FREE_STATES
-                 for stem, opts in key[2]]
+                 for stem, opts, _ in key[2]]
     owners: list[Question | None] = [owner_of[key] for key in missing
                                      for _ in range(len(debias.CONTENT_FREE_STATES) * len(key[2]))]
+    read_owners = [owner for key in missing for _ in debias.CONTENT_FREE_STATES for _s, _o, owner in key[2]]
     try:
         result = await _engine_call(app, app.engine.score, cf_prefix, cf_groups, pin=False, slot=slot, **route)
     except Exception as exc:
-        _raise_refusal(app, exc, owners, request)
+        _raise_refusal(app, exc, owners, request, read_owners)
         raise
     out.computed = _add(out.computed, getattr(result, "computed", None))
     out.reused = _add(out.reused, getattr(result, "reused", None))
     g = 0
     for key in missing:
         per_read = []
-        for _ in range(len(debias.CONTENT_FREE_STATES) * len(key[2])):
-            lps = [tuple(o.logprobs) for o in result.groups[g]]
-            out.output_tokens += sum(len(x) for x in lps)
-            try:
-                per_read.append(scoring.option_scores(lps, request.normalize))
-            except ValueError as exc:
-                raise HTTPError(502, "api_error", f"the engine's content-free scores are unusable: {exc}") from None
-            g += 1
-        mem.remember_content_free(key, debias.mean_log_probs(per_read))
+        for _ in debias.CONTENT_FREE_STATES:
+            for _stem, _opts, owner in key[2]:
+                lps = [tuple(o.logprobs) for o in result.groups[g]]
+                out.output_tokens += sum(len(x) for x in lps)
+                try:
+                    per_read.append(readings.log_probs(owner, lps, request.normalize))
+                except ValueError as exc:
+                    raise HTTPError(502, "api_error", f"the engine's content-free scores are unusable: {exc}") from None
+                g += 1
+        mem.remember_content_free(key, readings.mean_log_probs(per_read))
 
 
 def decide_invalid_error(reason: str, questions: list[Question]) -> dict[str, Any]:
@@ -389,7 +417,8 @@ def _headers(request: Request, decided: Decided) -> list[tuple[str, str]]:
 async def systemone(app: "App", memory: ScoringMemory, request: Request) -> Response:
     parsed = jev.parse_request(parse_json(request))
     decided = await decide_questions(app, parsed, memory)
-    answers = {q.id: jev.answer(q, decided.probs[q.id]) for q in parsed.questions}
+    answers = {q.id: {**jev.answer(q, decided.probs[q.id]), "x_calibration": decided.calibration.get(q.id, IDENTITY)}
+               for q in parsed.questions}
     extra: dict[str, Any] = {"x_request_id": request.request_id, "x_engine_ms": round(decided.engine_ms, 3), "x_path": decided.path}
     if decided.computed is not None:
         extra["x_positions"] = {"computed": decided.computed, "reused": decided.reused, "snapshot": decided.snapshot}
@@ -517,6 +546,7 @@ async def decisions(app: "App", memory: ScoringMemory, request: Request) -> Resp
             a.update(score=scoring.r6(scoring.expected_level(p)),
                      probabilities=[{"value": i, "label": lv["label"], "probability": p[i]} for i, lv in enumerate(raw["levels"])],
                      confidence=scoring.r6(scoring.confidence(p)))
+        a["x_calibration"] = decided.calibration.get(q.id, IDENTITY)
         answers.append(a)
     body = {"id": request.request_id, "object": "decision", "created": int(time.time()), "model": app.model.name,
             "answers": answers, "usage": {"input_tokens": decided.input_tokens, "output_tokens": decided.output_tokens}}

@@ -27,12 +27,14 @@ def anyio_backend():
     ("none", ()), ([], ()), (["none"], ()), ("cyclic", ("cyclic",)), ("content_free", ("content_free",)),
     (["content_free", "cyclic"], ("cyclic", "content_free")), (["cyclic", "cyclic"], ("cyclic",)),
     ("cyclic,content_free", ("cyclic", "content_free")), ("content_free, cyclic", ("cyclic", "content_free")),
+    ("content_free,canonical", ("canonical", "content_free")), (["content_free", "cloze"], ("cloze", "content_free")),
+    ("letters", ("letters",)),
 ])
 def test_parse_accepts_names_lists_and_the_flags_form(value, methods):
     assert debias.parse(value) == methods
 
 
-UNKNOWN = "Unknown debias method {!r}: use 'none', 'cyclic', 'content_free' or a list of the last two"
+UNKNOWN = "Unknown debias method {!r}: use 'none', 'cloze', 'letters', 'canonical', 'cyclic', 'content_free' or a list of those"
 
 
 @pytest.mark.parametrize("value, message", [
@@ -40,9 +42,12 @@ UNKNOWN = "Unknown debias method {!r}: use 'none', 'cyclic', 'content_free' or a
     (["cyclic", "x"], UNKNOWN.format("x")),
     (["none", "cyclic"], "'none' cannot be combined with a debias method"),
     ("none,cyclic", "'none' cannot be combined with a debias method"),
-    (3, "Input should be 'none', 'cyclic', 'content_free' or a list of those"),
-    ([1], "Input should be 'none', 'cyclic', 'content_free' or a list of those"),
-    (None, "Input should be 'none', 'cyclic', 'content_free' or a list of those"),
+    ("cloze,letters", "'cloze' and 'letters' are two prompt formats: choose one"),
+    ("cloze,cyclic", "a 'cloze' prompt lists no options: 'cyclic' and 'canonical' do not apply to it"),
+    (["canonical", "cloze"], "a 'cloze' prompt lists no options: 'cyclic' and 'canonical' do not apply to it"),
+    (3, "Input should be 'none', 'cloze', 'letters', 'canonical', 'cyclic', 'content_free' or a list of those"),
+    ([1], "Input should be 'none', 'cloze', 'letters', 'canonical', 'cyclic', 'content_free' or a list of those"),
+    (None, "Input should be 'none', 'cloze', 'letters', 'canonical', 'cyclic', 'content_free' or a list of those"),
 ])
 def test_parse_refuses_anything_else(value, message):
     with pytest.raises(ValueError) as e:
@@ -150,7 +155,7 @@ def test_serve_flag_and_its_default():
     from gateway.cli_serve import default_debias
 
     parse = build_parser().parse_args
-    assert default_debias(parse(["serve"])) == ("cyclic", "content_free")  # the default model needs it
+    assert default_debias(parse(["serve"])) == ("canonical", "content_free")  # the default model needs it (bench/quality.py)
     assert default_debias(parse(["serve", "--model", "m.gguf"])) == ()
     assert default_debias(parse(["serve", "--engine", "engines/bin/serveproto-fixture"])) == ()
     assert default_debias(parse(["serve", "--debias", "none"])) == ()
@@ -197,3 +202,69 @@ async def test_a_content_free_reading_outlives_its_client_and_is_shared():
     assert [r.status_code for r in replies] == [200, 200, 200]
     assert eng.free_reads == 1
     assert replies[0].json()["answers"] == replies[2].json()["answers"]
+
+
+CHATML_TAIL = "<|im_end|>\n<|im_start|>assistant\n"
+
+
+async def test_canonical_reads_the_same_prompt_whatever_the_label_order():
+    eng = FakeEngine()
+    crit = TICKET["questions"]["department"]["criteria"]
+    swapped = {k: crit[k] for k in ("sales", "billing", "technical")}  # not a rotation of the request's order
+    bodies = [{**TICKET, "x_debias": "canonical"},
+              {**TICKET, "x_debias": "canonical", "questions": {**TICKET["questions"], "department": {
+                  **TICKET["questions"]["department"], "criteria": swapped}}}]
+    async with running(make_app(eng)) as base:
+        a, b = [await post(base, body) for body in bodies]
+    assert a.status_code == b.status_code == 200, a.text
+    assert a.json()["x_debias"] == ["canonical"]
+    first, second = [c for c in eng.calls if c[0] == "score"]
+    stems = [[stem for stem, _ in call[2]] for call in (first, second)]
+    assert stems[0] == stems[1]
+    assert stems[0][1] == ("\n\nWhich team should handle this?\nbilling: payments, invoices\nsales\n"
+                           "technical: bugs, integration errors\nAnswer with one label." + CHATML_TAIL)
+    assert first[2] == second[2]  # the same bytes to the engine: stems and scored texts (in canonical order)
+    assert first[2][1][1] == ["billing", "sales", "technical"]
+    pa, pb = a.json()["answers"]["department"]["probabilities"], b.json()["answers"]["department"]["probabilities"]
+    assert pa == pb and list(pb) == ["sales", "billing", "technical"]
+
+
+async def test_letters_and_cloze_reach_the_engine_as_their_prompts():
+    eng = FakeEngine()
+    async with running(make_app(eng)) as base:
+        letters = await post(base, {**TICKET, "x_debias": "letters"})
+        cloze = await post(base, {**TICKET, "x_debias": ["cloze", "content_free"]})
+    assert letters.status_code == cloze.status_code == 200, letters.text
+    assert cloze.json()["x_debias"] == ["cloze", "content_free"]
+    lett, free, clz = [c for c in eng.calls if c[0] == "score"]
+    stem, options = lett[2][1]
+    assert stem == ("\n\nWhich team should handle this?\nA. billing: payments, invoices\nB. technical: bugs, "
+                    "integration errors\nC. sales\nAnswer with the letter." + CHATML_TAIL)
+    assert options == ["A", " A", "a", " a", "B", " B", "b", " b", "C", " C", "c", " c"]
+    assert lett[2][2][1] == [s for k in range(5) for s in (str(k), f" {k}")]  # a score's levels: digits
+    # the content-free reading of the cloze prompts, then the state's
+    assert [g for g in clz[2]] == [("\n\nDoes this message express urgency?" + CHATML_TAIL, ["no", "yes"]),
+                                   ("\n\nWhich team should handle this?" + CHATML_TAIL, ["billing", "sales", "technical"]),
+                                   ("\n\nHow severe is the customer impact?" + CHATML_TAIL,
+                                    ["no impact", "minor", "blocked", "losing money", "business down"])]
+    assert [stem for stem, _ in free[2]] == ["N/A" + stem for stem, _ in clz[2]]
+    # the fake scores a text by its characters: a letter's probability is the sum over its four spellings
+    import math as m
+    from test_routes_support import char_logprob
+
+    def p(text):
+        return m.exp(sum(char_logprob(c) for c in text))
+
+    mass = [sum(p(s) for s in (x, " " + x, x.lower(), " " + x.lower())) for x in "ABC"]
+    want = [x / sum(mass) for x in mass]
+    got = list(letters.json()["answers"]["department"]["probabilities"].values())
+    assert got == pytest.approx(want, abs=1e-6)
+
+
+async def test_a_format_that_cannot_ask_a_question_is_a_422():
+    body = {"state": "x", "x_debias": "cloze", "questions": {"lvl": {"type": "score", "criteria": ["low", "low"]}}}
+    async with running(make_app(FakeEngine())) as base:
+        r = await post(base, body)
+    assert r.status_code == 422
+    assert r.json()["detail"] == [{"loc": ["body", "questions", "lvl", "criteria"], "type": "value_error",
+                                   "msg": "two options have the same text: the cloze format cannot tell them apart"}]

@@ -51,7 +51,7 @@ async def test_systemone_scores_every_question_against_the_oracle():
     ans = body["answers"]
     assert list(ans) == ["urgency", "department", "severity"]
     p = oracle(["no", "yes"])
-    assert ans["urgency"] == {"type": "noul", "noul": pytest.approx(p[1], abs=1e-6)}
+    assert ans["urgency"] == {"type": "noul", "noul": pytest.approx(p[1], abs=1e-6), "x_calibration": "identity"}
     p = oracle(["billing", "technical", "sales"])
     dep = ans["department"]
     # billing and sales tie in the toy (to 1e-16): the first of the tied labels is the choice
@@ -84,7 +84,7 @@ async def test_single_option_question_needs_no_engine_and_mean_warns():
         r = await post(base, "/v1/systemone", {"state": "s", "questions": {"only": {"type": "choice", "criteria": {"x": None}}}})
         assert r.status_code == 200
         assert r.json()["answers"]["only"] == {"type": "choice", "choice": "x", "probabilities": {"x": 1.0}, "confidence": 1.0,
-                                                "x_entropy": 0.0}
+                                                "x_entropy": 0.0, "x_calibration": "identity"}
         assert r.json()["usage"] == {"input_tokens": 0, "output_tokens": 0}
         assert eng.calls == []
         r = await post(base, "/v1/systemone", {"state": "s", "normalize": "mean", "pin_state": False,
@@ -160,7 +160,7 @@ async def test_decision_engine_path_record_and_reply():
     body = r.json()
     assert body["answers"]["department"]["probabilities"] == {"billing": 0.333333, "other": 0.666667}
     assert body["answers"]["urgency"]["score"] == 0.666667
-    assert body["answers"]["churn"] == {"type": "noul", "noul": 0.666667}
+    assert body["answers"]["churn"] == {"type": "noul", "noul": 0.666667, "x_calibration": "identity"}
     assert body["answers"]["solo"]["choice"] == "only"
     assert body["usage"] == {"input_tokens": 42, "output_tokens": 0}
     assert r.headers["x-serveproto-engine-ms"] == "1.500"
@@ -269,7 +269,8 @@ async def test_decisions_route_openai_shape():
         r = await post(base, "/v1/decisions", req)
         bad = await post(base, "/v1/decisions", {"input": "x", "questions": [{"type": "choice", "choices": []}]})
     a = r.json()["answers"]
-    assert a[0] == {"type": "predicate", "name": "risky", "probability": pytest.approx(oracle(["no", "yes"])[1], abs=1e-6)}
+    assert a[0] == {"type": "predicate", "name": "risky", "probability": pytest.approx(oracle(["no", "yes"])[1], abs=1e-6),
+                    "x_calibration": "identity"}
     p = oracle(["merge", "close"])
     assert a[1]["probabilities"] == [{"value": "merge", "probability": pytest.approx(p[0], abs=1e-6)},
                                      {"value": "close", "probability": pytest.approx(p[1], abs=1e-6)}]

@@ -1,0 +1,143 @@
+"""``serveproto calibrate``: fit a calibration on labelled requests and write it where ``serve`` finds it.
+
+    serveproto calibrate [--data FILE] [--model GGUF] [--debias METHODS] [--folds 5] [--out FILE] [--png FILE]
+
+Scores every labelled request (``--data``: a labelled JSONL file,
+:mod:`gateway.evalset`; default: the generated set) through the server's own
+scoring path on the llama engine (:func:`gateway.routes_jev.decide_questions`
+on an :class:`gateway.app.App`, no calibration applied), under the
+``x_debias`` that ``serve`` applies to that model by default (or
+``--debias``), fits one map per question type (:mod:`gateway.calibration`),
+measures it by cross-validation over requests, prints ECE, Brier, NLL and
+accuracy before and after on the held-out answers and a reliability diagram
+in text, writes the calibration file (default
+``$SERVEPROTO_CACHE/calibration/<model sha256>.json``, which ``serve``
+loads for that model) and a reliability diagram as PNG beside it (with
+matplotlib installed).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from gateway.paths import default_model_path, engine_bin
+
+HELP = __doc__.split("\n\n", 1)[1]
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("calibrate", help="fit a calibration on labelled requests (serve applies it to that model)",
+                       description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", help="labelled JSONL: {\"request\": <System One body>, \"gold\": {qid: answer}} per line "
+                                  "(default: the generated evaluation set)")
+    p.add_argument("--model", help="GGUF model (default: the fetched SmolLM2-135M-Instruct)")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads of the llama engine (default 1)")
+    p.add_argument("--debias", default=None, metavar="METHODS",
+                   help="the x_debias the answers are read under (default: serve's default for this model)")
+    p.add_argument("--folds", type=int, default=5, help="cross-validation folds over requests (default 5)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the folds")
+    p.add_argument("--limit", type=int, default=0, help="score only the first N requests")
+    p.add_argument("--out", help="the calibration file (default: $SERVEPROTO_CACHE/calibration/<model sha256>.json)")
+    p.add_argument("--png", help="the reliability diagram (default: the calibration file with .png; 'none' to skip)")
+    p.set_defaults(func=run)
+
+
+def answers_of(parsed, decided, gold: dict[str, int], rid: str) -> list[tuple[str, list[float], int, str]]:
+    """(type, probabilities in reply order, gold index, request id) for each labelled question answered."""
+    return [(q.type, list(decided.probs[q.id]), gold[q.id], rid) for q in parsed.questions
+            if q.id in gold and q.n_options > 1]
+
+
+async def score_all(items, model: str, threads: int, methods: tuple[str, ...], log=print) -> list:
+    """Every labelled question's probabilities as served (no calibration) on the llama engine."""
+    import anyio
+
+    from gateway import jev
+    from gateway.app import App, ModelInfo
+    from gateway.engine import Engine
+    from gateway.routes_jev import ScoringMemory, decide_questions
+
+    cmd = [str(engine_bin("serveproto-llama")), "--model", model, "--threads", str(threads)]
+    out = []
+    async with Engine.spawn(cmd, name="calibrate") as eng:
+        info = await anyio.to_thread.run_sync(ModelInfo.load, eng.caps.model, model)
+        app = App(eng, info, debias=methods)
+        memory = ScoringMemory()
+        t0 = time.perf_counter()
+        for k, item in enumerate(items, start=1):
+            parsed = jev.parse_request(item.body)
+            decided = await decide_questions(app, parsed, memory)
+            out += answers_of(parsed, decided, item.gold, item.id)
+            if k % 10 == 0 or k == len(items):
+                log(f"  {k}/{len(items)} requests scored ({time.perf_counter() - t0:.0f} s)")
+    return out
+
+
+def table(result) -> str:
+    lines = ["| questions | n | map | ECE before -> after | Brier before -> after | NLL before -> after | accuracy |",
+             "|---|---|---|---|---|---|---|"]
+    for t, h in result.held_out.items():
+        b, a = h["before"], h["after"]
+        kind = result.maps[t].kind if t in result.maps else "per type"
+        lines.append(f"| {t} | {b['n']} | {kind} | {b['ece']:.3f} -> {a['ece']:.3f} | {b['brier']:.3f} -> "
+                     f"{a['brier']:.3f} | {b['nll']:.3f} -> {a['nll']:.3f} | {b['accuracy']:.3f} -> {a['accuracy']:.3f} |")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    import anyio
+
+    from gateway import calibration, debias, evalset
+    from gateway.cli_serve import DEFAULT_MODEL_DEBIAS
+
+    model = args.model or str(default_model_path())
+    if not Path(model).exists():
+        print(f"serveproto calibrate: model {model} not found (run `make model`, or pass --model PATH)", file=sys.stderr)
+        return 1
+    if args.debias is not None:
+        try:
+            methods = debias.parse(args.debias)
+        except ValueError as exc:
+            print(f"serveproto calibrate: --debias: {exc}", file=sys.stderr)
+            return 2
+    else:
+        methods = DEFAULT_MODEL_DEBIAS if not args.model else ()
+    try:
+        items = evalset.read_jsonl(args.data) if args.data else evalset.generate()
+    except (OSError, evalset.LabelledFileError) as exc:
+        print(f"serveproto calibrate: {exc}", file=sys.stderr)
+        return 1
+    if args.limit:
+        items = items[:args.limit]
+    source = args.data or f"the generated evaluation set (gateway.evalset, seed {evalset.SEED})"
+    print(f"serveproto calibrate: {len(items)} labelled requests from {source}; x_debias "
+          f"{','.join(methods) or 'none'}", flush=True)
+    answers = anyio.run(score_all, items, model, args.threads, methods, lambda s: print(s, flush=True))
+    try:
+        result = calibration.fit(answers, k=args.folds, seed=args.seed)
+    except ValueError as exc:
+        print(f"serveproto calibrate: {exc}", file=sys.stderr)
+        return 1
+    sha = calibration.sha256_file(model)
+    doc = calibration.document(result, Path(model).stem, sha, methods, source)
+    out = Path(args.out) if args.out else calibration.default_path(sha)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    import orjson
+
+    out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+    before, after, gold = result.pooled
+    print(f"\nheld out ({result.folds}-fold cross-validation over requests):\n{table(result)}\n")
+    print("before:\n" + calibration.reliability_text(before, gold))
+    print("after:\n" + calibration.reliability_text(after, gold))
+    png = args.png if args.png is not None else str(out.with_suffix(".png"))
+    if png != "none":
+        try:
+            calibration.reliability_png((before, gold), (after, gold), png,
+                                        f"{Path(model).name}\nx_debias {','.join(methods) or 'none'}, held out")
+            print(f"\nreliability diagram: {png}")
+        except ImportError:
+            print("\nno reliability diagram: matplotlib is not installed (pip install 'serveproto[calibrate]')")
+    print(f"calibration {doc['id']} written to {out} (serve loads it for this model)")
+    return 0

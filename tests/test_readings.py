@@ -1,0 +1,135 @@
+"""``gateway.readings`` and the formats of ``gateway.prompts``: exact prompt texts, the reads of each method,
+and the combination arithmetic (spellings, means, batch calibration, PriDe) by hand."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gateway import readings
+from gateway.prompts import cloze_text, letters_text, question_text, spellings
+from gateway.readings import Method
+
+CRIT = {"sales": "plans", "billing": "payments", "technical": None}
+
+
+def test_listed_order_is_any_permutation():
+    assert question_text("choice", "Who?", CRIT, order=[2, 0, 1]) == (
+        "Who?\ntechnical\nsales: plans\nbilling: payments\nAnswer with one label.", ("sales", "billing", "technical"))
+    # rotation applies on top of the order
+    assert question_text("choice", "Who?", CRIT, 1, [2, 0, 1])[0] == (
+        "Who?\nsales: plans\nbilling: payments\ntechnical\nAnswer with one label.")
+    assert question_text("noul", "Urgent?", None, order=[1, 0])[0] == "Urgent?\nAnswer no or yes."
+    with pytest.raises(ValueError):
+        question_text("choice", "Who?", CRIT, order=[0, 0, 1])
+
+
+def test_cloze_lists_nothing():
+    assert cloze_text("choice", "Who?", CRIT) == ("Who?", ("sales", "billing", "technical"))
+    assert cloze_text("score", None, ["low", {"k": 1}]) == ("Which level fits the text best?", ("low", '{"k": 1}'))
+    assert cloze_text("noul", "Urgent?", {"true": "now"}) == ("Urgent?", ("no", "yes"))
+    with pytest.raises(ValueError, match="same text"):
+        cloze_text("score", "How?", ["low", "low"])
+
+
+def test_letter_format_and_spellings():
+    assert spellings("A") == ("A", " A", "a", " a")
+    assert spellings("yes") == ("yes", " yes", "Yes", " Yes")
+    assert spellings("7") == ("7", " 7")
+    text, per_option = letters_text("choice", "Who?", CRIT, [1, 2, 0])
+    assert text == "Who?\nA. billing: payments\nB. technical\nC. sales: plans\nAnswer with the letter."
+    assert per_option == (spellings("C"), spellings("A"), spellings("B"))  # reply order: sales, billing, technical
+    assert letters_text("score", "How bad?", ["none", "some"]) == (
+        "How bad?\n0. none\n1. some\nAnswer with the number.", (("0", " 0"), ("1", " 1")))
+    text, _ = letters_text("score", "How bad?", [str(i) for i in range(11)])
+    assert text.splitlines()[1:3] == ["A. 0", "B. 1"] and text.endswith("Answer with the letter.")
+    assert letters_text("noul", "Urgent?", None) == ("Urgent?\nAnswer yes or no.", (spellings("no"), spellings("yes")))
+    with pytest.raises(ValueError, match="at most 26"):
+        letters_text("choice", "Q", {str(i): None for i in range(27)})
+
+
+def test_canonical_reads_do_not_depend_on_the_request_order():
+    other = {"technical": None, "sales": "plans", "billing": "payments"}
+    a = readings.plan("choice", "Who?", CRIT, 3, Method(canonical=True))
+    b = readings.plan("choice", "Who?", other, 3, Method(canonical=True))
+    assert [r.text for r in a] == [r.text for r in b] == [
+        "Who?\nbilling: payments\nsales: plans\ntechnical\nAnswer with one label."]
+    # the scored strings too (canonical order); owner maps them to each request's reply order, places
+    # say where each reply option is listed
+    assert a[0].scored == b[0].scored == ("billing", "sales", "technical")
+    assert a[0].owner == (1, 0, 2) and a[0].places == (1, 0, 2)
+    assert b[0].owner == (2, 1, 0) and b[0].places == (2, 1, 0)
+    rot = readings.plan("choice", "Who?", CRIT, 3, Method(canonical=True, cyclic=True))
+    assert [r.text.splitlines()[1] for r in rot] == ["billing: payments", "sales: plans", "technical"]
+    assert [r.places for r in rot] == [(1, 0, 2), (0, 2, 1), (2, 1, 0)]
+    # a score and a noul have no order of their own: canonical is their natural listing
+    assert readings.plan("score", "How?", ["a", "b"], 2, Method(canonical=True))[0].text == "How?\n1: a\n2: b\nAnswer with the number."
+    noul = readings.plan("noul", "Urgent?", None, 2, Method(canonical=True, cyclic=True))
+    assert [r.text for r in noul] == ["Urgent?\nAnswer yes or no.", "Urgent?\nAnswer no or yes."]
+    assert [r.places for r in noul] == [(1, 0), (0, 1)]  # reply order (no, yes)
+
+
+def test_request_order_reads_match_the_listed_prompt():
+    reads = readings.plan("choice", "Who?", CRIT, 3, Method(cyclic=True))
+    assert [r.text for r in reads] == [question_text("choice", "Who?", CRIT, k)[0] for k in range(3)]
+    assert readings.plan("choice", "Who?", CRIT, 3, Method())[0].text == question_text("choice", "Who?", CRIT)[0]
+    letters = readings.plan("choice", "Who?", CRIT, 3, Method("letters"))
+    assert letters[0].scored[:4] == spellings("A") and letters[0].owner == (0,) * 4 + (1,) * 4 + (2,) * 4
+    cloze = readings.plan("choice", "Who?", CRIT, 3, Method("cloze", content_free=True))
+    assert [(r.text, r.scored, r.owner, r.places) for r in cloze] == [("Who?", ("billing", "sales", "technical"),
+                                                                       (1, 0, 2), None)]
+
+
+def test_method_names_round_trip():
+    for names in [(), ("cyclic", "content_free"), ("canonical", "content_free"), ("cloze", "content_free"), ("letters",)]:
+        assert Method.from_names(names).names == names
+
+
+def test_log_probs_sum_each_options_spellings():
+    # option 0 spelled twice (p 0.2 and 0.1), option 1 twice (0.3 and 0.1): 0.3 vs 0.4 -> 3/7, 4/7
+    lps = [[math.log(0.2)], [math.log(0.1)], [math.log(0.3)], [math.log(0.1)]]
+    out = readings.log_probs((0, 0, 1, 1), lps)
+    assert [math.exp(x) for x in out] == pytest.approx([3 / 7, 4 / 7], abs=1e-12)
+    # a multi-token text counts its tokens' sum
+    out = readings.log_probs((0, 1), [[math.log(0.5), math.log(0.5)], [math.log(0.5)]])
+    assert [math.exp(x) for x in out] == pytest.approx([1 / 3, 2 / 3], abs=1e-12)
+
+
+def test_combine_means_reads_and_subtracts_the_content_free_ones():
+    a = [math.log(0.8), math.log(0.2)]
+    b = [math.log(0.5), math.log(0.5)]
+    assert readings.combine([a, b], None) == pytest.approx([(math.log(0.8) + math.log(0.5)) / 2,
+                                                           (math.log(0.2) + math.log(0.5)) / 2])
+    assert readings.combine([a], [math.log(0.8), math.log(0.2)]) == pytest.approx([0.0, 0.0])
+
+
+def test_batch_prior_and_divide():
+    prior = readings.batch_prior([[0.8, 0.2], [0.6, 0.4]])
+    assert prior == pytest.approx([0.7, 0.3])
+    # 0.8/0.7 : 0.2/0.3 -> normalised
+    q = readings.divide([0.8, 0.2], prior)
+    z = 0.8 / 0.7 + 0.2 / 0.3
+    assert q == pytest.approx([0.8 / 0.7 / z, 0.2 / 0.3 / z])
+    with pytest.raises(ValueError):
+        readings.batch_prior([])
+    with pytest.raises(ValueError):
+        readings.divide([0.5, 0.5], [1.0, 0.0])
+
+
+def test_pride_prior_by_hand():
+    # two rotations of two options: rotation 0 lists (o0, o1), rotation 1 lists (o1, o0)
+    r0 = [math.log(0.8), math.log(0.2)]
+    r1 = [math.log(0.5), math.log(0.5)]  # o0 now second
+    places = [(0, 1), (1, 0)]
+    # place 0 held o0 (0.8) then o1 (0.5); place 1 o1 (0.2) then o0 (0.5): softmax of the mean logs
+    # ∝ sqrt(0.4) : sqrt(0.1) = 2 : 1
+    assert readings.pride_prior([([r0, r1], places)]) == pytest.approx([2 / 3, 1 / 3])
+    # averaged over samples in probability space
+    flat = [math.log(0.5), math.log(0.5)]
+    assert readings.pride_prior([([r0, r1], places), ([flat, flat], places)]) == pytest.approx([(2 / 3 + 0.5) / 2,
+                                                                                              (1 / 3 + 0.5) / 2])
+    # divided out by place: the option listed first loses its place's weight
+    assert readings.divide([0.5, 0.5], [2 / 3, 1 / 3], places=(0, 1)) == pytest.approx([1 / 3, 2 / 3])
+    assert readings.divide([0.5, 0.5], [2 / 3, 1 / 3], places=(1, 0)) == pytest.approx([2 / 3, 1 / 3])
+    with pytest.raises(ValueError):
+        readings.pride_prior([])
