@@ -24,16 +24,22 @@ def fixture_engine() -> Path:
     return path
 
 
-@pytest.fixture
-def llama_engine() -> list[str]:
-    """The llama engine on the default model, as an argv; skips if either is missing."""
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    """The default model's GGUF, once the llama engine is built too; skips if either is missing."""
     path = engine_bin("serveproto-llama")
     model = default_model_path()
     if not os.access(path, os.X_OK):
         pytest.skip(f"{path} is not built yet (make -C engines all)")
     if not model.exists():
         pytest.skip(f"{model} is not fetched yet (make model)")
-    return [str(path), "--model", str(model), "--threads", "2"]
+    return model
+
+
+@pytest.fixture
+def llama_engine(model_path) -> list[str]:
+    """The llama engine on the default model, as an argv; skips if either is missing."""
+    return [str(engine_bin("serveproto-llama")), "--model", str(model_path), "--threads", "2"]
 
 
 def open_fds() -> int:

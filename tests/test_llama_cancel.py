@@ -19,11 +19,9 @@ milliseconds, well inside them.
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
-from gateway.paths import default_model_path, engine_bin
 from serveproto import Accept, Cancel, Data, Done, Echo, Error, Ping, Pong, Score, Scored, Submit
 
 from test_llama_engine import Engine
@@ -45,16 +43,6 @@ def score_payload(options, pin=False) -> bytes:
 PIN = score_payload([" yes", " no"], pin=True)
 LONG_A = score_payload([" it depends on the size of item {g} today", " only when item {g} is late again"])
 LONG_B = score_payload([" perhaps if item {g} is the billing one", " never for item {g} at all"])
-
-
-@pytest.fixture(scope="module")
-def model_path():
-    if not os.access(engine_bin("serveproto-llama"), os.X_OK):
-        pytest.skip("engines/bin/serveproto-llama is not built yet (make -C engines all)")
-    path = default_model_path()
-    if not path.exists():
-        pytest.skip(f"{path} is not fetched yet (make model)")
-    return path
 
 
 def engine(model_path, *args) -> Engine:

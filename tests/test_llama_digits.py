@@ -22,7 +22,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from gateway.paths import default_model_path, engine_bin
+from gateway.paths import engine_bin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from digits import FILLER, GROUPS, STATE, differences, numbers, spawn, the_matrix  # noqa: E402
@@ -33,16 +33,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 @pytest.fixture
 def anyio_backend():
     return "asyncio"
-
-
-@pytest.fixture(scope="module")
-def model_path():
-    if not os.access(engine_bin("serveproto-llama"), os.X_OK):
-        pytest.skip("engines/bin/serveproto-llama is not built yet (make -C engines all)")
-    path = default_model_path()
-    if not path.exists():
-        pytest.skip(f"{path} is not fetched yet (make model)")
-    return path
 
 
 @pytest.fixture(scope="module")
