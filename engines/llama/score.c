@@ -32,8 +32,7 @@ typedef struct option_tokens {
     int *path;         /* node of positions trunk .. n-1 (chunk-local), owned */
     score_key key;     /* hash of toks (score_cache.c) */
     double *lps;       /* n_lps logprobs once scored or found in the cache, owned */
-    int n_lps;
-    int cached;        /* lps came from the score cache */
+    int n_lps;         /* -1: not in the score cache, until scored */
 } option_tokens;
 
 typedef struct trie_node {
@@ -345,9 +344,10 @@ void serve_score(engine *e, pending *p)
         return;
     }
     const int cap_nodes = e->n_batch < e->n_ctx ? e->n_batch : e->n_ctx;
-    int *todo = malloc((size_t)job.n_opts * sizeof *todo), *done_idx = malloc((size_t)job.n_opts * sizeof *done_idx);
+    /* options to compute, and options answered from the score cache */
+    int *todo = malloc((size_t)job.n_opts * sizeof *todo), *cached = malloc((size_t)job.n_opts * sizeof *cached);
     trie_node *trie = malloc((size_t)e->n_batch * sizeof *trie);
-    if (!todo || !done_idx || !trie) {
+    if (!todo || !cached || !trie) {
         sp_write_error(&e->w, rq->id, "BAD_REQUEST", "out of memory");
         goto out;
     }
@@ -372,9 +372,8 @@ void serve_score(engine *e, pending *p)
         ot->key = trunk_key;
         score_key_add(&ot->key, ot->toks + job.trunk, ot->n - job.trunk);
         ot->n_lps = score_cache_get(&e->scores, &ot->key, ot->ctx, ot->lps, ENGINE_MAX_SCORED);
-        ot->cached = ot->n_lps >= 0;
-        if (ot->cached)
-            done_idx[n_cached++] = j;
+        if (ot->n_lps >= 0)
+            cached[n_cached++] = j;
         else
             todo[n_todo++] = j;
     }
@@ -383,7 +382,7 @@ void serve_score(engine *e, pending *p)
     /* the positions the cached options would have needed count as reused */
     int reused_nodes = 0;
     for (int j = 0; j < n_cached; j++)
-        reused_nodes += new_nodes(&job, done_idx, 0, j);
+        reused_nodes += new_nodes(&job, cached, 0, j);
 
     reuse_info ri = { 0, "none" };
     int computed = 0, stale = 0;
@@ -441,6 +440,6 @@ void serve_score(engine *e, pending *p)
 out:
     free(trie);
     free(todo);
-    free(done_idx);
+    free(cached);
     job_free(&job);
 }
