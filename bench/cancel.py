@@ -18,17 +18,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import selectors
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from engine import Engine  # noqa: E402
 from gateway.paths import default_model_path, engine_bin  # noqa: E402
-from serveproto import (NEED_DATA, Accept, Cancel, Done, Error, GatewayConnection, Score,  # noqa: E402
-                        Stat, Submit)
+from serveproto import Accept, Cancel, Done, Error, Score, Submit  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 WORDS = "the quick brown fox jumps over the lazy dog while a customer writes about billing trouble".split()
@@ -37,24 +37,11 @@ GROUPS = [{"stem": f"Question {g}: is the {WORDS[g % len(WORDS)]} part of item {
            "options": [" yes", " no", f" it depends on item {g}"]} for g in range(16)]
 
 
-class Proc:
-    """One engine over pipes; reply events through GatewayConnection."""
-
-    def __init__(self, argv: list[str]):
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL)
-        self.sel = selectors.DefaultSelector()
-        self.sel.register(self.proc.stdout, selectors.EVENT_READ)
-        self.conn = GatewayConnection()
-        while not isinstance(self.next_event(), Stat):
-            pass
+class Proc(Engine):
+    """One engine over pipes (bench/engine.py's :class:`Engine`); reply events through GatewayConnection."""
 
     def next_event(self):
-        while (ev := self.conn.next_event()) is NEED_DATA:
-            if not self.sel.select(600):
-                raise TimeoutError("engine silent for 600 s")
-            self.conn.receive_data(os.read(self.proc.stdout.fileno(), 1 << 16))
-        return ev
+        return self._event()
 
     def send(self, ev) -> None:
         self.proc.stdin.write(self.conn.send(ev))
@@ -69,9 +56,6 @@ class Proc:
         f = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(f[11]) + int(f[12])) / TICK
 
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(60)
 
 
 def main() -> None:

@@ -280,7 +280,6 @@ def bench_numerics(args) -> None:
     configs = [(f"tree {p.parent.parent.parent.name}", [str(p), *common]) for p in (args.engine or [])]
     configs += [("fast", [binary, *common, "--numerics", "fast"]),
                 ("invariant", [binary, *common, "--numerics", "invariant", "--score-cache-mb", "0"])]
-    configs = getattr(args, "configs", None) or configs
     text = (SENTENCE * (args.tokens // 14 + 1)).encode()
     prefix = SENTENCE * 20
     stem = "Question: which colour is the fox? Answer:"

@@ -42,6 +42,14 @@ def llama_engine(model_path) -> list[str]:
     return [str(engine_bin("serveproto-llama")), "--model", str(model_path), "--threads", "2"]
 
 
+@pytest.fixture(scope="session")
+def tiny() -> Path:
+    """The tiny F32 fixture GGUF, from the real cache: a test that points $SERVEPROTO_CACHE
+    elsewhere takes it first (written there, it would fetch the default model for its tokenizer)."""
+    from fixtures import tiny_gguf
+    return tiny_gguf.ensure()
+
+
 def open_fds() -> int:
     """File descriptors this process has open now (``/proc/self/fd``)."""
     return len(os.listdir("/proc/self/fd"))

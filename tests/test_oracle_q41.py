@@ -126,13 +126,6 @@ def test_oracle_refuses_what_it_does_not_model(extra_tensor, meta, match):
 # -- a Q4_1 copy of the tiny fixture ---------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def tiny():
-    """The tiny F32 fixture, from the real cache (before a test points $SERVEPROTO_CACHE elsewhere:
-    writing it there would fetch the default model for its tokenizer)."""
-    return tiny_gguf.ensure()
-
-
-@pytest.fixture(scope="module")
 def tiny_q41(tiny, tmp_path_factory):
     return tiny_gguf.quantized_copy(tiny, tmp_path_factory.mktemp("q41") / "tiny-q41.gguf")
 

@@ -23,13 +23,6 @@ def cache(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    """The tiny F32 fixture, from the real cache (before a test points $SERVEPROTO_CACHE elsewhere:
-    writing it there would fetch the default model for its tokenizer)."""
-    return tiny_gguf.ensure()
-
-
-@pytest.fixture(scope="module")
 def tiny_q80(tiny, tmp_path_factory):
     return tiny_gguf.quantized_copy(tiny, tmp_path_factory.mktemp("q80") / "tiny-q80.gguf",
                           weight_type=8)
