@@ -1,22 +1,29 @@
 """``serveproto serve``: the decision server, an engine under the supervisor behind the HTTP server.
 
-    serveproto serve [--model PATH] [--host H] [--port P] [--api-key KEY] [--keep-restarting]
-                     [--precision native|f32] [--engine CMD ...]
+    serveproto serve [--model [NAME=]PATH ...] [--engines N] [--host H] [--port P] [--api-key KEY]
+                     [--keep-restarting] [--precision native|f32] [--engine CMD ...]
 
 With no ``--engine`` it serves ``engines/bin/serveproto-llama --model PATH``
 (``PATH`` defaulting to the fetched SmolLM2 model). ``--engine`` takes the
 rest of the command line as the engine's argv, e.g. ``--engine
-engines/bin/serveproto-fixture --mode decide``. Once listening it prints one
-line, ``serveproto: serving <model> on http://<host>:<port>``.
+engines/bin/serveproto-fixture --mode decide``. ``--engines N`` starts N
+engine processes per model (each under its own supervisor); ``--model
+NAME=PATH``, repeatable, serves several models, the first the default.
+Once listening it prints one line, ``serveproto: serving <model> on
+http://<host>:<port>`` (with several engines, one line per model first).
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
+
+import attrs
 
 from gateway.engine.errors import EngineError
 from gateway.server.auth import API_KEY_ENV, key_from_env
@@ -39,6 +46,14 @@ With no --engine the engine is engines/bin/serveproto-llama on --model
 command line as the engine's command, e.g.
 
   serveproto serve --port 8123 --engine engines/bin/serveproto-fixture --mode decide
+
+--engines N starts N engine processes per model, each its own process under
+its own supervisor and restart policy; the CPU threads are divided among
+them (or, on a CUDA build, each gets its own CUDA_VISIBLE_DEVICES: --gpus).
+--model NAME=PATH, repeatable, serves several models: a request's "model"
+picks one by NAME, any other name gets the first. Requests go to the engine
+that last served their state (the routing key, x-serveproto-route-key), else
+to the least loaded one.
 
 Once the engine is loaded it prints one line,
 "serveproto: serving <model> on http://<host>:<port>", then logs one JSON
@@ -72,17 +87,27 @@ KEEP_RESTARTING_BACKOFF_MAX = 30.0
 def add_parsers(sub) -> None:
     p = sub.add_parser("serve", help="start the decision server (POST /v1/systemone and the OpenAI routes)",
                        description=SERVE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", help="GGUF model for the llama engine (default: the fetched SmolLM2-135M-Instruct); "
-                                   "also read for its chat template when --engine is given")
+    p.add_argument("--model", action=_ModelArg, metavar="[NAME=]PATH",
+                   help="GGUF model for the llama engine (default: the fetched SmolLM2-135M-Instruct); "
+                        "also read for its chat template when --engine is given. Repeatable as NAME=PATH: "
+                        "several models, picked by a request's model field (any other name: the first)")
+    p.add_argument("--engines", type=_positive_int, default=1, metavar="N",
+                   help="engine processes per model (default 1), each under its own supervisor; requests go "
+                        "to the engine that last served their state, else to the least loaded")
+    p.add_argument("--gpus", type=_gpu_list, default=None, metavar="IDS",
+                   help="CUDA devices given to the engines in turn (engine i: CUDA_VISIBLE_DEVICES=IDS[i mod "
+                        "n]), e.g. 0,1; default on a CUDA build with several engines: $CUDA_VISIBLE_DEVICES, "
+                        "else every GPU nvidia-smi lists; 'none' leaves the environment alone")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument("--api-key", default=None, help=f"required bearer key (default ${API_KEY_ENV}; none: any key passes)")
     p.add_argument("--slots", type=int, default=None, help="KV slots of the llama engine")
     p.add_argument("--ctx", type=int, default=None, help="context size per slot of the llama engine")
     p.add_argument("--threads", type=_positive_int, default=None,
-                   help=f"CPU threads of the llama engine (default ${THREADS_ENV}, else the number of cores "
+                   help=f"CPU threads of each llama engine (default ${THREADS_ENV}, else the number of cores "
                         "minus one, at least 1: llama.cpp's all-cores default slows down sharply when the "
-                        "gateway or anything else shares the cores)")
+                        "gateway or anything else shares the cores; with several engines that default is "
+                        "divided among them)")
     p.add_argument("--precision", type=_precision, default="native", metavar="{native,f32}",
                    help="the llama engine's weights: native (the GGUF's own types, default) or f32 (the GGUF "
                         "transcoded once to F32 by llama.cpp's quantizer into the cache, then reused: logprobs "
@@ -128,6 +153,56 @@ def add_parsers(sub) -> None:
     p.add_argument("--engine", nargs=argparse.REMAINDER, default=None,
                    help="the engine command and its arguments (everything after --engine)")
     p.set_defaults(func=run)
+
+
+#: A model's name in ``--model NAME=PATH``: what a request's ``model`` field names (no '/', so a path is a path).
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}")
+
+
+def parse_model_arg(text: str) -> tuple[str | None, str]:
+    """``--model``'s value: ``NAME=PATH`` as ``(NAME, PATH)`` when the text before the first ``=`` is a
+    :data:`MODEL_NAME`, else ``(None, text)`` (a path, which may hold ``=``). Raises ``ArgumentTypeError``
+    for an empty path."""
+    name, sep, path = text.partition("=")
+    if sep and MODEL_NAME.fullmatch(name):
+        if not path:
+            raise argparse.ArgumentTypeError(f"{text!r}: NAME=PATH needs a path after '='")
+        return name, path
+    if not text:
+        raise argparse.ArgumentTypeError("an empty model path")
+    return None, text
+
+
+class _ModelArg(argparse.Action):
+    """``--model [NAME=]PATH``, repeatable: ``args.models`` lists ``(NAME or None, PATH)`` in order and
+    ``args.model`` is the first PATH (the default model). Two models under one name, or two unnamed
+    models, are refused naming the flag."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            name, path = parse_model_arg(values)
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentError(self, str(exc)) from None
+        models = list(getattr(namespace, "models", None) or [])
+        if name is not None and any(n == name for n, _ in models):
+            raise argparse.ArgumentError(self, f"two models named {name!r}")
+        if name is None and models:
+            raise argparse.ArgumentError(self, f"{values!r}: with several models, name each: --model NAME=PATH")
+        if models and models[0][0] is None:
+            raise argparse.ArgumentError(self, f"{models[0][1]!r}: with several models, name each: --model NAME=PATH")
+        models.append((name, path))
+        namespace.models = models
+        namespace.model = models[0][1]
+
+
+def _gpu_list(text: str) -> tuple[str, ...]:
+    """``--gpus``: comma-separated CUDA device ids or UUIDs (``0,1``, ``GPU-...``), or ``none`` (empty)."""
+    if text.strip().lower() == "none":
+        return ()
+    ids = tuple(x.strip() for x in text.split(","))
+    if not ids or any(not x or not re.fullmatch(r"[A-Za-z0-9-]+", x) for x in ids):
+        raise argparse.ArgumentTypeError(f"must be comma-separated CUDA device ids (0,1) or 'none', got {text!r}")
+    return ids
 
 
 def _int_at_least(low: int):
@@ -236,25 +311,98 @@ def default_threads(threads: int | None, environ=os.environ, cpu_count: int | No
     return max(1, cores - 1)
 
 
-def engine_argv(args) -> tuple[list[str], str | None]:
-    """The engine's argv and the GGUF whose chat template the prompts use (None: ChatML)."""
+def engine_argv(args, model: str | None = None, threads: int | None = None) -> tuple[list[str], str | None]:
+    """The engine's argv and the GGUF whose chat template the prompts use (None: ChatML): the llama
+    engine on ``model`` (default ``args.model``, else the default model) with ``threads`` (default
+    :func:`default_threads` of ``args.threads``), or ``--engine``'s command."""
     if args.engine:
         if args.precision != "native":
             raise SystemExit("serveproto serve: --precision applies to the llama engine; with --engine, "
                              "give your engine its model")
         argv = shlex.split(args.engine[0]) + list(args.engine[1:]) if len(args.engine) == 1 else list(args.engine)
         return argv, args.model
-    model = args.model or str(default_model_path())
+    model = model or args.model or str(default_model_path())
+    if threads is None:
+        threads = default_threads(args.threads)
     if not Path(model).exists():
         raise SystemExit(f"serveproto serve: model {model} not found (run `make model`, or pass --model PATH)")
     argv = [str(engine_bin("serveproto-llama")), "--model", model]
-    for flag, value in (("--slots", args.slots), ("--ctx", args.ctx), ("--threads", default_threads(args.threads)),
+    for flag, value in (("--slots", args.slots), ("--ctx", args.ctx), ("--threads", threads),
                         ("--numerics", args.numerics), ("--score-cache-mb", args.score_cache_mb)):
         if value is not None:
             argv += [flag, str(value)]
     if not os.access(argv[0], os.X_OK):
         raise SystemExit(f"serveproto serve: {argv[0]} is not built (run `make engines`)")
     return argv, model
+
+
+@attrs.frozen
+class Planned:
+    """One model of ``serve``: ``name`` (``--model NAME=PATH``'s NAME; None: the engine's CAPS ``model``),
+    ``path`` (the GGUF, for its chat template; None: ChatML) and ``specs``, its engines."""
+
+    name: str | None
+    path: str | None
+    specs: tuple  # of gateway.engine.pool.EngineSpec
+
+
+def cuda_build() -> bool:
+    """True when ``engines/bin/serveproto-llama`` was linked against llama.cpp's CUDA backend
+    (``make -C engines all CUDA=1`` leaves ``engines/bin/.llama-cuda``, engines/llama/llama.mk)."""
+    return engine_bin(".llama-cuda").exists()
+
+
+def gpu_devices(args, n_engines: int, environ=os.environ) -> tuple[str, ...]:
+    """The CUDA devices the engines get in turn (empty: the environment is left alone): ``--gpus``, else,
+    for several llama engines on a CUDA build, ``$CUDA_VISIBLE_DEVICES`` or every GPU ``nvidia-smi -L`` lists."""
+    if args.gpus is not None:
+        return args.gpus
+    if n_engines < 2 or args.engine or not cuda_build():
+        return ()
+    visible = environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if visible:
+        return tuple(x.strip() for x in visible.split(",") if x.strip())
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    return tuple(str(i) for i, line in enumerate(x for x in listed.splitlines() if x.startswith("GPU ")))
+
+
+def plan_engines(args, environ=os.environ, cpu_count: int | None = None) -> list[Planned]:
+    """Every model ``serve`` starts and its ``--engines`` engine specs (``gateway.engine.pool.EngineSpec``,
+    options empty but ``env``), the first model the default.
+
+    Engines are named ``<model>-<i>`` (one engine alone: the binary's name, as before); each llama engine
+    gets ``--threads`` when given, else :func:`default_threads` divided among all the engines (at least
+    1); with :func:`gpu_devices`, engine ``i`` (counted over every model) gets ``CUDA_VISIBLE_DEVICES``
+    = ``devices[i mod n]``. Raises ``SystemExit`` for several models with ``--engine`` and for a
+    missing model or engine (:func:`engine_argv`).
+    """
+    from gateway.engine.pool import EngineSpec
+
+    models = list(getattr(args, "models", None) or [(None, args.model)])
+    if args.engine and len(models) > 1:
+        raise SystemExit("serveproto serve: --model NAME=PATH names several models for the llama engine; "
+                         "with --engine, give one --model (its chat template) and your engine its model")
+    n = getattr(args, "engines", 1) or 1
+    total = n * len(models)
+    threads = args.threads if args.threads is not None else max(1, default_threads(None, environ, cpu_count) // total)
+    devices = gpu_devices(args, total, environ)
+    plans, i = [], 0
+    for name, path in models:
+        argv, model_path = engine_argv(args, model=path, threads=threads)
+        label = name or (Path(model_path).stem if model_path else os.path.basename(argv[0]))
+        specs = []
+        for k in range(n):
+            options = {}
+            if devices:
+                options["env"] = {**environ, "CUDA_VISIBLE_DEVICES": devices[i % len(devices)]}
+            ename = os.path.basename(argv[0]) if total == 1 else f"{label}-{k}"
+            specs.append(EngineSpec(ename, argv, options, model=name))
+            i += 1
+        plans.append(Planned(name, model_path, tuple(specs)))
+    return plans
 
 
 def _f32_argv(argv: list[str], threads: int | None) -> list[str]:
@@ -265,15 +413,35 @@ def _f32_argv(argv: list[str], threads: int | None) -> list[str]:
     return argv[:i] + [str(ensure_f32(argv[i], threads=default_threads(threads)))] + argv[i + 1:]
 
 
+def load_calibrations(choice: str | None, paths: list[str | None]) -> list:
+    """:func:`load_calibration` for each model of ``paths`` (its GGUF, or None). With several models a
+    ``--calibration FILE`` applies to the models it was fitted on (the same sha256) and none to the others;
+    it is refused (``SystemExit``) when it fits none of them."""
+    if len(paths) == 1 or choice in (None, "none"):
+        return [load_calibration(choice, p) for p in paths]
+    from gateway.decision import calibration
+
+    try:
+        cal = calibration.load(Path(choice))
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"serveproto serve: --calibration: {exc}") from None
+    shas = [calibration.sha256_file(p) if p and Path(p).exists() else None for p in paths]
+    if cal.model_sha256 not in shas:
+        raise SystemExit(f"serveproto serve: --calibration: {choice} was fitted on none of the served model files "
+                         f"(sha256 {cal.model_sha256[:12]}...)")
+    return [cal if sha == cal.model_sha256 else None for sha in shas]
+
+
 async def serve(args, *, task_status=None) -> None:
-    """Start the engine, load the model's description, listen; runs until cancelled."""
+    """Start the engines, load each model's description, listen; runs until cancelled."""
     import anyio
 
-    from gateway.server.app import App, ModelInfo
-    from gateway.engine import Engine
+    from gateway.engine.pool import Pool
     from gateway.http import HTTPServer, Limits, PortInUse
+    from gateway.server.app import App, ModelInfo
+    from gateway.server.fleet import Served
 
-    argv, model_path = engine_argv(args)
+    plans = plan_engines(args)
     api_key = args.api_key or key_from_env()
     # the port first: a port in use is reported at once, before a model is loaded for nothing
     try:
@@ -287,53 +455,78 @@ async def serve(args, *, task_status=None) -> None:
         from gateway.engine.precision import TranscodeError
 
         try:
-            argv = await anyio.to_thread.run_sync(_f32_argv, argv, args.threads)
+            for j, plan in enumerate(plans):
+                argv = await anyio.to_thread.run_sync(_f32_argv, list(plan.specs[0].argv), args.threads)
+                plans[j] = attrs.evolve(plan, specs=tuple(attrs.evolve(s, argv=argv) for s in plan.specs))
         except BaseException as exc:
             await listener.aclose()
             if isinstance(exc, TranscodeError):
                 raise SystemExit(f"serveproto serve: --precision f32: {exc}") from None
             raise
-    restarts = dict(max_restarts=None if args.keep_restarting else args.max_restarts,
-                    restart_period=args.restart_period)
+    options = dict(handshake_timeout=args.handshake_timeout, health_interval=args.ping_interval,
+                   ping_timeout=args.ping_timeout, restart_period=args.restart_period,
+                   max_restarts=None if args.keep_restarting else args.max_restarts)
     if args.keep_restarting:
-        restarts["backoff_max"] = KEEP_RESTARTING_BACKOFF_MAX
+        options["backoff_max"] = KEEP_RESTARTING_BACKOFF_MAX
+    specs = [attrs.evolve(s, options={**options, **s.options}) for plan in plans for s in plan.specs]
     gave_up: list[str] = []
-    async with listener, Engine.spawn(argv, handshake_timeout=args.handshake_timeout,
-                                      health_interval=args.ping_interval, ping_timeout=args.ping_timeout,
-                                      **restarts) as engine:
-        caps = engine.caps
-        model = await anyio.to_thread.run_sync(ModelInfo.load, caps.model, model_path)
-        app = App(engine, model, api_key=api_key, request_timeout=args.request_timeout, max_inflight=args.max_inflight,
-                  debias=default_debias(args))
-        app.calibration = await anyio.to_thread.run_sync(load_calibration, getattr(args, "calibration", None), model_path)
+    async with listener, Pool.spawn(specs) as pool:
+        by_name = {e.name: e for e in pool.engines}
+        cals = await anyio.to_thread.run_sync(load_calibrations, getattr(args, "calibration", None),
+                                              [plan.path for plan in plans])
+        served: dict[str, Served] = {}
+        for plan, cal in zip(plans, cals):
+            first = by_name[plan.specs[0].name]
+            info = await anyio.to_thread.run_sync(ModelInfo.load, pool.first_caps[first.name].model, plan.path)
+            name = plan.name or pool.model_of(first)  # the name requests pick it by, and replies carry
+            if info.name != name:
+                info = attrs.evolve(info, name=name, description=info.description.replace(info.name, name, 1))
+            if name in served:
+                raise SystemExit(f"serveproto serve: two models are served as {name!r}: name them, --model NAME=PATH")
+            served[name] = Served(info, default_debias(args), cal)
+        app = App(pool, served, api_key=api_key, request_timeout=args.request_timeout, max_inflight=args.max_inflight)
         limits = Limits(max_body_bytes=args.max_body, max_decoded_bytes=max(args.max_body, 64 << 20))
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, tg.cancel_scope)
             server = HTTPServer(app, limits)
             port = await server.start(tg, listener=listener)
-            tg.start_soon(_fail_upward, engine, server, tg.cancel_scope, args, gave_up)
-            print(f"serveproto: serving {model.name} on http://{args.host}:{port}", flush=True)
+            for engine in pool.engines:
+                tg.start_soon(_fail_upward, pool, engine, server, tg.cancel_scope, args, gave_up)
+            if len(pool.engines) > 1:
+                for name in served:
+                    engines = [e.name for e in pool.engines if pool.model_of(e) == name]
+                    print(f"serveproto: model {name}: {len(engines)} engine(s) ({', '.join(engines)})", flush=True)
+            print(f"serveproto: serving {app.model.name} on http://{args.host}:{port}", flush=True)
             if app.debias:
                 print(f"serveproto: x_debias defaults to {','.join(app.debias)} (--debias none to turn it off)", flush=True)
-            if app.calibration is not None:
-                print(f"serveproto: calibration {app.calibration.id} on answers read under x_debias "
-                      f"{','.join(app.calibration.debias) or 'none'} (--calibration none to turn it off)", flush=True)
+            for s in served.values():
+                if s.calibration is not None:
+                    print(f"serveproto: calibration {s.calibration.id} on answers read under x_debias "
+                          f"{','.join(s.calibration.debias) or 'none'}{f' ({s.name})' if len(served) > 1 else ''} "
+                          "(--calibration none to turn it off)", flush=True)
             if task_status is not None:
                 task_status.started(port)
     if gave_up:
         raise EngineGaveUp(gave_up[0])
 
 
-async def _fail_upward(engine, server, scope, args, gave_up: list[str]) -> None:
-    """When the supervisor gives up on the engine, so does the server (OTP's answer to an exceeded restart
-    intensity): it stops accepting, answers the requests in flight (they get 503 from the engine's error)
-    within :data:`GIVE_UP_DRAIN` seconds, then ``scope`` is cancelled and :func:`serve` raises
-    :class:`EngineGaveUp`, so that a process manager sees the exit and restarts the whole server."""
+async def _fail_upward(pool, engine, server, scope, args, gave_up: list[str]) -> None:
+    """When the supervisors give up on every engine of a model, so does the server (OTP's answer to an
+    exceeded restart intensity): it stops accepting, answers the requests in flight (they get 503 from the
+    engine's error) within :data:`GIVE_UP_DRAIN` seconds, then ``scope`` is cancelled and :func:`serve`
+    raises :class:`EngineGaveUp`, so that a process manager sees the exit and restarts the whole server.
+    One engine of several giving up leaves its model to the others (``/health`` lists it ``gave_up``)."""
     await engine.wait_stopped()
     if not engine.gave_up:
         return  # closed: the server is stopping anyway
+    model = pool.model_of(engine)
+    if not all(e.gave_up for e in pool.engines if pool.model_of(e) == model):
+        logging.getLogger("serveproto.serve").error("engine %s gave up (last error: %s); model %s is served by "
+                                                    "its other engines", engine.name, engine.last_error, model)
+        return
     failures = args.max_restarts + 1
-    gave_up.append(f"serveproto serve: giving up: the engine failed {failures} time(s) within "
+    who = "the engine" if len(pool.engines) == 1 else f"every engine of model {model}"
+    gave_up.append(f"serveproto serve: giving up: {who} failed {failures} time(s) within "
                    f"{args.restart_period:g} s (--max-restarts {args.max_restarts}); last error: "
                    f"{engine.last_error}; exiting with status 1 (--keep-restarting keeps retrying)")
     await server.drain(GIVE_UP_DRAIN)

@@ -1,11 +1,12 @@
 """Several supervised engines behind one object: several models, or one engine per GPU.
 
 ``async with Pool.spawn([EngineSpec(...), ...]) as pool:`` starts every
-engine concurrently (each under its own supervisor); ``pool.pick(model)``
-returns the healthy engine to use: among those serving ``model`` (its CAPS
-``model`` or its spec name), the one that last served the same routing key,
-else the least loaded. ``submit`` / ``read_out`` / ``score`` / ``decide``
-delegate to it.
+engine concurrently (each under its own supervisor and restart policy);
+``pool.pick(model, route)`` returns the healthy engine to use: among those
+serving ``model`` (its spec ``model``, else its CAPS ``model``, or its spec
+name), the one that last served the same routing key unless it is
+:data:`AFFINITY_SLACK` requests busier than the least loaded, else the least
+loaded. ``submit`` / ``read_out`` / ``score`` / ``decide`` delegate to it.
 """
 from __future__ import annotations
 
@@ -24,24 +25,33 @@ from gateway.engine import Engine, RequestStream
 AFFINITY_KEYS = 4096
 #: Leading bytes of a routing key that decide its engine.
 AFFINITY_BYTES = 256
+#: Requests (in flight + waiting) by which the engine a key last went to may exceed the least loaded
+#: engine and still get the key: past that, waiting behind them costs more than reading the state again
+#: (a bounded-load rule, after Mirrokni, Thorup and Zadimoghaddam 2018, "Consistent Hashing with Bounded Loads").
+AFFINITY_SLACK = 4
 
 
 @attrs.frozen
 class EngineSpec:
-    """One engine of a pool: its ``name``, its command ``argv`` and keyword
+    """One engine of a pool: its ``name``, its command ``argv``, keyword
     arguments for :meth:`Engine.spawn` (timeouts, restarts, ``env`` such as
-    ``CUDA_VISIBLE_DEVICES`` to pin one GPU)."""
+    ``CUDA_VISIBLE_DEVICES`` to pin one GPU) and the ``model`` name it serves
+    (None: its CAPS ``model``)."""
 
     name: str
     argv: tuple[str, ...] = attrs.field(converter=tuple)
     options: dict = attrs.field(factory=dict)
+    model: str | None = None
 
 
 class Pool:
     """Engines behind one object; build with :meth:`spawn`."""
 
-    def __init__(self, engines: Sequence[Engine]) -> None:
+    def __init__(self, engines: Sequence[Engine], models: dict[str, str] | None = None) -> None:
         self.engines = list(engines)
+        self._models = dict(models or {})  # engine name -> the model name it serves (spec, else first CAPS)
+        #: engine name -> the CAPS of its first start (set by :meth:`spawn`).
+        self.first_caps: dict[str, object] = {}
         self._affinity: OrderedDict[tuple[str | None, bytes], str] = OrderedDict()
         self._turn = 0
 
@@ -59,10 +69,12 @@ class Pool:
         if len(set(names)) != len(names):
             raise ValueError(f"specs: engine names must be unique, got {names}")
         engines: list[Engine | None] = [None] * len(specs)
+        caps: dict[str, object] = {}
         stop = anyio.Event()
 
         async def hold(spec: EngineSpec, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
             async with Engine.spawn(spec.argv, name=spec.name, **spec.options) as eng:
+                caps[spec.name] = eng.caps  # read at its handshake: the process may be gone by the time we yield
                 task_status.started(eng)
                 await stop.wait()
 
@@ -75,7 +87,10 @@ class Pool:
                     async with anyio.create_task_group() as starters:
                         for i in range(len(specs)):
                             starters.start_soon(start_one, i, tg)
-                    yield cls(engines)
+                    pool = cls(engines, {s.name: s.model or getattr(caps[s.name], "model", None) or s.name
+                                         for s in specs})
+                    pool.first_caps = caps
+                    yield pool
                 finally:
                     stop.set()
         except BaseExceptionGroup as group:
@@ -90,7 +105,7 @@ class Pool:
         """The models served now (CAPS ``model``, else the engine's name), deduplicated."""
         out = []
         for e in self.engines:
-            name = _model_of(e)
+            name = self.model_of(e)
             if name not in out:
                 out.append(name)
         return out
@@ -99,12 +114,14 @@ class Pool:
         """The engine for a request on ``model`` (``None``: any) with routing key ``route``.
 
         Healthy engines serving ``model`` qualify; the one that served the same
-        key (its first ``AFFINITY_BYTES`` bytes) before wins, else the least
-        loaded (in flight + waiting), in turn among equals. Raises
-        :class:`EngineUnavailable` when none qualifies (naming the model).
+        key (its first ``AFFINITY_BYTES`` bytes) before wins unless its load (in
+        flight + waiting) exceeds the least loaded's by more than
+        :data:`AFFINITY_SLACK`, else the least loaded, in turn among equals; the
+        key then moves to the engine chosen. Raises :class:`EngineUnavailable`
+        when none qualifies (naming the model).
         """
         fits = [e for e in self.engines
-                if model is None or model in (_model_of(e), e.name)]
+                if model is None or model in (self.model_of(e), e.name)]
         if not fits:
             raise EngineUnavailable(f"model: no engine serves {model!r}; "
                                     f"served: {self.models()}")
@@ -112,12 +129,13 @@ class Pool:
         if not live:
             raise EngineUnavailable(f"every engine for {model!r} failed for good")
         key = None
+        least = min(e.in_flight + e.waiting for e in live)
         if route is not None:
             raw = route.encode("utf-8") if isinstance(route, str) else route
             key = (model, raw[:AFFINITY_BYTES])
             name = self._affinity.get(key)
             for e in live:
-                if e.name == name:
+                if e.name == name and e.in_flight + e.waiting <= least + AFFINITY_SLACK:
                     self._affinity.move_to_end(key)
                     return e
         self._turn += 1
@@ -126,6 +144,7 @@ class Pool:
         chosen = live[best]
         if key is not None:
             self._affinity[key] = chosen.name
+            self._affinity.move_to_end(key)
             if len(self._affinity) > AFFINITY_KEYS:
                 self._affinity.popitem(last=False)
         return chosen
@@ -145,14 +164,18 @@ class Pool:
     async def decide(self, record, *, model: str | None = None, **kw):
         """:meth:`Engine.decide` on a decision engine (CAPS ``decide=1``) for ``model``."""
         fits = [e for e in self.engines if e.healthy and e.caps.decide
-                and (model is None or model in (_model_of(e), e.name))]
+                and (model is None or model in (self.model_of(e), e.name))]
         if not fits:
             raise EngineUnavailable(f"model: no healthy decision engine for {model!r}")
         return await min(fits, key=lambda e: e.in_flight + e.waiting).decide(record, **kw)
 
-
-def _model_of(engine: Engine) -> str:
-    try:
-        return engine.caps.model or engine.name
-    except EngineUnavailable:
-        return engine.name
+    def model_of(self, engine: Engine) -> str:
+        """The model ``engine`` serves: its spec's ``model``, else the CAPS ``model`` of its first start
+        (:meth:`spawn`) or of its process now, else its name."""
+        named = self._models.get(engine.name)
+        if named is not None:
+            return named
+        try:
+            return engine.caps.model or engine.name
+        except EngineUnavailable:
+            return engine.name

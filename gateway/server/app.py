@@ -16,20 +16,38 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import orjson
 
-from gateway.decision.chat_template import ChatTemplate, TemplateError, read_gguf
+from gateway.decision.chat_template import ChatTemplate, read_gguf
 from gateway.http import HTTPError, Request, Response, Router, access_line
 from gateway.decision.jev import JevValidationError
 from gateway.server.metrics import Metrics
-from gateway.decision.prompts import PromptBuilder
 from gateway.engine.errors import EngineError, RequestError
-from gateway.server import auth, routes_jev, routes_openai, routes_ops
+from gateway.server import auth, routes_jev, routes_openai, routes_ops, routing
 from gateway.server.errors import RETRY_AFTER, engine_http_error
+from gateway.server.fleet import Backend, Served
 
 log = logging.getLogger("serveproto.access")
 
 #: Routes answered without an API key.
 PUBLIC_ROUTES = frozenset({"/health", "/metrics", "/", "/style.css", "/app.js"})
+
+
+#: The decision routes, by the field that holds their state: their replies carry the routing key.
+STATE_FIELD = {"/v1/systemone": "state", "/v1/decisions": "input"}
+
+
+def _add_route_key(response: Response, request: Request, field: str) -> None:
+    """Put the routing key (:mod:`gateway.server.routing`) on an error reply of a decision route, when the
+    body is JSON with a state (a 200 has it from its route)."""
+    if any(name == routing.HEADER for name, _ in response.headers):
+        return
+    try:
+        key = routing.key_of_body(orjson.loads(request.body), field)
+    except (orjson.JSONDecodeError, TypeError, ValueError):
+        return
+    if key is not None:
+        response.headers.append((routing.HEADER, key))
 
 
 @attrs.frozen
@@ -66,37 +84,54 @@ class ModelInfo:
 
 
 class App:
-    """The HTTP handler over one engine.
+    """The HTTP handler over one engine, or over several engines and models.
 
     ``engine``: the supervisor's engine (``caps``, ``healthy``, ``score``,
-    ``decide``, ``submit``, ``read_out``). ``model``: :class:`ModelInfo`.
-    ``api_key``: required bearer token, or None for none.
-    ``request_timeout``: seconds one engine call may take before the client
-    gets a 503. ``max_inflight``: POST requests served at once; one more is
-    answered 503 + ``Retry-After`` at once rather than queued past the
-    client's timeout (the SDK gives up after 10 s). ``debias``: the
-    :mod:`gateway.decision.debias` methods applied when a request does not say
-    (``x_debias``); none by default.
+    ``decide``, ``submit``, ``read_out``) and ``model`` its :class:`ModelInfo`;
+    or ``engine`` a :class:`gateway.engine.pool.Pool` and ``model`` a dict
+    model name -> :class:`gateway.server.fleet.Served` (the first is the
+    default model: a request naming no served model gets it; the pool's
+    ``model_of`` names each engine's model). ``api_key``: required bearer
+    token, or None for none. ``request_timeout``: seconds one engine call may
+    take before the client gets a 503. ``max_inflight``: POST requests served
+    at once; one more is answered 503 + ``Retry-After`` at once rather than
+    queued past the client's timeout (the SDK gives up after 10 s).
+    ``debias``: the :mod:`gateway.decision.debias` methods applied when a
+    request does not say (``x_debias``); none by default (with a dict of
+    models, each :class:`Served` has its own).
     """
 
-    def __init__(self, engine: Any, model: ModelInfo, *, api_key: str | None = None, request_timeout: float = 120.0,
-                 max_inflight: int = 256, debias: tuple[str, ...] = ()) -> None:
-        self.engine = engine
-        self.debias = tuple(debias)
+    def __init__(self, engine: Any, model: "ModelInfo | dict[str, Served]", *, api_key: str | None = None,
+                 request_timeout: float = 120.0, max_inflight: int = 256, debias: tuple[str, ...] = ()) -> None:
         self.max_inflight = max_inflight
         self.inflight = 0
-        self.model = model
         self.api_key = api_key
         self.request_timeout = request_timeout
-        try:
-            self.prompts = PromptBuilder(model.template)
-        except TemplateError as exc:
-            logging.getLogger("serveproto.serve").warning("the model's chat template is unusable (%s): prompts use ChatML", exc)
-            self.prompts = PromptBuilder(ChatTemplate.chatml())
         self.metrics = Metrics(
-            engine_restarts=lambda: float(getattr(engine, "restarts", 0) or 0),
-            engine_up=lambda: 1.0 if getattr(engine, "healthy", True) else 0.0,
+            engine_restarts=lambda: float(sum(b.status()["restarts"] for b in self.backends)),
+            engine_up=lambda: 1.0 if all(b.status()["healthy"] for b in self.backends) else 0.0,
+            engines=lambda: [b.status() for b in self.backends],
         )
+        if isinstance(model, dict):
+            if not model:
+                raise ValueError("model: at least one model")
+            self.served: dict[str, Served] = dict(model)
+            self.pool = engine
+            engines = list(engine.engines)
+            unknown = [engine.model_of(e) for e in engines if engine.model_of(e) not in self.served]
+            if unknown:
+                raise ValueError(f"model: the pool's engines serve {unknown}, not in {list(self.served)}")
+        else:
+            served = Served(model, debias)
+            self.served = {served.name: served}
+            self.pool = None
+            engines = [engine]
+        self.default = next(iter(self.served))
+        memory = routes_jev.ScoringMemory
+        self.backends = [Backend(e, self.served[self.pool.model_of(e)] if self.pool is not None else self.served[self.default],
+                                 request_timeout=request_timeout, metrics=self.metrics, memory=memory())
+                         for e in engines]
+        self._by_engine = {id(b.engine): b for b in self.backends}
         self.router = Router()
         self.started = time.time()
 
@@ -104,9 +139,52 @@ class App:
         routes_jev.register(self)
         routes_openai.register(self)
 
+    # The default model's first engine, as the routes of a one-engine server see it.
+    @property
+    def engine(self) -> Any:
+        return self.backends[0].engine
+
+    @property
+    def model(self) -> ModelInfo:
+        return self.served[self.default].info
+
+    @property
+    def prompts(self):
+        return self.served[self.default].prompts
+
     @property
     def caps(self):
         return self.engine.caps
+
+    @property
+    def debias(self) -> tuple[str, ...]:
+        return self.served[self.default].debias
+
+    @debias.setter
+    def debias(self, methods: tuple[str, ...]) -> None:
+        self.served[self.default].debias = tuple(methods)
+
+    @property
+    def calibration(self):
+        """The default model's calibration (``gateway.decision.calibration.Calibration`` or None)."""
+        return self.served[self.default].calibration
+
+    @calibration.setter
+    def calibration(self, value) -> None:
+        self.served[self.default].calibration = value
+
+    def backend(self, model: str | None = None, route: str | None = None) -> Backend:
+        """The engine a request on ``model`` (a served name, else the default model) with routing key
+        ``route`` goes to (:meth:`gateway.engine.pool.Pool.pick`: the engine that served the key last,
+        then the least loaded). Raises :class:`gateway.engine.errors.EngineUnavailable` (503) when none
+        of the model's engines can serve."""
+        if self.pool is None:
+            chosen = self.backends[0]
+        else:
+            name = model if model in self.served else self.default
+            chosen = self._by_engine[id(self.pool.pick(name, route))]
+        self.metrics.routed.labels(chosen.name, chosen.served.name).inc()
+        return chosen
 
     def screen(self, request: Request) -> Response | None:
         """The server's look at a request's head (``request.body`` empty) before it reads the body.
@@ -169,6 +247,8 @@ class App:
                 log.exception("request %s failed", request.request_id)
                 response = HTTPError(500, "api_error", f"internal error (request {request.request_id})").response()
                 extra["error"] = repr(exc)[:300]
+        if route in STATE_FIELD and response.status != 200:
+            _add_route_key(response, request, STATE_FIELD[route])
         seconds = time.perf_counter() - started
         self.metrics.observe_request(route, request.method, response.status, seconds)
         if log.isEnabledFor(logging.INFO):

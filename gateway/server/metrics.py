@@ -2,8 +2,9 @@
 
 Requests by route and status, request latency by route, prompt positions
 computed vs reused by the engine, snapshot outcomes, questions answered by
-type and path, and the engine's restarts and health (read from the engine at
-scrape time).
+type and path, the engine's restarts and health (read from the engine at
+scrape time), and the same per engine process (labels ``engine`` and ``model``:
+up, restarts, requests in flight and waiting, requests routed to it).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.core import GaugeMetricFamily
 
 #: Latency buckets in seconds: sub-millisecond gateway work up to cold model prefills.
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -19,7 +21,8 @@ BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 class Metrics:
     """The server's metrics. ``render()`` gives the text exposition format and its content type."""
 
-    def __init__(self, engine_restarts: Callable[[], float] | None = None, engine_up: Callable[[], float] | None = None) -> None:
+    def __init__(self, engine_restarts: Callable[[], float] | None = None, engine_up: Callable[[], float] | None = None,
+                 engines: Callable[[], list[dict]] | None = None) -> None:
         r = self.registry = CollectorRegistry()
         self.requests = Counter("serveproto_http_requests", "HTTP requests answered", ["route", "method", "status"], registry=r)
         self.latency = Histogram("serveproto_http_request_duration_seconds", "Time from a request's head to its answer",
@@ -35,6 +38,10 @@ class Metrics:
         up = Gauge("serveproto_engine_up", "1 when the engine is healthy", registry=r)
         restarts.set_function(engine_restarts or (lambda: 0.0))
         up.set_function(engine_up or (lambda: 1.0))
+        self.routed = Counter("serveproto_engine_requests", "Requests routed to each engine process",
+                              ["engine", "model"], registry=r)
+        if engines is not None:
+            r.register(_PerEngine(engines))
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
         key = (route, method, status)
@@ -54,3 +61,24 @@ class Metrics:
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _PerEngine:
+    """Gauges read from every engine at scrape time: ``serveproto_engine_process_{up,restarts,in_flight,waiting}``
+    labelled ``engine`` and ``model``; ``engines()`` gives ``gateway.server.fleet.Backend.status`` dicts."""
+
+    FIELDS = (("up", "1 when the engine process is healthy", "healthy"),
+              ("restarts", "Times the engine process was restarted", "restarts"),
+              ("in_flight", "Requests on the engine process now", "in_flight"),
+              ("waiting", "Requests queued for the engine process's slots", "waiting"))
+
+    def __init__(self, engines: Callable[[], list[dict]]) -> None:
+        self.engines = engines
+
+    def collect(self):
+        rows = self.engines()
+        for field, doc, key in self.FIELDS:
+            family = GaugeMetricFamily(f"serveproto_engine_process_{field}", doc, labels=["engine", "model"])
+            for row in rows:
+                family.add_metric([row["name"], row["model"]], float(row[key]))
+            yield family

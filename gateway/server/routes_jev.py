@@ -21,6 +21,7 @@ from gateway.decision import debias, record as decision_record, jev, readings, s
 from gateway.server import refusals
 from gateway.server.body import parse_json
 from gateway.server.errors import RETRY_AFTER
+from gateway.server.routing import HEADER as ROUTE_HEADER, routing_key
 from gateway.http import HTTPError, Request, Response
 from gateway.decision.jev import JevValidationError, Question, SystemOneRequest
 from gateway.decision.prompts import as_text
@@ -416,9 +417,11 @@ def _headers(request: Request, decided: Decided) -> list[tuple[str, str]]:
     return [("x-serveproto-engine-ms", f"{decided.engine_ms:.3f}"), ("x-serveproto-path", decided.path)]
 
 
-async def systemone(app: "App", memory: ScoringMemory, request: Request) -> Response:
+async def systemone(app: "App", request: Request) -> Response:
     parsed = jev.parse_request(parse_json(request))
-    decided = await decide_questions(app, parsed, memory)
+    key = routing_key(parsed.state, parsed.prefix)
+    here = app.backend(parsed.model, key)  # the model named (else the default), by state affinity then load
+    decided = await decide_questions(here, parsed, here.memory)
     answers = {q.id: {**jev.answer(q, decided.probs[q.id]), "x_calibration": decided.calibration.get(q.id, IDENTITY)}
                for q in parsed.questions}
     extra: dict[str, Any] = {"x_request_id": request.request_id, "x_engine_ms": round(decided.engine_ms, 3), "x_path": decided.path}
@@ -428,8 +431,8 @@ async def systemone(app: "App", memory: ScoringMemory, request: Request) -> Resp
         extra["x_debias"] = list(decided.debias)
     if decided.warnings:
         extra["x_warnings"] = decided.warnings
-    body = jev.reply(app.model.name, answers, decided.input_tokens, decided.output_tokens, extra)
-    return Response.json(body, headers=_headers(request, decided))
+    body = jev.reply(here.model.name, answers, decided.input_tokens, decided.output_tokens, extra)
+    return Response.json(body, headers=_headers(request, decided) + [(ROUTE_HEADER, key)])
 
 
 # --- OpenAI's Decisions API shape -------------------------------------------------------------
@@ -524,10 +527,12 @@ def _openai_param(loc: list, sent: list[dict[str, Any]]) -> str:
     return ".".join([param, *map(str, rest)])
 
 
-async def decisions(app: "App", memory: ScoringMemory, request: Request) -> Response:
+async def decisions(app: "App", request: Request) -> Response:
     parsed, sent = parse_decisions(parse_json(request))
+    key = routing_key(parsed.state, parsed.prefix)
+    here = app.backend(parsed.model, key)
     try:
-        decided = await decide_questions(app, parsed, memory)
+        decided = await decide_questions(here, parsed, here.memory)
     except JevValidationError as exc:  # what the engine refused, in this route's envelope
         e = exc.errors[0]
         raise _openai_error(e["msg"], _openai_param(e["loc"], sent)) from None
@@ -550,19 +555,17 @@ async def decisions(app: "App", memory: ScoringMemory, request: Request) -> Resp
                      confidence=scoring.r6(scoring.confidence(p)))
         a["x_calibration"] = decided.calibration.get(q.id, IDENTITY)
         answers.append(a)
-    body = {"id": request.request_id, "object": "decision", "created": int(time.time()), "model": app.model.name,
+    body = {"id": request.request_id, "object": "decision", "created": int(time.time()), "model": here.model.name,
             "answers": answers, "usage": {"input_tokens": decided.input_tokens, "output_tokens": decided.output_tokens}}
-    return Response.json(body, headers=_headers(request, decided))
+    return Response.json(body, headers=_headers(request, decided) + [(ROUTE_HEADER, key)])
 
 
 def register(app: "App") -> None:
-    memory = ScoringMemory()
-
     async def _systemone(request: Request) -> Response:
-        return await systemone(app, memory, request)
+        return await systemone(app, request)
 
     async def _decisions(request: Request) -> Response:
-        return await decisions(app, memory, request)
+        return await decisions(app, request)
 
     app.router.route("/v1/systemone", "POST", _systemone)
     app.router.route("/v1/decisions", "POST", _decisions)

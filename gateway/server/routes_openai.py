@@ -449,9 +449,11 @@ async def _reply(app: "App", request: Request, body: dict, items: AsyncIterator[
 
 
 async def chat_completions(app: "App", request: Request) -> Response:
-    """``POST /v1/chat/completions``: the messages through the model's chat template, generated whole or streamed."""
-    _require_chat(app)
+    """``POST /v1/chat/completions``: the messages through the model's chat template, generated whole or streamed.
+    ``model`` picks a served model (any other name: the default), then its least loaded engine."""
     body = _body(request)
+    app = _backend(app, body)
+    _require_chat(app)
     messages = _messages(body)
     _one_choice(body, "n")
     params = _sampling(app, body)
@@ -567,9 +569,11 @@ async def _completion_items(app: "App", ask: CompletionAsk, tally: Tally) -> Asy
 
 
 async def completions(app: "App", request: Request) -> Response:
-    """``POST /v1/completions``: a raw prompt, generated whole or streamed; ``echo`` + ``logprobs`` read it out."""
-    _require_chat(app)
+    """``POST /v1/completions``: a raw prompt, generated whole or streamed; ``echo`` + ``logprobs`` read it out.
+    ``model`` picks a served model as on the chat route."""
     body = _body(request)
+    app = _backend(app, body)
+    _require_chat(app)
     ask = CompletionAsk.parse(app, body)
     tally = Tally()
     shape = CompletionChunks(ask.prompt if ask.echo else "", ask.logprobs, app.model.pieces)
@@ -578,15 +582,29 @@ async def completions(app: "App", request: Request) -> Response:
                         param="prompt")
 
 
+def _backend(app: "App", body: dict):
+    """The engine (a :class:`gateway.server.fleet.Backend`) for ``body``'s ``model``; the prompt is
+    read there, so it goes to the least loaded engine of that model (no routing key)."""
+    model = body.get("model")
+    return app.backend(model if isinstance(model, str) else None)
+
+
 async def models(app: "App", request: Request) -> Response:
-    m = app.model
-    caps = capabilities(app)
+    """``GET /v1/models``: every served model, the default first, in OpenAI's ``data`` and Jev's ``models``
+    lists; with several engines each model lists its engines in ``x_engines``
+    (:meth:`gateway.server.fleet.Backend.status`)."""
     created = int(app.started)
-    return Response.json({
-        "object": "list",
-        "data": [{"id": m.name, "object": "model", "created": created, "owned_by": "serveproto", "capabilities": caps}],
-        "models": [{"name": m.name, "description": m.description, "release_date": m.release_date, "capabilities": caps}],
-    })
+    data, jev_models = [], []
+    for name, served in app.served.items():
+        backends = [b for b in app.backends if b.served is served]
+        caps = capabilities(backends[0])
+        m = served.info
+        extra = {"x_engines": [b.status() for b in backends]} if len(app.backends) > 1 else {}
+        data.append({"id": m.name, "object": "model", "created": created, "owned_by": "serveproto",
+                     "capabilities": caps, **extra})
+        jev_models.append({"name": m.name, "description": m.description, "release_date": m.release_date,
+                           "capabilities": caps, **extra})
+    return Response.json({"object": "list", "data": data, "models": jev_models})
 
 
 def register(app: "App") -> None:

@@ -23,10 +23,26 @@ def capabilities(app: "App") -> list[str]:
     return out
 
 
+def _health_of_many(app: "App") -> Response:
+    """``/health`` of a server with several engines: ``{"status", "model" (the default), "engines": [...]}``
+    (:meth:`gateway.server.fleet.Backend.status` each); 200 while every served model has a healthy
+    engine, else 503 + ``Retry-After`` and ``unavailable`` naming the models that have none."""
+    engines = [b.status() for b in app.backends]
+    down = [name for name in app.served if not any(e["healthy"] for e in engines if e["model"] == name)]
+    body = {"status": "unavailable" if down else "ok", "model": app.model.name, "engines": engines}
+    if down:
+        body["unavailable"] = down
+        return Response.json(body, 503, [("retry-after", "1")])
+    return Response.json(body)
+
+
 def register(app: "App") -> None:
     async def health(request: Request) -> Response:
         # 200 only while the engine serves and answers the supervisor's PINGs in time; a stalled
-        # or stopped engine is "unresponsive" from one missed PING interval until it is restarted
+        # or stopped engine is "unresponsive" from one missed PING interval until it is restarted.
+        # With several engines: 200 while every model has an engine that serves, and each engine is listed.
+        if len(app.backends) > 1:
+            return _health_of_many(app)
         healthy = bool(getattr(app.engine, "healthy", True))
         if healthy:
             return Response.json({"status": "ok", "model": app.model.name})

@@ -1,0 +1,96 @@
+"""The engines and models behind one server, and what a request routed to one of them sees.
+
+A :class:`Served` model is what the server knows of one model (its
+description, chat template, prompts, default ``x_debias``, calibration); a
+:class:`Backend` is one engine with its model: the object the routes answer
+through (``engine``, ``caps``, ``model``, ``prompts``, ``debias``,
+``calibration``, ``request_timeout``, ``metrics``) and the engine's own
+scoring memory (which states and fixed prefixes it holds as snapshots).
+:meth:`gateway.server.app.App.backend` picks one per request.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from gateway.decision.chat_template import ChatTemplate, TemplateError
+from gateway.decision.prompts import PromptBuilder
+
+log = logging.getLogger("serveproto.serve")
+
+
+class Served:
+    """One model as the server serves it: ``info`` (``gateway.server.app.ModelInfo``: the reply's
+    ``model`` name, description, template, GGUF path and pieces), ``debias`` (the methods applied
+    when a request sends no ``x_debias``), ``calibration`` (a ``gateway.decision.calibration.Calibration``
+    or None) and the :class:`PromptBuilder` of its chat template (ChatML when the template is unusable)."""
+
+    def __init__(self, info: Any, debias: tuple[str, ...] = (), calibration: Any = None) -> None:
+        self.info = info
+        self.debias = tuple(debias)
+        self.calibration = calibration
+        try:
+            self.prompts = PromptBuilder(info.template)
+        except TemplateError as exc:
+            log.warning("the chat template of %s is unusable (%s): prompts use ChatML", info.name, exc)
+            self.prompts = PromptBuilder(ChatTemplate.chatml())
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+
+class Backend:
+    """One engine and its :class:`Served` model, as the routes see the server for one request.
+
+    ``engine``: the supervisor's ``gateway.engine.Engine`` (or anything with its
+    interface); ``served``: its model; ``request_timeout`` (seconds) and
+    ``metrics`` are the server's. ``memory`` is made by ``memory_factory`` once
+    (the scoring path's ``ScoringMemory``): what this engine holds is its own.
+    """
+
+    def __init__(self, engine: Any, served: Served, *, request_timeout: float, metrics: Any,
+                 memory: Any = None) -> None:
+        self.engine = engine
+        self.served = served
+        self.request_timeout = request_timeout
+        self.metrics = metrics
+        self.memory = memory
+
+    @property
+    def name(self) -> str:
+        """The engine's name (``getattr(engine, "name")``; the model's name for an engine without one)."""
+        name = getattr(self.engine, "name", None)
+        return name if isinstance(name, str) else self.served.name
+
+    @property
+    def caps(self):
+        return self.engine.caps
+
+    @property
+    def model(self):
+        return self.served.info
+
+    @property
+    def prompts(self) -> PromptBuilder:
+        return self.served.prompts
+
+    @property
+    def debias(self) -> tuple[str, ...]:
+        return self.served.debias
+
+    @property
+    def calibration(self):
+        return self.served.calibration
+
+    def status(self) -> dict[str, Any]:
+        """What this engine is doing: ``name``, ``model``, ``state`` (``serving``, ``unresponsive``,
+        ``restarting``, ``gave_up``, ``closed``), ``healthy``, ``restarts``, ``in_flight`` and ``waiting``
+        (requests on the engine now and queued for its slots)."""
+        eng = self.engine
+        state = getattr(eng, "state", None)
+        healthy = bool(getattr(eng, "healthy", True))
+        return {"name": self.name, "model": self.served.name,
+                "state": state if isinstance(state, str) else ("serving" if healthy else "unavailable"),
+                "healthy": healthy, "restarts": int(getattr(eng, "restarts", 0) or 0),
+                "in_flight": int(getattr(eng, "in_flight", 0) or 0), "waiting": int(getattr(eng, "waiting", 0) or 0)}
