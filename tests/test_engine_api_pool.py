@@ -76,3 +76,27 @@ async def test_one_engine_failing_to_start_stops_the_others(fixture_engine, prob
     with pytest.raises(ValueError, match="unique"):
         async with Pool.spawn([spec(fixture_engine, "x"), spec(fixture_engine, "x")]):
             pass
+
+
+def test_affinity_then_load_within_a_slack():
+    """A key stays with its engine while that engine is at most AFFINITY_SLACK requests busier than the
+    least loaded; past that it moves to the least loaded, and stays there."""
+    import types
+
+    from gateway.engine.pool import AFFINITY_SLACK
+
+    def fake(name):
+        return types.SimpleNamespace(name=name, healthy=True, gave_up=False, in_flight=0, waiting=0,
+                                     caps=types.SimpleNamespace(model="m"))
+
+    a, b = fake("a"), fake("b")
+    pool = Pool([a, b], {"a": "m", "b": "m"})
+    first = pool.pick("m", route="doc")
+    other = b if first is a else a
+    first.in_flight = AFFINITY_SLACK
+    assert pool.pick("m", route="doc") is first
+    first.waiting = 1
+    assert pool.pick("m", route="doc") is other
+    first.in_flight = first.waiting = 0
+    assert pool.pick("m", route="doc") is other
+    assert pool.model_of(a) == "m" and pool.models() == ["m"]
