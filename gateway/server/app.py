@@ -99,6 +99,12 @@ class App:
     ``debias``: the :mod:`gateway.decision.debias` methods applied when a
     request does not say (``x_debias``); none by default (with a dict of
     models, each :class:`Served` has its own).
+
+    Set after construction by ``serve``: ``calibration`` and ``model_sha256``
+    (the default model's: a :class:`gateway.decision.calibration.Calibration`
+    or None, the model file's sha256 for the decision log's lines; with a dict
+    of models each :class:`Served` has its own) and ``decision_log`` (a
+    :class:`gateway.decision.decision_log.DecisionLog` or None, the server's).
     """
 
     def __init__(self, engine: Any, model: "ModelInfo | dict[str, Served]", *, api_key: str | None = None,
@@ -132,6 +138,7 @@ class App:
                                  request_timeout=request_timeout, metrics=self.metrics, memory=memory())
                          for e in engines]
         self._by_engine = {id(b.engine): b for b in self.backends}
+        self.decision_log = None
         self.router = Router()
         self.started = time.time()
 
@@ -172,6 +179,26 @@ class App:
     @calibration.setter
     def calibration(self, value) -> None:
         self.served[self.default].calibration = value
+
+    @property
+    def model_sha256(self) -> str | None:
+        """The default model file's sha256 (the decision log's lines), or None."""
+        return self.served[self.default].model_sha256
+
+    @model_sha256.setter
+    def model_sha256(self, value: str | None) -> None:
+        self.served[self.default].model_sha256 = value
+
+    @property
+    def decision_log(self):
+        """The server's decision log (``gateway.decision.decision_log.DecisionLog``) or None: every engine's."""
+        return self._decision_log
+
+    @decision_log.setter
+    def decision_log(self, log) -> None:
+        self._decision_log = log
+        for b in self.backends:
+            b.decision_log = log
 
     def backend(self, model: str | None = None, route: str | None = None) -> Backend:
         """The engine a request on ``model`` (a served name, else the default model) with routing key

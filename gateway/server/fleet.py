@@ -23,12 +23,15 @@ class Served:
     """One model as the server serves it: ``info`` (``gateway.server.app.ModelInfo``: the reply's
     ``model`` name, description, template, GGUF path and pieces), ``debias`` (the methods applied
     when a request sends no ``x_debias``), ``calibration`` (a ``gateway.decision.calibration.Calibration``
-    or None) and the :class:`PromptBuilder` of its chat template (ChatML when the template is unusable)."""
+    or None), ``model_sha256`` (the GGUF's, for the decision log; None when unknown) and the
+    :class:`PromptBuilder` of its chat template (ChatML when the template is unusable)."""
 
-    def __init__(self, info: Any, debias: tuple[str, ...] = (), calibration: Any = None) -> None:
+    def __init__(self, info: Any, debias: tuple[str, ...] = (), calibration: Any = None,
+                 model_sha256: str | None = None) -> None:
         self.info = info
         self.debias = tuple(debias)
         self.calibration = calibration
+        self.model_sha256 = model_sha256
         try:
             self.prompts = PromptBuilder(info.template)
         except TemplateError as exc:
@@ -45,8 +48,8 @@ class Backend:
 
     ``engine``: the supervisor's ``gateway.engine.Engine`` (or anything with its
     interface); ``served``: its model; ``request_timeout`` (seconds) and
-    ``metrics`` are the server's. ``memory`` is made by ``memory_factory`` once
-    (the scoring path's ``ScoringMemory``): what this engine holds is its own.
+    ``metrics`` and ``decision_log`` are the server's. ``memory`` is the scoring
+    path's ``ScoringMemory``: what this engine holds is its own.
     """
 
     def __init__(self, engine: Any, served: Served, *, request_timeout: float, metrics: Any,
@@ -56,6 +59,7 @@ class Backend:
         self.request_timeout = request_timeout
         self.metrics = metrics
         self.memory = memory
+        self.decision_log: Any = None
 
     @property
     def name(self) -> str:
@@ -82,6 +86,10 @@ class Backend:
     @property
     def calibration(self):
         return self.served.calibration
+
+    @property
+    def model_sha256(self) -> str | None:
+        return self.served.model_sha256
 
     def status(self) -> dict[str, Any]:
         """What this engine is doing: ``name``, ``model``, ``state`` (``serving``, ``unresponsive``,
