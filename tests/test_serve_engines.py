@@ -13,6 +13,7 @@ import anyio
 import httpx2
 import orjson
 import pytest
+from typesafe_sdk import TypeSafeClient
 
 from gateway.cli import build_parser
 from gateway.cli.serve import parse_model_arg, plan_engines, serve
@@ -191,9 +192,16 @@ async def test_a_request_picks_its_model(fixture_engine):
                     d = await c.post("/v1/decisions", content=orjson.dumps(
                         {"model": asked, "input": "x", "questions": [{"type": "predicate", "question": "?"}]}))
                     assert d.status_code == 200 and d.json()["model"] == answered and d.headers[HEADER] == by_hand("x")
+                # the official SDK passes its model through: model="beta" is answered by beta, its default by alpha
+                def sdk(model):
+                    with TypeSafeClient(api_key="k", base_url=f"http://127.0.0.1:{port}") as client:
+                        kw = {"model": model} if model else {}
+                        return client.system_one(state=TICKET["state"], questions=TICKET["questions"], **kw).model
+                assert await anyio.to_thread.run_sync(sdk, "beta") == "beta"
+                assert await anyio.to_thread.run_sync(sdk, None) == "alpha"
                 text = (await c.get("/metrics")).text
-                assert metric(text, "serveproto_engine_requests_total", engine="beta-0", model="beta") == 2.0
-                assert metric(text, "serveproto_engine_requests_total", engine="alpha-0", model="alpha") == 6.0
+                assert metric(text, "serveproto_engine_requests_total", engine="beta-0", model="beta") == 3.0
+                assert metric(text, "serveproto_engine_requests_total", engine="alpha-0", model="alpha") == 7.0
                 chat = await c.post("/v1/chat/completions", content=orjson.dumps(
                     {"model": "beta", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
                 assert chat.status_code == 200 and chat.json()["model"] == "beta"

@@ -63,7 +63,9 @@ The engine is PINGed every --ping-interval seconds; one that does not answer
 within --ping-timeout is killed and restarted. If it fails more than
 --max-restarts times within --restart-period seconds, the server answers the
 requests in flight and exits with status 1 and one line saying why, so that a
-process manager restarts it; --keep-restarting retries forever instead.
+process manager restarts it; --keep-restarting retries forever instead. With
+several engines each counts its own restarts, and the server exits once every
+engine of one model has given up.
 Limits and timeouts: docs/http-api.md, "Security and limits".
 """
 
