@@ -20,9 +20,12 @@ from ._events import (Accept, Cancel, Caps, ConnectionClosed, Data, Decide, Deci
                       Echo, Error, Event, Image, LoadFail, Ping, Pong, Ready, Score, Scored,
                       Stat, Stop, Submit, Telemetry, score_shape)
 from ._state import CLOSED, ERROR, HANDSHAKE, NEED_DATA, SERVING
-from ._writers import write as frame_bytes
+
+#: The distribution's version (PEP 440); setup.cfg reads it from here.
+__version__ = "0.1.0"
 
 __all__ = [
+    "__version__",
     "GatewayConnection", "EngineConnection", "NEED_DATA",
     "HANDSHAKE", "SERVING", "CLOSED", "ERROR",
     "ProtocolError", "LocalProtocolError", "RemoteProtocolError",
@@ -30,5 +33,5 @@ __all__ = [
     "Ready", "Caps", "Stat", "LoadFail", "Telemetry",
     "Submit", "Image", "Stop", "Cancel", "Decide", "Score", "Ping",
     "Accept", "Echo", "Data", "Decision", "Done", "Error", "Scored", "Pong",
-    "score_shape", "frame_bytes",
+    "score_shape",
 ]

@@ -11,7 +11,7 @@ gigabytes, ``tok_s`` tokens per second. Field meanings follow
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 import attrs
 
@@ -145,9 +145,13 @@ class Caps(Event):
         v = self.values.get(key)
         return g.CAPS_BOOL_KEYS[key] if v is None else v == "1"
 
-    def _int(self, key: str, default: int | None) -> int | None:
+    def _int(self, key: str, default: int) -> int:
         v = self.values.get(key)
         return default if v is None else int(v)
+
+    def _opt_int(self, key: str) -> int | None:
+        v = self.values.get(key)
+        return None if v is None else int(v)
 
     @property
     def chat(self) -> bool:
@@ -172,17 +176,17 @@ class Caps(Event):
     @property
     def slots(self) -> int:
         """Number of KV slots, numbered 0 .. slots-1; default 1."""
-        return self._int("slots", 1)  # type: ignore[return-value]
+        return self._int("slots", 1)
 
     @property
     def n_ctx(self) -> int | None:
         """Context size per slot, in tokens, or None when not advertised."""
-        return self._int("n_ctx", None)
+        return self._opt_int("n_ctx")
 
     @property
     def n_vocab(self) -> int | None:
         """Vocabulary size, in tokens, or None when not advertised."""
-        return self._int("n_vocab", None)
+        return self._opt_int("n_vocab")
 
     @property
     def model(self) -> str | None:
@@ -192,12 +196,12 @@ class Caps(Event):
     @property
     def pin_slots(self) -> int | None:
         """How many snapshots the engine keeps, or None when not advertised (engines default to 4)."""
-        return self._int("pin_slots", None)
+        return self._opt_int("pin_slots")
 
     @property
     def max_logprobs(self) -> int:
         """The largest ``logprobs=`` the engine accepts; default 32."""
-        return self._int("max_logprobs", g.MAX_LOGPROBS)  # type: ignore[return-value]
+        return self._int("max_logprobs", g.MAX_LOGPROBS)
 
     @property
     def x_score(self) -> bool:
@@ -703,7 +707,10 @@ class ConnectionClosed(Event):
     unfinished: tuple[int, ...] = ()
 
 
-def trusted_constructor(cls: type) -> Any:
+E = TypeVar("E", bound=Event)
+
+
+def trusted_constructor(cls: type[E]) -> Callable[..., E]:
     """Return ``make(*fields)`` building a ``cls`` without validation.
 
     Only for the readers, which have checked every field against the grammar
@@ -717,6 +724,6 @@ def trusted_constructor(cls: type) -> Any:
     body = "".join(f"    _s{i}(o, a{i})\n" for i in range(len(names)))
     ns: dict[str, Any] = {"new": new, "cls": cls, **setters}
     exec(f"def make({args}):\n    o = new(cls)\n{body}    return o\n", ns)
-    make = ns["make"]
+    make: Callable[..., E] = ns["make"]
     make.__doc__ = f"Build a {cls.__name__} from already-validated fields {names}."
     return make

@@ -90,7 +90,8 @@ _FU = rb"(0|[1-9][0-9]{0,18})"
 _FF = rb"(-?[0-9]{1,20}(?:\.[0-9]*)?(?:e[-+][0-9][0-9])?)"
 ECHO_K1_FAST = re.compile(rb"ECHO ([1-9][0-9]{0,18}) " + _FU + b" " + _FU + b" " + _FF +
                           b" 1 " + _FU + b" " + _FF)
-#: The same for ``k`` from 2 to 32: the alternatives come as one group, split by the reader.
+#: The same for ``k`` from 2 to 32: the alternatives come as one group, split by the reader
+#: (valid once the group holds exactly k pairs).
 _FF0 = rb"-?[0-9]{1,20}(?:\.[0-9]*)?(?:e[-+][0-9][0-9])?"
 ECHO_KN_FAST = re.compile(rb"ECHO ([1-9][0-9]{0,18}) " + _FU + b" " + _FU + b" " + _FF +
                           rb" ([2-9]|[12][0-9]|3[0-2])((?: (?:0|[1-9][0-9]{0,18}) " + _FF0 +

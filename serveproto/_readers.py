@@ -13,7 +13,7 @@ one precompiled float pattern and built with trusted constructors.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, TypeVar
 
 from . import _events as ev
 from . import _grammar as g
@@ -22,7 +22,10 @@ from ._errors import LocalProtocolError
 _U64 = g.UINT_LIMIT
 _float_match = g.FLOAT_RE.fullmatch
 _key_match = g.KEY_RE.fullmatch
+_echo_k1 = g.ECHO_K1_FAST.fullmatch
+_echo_kn = g.ECHO_KN_FAST.fullmatch
 _isfinite = math.isfinite
+E = TypeVar("E", bound=ev.Event)
 
 
 class BadFrame(Exception):
@@ -76,7 +79,7 @@ def _text(fields: list[bytes]) -> str:
     return b" ".join(fields).decode("utf-8", "replace")
 
 
-def _build(cls: Callable[..., ev.Event], *args: object, **kw: object) -> ev.Event:
+def _build(cls: Callable[..., E], *args: object, **kw: object) -> E:
     """Build an event with validation, turning a bad field into BadFrame."""
     try:
         return cls(*args, **kw)
@@ -131,6 +134,36 @@ def read_echo(parts: list[bytes], payload: bytes) -> ev.Echo:
     if not _isfinite(lp) and not (lp != lp and pos == 0 and k == 0):
         raise BadFrame(f"ECHO logprob must be finite (nan only at position 0 with k=0), got {lp!r}")
     return _make_echo(rid(parts[1]), pos, lp, top, payload)
+
+
+def read_plain_echo(data: bytes, pos: int, nl: int, max_payload: int) -> ev.Echo | None:
+    """The hot path of a read-out: the ECHO frame whose line is ``data[pos:nl]``, when that
+    line is in its plainest spelling (``_grammar.ECHO_K1_FAST`` or ``ECHO_KN_FAST``) and its payload (at most
+    ``max_payload`` bytes) is complete in ``data``.
+
+    Returns the event (the frame ends ``len(event.text) + 1`` bytes after ``nl``), or None
+    for anything else, whatever the reason: the general path (``read_echo``) then decides.
+    An event it returns is the one ``read_echo`` builds from the same bytes.
+    """
+    top: tuple[tuple[int, float], ...]
+    m = _echo_k1(data, pos, nl)
+    if m is not None:
+        i, nb, p, lp, tid, tlp = m.groups()
+        top = ((int(tid), float(tlp)),)
+    else:
+        m = _echo_kn(data, pos, nl)
+        if m is None:
+            return None
+        i, nb, p, lp, k, tail = m.groups()
+        t = tail.split(b" ")  # t[0] is empty: the group starts with a space
+        if len(t) != 2 * int(k) + 1:
+            return None
+        top = tuple(zip(map(int, t[1::2]), map(float, t[2::2])))
+    n = int(nb)
+    end = nl + 1 + n
+    if n > max_payload or len(data) <= end or data[end] != 10:
+        return None
+    return _make_echo(int(i), int(p), float(lp), top, data[nl + 1:end])
 
 
 def read_data(parts: list[bytes], payload: bytes) -> ev.Data:
@@ -283,9 +316,9 @@ def read_score(parts: list[bytes], payloads: tuple[bytes, ...]) -> ev.Score:
     return _build(ev.Score, rid(parts[1]), uint(parts[2]), payloads[0])
 
 
-def read_id_only(cls: Callable[[int], ev.Event]) -> Callable[[list[bytes]], ev.Event]:
+def read_id_only(cls: Callable[[int], E]) -> Callable[[list[bytes]], E]:
     """Return a reader for ``<KIND> <id>`` frames (STOP, CANCEL, PING)."""
-    def read(parts: list[bytes]) -> ev.Event:
+    def read(parts: list[bytes]) -> E:
         _nfields(parts, 2)
         return cls(rid(parts[1]))
     read.__doc__ = f"``{cls.__name__.upper()} <id>``."

@@ -9,6 +9,8 @@ import math
 import pytest
 
 import serveproto as sp
+from serveproto import _connection
+from serveproto._writers import write as frame_bytes  # the bare writer, no state machine
 
 from test_protocol_support import CodecGateway, engine
 
@@ -125,7 +127,7 @@ def test_errors_carry_code_and_request_id():
 
 def test_frame_bytes_refuses_non_frames():
     with pytest.raises(TypeError):
-        sp.frame_bytes(sp.ConnectionClosed())
+        frame_bytes(sp.ConnectionClosed())
 
 
 def test_engine_handshake_writer():
@@ -208,7 +210,7 @@ def test_gateway_payload_limit_and_large_payload_in_small_chunks():
         conn.next_event()
     conn = CodecGateway()
     record = bytes(range(256)) * 4096  # 1 MiB, every byte value, newlines included
-    frame = sp.frame_bytes(sp.Decision(1, record))
+    frame = frame_bytes(sp.Decision(1, record))
     for i in range(0, len(frame), 4096):
         conn.receive_data(frame[i:i + 4096])
         e = conn.next_event()
@@ -219,7 +221,7 @@ def test_gateway_payload_limit_and_large_payload_in_small_chunks():
 
 def test_engine_eof_lists_unfinished_and_allows_replies():
     conn = engine()
-    conn.receive_data(sp.frame_bytes(sp.Submit(**SUB)) + b"")
+    conn.receive_data(frame_bytes(sp.Submit(**SUB)) + b"")
     assert conn.next_event() == sp.Submit(**SUB)
     conn.receive_data(b"")
     assert conn.next_event() == sp.ConnectionClosed((7,))
@@ -248,7 +250,26 @@ def test_engine_without_extensions_refuses_their_frames():
     assert conn.next_event() == sp.Stop(4)
 
 
-def test_echo_fast_path_agrees_with_the_general_reader():
+def general_reader_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From now on, connections frame every ECHO with the general reader (``read_echo``)."""
+    monkeypatch.setattr(_connection, "_read_plain_echo", lambda *args: None)
+
+
+def counting_fast_path(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the ECHO frames the fast path reads (the returned list's length)."""
+    taken: list[int] = []
+    real = _connection._read_plain_echo
+
+    def spy(*args: object) -> object:
+        e = real(*args)
+        if e is not None:
+            taken.append(1)
+        return e
+    monkeypatch.setattr(_connection, "_read_plain_echo", spy)
+    return taken
+
+
+def test_echo_fast_path_agrees_with_the_general_reader(monkeypatch):
     """ECHO frames of a read-out under way take the fast path; every spelling
     must decode as the general reader (used with no request state) decodes it."""
     spellings = [b"-1.25", b"-1.250", b"-1.5e-05", b"-1.5E-05", b"-1e-5", b"-7", b"-0", b"0",
@@ -265,16 +286,22 @@ def test_echo_fast_path_agrees_with_the_general_reader():
     gw.send(sp.Submit(1, 0, b"x", 0, 0.0, 1.0, logprobs=1))
     codec = CodecGateway()
     fast, general = [], []
+    taken = counting_fast_path(monkeypatch)
     for conn, out in ((gw, fast), (codec, general)):
+        if conn is codec:
+            general_reader_only(monkeypatch)
         conn.receive_data(stream)
         while (e := conn.next_event()) is not sp.NEED_DATA:
             out.append(e)
+    # the fast path reads the frames whose two floats are both as %.9g spells them (not
+    # "E", not a one-digit exponent: 4 frames), and not the cold position 0 ("nan 0")
+    assert len(taken) == len(spellings) - 4
     assert len(fast) == len(spellings) + 2
     assert repr(fast) == repr(general)  # repr: NaN compares unequal to itself
     assert [e.logprob for e in fast[1:-1]] == [float(x) for x in spellings]
 
 
-def test_echo_fast_path_with_several_alternatives_agrees_with_the_general_reader():
+def test_echo_fast_path_with_several_alternatives_agrees_with_the_general_reader(monkeypatch):
     tails = [b"3 5 -0.5 6 -1.5e-05 7 -2", b"3 0 -0 18446744073709551615 -1 9 -7.",
              b"3 1 -1 2 -2 3 -3", b"3 01 -1 2 -2 3 -3"]  # the last has a leading zero: refused
     stream = b"ECHO 1 1 0 nan 0\na\n" + b"".join(
@@ -286,7 +313,11 @@ def test_echo_fast_path_with_several_alternatives_agrees_with_the_general_reader
     gw.send(sp.Submit(1, 0, b"x", 0, 0.0, 1.0, logprobs=3))
     codec = CodecGateway()
     results = []
+    taken = counting_fast_path(monkeypatch)
     for conn in (gw, codec):
+        if conn is codec:
+            assert len(taken) == 2  # the first and third (2**64-1 has 20 digits: general path)
+            general_reader_only(monkeypatch)
         conn.receive_data(stream)
         out = []
         with pytest.raises(sp.RemoteProtocolError) as info:

@@ -78,7 +78,7 @@ class CodecGateway(sp.GatewayConnection):
     """A gateway connection without the state machines: the frame codec alone,
     so reply vectors can be decoded out of any conversation."""
 
-    def _receive(self, e: sp.Event) -> None:
+    def _process_event(self, e: sp.Event) -> None:
         pass
 
 
