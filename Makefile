@@ -15,13 +15,20 @@ DEBIAS ?=
 PRECISION ?=
 export SERVEPROTO_CACHE ?= $(HOME)/.cache/serveproto
 
-.PHONY: serve test venv venv-test engines model browser clean
+.PHONY: serve test lint venv venv-test engines model browser clean
 
 serve: venv engines model
 	$(VENV)/bin/serveproto serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL)) $(if $(THREADS),--threads $(THREADS)) $(if $(DEBIAS),--debias $(DEBIAS)) $(if $(PRECISION),--precision $(PRECISION))
 
-test: venv-test engines model browser
+test: lint engines model browser
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# ruff (lint + format check) on the paths listed in pyproject.toml's [tool.ruff] include, and
+# mypy --strict on serveproto/ ([tool.mypy]); `ruff format` and `ruff check --fix` repair most of it.
+lint: venv-test
+	$(VENV)/bin/ruff check
+	$(VENV)/bin/ruff format --check
+	$(VENV)/bin/mypy
 
 # serve needs the package's own dependencies; test adds the [test] extra (pytest, the SDK, selenium...)
 venv: $(VENV)/.installed

@@ -14,7 +14,7 @@ say whether that event may come now).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from . import _events as ev
 from . import _grammar as g
@@ -66,8 +66,7 @@ class _Connection:
         self._closed_event: ev.ConnectionClosed | None = None
 
     def __repr__(self) -> str:
-        return (f"<{type(self).__name__} state={self.state!r} "
-                f"in_flight={len(self._requests)} buffered={len(self._buf)}>")
+        return f"<{type(self).__name__} state={self.state!r} in_flight={len(self._requests)} buffered={len(self._buf)}>"
 
     @property
     def state(self) -> type[Sentinel]:
@@ -98,7 +97,7 @@ class _Connection:
     def trailing_data(self) -> tuple[bytes, bool]:
         """(unconsumed bytes, whether EOF was received): for diagnostics."""
         self._buf.pull()
-        return self._buf.data[self._buf.pos:], self._buf.eof
+        return self._buf.data[self._buf.pos :], self._buf.eof
 
     def _ready(self) -> bool:
         """Make the fed bytes contiguous; False when nothing new can complete a frame
@@ -162,10 +161,18 @@ class GatewayConnection(_Connection):
         self._controlled: OrderedDict[int, None] = OrderedDict()
         self._image_id: int | None = None
         self._readers: dict[bytes, Callable[..., ev.Event]] = {
-            b"ECHO": rd.read_echo, b"DATA": rd.read_data, b"DECISION": rd.read_decision,
-            b"SCORED": rd.read_scored, b"ACCEPT": rd.read_accept, b"DONE": rd.read_done,
-            b"ERROR": rd.read_error, b"CAPS": rd.read_caps, b"STAT": rd.read_stat,
-            b"LOAD_FAIL": rd.read_load_fail, b"PONG": rd.read_pong, g.READY_LINE: _read_ready,
+            b"ECHO": rd.read_echo,
+            b"DATA": rd.read_data,
+            b"DECISION": rd.read_decision,
+            b"SCORED": rd.read_scored,
+            b"ACCEPT": rd.read_accept,
+            b"DONE": rd.read_done,
+            b"ERROR": rd.read_error,
+            b"CAPS": rd.read_caps,
+            b"STAT": rd.read_stat,
+            b"LOAD_FAIL": rd.read_load_fail,
+            b"PONG": rd.read_pong,
+            g.READY_LINE: _read_ready,
         }
 
     @property
@@ -234,14 +241,16 @@ class GatewayConnection(_Connection):
                     return self._wait()
                 if data[end] != 10:
                     raise rd.BadFrame(f"payload of {n} bytes not followed by a newline")
-                e = reader(parts, data[nl + 1:end])
+                e = reader(parts, data[nl + 1 : end])
                 end += 1
             else:
                 e = reader(parts)
                 end = nl + 1
         except rd.BadFrame as exc:
-            raise self._fail(f"{exc.args[0]} (in {kind[:20].decode('latin-1')} line)",
-                             _request_id(parts) if reader is not None else 0) from None
+            raise self._fail(
+                f"{exc.args[0]} (in {kind[:20].decode('latin-1')} line)",
+                _request_id(parts) if reader is not None else 0,
+            ) from None
         buf.pos = end
         buf.need = 0
         return e
@@ -293,8 +302,9 @@ class GatewayConnection(_Connection):
         if cls is ev.Telemetry:
             return
         if self._step is st.LOAD_FAILED or not self._advance_handshake(e):
-            raise self._fail(f"{cls.__name__.upper()} during the handshake (at {self._step!r})",
-                             getattr(e, "id", 0), "BAD_SEQUENCE")
+            raise self._fail(
+                f"{cls.__name__.upper()} during the handshake (at {self._step!r})", getattr(e, "id", 0), "BAD_SEQUENCE"
+            )
 
     def _receive_error(self, e: ev.Error) -> None:
         i = e.id
@@ -310,22 +320,21 @@ class GatewayConnection(_Connection):
     def send(self, e: ev.Event) -> bytes:
         """Return the bytes of request ``e`` (see the class for what is refused)."""
         if self._step is not st.SERVING or self._error is not None or self._closed_event is not None:
-            raise LocalProtocolError(f"cannot send {type(e).__name__} in state {self.state!r}",
-                                     "BAD_SEQUENCE", getattr(e, "id", 0))
+            raise LocalProtocolError(
+                f"cannot send {type(e).__name__} in state {self.state!r}", "BAD_SEQUENCE", getattr(e, "id", 0)
+            )
         cls = type(e)
         caps = self._caps
         assert caps is not None
         i = getattr(e, "id", 0)
         if self._image_id is not None and not (cls is ev.Submit and i == self._image_id):
-            raise LocalProtocolError(f"IMAGE {self._image_id} must be followed by its SUBMIT",
-                                     "BAD_SEQUENCE", i)
+            raise LocalProtocolError(f"IMAGE {self._image_id} must be followed by its SUBMIT", "BAD_SEQUENCE", i)
         if cls in st.KIND_REPLIES or cls is ev.Ping or cls is ev.Image:
             need = _NEEDS.get(cls)
             if isinstance(e, ev.Submit) and e.counters:
                 need = "x_counters"
             if need is not None and not getattr(caps, need):
-                raise LocalProtocolError(f"the engine did not advertise {need}=1 in CAPS",
-                                         "NOT_SUPPORTED", i)
+                raise LocalProtocolError(f"the engine did not advertise {need}=1 in CAPS", "NOT_SUPPORTED", i)
             if i in self._requests or i in self._pings or (cls is not ev.Submit and i == self._image_id):
                 raise LocalProtocolError(f"id {i} is already in flight", "DUPLICATE_ID", i)
         elif cls not in (ev.Stop, ev.Cancel):
@@ -344,8 +353,7 @@ class GatewayConnection(_Connection):
             assert isinstance(e, (ev.Submit, ev.Decide, ev.Score))  # cls is in KIND_REPLIES
             shape = ev.score_shape(e.payload) if isinstance(e, ev.Score) else None
             if cls is ev.Score and shape is None:
-                raise LocalProtocolError("Score.payload is not the JSON of spec section 9.1",
-                                         "BAD_FRAME", i)
+                raise LocalProtocolError("Score.payload is not the JSON of spec section 9.1", "BAD_FRAME", i)
             self._requests[i] = st.RequestState(e, shape)
             self._image_id = None
         return out
@@ -450,8 +458,7 @@ class EngineConnection(_Connection):
                 buf.need = 0
                 self._discard = sum(sizes) + len(sizes)
                 self._skip()
-                raise RemoteProtocolError(f"payload over {self.max_payload} bytes", "BAD_FRAME",
-                                          _request_id(parts))
+                raise RemoteProtocolError(f"payload over {self.max_payload} bytes", "BAD_FRAME", _request_id(parts))
             else:
                 total = sum(sizes) + len(sizes)
                 if len(data) < end + total:
@@ -462,9 +469,10 @@ class EngineConnection(_Connection):
                     if data[end + n] != 10:
                         buf.pos = end + n
                         buf.need = 0
-                        raise RemoteProtocolError(f"payload of {n} bytes not followed by a newline",
-                                                  "BAD_FRAME", _request_id(parts))
-                    got_payloads.append(data[end:end + n])
+                        raise RemoteProtocolError(
+                            f"payload of {n} bytes not followed by a newline", "BAD_FRAME", _request_id(parts)
+                        )
+                    got_payloads.append(data[end : end + n])
                     end += n + 1
                 payloads = tuple(got_payloads)
         buf.pos = end
@@ -474,8 +482,9 @@ class EngineConnection(_Connection):
                 raise rd.BadFrame(bad)
             e = self._read(kind, parts, payloads)
         except rd.BadFrame as exc:
-            raise RemoteProtocolError(f"{exc.args[0]} (in {kind.decode()} line)", "BAD_FRAME",
-                                      _request_id(parts)) from None
+            raise RemoteProtocolError(
+                f"{exc.args[0]} (in {kind.decode()} line)", "BAD_FRAME", _request_id(parts)
+            ) from None
         except LocalProtocolError as exc:
             raise RemoteProtocolError(exc.reason, "BAD_FRAME", _request_id(parts)) from None
         return e
@@ -534,8 +543,7 @@ class EngineConnection(_Connection):
                 shape = ev.score_shape(e.payload) if isinstance(e, ev.Score) else None
                 self._requests[i] = st.RequestState(e, shape)
 
-    def send_handshake(self, caps: ev.Caps | Mapping[str, str] | None = None,
-                       rss_gb: float = 0.0) -> bytes:
+    def send_handshake(self, caps: ev.Caps | Mapping[str, str] | None = None, rss_gb: float = 0.0) -> bytes:
         """Return READY, the CAPS line (when ``caps`` is given) and ``STAT 0 0 0 <rss_gb>``.
 
         ``caps``: a Caps event or a mapping of CAPS keys to text values;
@@ -551,8 +559,9 @@ class EngineConnection(_Connection):
         cls = type(e)
         if cls in st.HANDSHAKE_EVENTS:
             if not self._advance_handshake(e):
-                raise LocalProtocolError(f"{cls.__name__.upper()} out of the handshake order "
-                                         f"(at {self._step!r})", "BAD_SEQUENCE")
+                raise LocalProtocolError(
+                    f"{cls.__name__.upper()} out of the handshake order (at {self._step!r})", "BAD_SEQUENCE"
+                )
             if isinstance(e, ev.Caps):
                 self._sent_caps = e
             return WRITERS[cls](e)
@@ -560,13 +569,11 @@ class EngineConnection(_Connection):
             return WRITERS[cls](e)
         i = getattr(e, "id", 0)
         if self._step is not st.SERVING:
-            raise LocalProtocolError(f"{cls.__name__.upper()} before the handshake ended",
-                                     "BAD_SEQUENCE", i)
+            raise LocalProtocolError(f"{cls.__name__.upper()} before the handshake ended", "BAD_SEQUENCE", i)
         if cls in st.REQUEST_REPLIES:
             req = self._requests.get(i)
             if req is None:
-                raise LocalProtocolError(f"{cls.__name__.upper()} for id {i} not in flight",
-                                         "BAD_SEQUENCE", i)
+                raise LocalProtocolError(f"{cls.__name__.upper()} for id {i} not in flight", "BAD_SEQUENCE", i)
             try:
                 ended = req.check(e)
             except st.Breach as b:
@@ -588,5 +595,8 @@ class EngineConnection(_Connection):
         raise LocalProtocolError(f"{cls.__name__} is not a reply", "BAD_SEQUENCE", i)
 
 
-_ID_READERS = {b"STOP": rd.read_id_only(ev.Stop), b"CANCEL": rd.read_id_only(ev.Cancel),
-               b"PING": rd.read_id_only(ev.Ping)}
+_ID_READERS = {
+    b"STOP": rd.read_id_only(ev.Stop),
+    b"CANCEL": rd.read_id_only(ev.Cancel),
+    b"PING": rd.read_id_only(ev.Ping),
+}

@@ -13,27 +13,44 @@ from __future__ import annotations
 from . import _events as ev
 from ._util import Sentinel
 
+
 # --- public connection states ---------------------------------------------------------------
 class HANDSHAKE(Sentinel, metaclass=Sentinel):
     """The engine has not finished READY [CAPS] STAT (section 3)."""
+
+
 class SERVING(Sentinel, metaclass=Sentinel):
     """The handshake is done; requests and replies flow."""
+
+
 class CLOSED(Sentinel, metaclass=Sentinel):
     """The peer closed its end (EOF), or the engine reported LOAD_FAIL."""
+
+
 class ERROR(Sentinel, metaclass=Sentinel):
     """A protocol error ended the connection (gateway side)."""
+
+
 class NEED_DATA(Sentinel, metaclass=Sentinel):
     """next_event() needs more bytes: call receive_data() first."""
+
 
 # --- handshake steps (section 3) --------------------------------------------------------------
 class WAIT_READY(Sentinel, metaclass=Sentinel):
     """Handshake: nothing received yet."""
+
+
 class WAIT_CAPS(Sentinel, metaclass=Sentinel):
     """Handshake: READY received; CAPS or STAT next."""
+
+
 class WAIT_STAT(Sentinel, metaclass=Sentinel):
     """Handshake: CAPS received; STAT next."""
+
+
 class LOAD_FAILED(Sentinel, metaclass=Sentinel):
     """Handshake: LOAD_FAIL received; the engine exits."""
+
 
 #: A connection's handshake step -> the step an event of that class moves it to.
 HANDSHAKE_TRANSITIONS: dict[tuple[type[Sentinel], type[ev.Event]], type[Sentinel]] = {
@@ -45,28 +62,47 @@ HANDSHAKE_TRANSITIONS: dict[tuple[type[Sentinel], type[ev.Event]], type[Sentinel
 }
 HANDSHAKE_EVENTS: frozenset[type[ev.Event]] = frozenset({ev.Ready, ev.Caps, ev.Stat, ev.LoadFail})
 
+
 # --- per-request phases (section 5) -----------------------------------------------------------
 class NEW(Sentinel, metaclass=Sentinel):
     """Request: sent, no reply yet."""
+
+
 class ACCEPTED(Sentinel, metaclass=Sentinel):
     """Request: ACCEPT received."""
+
+
 class ECHOING(Sentinel, metaclass=Sentinel):
     """Request: ECHO frames are coming (read-out)."""
+
+
 class GENERATING(Sentinel, metaclass=Sentinel):
     """Request: DATA frames are coming."""
+
+
 class DECIDED(Sentinel, metaclass=Sentinel):
     """Request: the DECISION came; DONE next."""
+
+
 class SCORING(Sentinel, metaclass=Sentinel):
     """Request: SCORED frames are coming."""
+
 
 #: A request's phase -> the phase a reply of that class moves it to.
 REQUEST_TRANSITIONS: dict[tuple[type[Sentinel], type[ev.Event]], type[Sentinel]] = {
     (NEW, ev.Accept): ACCEPTED,
-    (NEW, ev.Echo): ECHOING, (ACCEPTED, ev.Echo): ECHOING, (ECHOING, ev.Echo): ECHOING,
-    (NEW, ev.Data): GENERATING, (ACCEPTED, ev.Data): GENERATING,
-    (ECHOING, ev.Data): GENERATING, (GENERATING, ev.Data): GENERATING,
-    (NEW, ev.Decision): DECIDED, (ACCEPTED, ev.Decision): DECIDED,
-    (NEW, ev.Scored): SCORING, (ACCEPTED, ev.Scored): SCORING, (SCORING, ev.Scored): SCORING,
+    (NEW, ev.Echo): ECHOING,
+    (ACCEPTED, ev.Echo): ECHOING,
+    (ECHOING, ev.Echo): ECHOING,
+    (NEW, ev.Data): GENERATING,
+    (ACCEPTED, ev.Data): GENERATING,
+    (ECHOING, ev.Data): GENERATING,
+    (GENERATING, ev.Data): GENERATING,
+    (NEW, ev.Decision): DECIDED,
+    (ACCEPTED, ev.Decision): DECIDED,
+    (NEW, ev.Scored): SCORING,
+    (ACCEPTED, ev.Scored): SCORING,
+    (SCORING, ev.Scored): SCORING,
 }
 #: The replies each request kind may get, besides DONE and ERROR.
 KIND_REPLIES: dict[type[ev.Event], frozenset[type[ev.Event]]] = {
@@ -92,11 +128,22 @@ class RequestState:
     section 5's invariants and returns True when the reply ends the request.
     """
 
-    __slots__ = ("id", "kind", "logprobs", "max_tokens", "counters", "shape", "phase",
-                 "prompt_tokens", "next_position", "n_data", "next_score", "longest_score")
+    __slots__ = (
+        "id",
+        "kind",
+        "logprobs",
+        "max_tokens",
+        "counters",
+        "shape",
+        "phase",
+        "prompt_tokens",
+        "next_position",
+        "n_data",
+        "next_score",
+        "longest_score",
+    )
 
-    def __init__(self, request: ev.Submit | ev.Decide | ev.Score,
-                 shape: tuple[int, ...] | None = None) -> None:
+    def __init__(self, request: ev.Submit | ev.Decide | ev.Score, shape: tuple[int, ...] | None = None) -> None:
         self.id = request.id
         self.kind: type[ev.Submit | ev.Decide | ev.Score] = type(request)
         sub = request if type(request) is ev.Submit else None
@@ -190,11 +237,11 @@ class RequestState:
             raise Breach("DONE counters must be present exactly when the request asked for them")
         if self.kind is ev.Submit:
             if self.next_position is not None and self.next_position != e.prompt_tokens:
-                raise Breach(f"read-out ended at position {self.next_position - 1}, "
-                             f"the prompt has {e.prompt_tokens} tokens")
+                raise Breach(
+                    f"read-out ended at position {self.next_position - 1}, the prompt has {e.prompt_tokens} tokens"
+                )
             if e.computed is not None and e.reused is not None and e.computed + e.reused != e.prompt_tokens:
-                raise Breach(f"DONE computed={e.computed} + reused={e.reused} != "
-                             f"prompt_tokens={e.prompt_tokens}")
+                raise Breach(f"DONE computed={e.computed} + reused={e.reused} != prompt_tokens={e.prompt_tokens}")
         elif self.kind is ev.Decide:
             if self.phase is not DECIDED:
                 raise Breach("DONE of a DECIDE without its DECISION")
@@ -202,5 +249,6 @@ class RequestState:
             if self.shape is not None and self.next_score != (len(self.shape), 0):
                 raise Breach(f"DONE of a SCORE before all SCORED frames (next due {self.next_score})")
             if e.prompt_tokens != self.longest_score:
-                raise Breach(f"DONE says prompt_tokens={e.prompt_tokens}, the longest option "
-                             f"reached {self.longest_score}")
+                raise Breach(
+                    f"DONE says prompt_tokens={e.prompt_tokens}, the longest option reached {self.longest_score}"
+                )

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from test_protocol_support import CodecGateway, b, decode_all, engine, expected_event, load, same
 
 import serveproto as sp
 from serveproto import _writers
 from serveproto._writers import write as frame_bytes  # the bare writer, no state machine
-
-from test_protocol_support import CodecGateway, b, decode_all, engine, expected_event, load, same
 
 REQUESTS = load("requests")
 REPLIES = load("replies")
@@ -56,8 +55,11 @@ def test_vector_writes(vec):
     assert frame_bytes(expected_event(vec)) == written
 
 
-@pytest.mark.parametrize("vec", [v for v in REQUESTS + REPLIES if "written" in v],
-                         ids=_ids([v for v in REQUESTS + REPLIES if "written" in v]))
+@pytest.mark.parametrize(
+    "vec",
+    [v for v in REQUESTS + REPLIES if "written" in v],
+    ids=_ids([v for v in REQUESTS + REPLIES if "written" in v]),
+)
 def test_canonical_form_decodes_to_same_fields(vec):
     conn = engine(vec.get("caps")) if vec["direction"] == "gateway->engine" else CodecGateway()
     (event,) = decode_all(conn, b(vec["written"]))
