@@ -30,7 +30,7 @@ lint: venv-test
 	$(VENV)/bin/ruff format --check
 	$(VENV)/bin/mypy
 
-# serve needs the package's own dependencies; test adds the [test] extra (pytest, the SDK, selenium...)
+# serve needs the [server] extra; test adds the [test] extra (pytest, trio, numpy, the SDK, selenium, ruff, mypy...)
 venv: $(VENV)/.installed
 venv-test: $(VENV)/.installed-test
 
@@ -38,12 +38,12 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	@echo "serveproto: installing the Python packages into $(VENV) (first run only, about a minute)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -e '.[server]'
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
 	@echo "serveproto: installing the test packages into $(VENV) (first run only)"
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[server,test]'
 	touch $@
 
 engines: venv
