@@ -3,7 +3,7 @@
 Nothing here touches the terminal: :class:`Client` speaks to a running server
 (``POST /v1/chat/completions`` streamed, ``POST /v1/systemone``), and the pure
 helpers turn an answer into what the terminal shows (normalised entropy and its
-reading, the seed's table in "Reading the answer"). :mod:`gateway.cli_chat`
+reading, the seed's table in "Reading the answer"). :mod:`gateway.cli.chat`
 draws it.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``async with Engine.spawn(argv, name=...) as eng:`` starts an engine process
 (supervised: restarted with backoff when it crashes, hangs or breaks the
-protocol, see :mod:`gateway.supervisor`), and gives one object to
+protocol, see :mod:`gateway.engine.supervisor`), and gives one object to
 ``submit`` (stream events), ``read_out`` (prompt log-probabilities),
 ``score`` (options' log-probabilities, SCORE or the seed's pin + SUBMIT),
 ``decide`` (a decision engine's DECISION) and ``ping``. Requests are
@@ -23,14 +23,14 @@ import orjson
 from serveproto import (Accept, Caps, Decide, Decision, Done, Echo, Ping, Pong, Score,
                         Scored, Submit)
 
-from gateway._engine_errors import (EngineBusy, EngineCrashed, EngineError, EngineLoadError,
+from gateway.engine.errors import (EngineBusy, EngineCrashed, EngineError, EngineLoadError,
                                     EngineProtocolError, EngineTimeout, EngineUnavailable,
                                     RequestError)
-from gateway._engine_request import RequestStream
-from gateway._engine_score import OptionScore, option_tokens, softmax
-from gateway._process import EngineProcess, unwrap_group
-from gateway._engine_slots import SlotLease
-from gateway.supervisor import RestartPolicy, Supervisor
+from gateway.engine.request import RequestStream
+from gateway.engine.score import OptionScore, option_tokens, softmax
+from gateway.engine.process import EngineProcess, unwrap_group
+from gateway.engine.slots import SlotLease
+from gateway.engine.supervisor import RestartPolicy, Supervisor
 
 __all__ = [
     "Engine", "ReadOut", "ScoreResult", "OptionScore", "RequestStream", "RestartPolicy",
@@ -230,7 +230,7 @@ class Engine:
     @property
     def state(self) -> str:
         """``"serving"``, ``"unresponsive"``, ``"restarting"``, ``"gave_up"`` or ``"closed"``
-        (see :attr:`gateway.supervisor.Supervisor.state`)."""
+        (see :attr:`gateway.engine.supervisor.Supervisor.state`)."""
         return self._sup.state
 
     @property

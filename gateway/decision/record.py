@@ -17,8 +17,8 @@ import json
 import math
 from typing import Any
 
-from gateway.jev import Question, SystemOneRequest
-from gateway.prompts import DEFAULT_INSTRUCTIONS
+from gateway.decision.jev import Question, SystemOneRequest
+from gateway.decision.prompts import DEFAULT_INSTRUCTIONS
 
 
 def state_type(value: Any) -> str:

@@ -15,7 +15,7 @@ prefix, state) is shared by every question of a request and photographed once;
 | score | ``"1".."n"`` | instructions, ``k: <level>`` per level, "Answer with the number." |
 
 Two other formats, compared in ``bench/quality.py`` and served on request
-(``x_debias``, :mod:`gateway.readings`):
+(``x_debias``, :mod:`gateway.decision.readings`):
 
 - **cloze** (:func:`cloze_text`): the options are not listed; the question is
   the instructions alone and each option's own text is scored as the answer
@@ -36,7 +36,7 @@ from typing import Any
 
 import attrs
 
-from gateway.chat_template import ChatTemplate
+from gateway.decision.chat_template import ChatTemplate
 
 #: The system turn of every decision prompt.
 SYSTEM = "You answer questions about the text you are given. Reply with exactly one of the allowed answers and nothing else."
@@ -136,7 +136,7 @@ def question_text(qtype: str, instructions: Any, criteria: Any, rotation: int = 
     ``order`` (:func:`listing_order`): the listed lines' order as indices into
     the natural one (yes, no; the labels as sent; level 0 first), None for the
     natural order; ``rotation``: that order is listed from its
-    ``rotation``-th line on, cyclically (:mod:`gateway.debias`). Each option
+    ``rotation``-th line on, cyclically (:mod:`gateway.decision.debias`). Each option
     keeps its own text and scored string, so the options tuple does not
     change. A noul lists yes before no, ``rotation`` 1 the other way round
     ("Answer no or yes.").
@@ -222,12 +222,12 @@ class PromptBuilder:
     (``fixed``: the request's ``prefix`` field, read before the state);
     ``question(...)`` the stem and options of one question. The two
     concatenate to exactly what the template renders for the whole chat.
-    Raises :class:`gateway.chat_template.TemplateError` when the template
+    Raises :class:`gateway.decision.chat_template.TemplateError` when the template
     rewrites the user text so that the split cannot be made.
     """
 
     def __init__(self, template: ChatTemplate | None = None) -> None:
-        from gateway.chat_template import TemplateError
+        from gateway.decision.chat_template import TemplateError
 
         self.template = template or ChatTemplate.chatml()
         # Templates that refuse a system turn (raise_exception) get the system text
@@ -268,7 +268,7 @@ class PromptBuilder:
     def chat(self, messages: list[dict[str, str]]) -> str:
         """A chat for generation (the OpenAI chat route): the template over ``messages``.
 
-        Raises :class:`gateway.chat_template.TemplateError` when the template
+        Raises :class:`gateway.decision.chat_template.TemplateError` when the template
         refuses the conversation (e.g. roles that do not alternate).
         """
         return self.template.render(messages, add_generation_prompt=True)

@@ -14,7 +14,7 @@ from typing import Iterable, Mapping, Sequence
 
 import attrs
 
-from gateway._engine_errors import RequestError
+from gateway.engine.errors import RequestError
 
 
 @attrs.frozen

@@ -3,11 +3,11 @@
     serveproto calibrate [--data FILE] [--model GGUF] [--debias METHODS] [--folds 5] [--out FILE] [--png FILE]
 
 Scores every labelled request (``--data``: a labelled JSONL file,
-:mod:`gateway.evalset`; default: the generated set) through the server's own
-scoring path on the llama engine (:func:`gateway.routes_jev.decide_questions`
-on an :class:`gateway.app.App`, no calibration applied), under the
+:mod:`gateway.decision.evalset`; default: the generated set) through the server's own
+scoring path on the llama engine (:func:`gateway.server.routes_jev.decide_questions`
+on an :class:`gateway.server.app.App`, no calibration applied), under the
 ``x_debias`` that ``serve`` applies to that model by default (or
-``--debias``), fits one map per question type (:mod:`gateway.calibration`),
+``--debias``), fits one map per question type (:mod:`gateway.decision.calibration`),
 measures it by cross-validation over requests, prints ECE, Brier, NLL and
 accuracy before and after on the held-out answers and a reliability diagram
 in text, writes the calibration file (default
@@ -54,10 +54,10 @@ async def score_all(items, model: str, threads: int, methods: tuple[str, ...], l
     """Every labelled question's probabilities as served (no calibration) on the llama engine."""
     import anyio
 
-    from gateway import jev
-    from gateway.app import App, ModelInfo
+    from gateway.decision import jev
+    from gateway.server.app import App, ModelInfo
     from gateway.engine import Engine
-    from gateway.routes_jev import ScoringMemory, decide_questions
+    from gateway.server.routes_jev import ScoringMemory, decide_questions
 
     cmd = [str(engine_bin("serveproto-llama")), "--model", model, "--threads", str(threads)]
     out = []
@@ -89,8 +89,8 @@ def table(result) -> str:
 def run(args) -> int:
     import anyio
 
-    from gateway import calibration, debias, evalset
-    from gateway.cli_serve import DEFAULT_MODEL_DEBIAS
+    from gateway.decision import calibration, debias, evalset
+    from gateway.cli.serve import DEFAULT_MODEL_DEBIAS
 
     model = args.model or str(default_model_path())
     if not Path(model).exists():
@@ -111,7 +111,7 @@ def run(args) -> int:
         return 1
     if args.limit:
         items = items[:args.limit]
-    source = args.data or f"the generated evaluation set (gateway.evalset, seed {evalset.SEED})"
+    source = args.data or f"the generated evaluation set (gateway.decision.evalset, seed {evalset.SEED})"
     print(f"serveproto calibrate: {len(items)} labelled requests from {source}; x_debias "
           f"{','.join(methods) or 'none'}", flush=True)
     answers = anyio.run(score_all, items, model, args.threads, methods, lambda s: print(s, flush=True))

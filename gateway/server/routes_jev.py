@@ -17,18 +17,20 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import attrs
 
-from gateway import debias, decision_record, jev, readings, refusals, scoring
-from gateway.app import RETRY_AFTER, parse_json
+from gateway.decision import debias, record as decision_record, jev, readings, scoring
+from gateway.server import refusals
+from gateway.server.body import parse_json
+from gateway.server.errors import RETRY_AFTER
 from gateway.http import HTTPError, Request, Response
-from gateway.jev import JevValidationError, Question, SystemOneRequest
-from gateway.prompts import as_text
+from gateway.decision.jev import JevValidationError, Question, SystemOneRequest
+from gateway.decision.prompts import as_text
 
 if TYPE_CHECKING:
-    from gateway.app import App
+    from gateway.server.app import App
 
 log = logging.getLogger("serveproto.systemone")
 
-#: ``x_calibration`` of an answer no calibration map was applied to (gateway.calibration).
+#: ``x_calibration`` of an answer no calibration map was applied to (gateway.decision.calibration).
 IDENTITY = "identity"
 
 #: How many recent states the server remembers to decide ``pin_state`` on its own.
@@ -44,7 +46,7 @@ class Decided:
     tokens read (0 on a decision engine); ``engine_ms``: the engine's time;
     ``path``: ``"score"``, ``"decide"`` or ``"none"`` (no engine call);
     ``warnings``: text for ``x_warnings``; counters of the scoring calls;
-    ``debias``: the :mod:`gateway.debias` methods applied; ``calibration``:
+    ``debias``: the :mod:`gateway.decision.debias` methods applied; ``calibration``:
     question id -> the ``x_calibration`` of its answer (absent: identity).
     """
 
@@ -64,7 +66,7 @@ class Decided:
 class ScoringMemory:
     """What the scoring path remembers between requests (one per app): the states seen lately
     (to pin a state that comes back), the fixed prefixes photographed, by slot, and the
-    questions' content-free log-probabilities (:mod:`gateway.debias`)."""
+    questions' content-free log-probabilities (:mod:`gateway.decision.debias`)."""
 
     def __init__(self) -> None:
         self.states: OrderedDict[int, None] = OrderedDict()
@@ -109,7 +111,7 @@ async def _engine_call(app: "App", fn, *args, **kwargs):
 def _raise_refusal(app: "App", exc: BaseException, owners: list[Question | None], request: SystemOneRequest,
                    read_owners: list[tuple[int, ...]] | None = None) -> None:
     """Raise the 422 naming the request's own field when ``exc`` is the engine's ``BAD_REQUEST`` of a
-    text it cannot score (:func:`gateway.refusals.scoring_refusal`); return otherwise. ``read_owners[g]``
+    text it cannot score (:func:`gateway.server.refusals.scoring_refusal`); return otherwise. ``read_owners[g]``
     maps group ``g``'s scored texts to reply options (a canonical read scores them in another order)."""
     if getattr(exc, "code", None) != "BAD_REQUEST":
         return
@@ -142,8 +144,8 @@ async def _score_path(app: "App", mem: ScoringMemory, request: SystemOneRequest,
         _check_slot(app, request)
     methods = _methods(app, request)
     method = readings.Method.from_names(methods)
-    calibration = getattr(app, "calibration", None)  # gateway.calibration.Calibration, set by serve
-    # one group per read of a question (gateway.readings.plan); spans[i] = (first group, reads) of question i
+    calibration = getattr(app, "calibration", None)  # gateway.decision.calibration.Calibration, set by serve
+    # one group per read of a question (gateway.decision.readings.plan); spans[i] = (first group, reads) of question i
     groups: list[tuple[str, list[str]]] = []
     read_owners: list[tuple[int, ...]] = []  # per group, the reply option of each scored text (Read.owner)
     spans: list[tuple[int, int]] = []
@@ -237,7 +239,7 @@ async def _content_free(app: "App", mem: ScoringMemory, request: SystemOneReques
                         groups: list[tuple[str, list[str]]], read_owners: list[tuple[int, ...]],
                         spans: list[tuple[int, int]], slot: int | None,
                         route: dict[str, str], out: Decided) -> list[list[float]]:
-    """Each question's mean option log-probabilities on the content-free states (:mod:`gateway.debias`).
+    """Each question's mean option log-probabilities on the content-free states (:mod:`gateway.decision.debias`).
 
     Read once per question (its rotations' stems and options, the fixed
     prefix, ``normalize``) and remembered in ``mem``; the questions not seen
@@ -378,7 +380,7 @@ async def decide_questions(app: "App", request: SystemOneRequest, memory: Scorin
     Raises :class:`JevValidationError` (422) for a request the served engine
     cannot take (``cache_slot`` out of range, ``prefix`` on a decision
     engine), :class:`HTTPError` for an engine failure, and lets the engine's
-    own errors through for :class:`gateway.app.App` to map.
+    own errors through for :class:`gateway.server.app.App` to map.
     """
     out = Decided(probs={})
     for q in request.questions:

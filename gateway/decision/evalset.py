@@ -29,7 +29,7 @@ from typing import Any
 import attrs
 import orjson
 
-from gateway import jev
+from gateway.decision import jev
 
 #: The generator's default seed and size (states per domain: tickets, reviews, emails, orders).
 SEED = 14

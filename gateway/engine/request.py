@@ -16,8 +16,8 @@ import anyio
 
 from serveproto import Done, Error, Pong
 
-from gateway._engine_errors import EngineCrashed, EngineTimeout, RequestError
-from gateway._process import EngineProcess, Inflight
+from gateway.engine.errors import EngineCrashed, EngineTimeout, RequestError
+from gateway.engine.process import EngineProcess, Inflight
 
 Starter = Callable[[], Awaitable[tuple[EngineProcess, Inflight]]]
 

@@ -5,11 +5,11 @@ which correction applies; :func:`plan` turns a question and a method into
 *reads* (one prompt each, scored in the request's ``SCORE``), and
 :func:`combine` turns the reads' option log-probabilities (and the
 content-free ones) into the scores the softmax takes. The server
-(:mod:`gateway.routes_jev`) and ``bench/quality.py`` both go through here.
+(:mod:`gateway.server.routes_jev`) and ``bench/quality.py`` both go through here.
 
-The parts of a method (``x_debias`` names, :mod:`gateway.debias`):
+The parts of a method (``x_debias`` names, :mod:`gateway.decision.debias`):
 
-- the **format** (:mod:`gateway.prompts`): ``listed`` (today's prompt, the
+- the **format** (:mod:`gateway.decision.prompts`): ``listed`` (today's prompt, the
   options listed), ``cloze`` (not listed; each option's own text scored as
   the answer) or ``letters`` (the letter read-out of llama-server-based
   servers: one answer token, every spelling of each letter summed);
@@ -40,8 +40,8 @@ from typing import Any
 
 import attrs
 
-from gateway import debias, scoring
-from gateway.prompts import cloze_text, letters_text, listing_order, question_text
+from gateway.decision import debias, scoring
+from gateway.decision.prompts import cloze_text, letters_text, listing_order, question_text
 
 FORMATS = ("listed", "cloze", "letters")
 
@@ -58,13 +58,13 @@ class Method:
 
     @classmethod
     def from_names(cls, names: Sequence[str]) -> "Method":
-        """The method of a parsed ``x_debias`` (:func:`gateway.debias.parse`): ``()`` is today's listed raw."""
+        """The method of a parsed ``x_debias`` (:func:`gateway.decision.debias.parse`): ``()`` is today's listed raw."""
         fmt = "cloze" if "cloze" in names else "letters" if "letters" in names else "listed"
         return cls(fmt, "canonical" in names, "cyclic" in names, "content_free" in names)
 
     @property
     def names(self) -> tuple[str, ...]:
-        """The ``x_debias`` names of this method, in :data:`gateway.debias.METHODS` order."""
+        """The ``x_debias`` names of this method, in :data:`gateway.decision.debias.METHODS` order."""
         on = {"cloze": self.format == "cloze", "letters": self.format == "letters", "canonical": self.canonical,
               "cyclic": self.cyclic, "content_free": self.content_free}
         return tuple(m for m in debias.METHODS if on[m])
@@ -72,7 +72,7 @@ class Method:
 
 @attrs.frozen
 class Read:
-    """One prompt of a question: ``text`` (the question's text, :meth:`gateway.prompts.PromptBuilder.stem`
+    """One prompt of a question: ``text`` (the question's text, :meth:`gateway.decision.prompts.PromptBuilder.stem`
     makes the stem), ``scored`` (the option texts scored after it; in the canonical order for a
     canonical or cloze read) and ``owner[k]``: the reply-order option that ``scored[k]`` counts
     for (one each, or several spellings of one letter);
@@ -85,7 +85,7 @@ class Read:
 
 
 def canonical_order(qtype: str, criteria: Any) -> list[int] | None:
-    """The canonical listing order (indices into the natural listing of :func:`gateway.prompts.question_text`):
+    """The canonical listing order (indices into the natural listing of :func:`gateway.decision.prompts.question_text`):
     a choice's labels sorted by label, None (natural) for a noul or a score."""
     if qtype != "choice":
         return None
@@ -108,7 +108,7 @@ def plan(qtype: str, instructions: Any, criteria: Any, n_options: int, method: M
     ``order``: the listing order the request implies (indices into the natural
     listing), None for the request's own order; ignored when
     ``method.canonical``. Listed and letter formats read one prompt per
-    rotation (:func:`gateway.debias.rotations`; one without ``cyclic``); the
+    rotation (:func:`gateway.decision.debias.rotations`; one without ``cyclic``); the
     cloze format reads one. Raises ``ValueError`` as the prompt functions do
     (letters over 26 options; a cloze score with two equal levels).
     """
@@ -142,9 +142,9 @@ def log_probs(owner: Sequence[int], logprobs: Sequence[Sequence[float]], normali
     ``owner``: a :class:`Read`'s ``owner``; ``logprobs[k]``: the token
     logprobs of its ``scored[k]`` (engine order).
     Each option's score is the log of the summed probabilities of its scored
-    texts (:func:`gateway.scoring.option_scores` per text, log-sum-exp per
+    texts (:func:`gateway.decision.scoring.option_scores` per text, log-sum-exp per
     option), then log-softmax. Raises ``ValueError`` as
-    :func:`gateway.scoring.option_scores`.
+    :func:`gateway.decision.scoring.option_scores`.
     """
     per_text = scoring.option_scores(logprobs, normalize)
     n = max(owner) + 1

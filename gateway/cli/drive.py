@@ -322,7 +322,7 @@ class DriveSession:
 
     async def _raw_frame(self, line: str):
         """A request frame typed as on the wire; its payload (if any) is read next."""
-        from gateway._drive_frames import read_frame
+        from gateway.cli.drive_frames import read_frame
         try:
             event = await read_frame(line, self.read_line)
         except EOFError as exc:

@@ -5,7 +5,7 @@ Plain lines chat (streamed from ``/v1/chat/completions``); ``/decide a | b | c``
 ``choice`` on ``/v1/systemone`` with the conversation so far as the state, and
 the answer is drawn as bars with the winner's normalised entropy. Line editing
 and TAB completion come from prompt_toolkit, the drawing from rich; the HTTP
-side and the arithmetic are in :mod:`gateway.chat_client`.
+side and the arithmetic are in :mod:`gateway.cli.chat_client`.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 
-from gateway.chat_client import (
+from gateway.cli.chat_client import (
     Client,
     Decision,
     ServerError,

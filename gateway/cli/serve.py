@@ -18,7 +18,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from gateway.auth import API_KEY_ENV, key_from_env
+from gateway.engine.errors import EngineError
+from gateway.server.auth import API_KEY_ENV, key_from_env
 from gateway.paths import default_model_path, engine_bin
 
 #: Environment variable giving the llama engine's thread count when --threads is not given.
@@ -157,7 +158,7 @@ def _positive_float(text: str) -> float:
 
 
 def _debias_methods(text: str) -> tuple[str, ...]:
-    from gateway import debias
+    from gateway.decision import debias
 
     try:
         return debias.parse(text)
@@ -166,7 +167,7 @@ def _debias_methods(text: str) -> tuple[str, ...]:
 
 
 def _precision(text: str) -> str:
-    from gateway.precision import parse_precision
+    from gateway.engine.precision import parse_precision
 
     try:
         return parse_precision(text)
@@ -192,11 +193,11 @@ def default_debias(args) -> tuple[str, ...]:
 
 def load_calibration(choice: str | None, model_path: str | None):
     """The calibration ``serve`` applies: ``choice`` (``--calibration``) ``"none"`` for none, a file, or
-    None for the model's own (:func:`gateway.calibration.default_path` of its sha256, when it exists).
+    None for the model's own (:func:`gateway.decision.calibration.default_path` of its sha256, when it exists).
 
     Raises ``SystemExit`` for a file that cannot be read or that was fitted on another model file.
     """
-    from gateway import calibration
+    from gateway.decision import calibration
 
     if choice == "none":
         return None
@@ -257,8 +258,8 @@ def engine_argv(args) -> tuple[list[str], str | None]:
 
 
 def _f32_argv(argv: list[str], threads: int | None) -> list[str]:
-    """``argv`` with its ``--model`` replaced by the model's F32 transcode (made once: ``gateway.precision``)."""
-    from gateway.precision import ensure_f32
+    """``argv`` with its ``--model`` replaced by the model's F32 transcode (made once: ``gateway.engine.precision``)."""
+    from gateway.engine.precision import ensure_f32
 
     i = argv.index("--model") + 1
     return argv[:i] + [str(ensure_f32(argv[i], threads=default_threads(threads)))] + argv[i + 1:]
@@ -268,7 +269,7 @@ async def serve(args, *, task_status=None) -> None:
     """Start the engine, load the model's description, listen; runs until cancelled."""
     import anyio
 
-    from gateway.app import App, ModelInfo
+    from gateway.server.app import App, ModelInfo
     from gateway.engine import Engine
     from gateway.http import HTTPServer, Limits, PortInUse
 
@@ -283,7 +284,7 @@ async def serve(args, *, task_status=None) -> None:
     except OSError as exc:
         raise ListenFailed(f"serveproto: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     if args.precision == "f32":   # after the bind: a port in use is still reported at once
-        from gateway.precision import TranscodeError
+        from gateway.engine.precision import TranscodeError
 
         try:
             argv = await anyio.to_thread.run_sync(_f32_argv, argv, args.threads)
@@ -367,9 +368,7 @@ def run(args) -> int:
     except EngineGaveUp as exc:
         print(exc, file=sys.stderr)
         return 1
-    except Exception as exc:
-        if any(c.__name__ == "EngineError" for c in type(exc).__mro__):
-            print(f"serveproto serve: the engine did not start: {exc}", file=sys.stderr)
-            return 1
-        raise
+    except EngineError as exc:
+        print(f"serveproto serve: the engine did not start: {exc}", file=sys.stderr)
+        return 1
     return 0

@@ -22,16 +22,17 @@ import anyio
 import attrs
 import orjson
 
-from gateway import refusals
-from gateway.app import engine_http_error, parse_json
-from gateway.chat_template import TemplateError
+from gateway.server import refusals
+from gateway.server.body import parse_json
+from gateway.server.errors import engine_http_error
+from gateway.decision.chat_template import TemplateError
 from gateway.engine import EngineError, RequestError
 from gateway.http import HTTPError, Request, Response
-from gateway.routes_ops import capabilities
+from gateway.server.routes_ops import capabilities
 from serveproto import Accept, Data, Done, Echo
 
 if TYPE_CHECKING:
-    from gateway.app import App
+    from gateway.server.app import App
 
 log = logging.getLogger("serveproto.openai")
 
@@ -363,7 +364,7 @@ class CompletionChunks:
 
 def _stream_error(exc: Exception, request_id: str) -> dict:
     """The in-band error event of a stream that failed after its 200: OpenAI's error object, with the
-    message and type the same failure gets before the 200 (gateway.app.engine_http_error)."""
+    message and type the same failure gets before the 200 (gateway.server.errors.engine_http_error)."""
     if isinstance(exc, (EngineError, RequestError)):
         err = engine_http_error(exc)
         message, kind = err.message, err.error_type

@@ -1,5 +1,5 @@
 """Operational routes: ``GET /health``, ``GET /v1`` (the index), ``GET /metrics`` (Prometheus text),
-and the System One page (``GET /``, ``/style.css``, ``/app.js``: ``gateway/static``, no key needed;
+and the System One page (``GET /``, ``/style.css``, ``/app.js``: ``gateway/server/static``, no key needed;
 see ``docs/terminal-and-page.md``)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from gateway.http import Request, Response
 
 if TYPE_CHECKING:
-    from gateway.app import App
+    from gateway.server.app import App
 
 
 def capabilities(app: "App") -> list[str]:
@@ -57,7 +57,7 @@ def register(app: "App") -> None:
         return Response.text(body, content_type=content_type)
 
     def static(name: str, content_type: str):
-        data = (resources.files("gateway") / "static" / name).read_bytes()
+        data = (resources.files("gateway.server") / "static" / name).read_bytes()
 
         async def handler(request: Request) -> Response:
             return Response(200, [("content-type", content_type), ("cache-control", "no-cache")], data)

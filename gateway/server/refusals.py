@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-from gateway.jev import MAX_OPTION_TOKENS, Question, SystemOneRequest
-from gateway.prompts import as_text, question_text
+from gateway.decision.jev import MAX_OPTION_TOKENS, Question, SystemOneRequest
+from gateway.decision.prompts import as_text, question_text
 
 #: ``groups[g].options[o]: why`` (the llama engine) or ``groups.g.options.o: why`` (the fixture).
 _OPTION_FIELD = re.compile(r"groups(?:\[(\d+)\]|\.(\d+))\.options(?:\[(\d+)\]|\.(\d+)):\s*(.*)", re.S)
@@ -63,7 +63,7 @@ def scoring_refusal(reason: str, owners: Sequence[Question | None], request: Sys
 
     ``owners[g]``: the question whose prompt is group ``g`` of the call (None where a group is
     not a question's). ``n_ctx``: the engine's context per slot in tokens (CAPS), for the message.
-    An option over :data:`gateway.jev.MAX_OPTION_TOKENS` names the label; a prompt over the
+    An option over :data:`gateway.decision.jev.MAX_OPTION_TOKENS` names the label; a prompt over the
     context names its longest part (:func:`_longest_part`), the state or the question most often;
     another refusal of one option names that option.
     """

@@ -1,10 +1,10 @@
 """The ``serveproto`` command: one sub-command per job.
 
-``serve`` (the decision server) lives in :mod:`gateway.cli_serve`; ``drive``
-and ``score`` (driving an engine by hand) in :mod:`gateway.cli_drive`;
-``chat`` (the terminal client of a running server) in :mod:`gateway.cli_chat`;
+``serve`` (the decision server) lives in :mod:`gateway.cli.serve`; ``drive``
+and ``score`` (driving an engine by hand) in :mod:`gateway.cli.drive`;
+``chat`` (the terminal client of a running server) in :mod:`gateway.cli.chat`;
 ``calibrate`` (fitting a calibration on labelled requests) in
-:mod:`gateway.cli_calibrate`.
+:mod:`gateway.cli.calibrate`.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gateway import cli_calibrate, cli_chat, cli_drive, cli_serve
+    from gateway.cli import calibrate as cli_calibrate, chat as cli_chat, drive as cli_drive, serve as cli_serve
 
     parser = argparse.ArgumentParser(
         prog="serveproto",
@@ -32,6 +32,3 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -39,7 +39,7 @@ reads. Two standard corrections, each opt-in (``x_debias`` on a request,
 
 The two combine: the content-free scores are then read under the same
 rotations. Three more names choose how the question is asked
-(:mod:`gateway.readings`): ``canonical`` (the options listed in a fixed
+(:mod:`gateway.decision.readings`): ``canonical`` (the options listed in a fixed
 order, a choice's labels sorted, whatever order the request sent them in),
 ``cloze`` (options not listed, each scored as the answer; with
 ``content_free`` this is the domain-conditional PMI of Holtzman et al. 2021)
@@ -69,7 +69,7 @@ def parse(value: Any) -> tuple[str, ...]:
     ``value``: ``"none"`` or ``[]`` (no correction), a method name, a
     comma-separated string of method names (``"cyclic,content_free"``, the
     flag's form), or a list of method names. ``None`` is not taken here: a
-    request's ``null`` means the server's default (:mod:`gateway.jev`).
+    request's ``null`` means the server's default (:mod:`gateway.decision.jev`).
     Raises ``ValueError`` with a message fit for a 422 for anything else:
     ``"none"`` mixed with a method, ``cloze`` with ``letters``, or ``cloze``
     with ``canonical`` or ``cyclic`` (a cloze prompt lists no options).
@@ -118,7 +118,7 @@ def mean_log_probs(per_rotation: Sequence[Sequence[float]]) -> list[float]:
     """The mean over rotations of each option's log-softmax.
 
     ``per_rotation[r][i]``: option ``i``'s score (the normalized logprob of
-    :func:`gateway.scoring.option_scores`) when the options were listed under
+    :func:`gateway.decision.scoring.option_scores`) when the options were listed under
     rotation ``r``; options always in the reply's order. Returns ``n`` floats.
     """
     rows = [log_softmax(s) for s in per_rotation]

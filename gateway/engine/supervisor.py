@@ -19,8 +19,8 @@ from typing import Sequence
 
 import anyio
 
-from gateway._engine_errors import EngineError, EngineUnavailable
-from gateway._process import EngineProcess
+from gateway.engine.errors import EngineError, EngineUnavailable
+from gateway.engine.process import EngineProcess
 
 log = logging.getLogger("gateway.engine")
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import attrs
 
-from gateway import debias, scoring
-from gateway.prompts import as_text
+from gateway.decision import debias, scoring
+from gateway.decision.prompts import as_text
 
 MAX_QUESTIONS = 64
 MAX_OPTIONS = 255
@@ -66,7 +66,7 @@ class SystemOneRequest:
     ``model``: the name sent or None; ``normalize``: ``"sum"``/``"mean"``;
     ``pin_state``: bool or None (server decides); ``prefix``: str or None;
     ``cache_slot``: int or None; ``debias``: the ``x_debias`` methods
-    (:func:`gateway.debias.parse`), or None when the request left it to the
+    (:func:`gateway.decision.debias.parse`), or None when the request left it to the
     server's default (absent or null).
     """
 
@@ -170,7 +170,7 @@ def parse_request(body: Any) -> SystemOneRequest:
 
     Unknown top-level fields are ignored (Jev clients send ``x_*``,
     ``seed``, ``assets``...); ``model`` may be any string or absent. Our one
-    extension read here is ``x_debias`` (:mod:`gateway.debias`).
+    extension read here is ``x_debias`` (:mod:`gateway.decision.debias`).
     """
     if not isinstance(body, dict):
         raise JevValidationError([_err([], "Input should be a JSON object", "model_attributes_type")])
@@ -239,8 +239,8 @@ def parse_request(body: Any) -> SystemOneRequest:
 def answer(question: Question, probabilities: list[float], extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The Jev answer of one question from its reported probabilities (options in reply order).
 
-    ``probabilities``: ``(n_options,)`` as :func:`gateway.scoring.decide` /
-    :func:`gateway.scoring.report` return them (noul: ``[p_no, p_yes]``).
+    ``probabilities``: ``(n_options,)`` as :func:`gateway.decision.scoring.decide` /
+    :func:`gateway.decision.scoring.report` return them (noul: ``[p_no, p_yes]``).
     noul gets ``{"type", "noul"}`` only; choice ``choice`` (the argmax, first
     on ties), ``probabilities`` by label, ``confidence``; score ``score`` (the
     expected level), ``legend`` and ``probabilities`` keyed ``"0".."n-1"``,

@@ -66,15 +66,17 @@ def source_fingerprint(source: str | Path) -> str:
 def _all_f32(path: Path, want_source: str | None = None) -> bool:
     """True when ``path`` is a readable GGUF whose tensors are all F32 (and, when ``want_source``
     is given, whose :data:`SOURCE_KEY` equals it)."""
-    from fixtures.gguf_read import GGUFFile, GGUFFormatError
+    from gguf import GGUFReader
 
     try:
-        with GGUFFile(path) as f:
-            if want_source is not None and f.get(SOURCE_KEY) != want_source:
-                return False
-            return bool(f.tensors) and all(t.ggml_type == _F32 for t in f.tensors.values())
-    except (OSError, GGUFFormatError):
+        reader = GGUFReader(path)
+    except (OSError, ValueError):
         return False
+    if want_source is not None:
+        field = reader.get_field(SOURCE_KEY)
+        if field is None or field.contents() != want_source:
+            return False
+    return bool(reader.tensors) and all(int(t.tensor_type) == _F32 for t in reader.tensors)
 
 
 def ensure_f32(source: str | Path, *, threads: int | None = None, quiet: bool = False,

@@ -10,7 +10,7 @@ signal, stuck in one computation), and it is failed and shut down, whatever
 the requests' own deadlines. Without ``x_health``, an engine that writes
 nothing for ``stall_timeout`` seconds while requests are in flight is declared
 hung the same way. It never restarts anything: that is
-:mod:`gateway.supervisor`'s job.
+:mod:`gateway.engine.supervisor`'s job.
 """
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ from serveproto import (Cancel, Caps, ConnectionClosed, Done, Error, GatewayConn
                         LoadFail, LocalProtocolError, Ping, Pong, RemoteProtocolError, Stat,
                         Telemetry)
 
-from gateway._engine_errors import (EngineCrashed, EngineError, EngineLoadError,
+from gateway.engine.errors import (EngineCrashed, EngineError, EngineLoadError,
                                     EngineProtocolError, EngineTimeout, EngineUnavailable)
-from gateway._engine_slots import SlotLease, SlotRouter
+from gateway.engine.slots import SlotLease, SlotRouter
 
 log = logging.getLogger("gateway.engine")
 

@@ -16,8 +16,8 @@ from typing import AsyncIterator, Sequence
 import anyio
 import attrs
 
-from gateway._engine_errors import EngineUnavailable
-from gateway._process import unwrap_group
+from gateway.engine.errors import EngineUnavailable
+from gateway.engine.process import unwrap_group
 from gateway.engine import Engine, RequestStream
 
 #: Routing keys remembered for engine affinity (least recently used first out).

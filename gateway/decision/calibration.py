@@ -1,6 +1,6 @@
 """Calibration by a fit: per question type, a monotone map of the probabilities that keeps the answer.
 
-``serveproto calibrate`` (:mod:`gateway.cli_calibrate`) fits one map per
+``serveproto calibrate`` (:mod:`gateway.cli.calibrate`) fits one map per
 question type on labelled answers and writes a versioned file keyed by the
 model file's sha256; ``serveproto serve`` applies it to the answers read
 under the same ``x_debias`` (:meth:`Calibration.apply`), and every answer
@@ -39,7 +39,7 @@ from typing import Any
 import attrs
 import orjson
 
-from gateway import evaluation
+from gateway.decision import evaluation
 
 FORMAT = "serveproto-calibration"
 VERSION = 1
@@ -170,7 +170,7 @@ def cross_validate(qtype: str, probs: Sequence[Sequence[float]], gold: Sequence[
 
 
 def report(probs: Sequence[Sequence[float]], gold: Sequence[int]) -> dict[str, float]:
-    """ECE (10 equal-mass bins), Brier, NLL and accuracy of answers (:mod:`gateway.evaluation`)."""
+    """ECE (10 equal-mass bins), Brier, NLL and accuracy of answers (:mod:`gateway.decision.evaluation`)."""
     conf, correct = evaluation.confidences(probs, gold)
     return {"ece": evaluation.ece(conf, correct), "brier": evaluation.brier(probs, gold),
             "nll": evaluation.nll(probs, gold), "accuracy": evaluation.accuracy(probs, gold), "n": len(probs)}
@@ -319,7 +319,7 @@ def default_path(model_sha256: str, cache: str | Path | None = None) -> Path:
 
 
 def reliability_text(probs: Sequence[Sequence[float]], gold: Sequence[int], n_bins: int = 10, width: int = 40) -> str:
-    """A reliability diagram in text: per equal-mass bin (:func:`gateway.evaluation.bins`), mean
+    """A reliability diagram in text: per equal-mass bin (:func:`gateway.decision.evaluation.bins`), mean
     confidence, accuracy and a bar."""
     import numpy as np
 
