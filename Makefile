@@ -50,7 +50,7 @@ engines: venv
 	$(MAKE) -C engines all
 
 model: venv
-	$(PY) -m fixtures.default_model
+	$(PY) -m gateway.engine.default_model
 
 # Headless Chromium for the System One page tests (Debian's packages; skipped tests without it).
 browser:

@@ -4,10 +4,13 @@
                      [--precision native|f32] [--engine CMD ...]
 
 With no ``--engine`` it serves ``engines/bin/serveproto-llama --model PATH``
-(``PATH`` defaulting to the fetched SmolLM2 model). ``--engine`` takes the
-rest of the command line as the engine's argv, e.g. ``--engine
-engines/bin/serveproto-fixture --mode decide``. Once listening it prints one
-line, ``serveproto: serving <model> on http://<host>:<port>``.
+(``PATH`` defaulting to the SmolLM2 model, fetched on first use). ``--engine``
+takes the rest of the command line as the engine's argv, e.g. ``--engine
+engines/bin/serveproto-fixture --mode decide``; a bare ``serveproto-fixture``
+or ``serveproto-llama`` is the project's engine. Installed from a wheel (not
+a clone), an engine is built into the cache on first use
+(:mod:`gateway.engine.build`). Once listening it prints one line,
+``serveproto: serving <model> on http://<host>:<port>``.
 """
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ from pathlib import Path
 
 from gateway.engine.errors import EngineError
 from gateway.server.auth import API_KEY_ENV, key_from_env
-from gateway.paths import default_model_path, engine_bin
+from gateway.engine.build import ENGINES, EngineBuildError, ensure_engine
+from gateway.paths import default_model_path
 
 #: Environment variable giving the llama engine's thread count when --threads is not given.
 THREADS_ENV = "SERVEPROTO_THREADS"
@@ -126,7 +130,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--max-body", type=int, default=16 << 20, help="largest request body in bytes (413 above)")
     p.add_argument("--log-level", default="INFO", help="logging level (INFO logs one JSON line per request)")
     p.add_argument("--engine", nargs=argparse.REMAINDER, default=None,
-                   help="the engine command and its arguments (everything after --engine)")
+                   help="the engine command and its arguments (everything after --engine); a bare "
+                        f"{', '.join(ENGINES)} is the project's engine (built on first use when installed)")
     p.set_defaults(func=run)
 
 
@@ -243,11 +248,16 @@ def engine_argv(args) -> tuple[list[str], str | None]:
             raise SystemExit("serveproto serve: --precision applies to the llama engine; with --engine, "
                              "give your engine its model")
         argv = shlex.split(args.engine[0]) + list(args.engine[1:]) if len(args.engine) == 1 else list(args.engine)
+        if argv and argv[0] in ENGINES:  # one of ours by its bare name: built on first use when installed
+            argv[0] = str(engine_or_exit("serveproto serve", argv[0]))
         return argv, args.model
-    model = args.model or str(default_model_path())
-    if not Path(model).exists():
-        raise SystemExit(f"serveproto serve: model {model} not found (run `make model`, or pass --model PATH)")
-    argv = [str(engine_bin("serveproto-llama")), "--model", model]
+    if args.model:
+        model = args.model
+        if not Path(model).exists():
+            raise SystemExit(f"serveproto serve: model {model} not found (run `make model`, or pass --model PATH)")
+    else:
+        model = str(default_model_or_exit("serveproto serve"))
+    argv = [str(engine_or_exit("serveproto serve", "serveproto-llama")), "--model", model]
     for flag, value in (("--slots", args.slots), ("--ctx", args.ctx), ("--threads", default_threads(args.threads)),
                         ("--numerics", args.numerics), ("--score-cache-mb", args.score_cache_mb)):
         if value is not None:
@@ -255,6 +265,29 @@ def engine_argv(args) -> tuple[list[str], str | None]:
     if not os.access(argv[0], os.X_OK):
         raise SystemExit(f"serveproto serve: {argv[0]} is not built (run `make engines`)")
     return argv, model
+
+
+def engine_or_exit(who: str, name: str) -> Path:
+    """Engine ``name``'s binary (:func:`gateway.engine.build.ensure_engine`: built on first use
+    outside a clone); a failed build ends the command with one line."""
+    try:
+        return ensure_engine(name)
+    except EngineBuildError as exc:
+        raise SystemExit(f"{who}: {exc}") from None
+
+
+def default_model_or_exit(who: str) -> Path:
+    """The default model, fetched and verified on first use (:mod:`gateway.engine.default_model`,
+    what ``make model`` runs); a failed fetch ends the command with one line."""
+    path = default_model_path()
+    if path.exists():
+        return path
+    from gateway.engine import default_model
+
+    try:
+        return default_model.ensure(path)
+    except default_model.FetchError as exc:
+        raise SystemExit(f"{who}: default model: {exc}") from None
 
 
 def _f32_argv(argv: list[str], threads: int | None) -> list[str]:
