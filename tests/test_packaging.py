@@ -1,8 +1,8 @@
 """The distribution as a user installs it: the wheel's files and dependencies, and ``serve``
 from a fresh virtual environment outside the clone.
 
-Both build the wheel from a copy of the clone's files (``git ls-files``), as from a fresh
-clone, so nothing this checkout built (``build/``, ``engines/bin/``) can slip into it. The
+The wheel is built from the sdist of a copy of the clone's files (``git ls-files``), as from a
+fresh clone, so nothing this checkout built (``build/``, ``engines/bin/``) can slip into it. The
 packages come from pip's usual sources (its cache and configured indexes; no network needed
 when they are there already).
 """
@@ -45,7 +45,8 @@ def test_the_command_without_the_server_extra_names_what_is_missing(monkeypatch,
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel ``pip wheel --no-deps`` builds from a copy of the tracked (and new, unignored) files."""
+    """The wheel ``pip wheel --no-deps`` builds from the sdist of a copy of the tracked (and new,
+    unignored) files: the sdist's MANIFEST.in is tested on the way."""
     tmp = tmp_path_factory.mktemp("dist")
     src = tmp / "src"
     files = subprocess.run(
@@ -56,9 +57,17 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if path.is_file():
             (src / path.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, src / path.relative_to(ROOT))
+    subprocess.run(
+        [sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp / "sdist")],
+        cwd=src,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (sdist,) = (tmp / "sdist").glob("serveproto-*.tar.gz")
     out = tmp / "wheel"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(src)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(sdist)],
         check=True,
         timeout=600,
     )
