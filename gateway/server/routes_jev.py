@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import attrs
 
-from gateway.decision import debias, record as decision_record, jev, readings, scoring
+from gateway.decision import debias, decision_log, record as decision_record, jev, readings, scoring
 from gateway.server import refusals
 from gateway.server.body import parse_json
 from gateway.server.errors import RETRY_AFTER
@@ -47,7 +47,9 @@ class Decided:
     ``path``: ``"score"``, ``"decide"`` or ``"none"`` (no engine call);
     ``warnings``: text for ``x_warnings``; counters of the scoring calls;
     ``debias``: the :mod:`gateway.decision.debias` methods applied; ``calibration``:
-    question id -> the ``x_calibration`` of its answer (absent: identity).
+    question id -> the ``x_calibration`` of its answer (absent: identity);
+    ``uncalibrated``: question id -> its reported probabilities before the
+    calibration (only questions a calibration map was applied to).
     """
 
     probs: dict[str, list[float]]
@@ -61,6 +63,7 @@ class Decided:
     snapshot: str | None = None
     debias: tuple[str, ...] = ()
     calibration: dict[str, str] = attrs.field(factory=dict)
+    uncalibrated: dict[str, list[float]] = attrs.field(factory=dict)
 
 
 class ScoringMemory:
@@ -144,7 +147,7 @@ async def _score_path(app: "App", mem: ScoringMemory, request: SystemOneRequest,
         _check_slot(app, request)
     methods = _methods(app, request)
     method = readings.Method.from_names(methods)
-    calibration = getattr(app, "calibration", None)  # gateway.decision.calibration.Calibration, set by serve
+    calibration = app.calibration  # gateway.decision.calibration.Calibration, set by serve
     # one group per read of a question (gateway.decision.readings.plan); spans[i] = (first group, reads) of question i
     groups: list[tuple[str, list[str]]] = []
     read_owners: list[tuple[int, ...]] = []  # per group, the reply option of each scored text (Read.owner)
@@ -219,7 +222,10 @@ async def _score_path(app: "App", mem: ScoringMemory, request: SystemOneRequest,
             else:
                 p = scoring.softmax(scoring.option_scores(rows[0], request.normalize))
             if calibration is not None:
+                before = p
                 p, out.calibration[q.id] = calibration.apply(q.type, p, methods)
+                if out.calibration[q.id] != IDENTITY:
+                    out.uncalibrated[q.id] = scoring.report(before)
             out.probs[q.id] = scoring.report(p)
         except ValueError as exc:
             raise HTTPError(502, "api_error", f"the engine's scores for {q.id!r} are unusable: {exc}") from None
@@ -412,6 +418,16 @@ async def decide_questions(app: "App", request: SystemOneRequest, memory: Scorin
     return out
 
 
+def log_decisions(app: "App", request_id: str, parsed: SystemOneRequest, decided: Decided) -> None:
+    """Append the request's answers to the server's decision log, when it keeps one (``--log-decisions``)."""
+    if app.decision_log is None:
+        return
+    config = {"model": app.model.name, "model_sha256": app.model_sha256, "x_debias": list(decided.debias),
+              "normalize": parsed.normalize}
+    app.decision_log.write(decision_log.lines(request_id, parsed.questions, decided.probs, decided.uncalibrated,
+                                              config, decided.calibration))
+
+
 def _headers(request: Request, decided: Decided) -> list[tuple[str, str]]:
     return [("x-serveproto-engine-ms", f"{decided.engine_ms:.3f}"), ("x-serveproto-path", decided.path)]
 
@@ -419,6 +435,7 @@ def _headers(request: Request, decided: Decided) -> list[tuple[str, str]]:
 async def systemone(app: "App", memory: ScoringMemory, request: Request) -> Response:
     parsed = jev.parse_request(parse_json(request))
     decided = await decide_questions(app, parsed, memory)
+    log_decisions(app, request.request_id, parsed, decided)
     answers = {q.id: {**jev.answer(q, decided.probs[q.id]), "x_calibration": decided.calibration.get(q.id, IDENTITY)}
                for q in parsed.questions}
     extra: dict[str, Any] = {"x_request_id": request.request_id, "x_engine_ms": round(decided.engine_ms, 3), "x_path": decided.path}
@@ -531,6 +548,7 @@ async def decisions(app: "App", memory: ScoringMemory, request: Request) -> Resp
     except JevValidationError as exc:  # what the engine refused, in this route's envelope
         e = exc.errors[0]
         raise _openai_error(e["msg"], _openai_param(e["loc"], sent)) from None
+    log_decisions(app, request.request_id, parsed, decided)
     answers = []
     for q, raw in zip(parsed.questions, sent):
         p = decided.probs[q.id]
