@@ -39,8 +39,11 @@ class build_py_with_engines(build_py):
     """build_py, then the engine sources into the build folder (not for an editable install)."""
 
     def run(self) -> None:
+        editable = getattr(self, "editable_mode", False)
+        if not editable:  # an in-tree build (pip install .) must not ship a stale build/lib (fixtures/...)
+            shutil.rmtree(self.build_lib, ignore_errors=True)
         super().run()
-        if getattr(self, "editable_mode", False):
+        if editable:
             return
         dest = Path(self.build_lib) / PACKAGED
         shutil.rmtree(dest, ignore_errors=True)

@@ -43,20 +43,25 @@ def test_the_command_without_the_server_extra_names_what_is_missing(monkeypatch,
     )
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel ``pip wheel --no-deps`` builds from the sdist of a copy of the tracked (and new,
-    unignored) files: the sdist's MANIFEST.in is tested on the way."""
-    tmp = tmp_path_factory.mktemp("dist")
-    src = tmp / "src"
+def copy_of_the_clone(dest: Path) -> Path:
+    """``dest`` holding the clone's tracked (and new, unignored) files, as a fresh clone has them."""
     files = subprocess.run(
         ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True, check=True
     ).stdout.split(b"\0")
     for name in filter(None, files):
         path = ROOT / os.fsdecode(name)
         if path.is_file():
-            (src / path.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, src / path.relative_to(ROOT))
+            (dest / path.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, dest / path.relative_to(ROOT))
+    return dest
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel ``pip wheel --no-deps`` builds from the sdist of a copy of the tracked (and new,
+    unignored) files: the sdist's MANIFEST.in is tested on the way."""
+    tmp = tmp_path_factory.mktemp("dist")
+    src = copy_of_the_clone(tmp / "src")
     subprocess.run(
         [sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp / "sdist")],
         cwd=src,
@@ -110,6 +115,24 @@ def test_wheel_holds_the_packages_and_engine_sources_only(wheel: Path):
         assert engines + need in names, need
     assert not [n for n in names if n.startswith(engines) and (n.endswith((".o", ".a")) or "/bin/" in n)]
     assert not [n for n in names if n.startswith(("fixtures/", "tests/", "bench/"))]
+
+
+@pytest.mark.slow
+def test_an_in_tree_build_ships_no_stale_build_folder(tmp_path: Path):
+    """``pip install .`` builds in the clone's build/: what an older build left there is not shipped."""
+    src = copy_of_the_clone(tmp_path / "src")
+    stale = src / "build" / "lib" / "fixtures"
+    stale.mkdir(parents=True)
+    (stale / "__init__.py").write_text("")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "w"), str(src)],
+        check=True,
+        timeout=600,
+    )
+    (whl,) = (tmp_path / "w").glob("serveproto-*.whl")
+    with zipfile.ZipFile(whl) as zf:
+        tops = {n.split("/")[0] for n in zf.namelist() if ".dist-info/" not in n}
+    assert tops == {"serveproto", "gateway"}
 
 
 @pytest.mark.slow
