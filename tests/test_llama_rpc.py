@@ -11,6 +11,8 @@ Also: the flags' errors, the unreachable server, the CAPS keys and the numerics 
 from __future__ import annotations
 
 import os
+
+import anyio
 import subprocess
 import sys
 from pathlib import Path
@@ -140,3 +142,62 @@ def test_bad_values_name_the_flag(flag, value):
     assert r.returncode == 2
     assert r.stderr.startswith(f"serveproto-llama: {flag} must be"), r.stderr
     assert f"got '{value}'" in r.stderr
+
+
+@pytest.mark.anyio
+async def test_serve_passes_rpc_through_and_answers_with_the_local_numbers(model_path, rpc_server_bin):
+    import httpx2
+    import orjson
+
+    from gateway.cli import build_parser
+    from gateway.cli_serve import serve
+
+    request = {"state": "The invoice was paid twice and the customer wants the money back before Friday.",
+               "questions": {"refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
+                             "team": {"type": "choice", "instructions": "Who handles it?",
+                                      "criteria": {"billing": None, "customer success": None, "legal": None}}}}
+
+    async def answers(*argv: str) -> dict:
+        args = build_parser().parse_args(["serve", "--port", "0", "--log-level", "WARNING", "--threads", "1", *argv])
+        async with anyio.create_task_group() as tg:
+            port = await tg.start(lambda task_status: serve(args, task_status=task_status))
+            async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as c:
+                r = await c.post("/v1/systemone", content=orjson.dumps(request),
+                                 headers={"content-type": "application/json"})
+            tg.cancel_scope.cancel()
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    local = await answers()
+    with rpc_servers(2) as servers:
+        remote = await answers("--rpc", ",".join(s.endpoint for s in servers), "--numerics", "invariant")
+    # the same reply but for the request's id and its time (the numbers as served: 6 digits; the bits
+    # are compared at the engine above)
+    for reply in (local, remote):
+        del reply["x_request_id"], reply["x_engine_ms"]
+    assert remote == local
+    assert 0 < local["answers"]["refund"]["noul"] < 1
+
+
+def test_serve_passes_the_split_options_to_the_engine(model_path):
+    from gateway.cli import build_parser
+    from gateway.cli_serve import engine_argv
+
+    args = build_parser().parse_args(["serve", "--rpc", "10.0.0.2:50052,10.0.0.3:50052", "--split-mode", "row",
+                                      "--tensor-split", "3,1", "--main-gpu", "1"])
+    argv, _ = engine_argv(args)
+    pairs = dict(zip(argv[1::2], argv[2::2]))
+    assert (pairs["--rpc"], pairs["--split-mode"], pairs["--tensor-split"], pairs["--main-gpu"]) == \
+        ("10.0.0.2:50052,10.0.0.3:50052", "row", "3,1", "1")
+    assert "--rpc" not in engine_argv(build_parser().parse_args(["serve"]))[0]
+
+
+@pytest.mark.parametrize("flag,value", [("--rpc", "h:0"), ("--rpc", "h"), ("--tensor-split", "1,-1"),
+                                        ("--tensor-split", "nan"), ("--split-mode", "tensor"), ("--main-gpu", "-1")])
+def test_serve_refuses_bad_values_naming_the_flag(flag, value, capsys):
+    from gateway.cli import build_parser
+
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["serve", flag, value])
+    assert exc.value.code == 2
+    assert f"argument {flag}:" in capsys.readouterr().err
