@@ -147,7 +147,7 @@ $(BIN)/llama-server: $(LLAMA_FULL)/.extracted | $(BIN)
 llama-server: $(BIN)/llama-server
 
 # serveproto-quantize: llama.cpp's own quantizer (llama_model_quantize, already in libllama.a) to F32,
-# for `serveproto serve --precision f32` (gateway/precision.py). Its source is outside llama/*.c, the
+# for `serveproto serve --precision f32` (gateway/engine/precision.py). Its source is outside llama/*.c, the
 # engine's sources.
 all: $(BIN)/serveproto-quantize
 $(BIN)/serveproto-quantize: llama/tools/quantize.c $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
