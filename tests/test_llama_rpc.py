@@ -11,14 +11,17 @@ Also: the flags' errors, the unreachable server, the CAPS keys and the numerics 
 from __future__ import annotations
 
 import os
-
-import anyio
 import subprocess
 import sys
 from pathlib import Path
 
+import anyio
+import httpx2
+import orjson
 import pytest
 
+from gateway.cli import build_parser
+from gateway.cli.serve import engine_argv, serve
 from gateway.engine import Engine
 from gateway.paths import engine_bin
 
@@ -146,12 +149,6 @@ def test_bad_values_name_the_flag(flag, value):
 
 @pytest.mark.anyio
 async def test_serve_passes_rpc_through_and_answers_with_the_local_numbers(model_path, rpc_server_bin):
-    import httpx2
-    import orjson
-
-    from gateway.cli import build_parser
-    from gateway.cli_serve import serve
-
     request = {"state": "The invoice was paid twice and the customer wants the money back before Friday.",
                "questions": {"refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
                              "team": {"type": "choice", "instructions": "Who handles it?",
@@ -180,9 +177,6 @@ async def test_serve_passes_rpc_through_and_answers_with_the_local_numbers(model
 
 
 def test_serve_passes_the_split_options_to_the_engine(model_path):
-    from gateway.cli import build_parser
-    from gateway.cli_serve import engine_argv
-
     args = build_parser().parse_args(["serve", "--rpc", "10.0.0.2:50052,10.0.0.3:50052", "--split-mode", "row",
                                       "--tensor-split", "3,1", "--main-gpu", "1"])
     argv, _ = engine_argv(args)
@@ -195,8 +189,6 @@ def test_serve_passes_the_split_options_to_the_engine(model_path):
 @pytest.mark.parametrize("flag,value", [("--rpc", "h:0"), ("--rpc", "h"), ("--tensor-split", "1,-1"),
                                         ("--tensor-split", "nan"), ("--split-mode", "tensor"), ("--main-gpu", "-1")])
 def test_serve_refuses_bad_values_naming_the_flag(flag, value, capsys):
-    from gateway.cli import build_parser
-
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args(["serve", flag, value])
     assert exc.value.code == 2
