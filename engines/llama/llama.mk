@@ -171,7 +171,6 @@ $(LLAMA_RPC_DIR)/.extracted:
 	test -f $(LLAMA_RPC_DIR)/rpc-server.cpp || { echo "LLAMA_SRC=$(LLAMA_SRC) has no tools/rpc/rpc-server.cpp" >&2; exit 1; }
 	touch $@
 endif
-CXX ?= c++
 $(BIN)/ggml-rpc-server: $(LLAMA_RPC_DIR)/.extracted $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
 	$(CXX) -O2 -std=c++17 -pthread -I$(LLAMA_SRC)/ggml/include -o $@ $(LLAMA_RPC_DIR)/rpc-server.cpp \
 	  $(LLAMA_GGML_LIBS) $(LLAMA_SYS_LIBS) -lm -fopenmp -lpthread

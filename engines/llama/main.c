@@ -31,7 +31,7 @@ typedef struct options {
     int kv_f16;     /* --kv-type f16: half the KV memory, logprobs off by ~1e-3 */
     int flash_attn; /* --flash-attn (implied by --numerics invariant) */
     int fast;       /* --numerics fast: llama.cpp's shape-dependent kernels (digits move with batching) */
-    int numerics_set; /* --numerics given (else: invariant on the CPU, fast with a GPU) */
+    int numerics_set; /* --numerics given (else: invariant on the CPU, fast with a GPU or --rpc) */
     int splice_check; /* --splice-check: SCORE tokenizes every text whole too and compares */
     int verbose;      /* --verbose: llama.cpp's informational log too, not only warnings and errors */
     device_options dev; /* --split-mode, --tensor-split, --main-gpu, --rpc (devices.c) */
