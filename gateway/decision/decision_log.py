@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from gateway.decision.evalset import gold_index
+from gateway.decision.evalset import gold_index, json_lines
 from gateway.decision.jev import QUESTION_TYPES, Question
 
 #: A decision-log line carries these keys; a labelled-request line (gateway.decision.evalset) does not.
@@ -130,33 +130,25 @@ def read_answers(path: str | Path) -> tuple[list[tuple[str, list[float], int, st
     """
     answers: list[tuple[str, list[float], int, str]] = []
     config: dict[str, Any] | None = None
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            where = f"{path}:{n}"
-            try:
-                entry = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                raise DecisionLogError(f"{where}: not JSON: {exc}") from None
-            if not is_log_line(entry):
-                raise DecisionLogError(f"{where}: not a decision-log line (needs {', '.join(KEYS)})")
-            if entry["type"] not in QUESTION_TYPES or not isinstance(entry["options"], list):
-                raise DecisionLogError(f"{where}: type: expected one of {', '.join(QUESTION_TYPES)} with a list of options")
-            gold = gold_of(entry, where)
-            if gold is None:
-                continue
-            p = entry.get("uncalibrated") or entry["probabilities"]
-            if not isinstance(p, list) or len(p) != len(entry["options"]):
-                raise DecisionLogError(f"{where}: uncalibrated: expected {len(entry['options'])} probabilities")
-            here = {k: v for k, v in dict(entry["config"]).items() if k != "x_calibration"}
-            if config is None:
-                config = here
-            elif (here.get("model_sha256"), here.get("x_debias")) != (config.get("model_sha256"), config.get("x_debias")):
-                raise DecisionLogError(f"{where}: config: read under model {here.get('model_sha256')} and x_debias "
-                                       f"{here.get('x_debias')}, earlier lines under {config.get('model_sha256')} and "
-                                       f"{config.get('x_debias')}: one calibration fits one model and one x_debias")
-            answers.append((entry["type"], [float(x) for x in p], gold, str(entry["request_id"])))
+    for where, entry in json_lines(path, DecisionLogError):
+        if not is_log_line(entry):
+            raise DecisionLogError(f"{where}: not a decision-log line (needs {', '.join(KEYS)})")
+        if entry["type"] not in QUESTION_TYPES or not isinstance(entry["options"], list):
+            raise DecisionLogError(f"{where}: type: expected one of {', '.join(QUESTION_TYPES)} with a list of options")
+        gold = gold_of(entry, where)
+        if gold is None:
+            continue
+        p = entry.get("uncalibrated") or entry["probabilities"]
+        if not isinstance(p, list) or len(p) != len(entry["options"]):
+            raise DecisionLogError(f"{where}: uncalibrated: expected {len(entry['options'])} probabilities")
+        here = {k: v for k, v in dict(entry["config"]).items() if k != "x_calibration"}
+        if config is None:
+            config = here
+        elif (here.get("model_sha256"), here.get("x_debias")) != (config.get("model_sha256"), config.get("x_debias")):
+            raise DecisionLogError(f"{where}: config: read under model {here.get('model_sha256')} and x_debias "
+                                   f"{here.get('x_debias')}, earlier lines under {config.get('model_sha256')} and "
+                                   f"{config.get('x_debias')}: one calibration fits one model and one x_debias")
+        answers.append((entry["type"], [float(x) for x in p], gold, str(entry["request_id"])))
     if config is None:
         raise DecisionLogError(f"{path}: no line has an answer: fill 'answer' on the lines you have judged")
     return answers, config
