@@ -193,3 +193,22 @@ def test_serve_refuses_bad_values_naming_the_flag(flag, value, capsys):
         build_parser().parse_args(["serve", flag, value])
     assert exc.value.code == 2
     assert f"argument {flag}:" in capsys.readouterr().err
+
+
+def test_split_options_place_the_layers_as_asked(model_path, rpc_server_bin):
+    """llama.cpp's own report (--verbose) of where each of the 30 layers and the output layer went."""
+    import collections
+    import re
+
+    def placed(*args: str) -> tuple[subprocess.CompletedProcess, dict]:
+        r = run_engine(model_path, "--rpc", endpoints, "--verbose", *args)
+        return r, dict(collections.Counter(re.findall(r"assigned to device (\S+),", r.stderr)))
+
+    with rpc_servers(2) as servers:
+        endpoints = ",".join(s.endpoint for s in servers)
+        assert placed()[1] == {"RPC0": 16, "RPC1": 15}   # in proportion to free memory: equal here
+        assert placed("--tensor-split", "3,1")[1] == {"RPC0": 24, "RPC1": 7}
+        assert placed("--split-mode", "none", "--main-gpu", "1")[1] == {"RPC1": 31}
+        r, _ = placed("--split-mode", "row")
+    assert r.returncode == 1
+    assert r.stdout.startswith("LOAD_FAIL kind=unsupported --split-mode row needs devices with split buffers"), r.stdout

@@ -226,6 +226,25 @@ const char *devices_apply(device_options *d, struct llama_model_params *mp, char
         n_dev = n;
         mp->devices = d->devices;
     }
+    /* row splits each weight over split buffers, which only some backends have (CUDA); llama.cpp
+     * refuses the load otherwise ("does not support split buffers"): said here, naming the flag */
+    if (d->split_mode_set && d->split_mode == LLAMA_SPLIT_MODE_ROW)
+        for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+            ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+            enum ggml_backend_dev_type t = ggml_backend_dev_type(dev);
+            int used = t == GGML_BACKEND_DEVICE_TYPE_GPU || t == GGML_BACKEND_DEVICE_TYPE_IGPU;
+            if (d->n_rpc > 0) {
+                used = 0;
+                for (int j = 0; d->devices[j]; j++)
+                    used |= d->devices[j] == dev;
+            }
+            if (used && !ggml_backend_reg_get_proc_address(ggml_backend_dev_backend_reg(dev),
+                                                           "ggml_backend_split_buffer_type")) {
+                snprintf(err, cap, "--split-mode row needs devices with split buffers (CUDA GPUs); %s has none "
+                         "(use --split-mode layer)", ggml_backend_dev_name(dev));
+                return "unsupported";
+            }
+        }
     if (d->n_tensor_split > n_dev) {
         snprintf(err, cap, "--tensor-split has %d entries but the engine has %d devices to split over%s",
                  d->n_tensor_split, n_dev, n_dev ? "" : " (a CPU build without --rpc)");

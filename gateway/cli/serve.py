@@ -105,7 +105,8 @@ def add_parsers(sub) -> None:
                           "server is this build's ggml-rpc-server on a CPU, started with GGML_CPU_USE_REF=1")
     dev.add_argument("--split-mode", choices=("none", "layer", "row"), default=None,
                      help="how llama.cpp splits the model over the devices: layer (its default: whole layers "
-                          "per device), row (weight rows over CUDA GPUs), none (one device, --main-gpu)")
+                          "per device), row (weight rows over CUDA GPUs; not over RPC servers), none (one device, "
+                          "--main-gpu)")
     dev.add_argument("--tensor-split", type=_tensor_split, default=None, metavar="A,B,...",
                      help="each device's share of the model, in device order (the --rpc servers' devices "
                           "first, then local GPUs), e.g. 3,1; default: in proportion to free memory")
