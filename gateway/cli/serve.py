@@ -99,6 +99,23 @@ def add_parsers(sub) -> None:
     p.add_argument("--score-cache-mb", type=_non_negative_int, default=None, metavar="MB",
                    help="memory for scored options kept between requests, so a repeated question is not "
                         "computed again (llama engine, invariant numerics; default 64, 0 turns it off)")
+    dev = p.add_argument_group(
+        "one model over several devices (the llama engine; llama.cpp's own options, passed through: "
+        "docs/devices.md)")
+    dev.add_argument("--rpc", type=_rpc_servers, default=None, metavar="HOST:PORT,...",
+                     help="place the model's layers on these ggml-rpc-servers (engines/bin/ggml-rpc-server; "
+                          "private networks only: the RPC protocol has no authentication and no encryption). "
+                          "The engine's numerics default to fast with --rpc; --numerics invariant when every "
+                          "server is this build's ggml-rpc-server on a CPU, started with GGML_CPU_USE_REF=1")
+    dev.add_argument("--split-mode", choices=("none", "layer", "row"), default=None,
+                     help="how llama.cpp splits the model over the devices: layer (its default: whole layers "
+                          "per device), row (weight rows over CUDA GPUs; not over RPC servers), none (one device, "
+                          "--main-gpu)")
+    dev.add_argument("--tensor-split", type=_tensor_split, default=None, metavar="A,B,...",
+                     help="each device's share of the model, in device order (the --rpc servers' devices "
+                          "first, then local GPUs), e.g. 3,1; default: in proportion to free memory")
+    dev.add_argument("--main-gpu", type=_non_negative_int, default=None, metavar="N",
+                     help="the device index used with --split-mode none (and for intermediate results with row)")
     p.add_argument("--debias", type=_debias_methods, default=None, metavar="METHODS",
                    help="how a language model's option scores are read and corrected when a request does not "
                         "say (its x_debias, docs/http-api.md): none, or a comma-separated list of canonical (the "
@@ -164,6 +181,36 @@ def _positive_float(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
     return value
+
+
+#: Devices llama.cpp places a model on (its ``llama_max_devices()``): --tensor-split entries, --rpc servers.
+MAX_DEVICES = 16
+
+
+def _tensor_split(text: str) -> str:
+    """An argparse ``type``: at most :data:`MAX_DEVICES` comma-separated non-negative numbers, not all 0
+    (the engine's own check, here so that the error names serve's flag before the engine starts)."""
+    try:
+        shares = [float(x) for x in text.split(",")]
+    except ValueError:
+        shares = []
+    if not shares or len(shares) > MAX_DEVICES or any(not 0 <= x < float("inf") for x in shares) or not sum(shares):
+        raise argparse.ArgumentTypeError(f"must be a comma-separated list of at most {MAX_DEVICES} non-negative "
+                                         f"numbers, not all 0 (a share of the model per device), got {text!r}")
+    return text
+
+
+def _rpc_servers(text: str) -> str:
+    """An argparse ``type``: at most :data:`MAX_DEVICES` comma-separated ``host:port`` (port 1..65535; the host
+    without ':', as ggml-rpc reads it)."""
+    def ok(ep: str) -> bool:
+        host, _, port = ep.partition(":")
+        return bool(host) and port.isascii() and port.isdigit() and 1 <= int(port) <= 65535
+    servers = text.split(",")
+    if len(servers) > MAX_DEVICES or not all(ok(ep) for ep in servers):
+        raise argparse.ArgumentTypeError(f"must be a comma-separated list of at most {MAX_DEVICES} host:port "
+                                         f"servers (port 1..65535), got {text!r}")
+    return text
 
 
 def _debias_methods(text: str) -> tuple[str, ...]:
@@ -263,7 +310,9 @@ def engine_argv(args) -> tuple[list[str], str | None]:
         model = str(default_model_or_exit("serveproto serve"))
     argv = [str(engine_or_exit("serveproto serve", "serveproto-llama")), "--model", model]
     for flag, value in (("--slots", args.slots), ("--ctx", args.ctx), ("--threads", default_threads(args.threads)),
-                        ("--numerics", args.numerics), ("--score-cache-mb", args.score_cache_mb)):
+                        ("--numerics", args.numerics), ("--score-cache-mb", args.score_cache_mb),
+                        ("--rpc", args.rpc), ("--split-mode", args.split_mode),
+                        ("--tensor-split", args.tensor_split), ("--main-gpu", args.main_gpu)):
         if value is not None:
             argv += [flag, str(value)]
     if not os.access(argv[0], os.X_OK):
