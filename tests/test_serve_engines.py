@@ -83,7 +83,7 @@ def test_model_flags(tmp_path, monkeypatch):
     for name in ("a", "b"):
         (tmp_path / f"{name}.gguf").write_bytes(b"GGUF")
     from gateway.cli import serve as cli_serve
-    monkeypatch.setattr(cli_serve, "engine_bin", lambda name: engine if name == "serveproto-llama" else tmp_path / name)
+    monkeypatch.setattr(cli_serve, "ensure_engine", lambda name: engine)
     monkeypatch.delenv("SERVEPROTO_THREADS", raising=False)
     args = parser.parse_args(["serve", "--engines", "2", "--model", f"a={tmp_path}/a.gguf",
                               "--model", f"b={tmp_path}/b.gguf", "--gpus", "0,1,2"])
@@ -94,6 +94,13 @@ def test_model_flags(tmp_path, monkeypatch):
     assert {s.argv[s.argv.index("--threads") + 1] for s in specs} == {"2"}   # (9 - 1) // 4
     assert [s.options["env"]["CUDA_VISIBLE_DEVICES"] for s in specs] == ["0", "1", "2", "0"]
     assert specs[0].options["env"]["PATH"] == "/bin"
+    # no --gpus: nothing on a CPU build; on a CUDA build (.llama-cuda beside the binary) $CUDA_VISIBLE_DEVICES in turn
+    two = parser.parse_args(["serve", "--engines", "2", "--model", f"{tmp_path}/a.gguf"])
+    assert all("env" not in s.options for s in plan_engines(two, environ={"CUDA_VISIBLE_DEVICES": "3,5"})[0].specs)
+    (tmp_path / ".llama-cuda").touch()
+    assert [s.options["env"]["CUDA_VISIBLE_DEVICES"] for s in
+            plan_engines(two, environ={"CUDA_VISIBLE_DEVICES": "3,5"})[0].specs] == ["3", "5"]
+    (tmp_path / ".llama-cuda").unlink()
     one = plan_engines(parser.parse_args(["serve", "--model", f"{tmp_path}/a.gguf"]), environ={}, cpu_count=9)
     assert [s.name for s in one[0].specs] == ["serveproto-llama"] and one[0].specs[0].options == {}
     assert "8" == one[0].specs[0].argv[one[0].specs[0].argv.index("--threads") + 1]
