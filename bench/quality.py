@@ -60,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway.decision import debias, evalset, evaluation, jev, readings, scoring  # noqa: E402
 from gateway.decision.readings import Method  # noqa: E402
+from gateway.engine.score import softmax  # noqa: E402
 
 #: (name, method, stateful correction or None). The first row is the letter read-out of
 #: llama-server-based System One servers; "listed" is today's prompt.
@@ -211,7 +212,7 @@ def probabilities(method: Method, q: jev.Question, keys: tuple, lookup) -> list[
     if free:
         cf = readings.mean_log_probs([readings.log_probs(rd.owner, lookup(k))
                                       for k, rd in zip(free, itertools.cycle(reads))])
-    return scoring.softmax(readings.combine(per_read, cf))
+    return softmax(readings.combine(per_read, cf))
 
 
 # --- the run ------------------------------------------------------------------------------------
@@ -390,10 +391,10 @@ def stateful(state, method, cyc, items, requests, keys, lookup, probs, rev, reve
             real, _ = keys[cyc][p][i][qi]
             per_rot = [readings.log_probs(rd.owner, lookup(key)) for rd, key in zip(reads, real)]
             samples.append((per_rot, [rd.places for rd in reads]))
-            new[p][i][q.id] = scoring.softmax(readings.combine(per_rot, None))  # answered by its rotations
+            new[p][i][q.id] = softmax(readings.combine(per_rot, None))  # answered by its rotations
             if p == 0 and i in rev:
                 rr = reversed_reads[i]
-                new_rev[i][q.id] = scoring.softmax(readings.combine(
+                new_rev[i][q.id] = softmax(readings.combine(
                     [readings.log_probs(rd.owner, rr[key]) for rd, key in zip(reads, real)], None))
         prior = readings.pride_prior(samples)
         places = readings.plan(members[0][1].type, members[0][1].instructions, members[0][1].criteria,

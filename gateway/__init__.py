@@ -7,11 +7,12 @@ Imports run one way (``tests/test_layers.py`` fails otherwise)::
 
 - :mod:`gateway.engine`: the engine processes: spawning, the serve protocol over
   their pipes, supervision and restarts, KV-slot queues, several engines (Pool),
-  the model transcode. Knows no HTTP and no questions.
+  the model transcode, and design step 4 written once (``engine.score``: the one
+  softmax and sum/mean rule, which the engine API and every room above use).
+  Knows no HTTP and no questions.
 - :mod:`gateway.decision`: closed questions: the Jev question schema, prompts and
-  chat templates, the one scoring module (softmax, normalisation, the reported
-  numbers), position debiasing, calibration, the decision record, the labelled
-  evaluation set. Knows no HTTP.
+  chat templates, the reported numbers, position debiasing, calibration, the
+  decision record, the labelled evaluation set. Knows no HTTP.
 - :mod:`gateway.http`: the HTTP/1.1 server (h11 + anyio). Knows nothing above it.
 - :mod:`gateway.server`: the application: routes (Jev, OpenAI, health and
   metrics, the page), authentication, refusals, metrics.

@@ -2,7 +2,8 @@
 
 ``jev`` (the question schema: parse a Jev request body, shape answers),
 ``prompts`` and ``chat_template`` (the text the model reads), ``scoring`` (the
-one softmax and normalisation rule, the reported numbers), ``debias`` and
+reported numbers; the softmax and sum/mean rule it reports are
+:mod:`gateway.engine.score`'s), ``debias`` and
 ``readings`` (position corrections, planned and combined), ``calibration``
 (fitted maps), ``record`` (the decision record a decision engine reads),
 ``evalset`` and ``evaluation`` (the labelled set and its metrics).

@@ -24,6 +24,7 @@ from gateway.server.errors import RETRY_AFTER
 from gateway.http import HTTPError, Request, Response
 from gateway.decision.jev import JevValidationError, Question, SystemOneRequest
 from gateway.decision.prompts import as_text
+from gateway.engine.score import option_scores, softmax
 
 if TYPE_CHECKING:
     from gateway.server.app import App
@@ -215,9 +216,9 @@ async def _score_path(app: "App", mem: ScoringMemory, request: SystemOneRequest,
                 per_read = [readings.log_probs(read_owners[start + j], lps, request.normalize)
                             for j, lps in enumerate(rows)]
                 cf = content_free[i] if content_free is not None else None
-                p = scoring.softmax(readings.combine(per_read, cf))
+                p = softmax(readings.combine(per_read, cf))
             else:
-                p = scoring.softmax(scoring.option_scores(rows[0], request.normalize))
+                p = softmax(option_scores(rows[0], request.normalize))
             if calibration is not None:
                 p, out.calibration[q.id] = calibration.apply(q.type, p, methods)
             out.probs[q.id] = scoring.report(p)
