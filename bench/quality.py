@@ -20,9 +20,8 @@ batch calibration or PriDe for two of them), one table row:
   and the mean largest probability change;
 - cost: positions computed a request and seconds a request, measured by
   serving ``--cost-requests`` requests per domain through the server's own
-  path (:func:`gateway.server.routes_jev.decide_questions` on an
-  :class:`gateway.server.app.App` over the same engine, ``x_debias`` set to the
-  configuration), state cold, content-free readings remembered after the
+  path (:func:`gateway.decision.pipeline.decide` over the same engine and
+  prompts, ``x_debias`` set to the configuration), state cold, content-free readings remembered after the
   first request (that first request is the "first" column).
 
 The quality columns are computed from the reads the server's path would make
@@ -58,7 +57,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.decision import debias, evalset, evaluation, jev, readings, scoring  # noqa: E402
+from gateway.decision import debias, evalset, evaluation, jev, pipeline, readings, scoring  # noqa: E402
 from gateway.decision.readings import Method  # noqa: E402
 from gateway.engine.score import softmax  # noqa: E402
 
@@ -222,11 +221,10 @@ def domain_of(item: evalset.Labelled) -> str:
 
 
 async def run(args) -> dict:
-    from gateway.server.app import App, ModelInfo
+    from gateway.decision.chat_template import read_gguf
     from gateway.engine import Engine
     from gateway.paths import engine_bin
     from gateway.decision.prompts import PromptBuilder
-    from gateway.server.routes_jev import ScoringMemory, decide_questions
 
     if args.configs:
         wanted = [c.strip() for c in args.configs.split(";")]
@@ -257,8 +255,8 @@ async def run(args) -> dict:
     cmd = [str(engine_bin("serveproto-llama")), "--model", args.model, "--threads", str(args.threads)]
     out: dict = {"items": len(items), "questions": n_q}
     async with Engine.spawn(cmd, name="quality") as eng:
-        info = await anyio.to_thread.run_sync(ModelInfo.load, eng.caps.model, args.model)
-        prompts = PromptBuilder(info.template)
+        template, _ = await anyio.to_thread.run_sync(read_gguf, Path(args.model))
+        prompts = PromptBuilder(template)
         reader = Reader(eng, prompts, cache)
         methods = list(dict.fromkeys([m for _, m, _ in CONFIGS] + [Method(m.format, m.canonical, True, False)
                                                                    for _, m, s in CONFIGS if s == "pride"]))
@@ -299,8 +297,7 @@ async def run(args) -> dict:
         if reused:
             served = {}
         else:
-            served = await cost(App, ModelInfo, ScoringMemory, decide_questions, eng, info, items, requests, keys,
-                                reader, args.cost_requests)
+            served = await cost(eng, prompts, items, requests, keys, reader, args.cost_requests)
     for row, (name, method, state) in zip(rows, CONFIGS):
         if reused:
             old = reused.get(name)
@@ -477,7 +474,7 @@ def _label(task_order, index):
     return order[index] if order is not None else index
 
 
-async def cost(App, ModelInfo, ScoringMemory, decide_questions, eng, info, items, requests, keys, reader, per_domain):
+async def cost(eng, prompts, items, requests, keys, reader, per_domain):
     """Serve ``per_domain`` requests of each domain (pass 0 orders) per stateless configuration; positions,
     seconds, and the largest difference from the composed probabilities. Batch calibration costs its
     base's reads; PriDe its base's plus, on a task's first k of n requests, its rotations."""
@@ -493,13 +490,13 @@ async def cost(App, ModelInfo, ScoringMemory, decide_questions, eng, info, items
     measured: dict[Method, dict] = {}
     for method in list(dict.fromkeys([m for _, m, _ in CONFIGS] + [Method(m.format, m.canonical, True, False)
                                                                    for _, m, s in CONFIGS if s == "pride"])):
-        app = App(eng, info, debias=method.names)
-        memory = ScoringMemory()
+        settings = pipeline.Settings(prompts, debias=method.names)
+        memory = pipeline.Memory()
         steady, first, secs, diff = [], [], [], 0.0
         for i in picked:
             r = requests[0][i]
             t0 = time.perf_counter()
-            decided = await decide_questions(app, r, memory)
+            decided = await pipeline.decide(r, eng, settings, memory)
             secs.append(time.perf_counter() - t0)
             (first if i in firsts else steady).append(decided.computed or 0)
             for q, k in zip(r.questions, keys[method][0][i]):
