@@ -14,6 +14,11 @@ in text, writes the calibration file (default
 ``$SERVEPROTO_CACHE/calibration/<model sha256>.json``, which ``serve``
 loads for that model) and a reliability diagram as PNG beside it (with
 matplotlib installed).
+
+``--data`` may also be a judged decision log (``serve --log-decisions``,
+:mod:`gateway.decision.decision_log`): its lines already hold the
+uncalibrated probabilities, so nothing is scored and no model is loaded;
+the model's sha256 and the ``x_debias`` come from the log.
 """
 from __future__ import annotations
 
@@ -30,7 +35,8 @@ HELP = __doc__.split("\n\n", 1)[1]
 def add_parsers(sub) -> None:
     p = sub.add_parser("calibrate", help="fit a calibration on labelled requests (serve applies it to that model)",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", help="labelled JSONL: {\"request\": <System One body>, \"gold\": {qid: answer}} per line "
+    p.add_argument("--data", help="labelled JSONL: {\"request\": <System One body>, \"gold\": {qid: answer}} per line, "
+                                  "or a decision log (serve --log-decisions) with 'answer' filled in "
                                   "(default: the generated evaluation set)")
     p.add_argument("--model", help="GGUF model (default: the fetched SmolLM2-135M-Instruct)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads of the llama engine (default 1)")
@@ -39,6 +45,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--folds", type=int, default=5, help="cross-validation folds over requests (default 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the folds")
     p.add_argument("--limit", type=int, default=0, help="score only the first N requests")
+    p.add_argument("--scale", type=int, default=1, metavar="K",
+                   help="without --data: K times the generated set's requests per domain (default 1: 64 requests, "
+                        "292 questions); more data fits and measures the maps more precisely")
     p.add_argument("--out", help="the calibration file (default: $SERVEPROTO_CACHE/calibration/<model sha256>.json)")
     p.add_argument("--png", help="the reliability diagram (default: the calibration file with .png; 'none' to skip)")
     p.set_defaults(func=run)
@@ -92,6 +101,8 @@ def run(args) -> int:
     from gateway.decision import calibration, debias, evalset
     from gateway.cli.serve import DEFAULT_MODEL_DEBIAS
 
+    if args.data and _is_decision_log(args.data):
+        return _fit_and_write(args, *_log_answers(args))
     model = args.model or str(default_model_path())
     if not Path(model).exists():
         print(f"serveproto calibrate: model {model} not found (run `make model`, or pass --model PATH)", file=sys.stderr)
@@ -105,23 +116,69 @@ def run(args) -> int:
     else:
         methods = DEFAULT_MODEL_DEBIAS if not args.model else ()
     try:
-        items = evalset.read_jsonl(args.data) if args.data else evalset.generate()
+        if args.scale < 1:
+            raise SystemExit(f"serveproto calibrate: --scale: expected a positive integer, got {args.scale}")
+        items = evalset.read_jsonl(args.data) if args.data else evalset.generate(
+            sizes={domain: n * args.scale for domain, n in evalset.SIZES.items()})
     except (OSError, evalset.LabelledFileError) as exc:
         print(f"serveproto calibrate: {exc}", file=sys.stderr)
         return 1
     if args.limit:
         items = items[:args.limit]
-    source = args.data or f"the generated evaluation set (gateway.decision.evalset, seed {evalset.SEED})"
+    source = args.data or (f"the generated evaluation set (gateway.decision.evalset, seed {evalset.SEED}"
+                           + (f", scale {args.scale})" if args.scale > 1 else ")"))
     print(f"serveproto calibrate: {len(items)} labelled requests from {source}; x_debias "
           f"{','.join(methods) or 'none'}", flush=True)
     answers = anyio.run(score_all, items, model, args.threads, methods, lambda s: print(s, flush=True))
+    return _fit_and_write(args, answers, Path(model).stem, calibration.sha256_file(model), methods, source)
+
+
+def _is_decision_log(path: str) -> bool:
+    """Whether ``path``'s first non-empty line is a decision-log line (``serve --log-decisions``)."""
+    import orjson
+
+    from gateway.decision.decision_log import is_log_line
+
+    try:
+        with open(path, "rb") as f:
+            first = next((line for line in f if line.strip()), b"")
+        return is_log_line(orjson.loads(first))
+    except (OSError, orjson.JSONDecodeError):
+        return False   # read_jsonl reports it
+
+
+def _log_answers(args):
+    """``(answers, model name, model sha256, x_debias, source)`` from a judged decision log (no scoring:
+    the log holds the uncalibrated probabilities). Exits 1 naming the line for a log that cannot be fitted."""
+    from gateway.decision import calibration
+    from gateway.decision.decision_log import DecisionLogError, read_answers
+
+    try:
+        answers, config = read_answers(args.data)
+    except (OSError, DecisionLogError) as exc:
+        raise SystemExit(f"serveproto calibrate: {exc}") from None
+    sha = config.get("model_sha256")
+    if sha is None:
+        if not args.model:
+            raise SystemExit(f"serveproto calibrate: {args.data}: the log does not name the model file's sha256 "
+                             "(the server did not know its path): pass --model PATH")
+        sha = calibration.sha256_file(args.model)
+    methods = tuple(config.get("x_debias") or ())
+    print(f"serveproto calibrate: {len(answers)} judged answers from the decision log {args.data}; x_debias "
+          f"{','.join(methods) or 'none'}", flush=True)
+    return answers, str(config.get("model") or "model"), sha, methods, f"decision log {args.data}"
+
+
+def _fit_and_write(args, answers, model_name: str, sha: str, methods, source: str) -> int:
+    """Fit, print the held-out table and the reliability diagrams, write the file (and the PNG)."""
+    from gateway.decision import calibration
+
     try:
         result = calibration.fit(answers, k=args.folds, seed=args.seed)
     except ValueError as exc:
         print(f"serveproto calibrate: {exc}", file=sys.stderr)
         return 1
-    sha = calibration.sha256_file(model)
-    doc = calibration.document(result, Path(model).stem, sha, methods, source)
+    doc = calibration.document(result, model_name, sha, methods, source)
     out = Path(args.out) if args.out else calibration.default_path(sha)
     out.parent.mkdir(parents=True, exist_ok=True)
     import orjson
@@ -135,7 +192,7 @@ def run(args) -> int:
     if png != "none":
         try:
             calibration.reliability_png((before, gold), (after, gold), png,
-                                        f"{Path(model).name}\nx_debias {','.join(methods) or 'none'}, held out")
+                                        f"{model_name}\nx_debias {','.join(methods) or 'none'}, held out")
             print(f"\nreliability diagram: {png}")
         except ImportError:
             print("\nno reliability diagram: matplotlib is not installed (pip install 'serveproto[calibrate]')")

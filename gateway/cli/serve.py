@@ -105,6 +105,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--calibration", default=None, metavar="FILE",
                    help="a calibration file (serveproto calibrate) applied to the answers read under its x_debias; "
                         "'none' for none. Default: $SERVEPROTO_CACHE/calibration/<the model's sha256>.json when it exists")
+    p.add_argument("--log-decisions", default=None, metavar="FILE",
+                   help="append one JSON line per answered question to FILE: request and question ids, options, "
+                        "probabilities (before and after calibration), model and x_debias; no state or question "
+                        "text. Fill in each line's 'answer' and pass the file to `serveproto calibrate --data`")
     p.add_argument("--request-timeout", type=float, default=120.0, help="seconds one engine call may take (503 after)")
     p.add_argument("--handshake-timeout", type=float, default=180.0, help="seconds the engine may take to load")
     p.add_argument("--ping-interval", type=_positive_float, default=5.0,
@@ -293,6 +297,16 @@ async def serve(args, *, task_status=None) -> None:
             if isinstance(exc, TranscodeError):
                 raise SystemExit(f"serveproto serve: --precision f32: {exc}") from None
             raise
+    decisions = None
+    if getattr(args, "log_decisions", None):
+        from gateway.decision.decision_log import DecisionLog
+
+        try:
+            decisions = DecisionLog(args.log_decisions)
+        except OSError as exc:
+            await listener.aclose()
+            raise SystemExit(f"serveproto serve: --log-decisions: cannot open {args.log_decisions}: "
+                             f"{exc.strerror or exc}") from None
     restarts = dict(max_restarts=None if args.keep_restarting else args.max_restarts,
                     restart_period=args.restart_period)
     if args.keep_restarting:
@@ -306,6 +320,9 @@ async def serve(args, *, task_status=None) -> None:
         app = App(engine, model, api_key=api_key, request_timeout=args.request_timeout, max_inflight=args.max_inflight,
                   debias=default_debias(args))
         app.calibration = await anyio.to_thread.run_sync(load_calibration, getattr(args, "calibration", None), model_path)
+        if decisions is not None:
+            app.decision_log = decisions
+            app.model_sha256 = await anyio.to_thread.run_sync(_model_sha256, app.calibration, model_path)
         limits = Limits(max_body_bytes=args.max_body, max_decoded_bytes=max(args.max_body, 64 << 20))
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, tg.cancel_scope)
@@ -318,10 +335,24 @@ async def serve(args, *, task_status=None) -> None:
             if app.calibration is not None:
                 print(f"serveproto: calibration {app.calibration.id} on answers read under x_debias "
                       f"{','.join(app.calibration.debias) or 'none'} (--calibration none to turn it off)", flush=True)
+            if decisions is not None:
+                print(f"serveproto: logging decisions to {decisions.path} (ids, options, probabilities; no text)",
+                      flush=True)
             if task_status is not None:
                 task_status.started(port)
+    if decisions is not None:
+        decisions.close()
     if gave_up:
         raise EngineGaveUp(gave_up[0])
+
+
+def _model_sha256(cal, model_path: str | None) -> str | None:
+    """The model file's sha256 for the decision log: the calibration's (already computed) or the file's."""
+    from gateway.decision import calibration
+
+    if cal is not None:
+        return cal.model_sha256
+    return calibration.sha256_file(model_path) if model_path and Path(model_path).exists() else None
 
 
 async def _fail_upward(engine, server, scope, args, gave_up: list[str]) -> None:

@@ -22,7 +22,7 @@ optional; questions without a gold answer are asked and not scored.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -119,18 +119,23 @@ def read_jsonl(path: str | Path) -> list[Labelled]:
     is not JSON, a request that does not validate, or a gold answer that is
     not one of its question's options; ``OSError`` when the file cannot be read.
     """
-    out = []
+    return [parse_line(obj, where) for where, obj in json_lines(path, LabelledFileError)]
+
+
+def json_lines(path: str | Path, error: type[Exception]) -> Iterator[tuple[str, Any]]:
+    """``(where, decoded line)`` for each non-blank line of a JSONL file, ``where`` being ``path:line``.
+
+    Raises ``error("path:line: not JSON: ...")`` for a line that is not JSON, ``OSError`` as reading does.
+    """
     with open(path, "rb") as f:
         for n, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             where = f"{path}:{n}"
             try:
-                obj = orjson.loads(line)
+                yield where, orjson.loads(line)
             except orjson.JSONDecodeError as exc:
-                raise LabelledFileError(f"{where}: not JSON: {exc}") from None
-            out.append(parse_line(obj, where))
-    return out
+                raise error(f"{where}: not JSON: {exc}") from None
 
 
 def to_json(item: Labelled) -> dict:

@@ -26,6 +26,7 @@ import anyio
 import attrs
 
 from gateway.decision import debias, readings, record, refusals, scoring
+from gateway.decision.calibration import IDENTITY
 from gateway.decision.errors import DecisionTimeout, Refused, UnusableDecision, UnusableScores
 from gateway.decision.jev import Question, SystemOneRequest
 from gateway.decision.prompts import PromptBuilder
@@ -64,7 +65,9 @@ class Decided:
     ``path``: ``"score"``, ``"decide"`` or ``"none"`` (no engine call);
     ``warnings``: text for ``x_warnings``; counters of the scoring calls;
     ``debias``: the :mod:`gateway.decision.debias` methods applied; ``calibration``:
-    question id -> the ``x_calibration`` of its answer (absent: identity).
+    question id -> the ``x_calibration`` of its answer (absent: identity);
+    ``uncalibrated``: question id -> its reported probabilities before the
+    calibration (only questions a calibration map was applied to).
     """
 
     probs: dict[str, list[float]]
@@ -78,6 +81,7 @@ class Decided:
     snapshot: str | None = None
     debias: tuple[str, ...] = ()
     calibration: dict[str, str] = attrs.field(factory=dict)
+    uncalibrated: dict[str, list[float]] = attrs.field(factory=dict)
 
 
 class Memory:
@@ -265,7 +269,10 @@ async def _score_path(engine: Any, settings: Settings, mem: Memory, request: Sys
             else:
                 p = softmax(option_scores(rows[0], request.normalize))
             if calibration is not None:
+                before = p
                 p, out.calibration[q.id] = calibration.apply(q.type, p, methods)
+                if out.calibration[q.id] != IDENTITY:
+                    out.uncalibrated[q.id] = scoring.report(before)
             out.probs[q.id] = scoring.report(p)
         except ValueError as exc:
             raise UnusableScores(f"the engine's scores for {q.id!r} are unusable: {exc}") from None

@@ -77,6 +77,11 @@ class App:
     client's timeout (the SDK gives up after 10 s). ``debias``: the
     :mod:`gateway.decision.debias` methods applied when a request does not say
     (``x_debias``); none by default.
+
+    Set after construction by ``serve``: ``calibration`` (a
+    :class:`gateway.decision.calibration.Calibration` or None) and
+    ``decision_log`` (a :class:`gateway.decision.decision_log.DecisionLog` or
+    None) with ``model_sha256`` (the model file's, for the log's lines).
     """
 
     def __init__(self, engine: Any, model: ModelInfo, *, api_key: str | None = None, request_timeout: float = 120.0,
@@ -98,6 +103,8 @@ class App:
             engine_restarts=lambda: float(getattr(engine, "restarts", 0) or 0),
             engine_up=lambda: 1.0 if getattr(engine, "healthy", True) else 0.0,
         )
+        self.decision_log: Any = None
+        self.model_sha256: str | None = None
         self.router = Router()
         self.started = time.time()
 

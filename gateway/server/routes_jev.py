@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from gateway.decision import jev, pipeline, scoring
+from gateway.decision import decision_log, jev, pipeline, scoring
 from gateway.decision.calibration import IDENTITY
 from gateway.decision.errors import Refused
 from gateway.decision.jev import JevValidationError, SystemOneRequest
@@ -36,6 +36,16 @@ async def decide(app: "App", parsed: SystemOneRequest) -> Decided:
     return decided
 
 
+def log_decisions(app: "App", request_id: str, parsed: SystemOneRequest, decided: Decided) -> None:
+    """Append the request's answers to the server's decision log, when it keeps one (``--log-decisions``)."""
+    if app.decision_log is None:
+        return
+    config = {"model": app.model.name, "model_sha256": app.model_sha256, "x_debias": list(decided.debias),
+              "normalize": parsed.normalize}
+    app.decision_log.write(decision_log.lines(request_id, parsed.questions, decided.probs, decided.uncalibrated,
+                                              config, decided.calibration))
+
+
 def _headers(request: Request, decided: Decided) -> list[tuple[str, str]]:
     return [("x-serveproto-engine-ms", f"{decided.engine_ms:.3f}"), ("x-serveproto-path", decided.path)]
 
@@ -43,6 +53,7 @@ def _headers(request: Request, decided: Decided) -> list[tuple[str, str]]:
 async def systemone(app: "App", request: Request) -> Response:
     parsed = jev.parse_request(parse_json(request))
     decided = await decide(app, parsed)
+    log_decisions(app, request.request_id, parsed, decided)
     answers = {q.id: {**jev.answer(q, decided.probs[q.id]), "x_calibration": decided.calibration.get(q.id, IDENTITY)}
                for q in parsed.questions}
     extra: dict[str, Any] = {"x_request_id": request.request_id, "x_engine_ms": round(decided.engine_ms, 3), "x_path": decided.path}
@@ -155,6 +166,7 @@ async def decisions(app: "App", request: Request) -> Response:
     except Refused as exc:  # what the engine refused, in this route's envelope
         e = exc.errors[0]
         raise _openai_error(e["msg"], _openai_param(e["loc"], sent)) from None
+    log_decisions(app, request.request_id, parsed, decided)
     answers = []
     for q, raw in zip(parsed.questions, sent):
         p = decided.probs[q.id]
