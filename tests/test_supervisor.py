@@ -247,6 +247,28 @@ async def test_restart_intensity_exceeded_fails_health(fixture_engine):
         assert eng.exit_statuses == (3, 3, 3)
 
 
+@pytest.mark.parametrize("phase", ["backoff", "restart"])
+async def test_closing_cancels_a_backoff_or_a_restart_in_progress(fixture_engine, tmp_path, probes, phase):
+    # The first process exits right after its handshake. Then the supervisor waits out a 30 s backoff,
+    # or starts a process whose handshake takes 30 s: closing cancels either (the supervisor's scope),
+    # well within the test's deadline, and leaves no child behind.
+    script = ('[ -e "$0" ] && export SERVEPROTO_FIXTURE_FAULTS=slow_start=30 || : > "$0"; exec "$@"')
+    argv = ["sh", "-c", script, str(tmp_path / "started"), str(fixture_engine)]
+    env = {**os.environ, "SERVEPROTO_FIXTURE_FAULTS": "exit_after=0"}
+    backoff = 30.0 if phase == "backoff" else 0.01
+    before = probes.child_pids()
+    with anyio.fail_after(TEST_DEADLINE):
+        async with Engine.spawn(argv, env=env, **quick(handshake_timeout=60, backoff_initial=backoff,
+                                                       backoff_max=backoff)) as eng:
+            while not isinstance(eng.last_error, EngineCrashed) or (phase == "restart" and eng.restarts < 1):
+                await anyio.sleep(0.01)
+            assert eng.state == "restarting" and not eng.healthy
+        assert eng.state == "closed" and eng.exit_statuses == (3,)
+        with pytest.raises(EngineUnavailable, match="closed"):
+            await eng.wait_ready()
+    assert probes.child_pids() == before
+
+
 async def test_shutdown_ladder_eof_then_term_then_kill(fixture_engine):
     with anyio.fail_after(TEST_DEADLINE):
         async with Engine.spawn([fixture_engine], **quick()):
