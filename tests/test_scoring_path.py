@@ -120,3 +120,23 @@ def test_an_unknown_normalize_is_refused_by_the_one_check():
         assert str(e.value) == "normalize must be 'sum' or 'mean', got 'max'"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["score", "--prefix", "p", "--option", "a", "--normalize", "max"])
+
+
+def test_step_4_is_written_once_in_the_gateway():
+    """No other softmax, sum/mean rule or list of normalize values in gateway/ than engine/score.py's."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "gateway"
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef) and node.name in ("softmax", "log_softmax", "option_scores",
+                                                                   "check_normalize"):
+                found.append((str(path.relative_to(root)), node.name))
+            elif isinstance(node, (ast.Tuple, ast.List, ast.Set)) and node.elts and all(
+                    isinstance(e, ast.Constant) for e in node.elts) and {e.value for e in node.elts} == {"sum", "mean"}:
+                found.append((str(path.relative_to(root)), "('sum', 'mean')"))
+    assert sorted(found) == [("engine/score.py", "('sum', 'mean')"), ("engine/score.py", "check_normalize"),
+                             ("engine/score.py", "log_softmax"), ("engine/score.py", "option_scores"),
+                             ("engine/score.py", "softmax")]

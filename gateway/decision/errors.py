@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from gateway.decision.jev import JevValidationError
 
+__all__ = ["Refused", "DecisionTimeout", "UnusableScores", "UnusableDecision"]
+
 
 class Refused(JevValidationError):
     """A valid request the served engine cannot take (``cache_slot`` past its slots, ``prefix``

@@ -33,6 +33,8 @@ from gateway.decision.prompts import PromptBuilder
 from gateway.engine.errors import RequestError
 from gateway.engine.score import option_scores, softmax
 
+__all__ = ["Settings", "Memory", "Decided", "decide", "SEEN_STATES"]
+
 log = logging.getLogger("serveproto.systemone")
 
 #: How many recent states the server remembers to decide ``pin_state`` on its own.
