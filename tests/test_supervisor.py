@@ -14,6 +14,7 @@ import pytest
 from gateway.engine import (Engine, EngineBusy, EngineCrashed, EngineLoadError,
                             EngineProtocolError, EngineTimeout, EngineUnavailable,
                             RequestError)
+from gateway.engine.process import EngineProcess
 from serveproto import Data
 
 pytestmark = pytest.mark.anyio
@@ -266,6 +267,28 @@ async def test_closing_cancels_a_backoff_or_a_restart_in_progress(fixture_engine
         assert eng.state == "closed" and eng.exit_statuses == (3,)
         with pytest.raises(EngineUnavailable, match="closed"):
             await eng.wait_ready()
+    assert probes.child_pids() == before
+
+
+async def test_a_start_cancelled_while_it_spawns_leaves_no_child(fixture_engine, probes, monkeypatch):
+    # What closing the supervisor during a restart can do: the cancellation lands after the fork,
+    # at a checkpoint inside the spawn (asyncio's subprocess_exec awaits its transport there). The
+    # spawn is shielded, so the handshake is what gets cancelled, and the child is killed and reaped.
+    spawn = anyio.open_process
+
+    async def spawn_then_checkpoint(*args, **kw):
+        proc = await spawn(*args, **kw)
+        scope.cancel()
+        await anyio.sleep(0)
+        return proc
+
+    monkeypatch.setattr(anyio, "open_process", spawn_then_checkpoint)
+    before = probes.child_pids()
+    with anyio.fail_after(TEST_DEADLINE):
+        with anyio.CancelScope() as scope:
+            async with EngineProcess.start([fixture_engine, "--fault", "slow_start=30"], handshake_timeout=60):
+                pytest.fail("the start was cancelled: nothing to serve")
+    assert scope.cancelled_caught
     assert probes.child_pids() == before
 
 
