@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from gateway.paths import default_model_path, engine_bin
+from gateway.paths import default_model_path
 
 HELP = __doc__.split("\n\n", 1)[1]
 
@@ -68,7 +68,9 @@ async def score_all(items, model: str, threads: int, methods: tuple[str, ...], l
     from gateway.decision.prompts import PromptBuilder
     from gateway.engine import Engine
 
-    cmd = [str(engine_bin("serveproto-llama")), "--model", model, "--threads", str(threads)]
+    from gateway.cli.serve import engine_or_exit
+
+    cmd = [str(engine_or_exit("serveproto calibrate", "serveproto-llama")), "--model", model, "--threads", str(threads)]
     out = []
     async with Engine.spawn(cmd, name="calibrate") as eng:
         template, _ = await anyio.to_thread.run_sync(read_gguf, Path(model))

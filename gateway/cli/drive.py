@@ -422,11 +422,12 @@ async def _drive(args) -> int:
 # ---------------------------------------------------------------- score
 
 def _engine_cmd(args) -> list[str]:
-    from gateway.paths import default_model_path, engine_bin
+    from gateway.cli.serve import default_model_or_exit, engine_or_exit
+
     if args.engine:
         return shlex.split(args.engine)
-    model = args.model or str(default_model_path())
-    return [str(engine_bin("serveproto-llama")), "--model", model]
+    model = args.model or str(default_model_or_exit("serveproto score"))
+    return [str(engine_or_exit("serveproto score", "serveproto-llama")), "--model", model]
 
 
 async def _score(args) -> int:
