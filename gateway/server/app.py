@@ -3,9 +3,10 @@
 :class:`App` is the HTTP handler (``await app(request) -> Response``) over one
 engine (the supervisor's ``gateway.engine.Engine``, or anything with its
 interface). Route modules (``routes_jev``, ``routes_openai``, ``routes_ops``)
-register their handlers on the app's router; this module maps what they
-raise to HTTP: validation to 422, the engine's per-request errors by their
-protocol code, an engine that is down to 503 with ``Retry-After``.
+register their handlers on the app's router; what they raise becomes the
+HTTP error :func:`gateway.server.errors.http_error` says (validation and
+refusals 422, the engine's per-request errors by their protocol code, an
+engine that is down 503 with ``Retry-After``), anything else a logged 500.
 """
 from __future__ import annotations
 
@@ -18,13 +19,12 @@ from typing import Any
 import attrs
 import orjson
 
+from gateway.decision import pipeline
 from gateway.decision.chat_template import ChatTemplate, read_gguf
 from gateway.http import HTTPError, Request, Response, Router, access_line
-from gateway.decision.jev import JevValidationError
 from gateway.server.metrics import Metrics
-from gateway.engine.errors import EngineError, RequestError
 from gateway.server import auth, routes_jev, routes_openai, routes_ops, routing
-from gateway.server.errors import RETRY_AFTER, engine_http_error
+from gateway.server.errors import RETRY_AFTER, http_error, log_note
 from gateway.server.fleet import Backend, Served
 
 log = logging.getLogger("serveproto.access")
@@ -112,7 +112,6 @@ class App:
         self.max_inflight = max_inflight
         self.inflight = 0
         self.api_key = api_key
-        self.request_timeout = request_timeout
         self.metrics = Metrics(
             engine_restarts=lambda: float(sum(b.status()["restarts"] for b in self.backends)),
             engine_up=lambda: 1.0 if all(b.status()["healthy"] for b in self.backends) else 0.0,
@@ -133,9 +132,10 @@ class App:
             self.pool = None
             engines = [engine]
         self.default = next(iter(self.served))
-        memory = routes_jev.ScoringMemory
+        for s in self.served.values():
+            s.settings.timeout = request_timeout
         self.backends = [Backend(e, self.served[self.pool.model_of(e)] if self.pool is not None else self.served[self.default],
-                                 request_timeout=request_timeout, metrics=self.metrics, memory=memory())
+                                 metrics=self.metrics, memory=pipeline.Memory())
                          for e in engines]
         self._by_engine = {id(b.engine): b for b in self.backends}
         self.decision_log = None
@@ -162,6 +162,21 @@ class App:
     @property
     def caps(self):
         return self.engine.caps
+
+    @property
+    def settings(self):
+        """The default model's decision settings (``gateway.decision.pipeline.Settings``)."""
+        return self.served[self.default].settings
+
+    @property
+    def memory(self):
+        """The first engine's decision memory (``gateway.decision.pipeline.Memory``)."""
+        return self.backends[0].memory
+
+    @property
+    def request_timeout(self) -> float:
+        """Seconds one engine call may take before the client gets a 503."""
+        return self.served[self.default].settings.timeout
 
     @property
     def debias(self) -> tuple[str, ...]:
@@ -259,21 +274,15 @@ class App:
                     self.inflight -= 1
             else:
                 response = await handler(request)
-        except HTTPError as exc:
-            response = exc.response()
-            extra["error"] = exc.error_type
-        except JevValidationError as exc:
-            response = Response.json(exc.body(), 422)
-            extra["error"] = "validation"
         except Exception as exc:
-            if isinstance(exc, (EngineError, RequestError)):
-                err = engine_http_error(exc)
-                response = err.response()
-                extra["error"] = f"engine: {exc}"[:300]
-            else:
+            err = http_error(exc)
+            if err is None:
                 log.exception("request %s failed", request.request_id)
-                response = HTTPError(500, "api_error", f"internal error (request {request.request_id})").response()
+                err = HTTPError(500, "api_error", f"internal error (request {request.request_id})")
                 extra["error"] = repr(exc)[:300]
+            else:
+                extra["error"] = log_note(exc, err)
+            response = err.response()
         if route in STATE_FIELD and response.status != 200:
             _add_route_key(response, request, STATE_FIELD[route])
         seconds = time.perf_counter() - started

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from gateway.decision import pipeline
 from gateway.decision.chat_template import ChatTemplate, TemplateError
 from gateway.decision.prompts import PromptBuilder
 
@@ -29,14 +30,34 @@ class Served:
     def __init__(self, info: Any, debias: tuple[str, ...] = (), calibration: Any = None,
                  model_sha256: str | None = None) -> None:
         self.info = info
-        self.debias = tuple(debias)
-        self.calibration = calibration
         self.model_sha256 = model_sha256
         try:
-            self.prompts = PromptBuilder(info.template)
+            prompts = PromptBuilder(info.template)
         except TemplateError as exc:
             log.warning("the chat template of %s is unusable (%s): prompts use ChatML", info.name, exc)
-            self.prompts = PromptBuilder(ChatTemplate.chatml())
+            prompts = PromptBuilder(ChatTemplate.chatml())
+        #: The decision pipeline's settings for this model (its ``timeout`` set by the app).
+        self.settings = pipeline.Settings(prompts, debias=tuple(debias), calibration=calibration)
+
+    @property
+    def prompts(self) -> PromptBuilder:
+        return self.settings.prompts
+
+    @property
+    def debias(self) -> tuple[str, ...]:
+        return self.settings.debias
+
+    @debias.setter
+    def debias(self, methods: tuple[str, ...]) -> None:
+        self.settings.debias = tuple(methods)
+
+    @property
+    def calibration(self):
+        return self.settings.calibration
+
+    @calibration.setter
+    def calibration(self, value) -> None:
+        self.settings.calibration = value
 
     @property
     def name(self) -> str:
@@ -47,16 +68,14 @@ class Backend:
     """One engine and its :class:`Served` model, as the routes see the server for one request.
 
     ``engine``: the supervisor's ``gateway.engine.Engine`` (or anything with its
-    interface); ``served``: its model; ``request_timeout`` (seconds) and
-    ``metrics`` and ``decision_log`` are the server's. ``memory`` is the scoring
-    path's ``ScoringMemory``: what this engine holds is its own.
+    interface); ``served``: its model (``settings``, ``request_timeout``);
+    ``metrics`` and ``decision_log`` are the server's. ``memory`` is the
+    pipeline's ``gateway.decision.pipeline.Memory``: what this engine holds is its own.
     """
 
-    def __init__(self, engine: Any, served: Served, *, request_timeout: float, metrics: Any,
-                 memory: Any = None) -> None:
+    def __init__(self, engine: Any, served: Served, *, metrics: Any, memory: Any = None) -> None:
         self.engine = engine
         self.served = served
-        self.request_timeout = request_timeout
         self.metrics = metrics
         self.memory = memory
         self.decision_log: Any = None
@@ -74,6 +93,14 @@ class Backend:
     @property
     def model(self):
         return self.served.info
+
+    @property
+    def settings(self):
+        return self.served.settings
+
+    @property
+    def request_timeout(self) -> float:
+        return self.served.settings.timeout
 
     @property
     def prompts(self) -> PromptBuilder:
