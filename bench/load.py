@@ -35,8 +35,9 @@ requests in flight then finish. A cell's requests/s is its answered requests ove
 start to its last answer; p50 and p99 are over the answered requests (p99 is the slowest when there
 are fewer than 100); errors are requests answered with another status or without every question.
 "computed a request" is the mean of the reply's ``x_positions.computed`` (llama-server: its
-``timings.prompt_n``, summed over the request's questions). Each server answers one unmeasured request
-of each workload first (the document's snapshot, the questions' content-free readings).
+``timings.prompt_n``, summed over the request's questions). Before a workload's cells each server answers
+one unmeasured request of it (the document's snapshot, the questions' content-free readings), and
+llama-server the document's once per slot (``id_slot``), each slot holding its own copy.
 
     .venv/bin/python bench/load.py [--clients 1,4,16,64] [--seconds 5] [--requests 1000]
         [--workloads tickets,document] [--debias default,none] [--threads N] [--model PATH]
@@ -101,12 +102,13 @@ class BadReply(Exception):
 
 @attrs.frozen
 class Workload:
-    """``name``, its line in the table's heading, and ``body(serial)``: the Jev body (no ``x_debias``)
-    of the request numbered ``serial``."""
+    """``name``, its line in the table's heading, ``body(serial)``: the Jev body (no ``x_debias``) of the
+    request numbered ``serial``, and ``shared``: whether its requests share a state (read once per slot)."""
 
     name: str
     title: str
     body: Callable[[int], dict]
+    shared: bool
 
 
 def ticket_body(serial: int, seed: int) -> dict:
@@ -128,9 +130,9 @@ def document_body(serial: int) -> dict:
 def workloads(seed: int) -> dict[str, Workload]:
     return {
         "tickets": Workload("tickets", "a stream of new tickets, 3 questions each (a choice of 4, a noul, a score of 4)",
-                            lambda serial: ticket_body(serial, seed)),
+                            lambda serial: ticket_body(serial, seed), shared=False),
         "document": Workload("document", "one document asked one new question per request (a shared snapshot)",
-                             document_body),
+                             document_body, shared=True),
     }
 
 
@@ -381,10 +383,10 @@ def serve_argv(args, threads: int | None) -> list[str]:
 
 
 async def warm_up(targets: list[Target], workload: Workload, timeout: float) -> None:
-    """One unmeasured request of ``workload`` per target (numbered below the cells'), and one per slot of
-    llama-server at once (each slot reads the document); errors raised."""
+    """One unmeasured request of ``workload`` per target (numbered below the cells'); of a shared state,
+    one per slot of llama-server at once (each of its slots reads the document); errors raised."""
     for t in targets:
-        if t.peer is None:
+        if t.peer is None or not workload.shared:
             async with httpx2.AsyncClient(base_url=t.base, timeout=timeout) as http:
                 await t.ask(http, workload.body(1 + t.setting))
             continue

@@ -103,7 +103,8 @@ extra() {
 }
 if [ -n "${BENCHES:-}" ]; then
   # one command a line, instead of the two below: "[VAR=VALUE ...] bench TAG ARGS..." or
-  # "extra TAG COMMAND..." (e.g. extra digits python3 bench/digits.py --model $MODEL)
+  # "extra TAG COMMAND..." (e.g. extra digits python3 bench/digits.py --model $MODEL, or
+  # extra load bash bench/gpu/load.sh --model $MODEL --clients 1,8,32,64: bench/load.py, see load.sh)
   while IFS= read -r line; do
     [ -n "$line" ] && eval "$line"
   done <<< "$BENCHES"
