@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -400,66 +401,83 @@ async def warm_up(targets: list[Target], workload: Workload, timeout: float) -> 
                 tg.start_soon(one, slot)
 
 
+def start(args, threads: int | None, model: Path | None, servers: list) -> tuple[list[Target], int]:
+    """Start the servers (appended to ``servers`` as they start, for the caller to close); returns the
+    targets and how many settings (ticket number ranges) they use."""
+    targets: list[Target] = []
+    trees = [("this tree", ROOT)] + ([("baseline", args.baseline_tree.resolve())] if args.baseline_tree else [])
+    settings = args.debias + ([] if "none" in args.debias else ["none"])  # llama-server reads none's prompts
+    for name, tree in trees:
+        srv = Server(*serve_argv(args, threads), tree=tree)
+        servers.append(srv)
+        targets += [Target(name, srv.base, None if d == "default" else d, k) for k, d in enumerate(args.debias)]
+    if not args.no_llama_server:
+        slots = args.np or max(args.clients)
+        peer = LlamaServer(args.llama_server, model, threads, slots=slots, ctx=slots * args.peer_ctx,
+                           extra=tuple(shlex.split(args.peer_args)))
+        servers.append(peer)
+        targets.append(Target("llama-server", peer.base, "none", settings.index("none"), peer=PeerPrompts(model, slots)))
+    return targets, len(settings)
+
+
+def measure(args, targets: list[Target], n_settings: int, loads: dict[str, Workload], cells: dict[str, list[Cell]]) -> None:
+    """Every cell, workload by workload, client count by client count, the targets in turn; appended to
+    ``cells`` as they end, each also reported on stderr."""
+    for w in loads.values():
+        anyio.run(warm_up, targets, w, args.timeout)
+        # a default that applies nothing is the none row already
+        for name in {t.name for t in targets}:
+            default = [t for t in targets if t.name == name and t.debias is None and t.peer is None]
+            if default and not default[0].applied:
+                targets[:] = [t for t in targets if not (t.name == name and t.debias == "none")]
+        for k, clients in enumerate(args.clients):
+            for t in targets:
+                first = (k * n_settings + t.setting + 1) * SERIALS
+                cell = anyio.run(run_cell, t, w, clients, first, args.seconds, args.requests, args.timeout)
+                cells[w.name].append(cell)
+                print(f"  {w.name}, {clients} clients, {t.name} ({t.label}): {len(cell.latencies)} answered, "
+                      f"{cell.errors} errors, {cell.rps:.2f} requests/s", file=sys.stderr, flush=True)
+
+
+def _terminated(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from gateway.cli_serve import default_threads
 
+    # `timeout` (bench/gpu/run.sh) sends SIGTERM: the servers are closed and the cells so far printed
+    signal.signal(signal.SIGTERM, _terminated)
     threads = args.threads if args.threads is not None else (None if args.engine is not None else default_threads(None))
     model = args.model or (None if args.engine is not None else default_model_path())
     loads = {name: w for name, w in workloads(args.seed).items() if name in args.workloads}
     load0 = os.getloadavg()[0]
     servers: list = []
-    targets: list[Target] = []
-    peer_name = baseline_name = None
+    cells: dict[str, list[Cell]] = {w: [] for w in loads}
+    cut = False
     try:
-        trees = [("this tree", ROOT)] + ([("baseline", args.baseline_tree.resolve())] if args.baseline_tree else [])
-        settings = args.debias + ([] if "none" in args.debias else ["none"])  # llama-server reads none's prompts
-        for name, tree in trees:
-            srv = Server(*serve_argv(args, threads), tree=tree)
-            servers.append(srv)
-            for k, d in enumerate(args.debias):
-                targets.append(Target(name, srv.base, None if d == "default" else d, k))
-        if args.baseline_tree:
-            baseline_name = "baseline"
-        if not args.no_llama_server:
-            np_ = args.np or max(args.clients)
-            peer = LlamaServer(args.llama_server, model, threads, slots=np_, ctx=np_ * args.peer_ctx,
-                               extra=tuple(shlex.split(args.peer_args)))
-            servers.append(peer)
-            peer_name = "llama-server"
-            targets.append(Target(peer_name, peer.base, "none", settings.index("none"),
-                                  peer=PeerPrompts(model, np_)))
-        cells: dict[str, list[Cell]] = {w: [] for w in loads}
-        for w in loads.values():
-            anyio.run(warm_up, targets, w, args.timeout)
-            # a default that applies nothing is the none row already
-            for name, _ in trees:
-                default = [t for t in targets if t.name == name and t.debias is None]
-                if default and not default[0].applied:
-                    targets = [t for t in targets if not (t.name == name and t.debias == "none")]
-            for k, clients in enumerate(args.clients):
-                for t in targets:
-                    first = (k * len(settings) + t.setting + 1) * SERIALS
-                    cell = anyio.run(run_cell, t, w, clients, first, args.seconds, args.requests, args.timeout)
-                    cells[w.name].append(cell)
-                    print(f"  {w.name}, {clients} clients, {t.name} ({t.label}): {len(cell.latencies)} answered, "
-                          f"{cell.errors} errors, {cell.rps:.2f} requests/s", file=sys.stderr, flush=True)
+        targets, n_settings = start(args, threads, model, servers)
+        measure(args, targets, n_settings, loads, cells)
+    except KeyboardInterrupt:
+        cut = True
     finally:
         for s in servers:
             s.close()
-    load1 = os.getloadavg()[0]
+    names = {c.target for cs in cells.values() for c in cs}
+    peer = next((s for s in servers if isinstance(s, LlamaServer)), None)
     print(f"`{shlex.join(['bench/load.py', *(argv if argv is not None else sys.argv[1:])])}`  "
           f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, load average "
-          f"{load0:.1f} before, {load1:.1f} after; model {Path(model).name if model else 'of the engine'}; "
-          f"engine threads {threads or 'default'}; cells of {args.seconds:g} s or {args.requests} requests)")
-    if peer_name:
-        peer = servers[-1]
+          f"{load0:.1f} before, {os.getloadavg()[0]:.1f} after; model {Path(model).name if model else 'of the engine'}; "
+          f"engine threads {threads or 'default'}; cells of {args.seconds:g} s or {args.requests} requests)"
+          + ("; CUT SHORT (SIGTERM or ^C): the cells measured so far" if cut else ""))
+    if peer is not None:
         print(f"llama-server: `{shlex.join(['llama-server', '-m', Path(peer.argv[2]).name, *peer.argv[7:]])}`")
     print()
     for name, w in loads.items():
-        print(table(cells[name], w, peer_name, baseline_name))
-        if peer_name:
-            peer_cells = [c for c in cells[name] if c.target == peer_name]
+        print(table(cells[name], w, "llama-server" if peer else None, "baseline" if "baseline" in names else None))
+        peer_cells = [c for c in cells[name] if c.target == "llama-server"]
+        if peer_cells:
             read, options = sum(c.options_read for c in peer_cells), sum(c.options for c in peer_cells)
             print(f"\nllama-server's first-token read-out: {read} of {options} options had a token in its "
                   f"replies' top {N_PROBS}.")
@@ -468,10 +486,10 @@ def main(argv=None) -> int:
     for c in failed:
         print(f"errors: {c.workload}, {c.clients} clients, {c.target} ({c.debias}): {c.errors}, the first: {c.first_error}")
     if args.json:
-        args.json.write_text(orjson.dumps({"argv": sys.argv, "threads": threads, "model": str(model),
+        args.json.write_text(orjson.dumps({"argv": sys.argv, "threads": threads, "model": str(model), "cut_short": cut,
                                            "cells": [c.row() for cs in cells.values() for c in cs]},
                                           option=orjson.OPT_INDENT_2).decode())
-    return 1 if failed else 0
+    return 1 if failed or cut else 0
 
 
 if __name__ == "__main__":

@@ -94,3 +94,21 @@ def test_a_short_run_on_the_fixture_engine(tmp_path):
     for w, cs in by_workload.items():
         assert min(c["computed_per_request"] for c in cs if c["x_debias"] == "cyclic") > \
             max(c["computed_per_request"] for c in cs if c["x_debias"] == "default: none"), w
+
+
+@pytest.mark.skipif(not engine_bin("serveproto-fixture").exists(), reason="the fixture engine is not built (make engines)")
+def test_sigterm_prints_the_cells_so_far():
+    """bench/gpu/run.sh ends an over-long bench with `timeout` (SIGTERM): the cells measured so far are printed."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "load.py"), "--clients", "1,2", "--seconds", "0.3",
+                             "--workloads", "tickets", "--debias", "none", "--requests", "5",
+                             "--engine", str(engine_bin("serveproto-fixture")), "--score-delay-ms", "1000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stderr.readline()      # the first cell's line: 1 client, 1 slow request
+    assert first.startswith("  tickets, 1 clients, this tree (none): 1 answered, 0 errors"), first
+    proc.terminate()                    # during the 2-client cell
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    lines = out.splitlines()
+    assert "CUT SHORT (SIGTERM or ^C): the cells measured so far" in lines[0]
+    rows = [line for line in lines if line.startswith("| this tree |")]
+    assert len(rows) == 1 and rows[0].startswith("| this tree | none | 1 | 1 | 0 |")
