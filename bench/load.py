@@ -32,8 +32,8 @@ client count, one server), so that the load of the shared machine falls on all o
 Each client is one keep-alive connection (``httpx2.AsyncClient`` under anyio) sending its next request
 when the last one is answered, until ``--seconds`` have passed or the cell has started ``--requests``;
 requests in flight then finish. A cell's requests/s is its answered requests over the time from its
-start to its last answer; p50 and p99 are over the answered requests (p99 is the slowest when there
-are fewer than 100); errors are requests answered with another status or without every question.
+start to its last answer; p50 and p99 are over the answered requests (``decisions.pct``; p99 is the
+slowest up to 51 of them); errors are requests answered with another status or without every question.
 "computed a request" is the mean of the reply's ``x_positions.computed`` (llama-server: its
 ``timings.prompt_n``, summed over the request's questions). Before a workload's cells each server answers
 one unmeasured request of it (the document's snapshot, the questions' content-free readings), and
@@ -49,6 +49,7 @@ import argparse
 import os
 import shlex
 import signal
+import ssl
 import sys
 import time
 from collections.abc import Callable
@@ -254,19 +255,30 @@ class Cell:
                 "options": self.options}
 
 
+def http_client(base: str, timeout: float) -> httpx2.AsyncClient:
+    """A client of ``base`` (plain HTTP on loopback). It shares one SSL context: httpx2 builds one per client
+    otherwise, 0.1 s each on a busy machine, which kept the last of 64 clients from starting in a cell."""
+    return httpx2.AsyncClient(base_url=base, timeout=timeout, verify=_SSL)
+
+
+_SSL = ssl.create_default_context()
+
+
 async def run_cell(target: Target, workload: Workload, clients: int, first_serial: int, seconds: float,
                    max_requests: int, timeout: float) -> Cell:
     """``clients`` connections sending ``workload``'s requests numbered from ``first_serial`` to ``target``
-    until ``seconds`` have passed or ``max_requests`` were started."""
+    until ``seconds`` have passed or ``max_requests`` were started; the clients are made before the clock
+    starts."""
     cell = Cell(workload.name, target.name, target.label, clients)
     started = 0
+    https = [http_client(target.base, timeout) for _ in range(clients)]
     t0 = time.perf_counter()
     deadline = t0 + seconds
     last = t0
 
-    async def client() -> None:
+    async def client(http: httpx2.AsyncClient) -> None:
         nonlocal started, last
-        async with httpx2.AsyncClient(base_url=target.base, timeout=timeout) as http:
+        async with http:
             while started < max_requests and time.perf_counter() < deadline:
                 body = workload.body(first_serial + started)
                 started += 1
@@ -285,8 +297,8 @@ async def run_cell(target: Target, workload: Workload, clients: int, first_seria
                 cell.options += options
 
     async with anyio.create_task_group() as tg:
-        for _ in range(clients):
-            tg.start_soon(client)
+        for http in https:
+            tg.start_soon(client, http)
     cell.debias = target.label  # the default's applied x_debias, as the replies said
     cell.wall = last - t0
     return cell
@@ -388,12 +400,12 @@ async def warm_up(targets: list[Target], workload: Workload, timeout: float) -> 
     one per slot of llama-server at once (each of its slots reads the document); errors raised."""
     for t in targets:
         if t.peer is None or not workload.shared:
-            async with httpx2.AsyncClient(base_url=t.base, timeout=timeout) as http:
+            async with http_client(t.base, timeout) as http:
                 await t.ask(http, workload.body(1 + t.setting))
             continue
 
         async def one(slot: int) -> None:
-            async with httpx2.AsyncClient(base_url=t.base, timeout=timeout) as http:
+            async with http_client(t.base, timeout) as http:
                 await t.peer.ask(http, workload.body(1 + t.setting), slot=slot)
 
         async with anyio.create_task_group() as tg:
