@@ -1,9 +1,9 @@
 """How much a choice's answer depends on the order its labels are listed in, with and without debiasing.
 
 Asks labelled routing tickets under every order of their labels through the
-server's own System One scoring path (``gateway.routes_jev.decide_questions``
-on a real :class:`gateway.app.App` over the llama engine, no HTTP), once per
-debias setting (:mod:`gateway.debias`), and prints per setting:
+server's own System One scoring path (``gateway.server.routes_jev.decide_questions``
+on a real :class:`gateway.server.app.App` over the llama engine, no HTTP), once per
+debias setting (:mod:`gateway.decision.debias`), and prints per setting:
 
 - how often the first-listed label wins, beside chance (1/n): 1.0 means the
   order decides, chance means it does not;
@@ -28,12 +28,12 @@ import time
 
 import anyio
 
-from gateway import debias
-from gateway.app import App, ModelInfo
+from gateway.decision import debias
+from gateway.server.app import App, ModelInfo
 from gateway.engine import Engine
-from gateway.jev import parse_request
+from gateway.decision.jev import parse_request
 from gateway.paths import default_model_path, engine_bin
-from gateway.routes_jev import ScoringMemory, decide_questions
+from gateway.server.routes_jev import ScoringMemory, decide_questions
 
 TEAMS = {"billing": "payments, invoices", "technical": "bugs, integration errors", "sales": "pricing, plans"}
 INSTRUCTIONS = "Which team should handle this?"

@@ -1,15 +1,15 @@
 """Decision quality on labelled questions, per prompt format and correction, in one run.
 
-Asks the labelled requests of :mod:`gateway.evalset` (the generated set, or
+Asks the labelled requests of :mod:`gateway.decision.evalset` (the generated set, or
 ``--data FILE``, a user's labelled JSONL) on the llama engine and prints, per
-configuration (:data:`CONFIGS`: a :class:`gateway.readings.Method`, plus
+configuration (:data:`CONFIGS`: a :class:`gateway.decision.readings.Method`, plus
 batch calibration or PriDe for two of them), one table row:
 
 - accuracy (all questions; nouls, choices and scores apart), the share of
   nouls answered yes beside the gold share, macro-F1 (per task, averaged);
 - ECE (top label, 10 equal-mass bins) with its noise floor (the mean ECE of
   a perfectly calibrated model with the same confidences, by bootstrap),
-  Brier and NLL (:mod:`gateway.evaluation`);
+  Brier and NLL (:mod:`gateway.decision.evaluation`);
 - option-order stability over choices: each choice task is asked under 3
   orders of its labels (any permutations, drawn so that they are not all
   rotations of one another; both orders for two labels): the share of
@@ -20,16 +20,16 @@ batch calibration or PriDe for two of them), one table row:
   and the mean largest probability change;
 - cost: positions computed a request and seconds a request, measured by
   serving ``--cost-requests`` requests per domain through the server's own
-  path (:func:`gateway.routes_jev.decide_questions` on an
-  :class:`gateway.app.App` over the same engine, ``x_debias`` set to the
+  path (:func:`gateway.server.routes_jev.decide_questions` on an
+  :class:`gateway.server.app.App` over the same engine, ``x_debias`` set to the
   configuration), state cold, content-free readings remembered after the
   first request (that first request is the "first" column).
 
 The quality columns are computed from the reads the server's path would make
-(:func:`gateway.readings.plan`, the same prompts), each distinct read made
+(:func:`gateway.decision.readings.plan`, the same prompts), each distinct read made
 once through ``Engine.score`` on the request's state and shared by every
 configuration that needs it, then combined by the server's functions
-(:mod:`gateway.readings`); the cost requests check that serving the same
+(:mod:`gateway.decision.readings`); the cost requests check that serving the same
 requests gives the same probabilities (the largest difference is printed: on
 quantized weights a reading's last digits depend on the engine's batch).
 Batch calibration uses each task's batch under one order (Zhou et al. 2024's
@@ -58,8 +58,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway import debias, evalset, evaluation, jev, readings, scoring  # noqa: E402
-from gateway.readings import Method  # noqa: E402
+from gateway.decision import debias, evalset, evaluation, jev, readings, scoring  # noqa: E402
+from gateway.decision.readings import Method  # noqa: E402
 
 #: (name, method, stateful correction or None). The first row is the letter read-out of
 #: llama-server-based System One servers; "listed" is today's prompt.
@@ -221,11 +221,11 @@ def domain_of(item: evalset.Labelled) -> str:
 
 
 async def run(args) -> dict:
-    from gateway.app import App, ModelInfo
+    from gateway.server.app import App, ModelInfo
     from gateway.engine import Engine
     from gateway.paths import engine_bin
-    from gateway.prompts import PromptBuilder
-    from gateway.routes_jev import ScoringMemory, decide_questions
+    from gateway.decision.prompts import PromptBuilder
+    from gateway.server.routes_jev import ScoringMemory, decide_questions
 
     if args.configs:
         wanted = [c.strip() for c in args.configs.split(";")]
@@ -566,7 +566,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=str(default_model_path()), help="GGUF (default: the default model)")
     parser.add_argument("--threads", type=int, default=1, help="engine CPU threads (default 1)")
-    parser.add_argument("--data", help="a labelled JSONL file (gateway.evalset); default: the generated set")
+    parser.add_argument("--data", help="a labelled JSONL file (gateway.decision.evalset); default: the generated set")
     parser.add_argument("--seed", type=int, default=evalset.SEED, help="the generator's and the orders' seed")
     parser.add_argument("--subset", type=int, default=0, help="only the first N requests of each domain (quick runs)")
     parser.add_argument("--qorder-every", type=int, default=4, help="re-ask every Nth request with its questions reversed")

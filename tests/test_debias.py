@@ -1,4 +1,4 @@
-"""``gateway.debias`` and the ``x_debias`` extension of ``/v1/systemone``: the arithmetic by hand, the
+"""``gateway.decision.debias`` and the ``x_debias`` extension of ``/v1/systemone``: the arithmetic by hand, the
 prompts of each rotation, and what the scoring path asks the engine (over the routes' fake engine).
 The numbers on a real model are checked against the numpy oracle in ``test_server_llama.py``."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ import httpx2
 import orjson
 import pytest
 
-from gateway import debias
+from gateway.decision import debias
 from gateway.cli import build_parser
-from gateway.prompts import question_text
+from gateway.decision.prompts import question_text
 from test_routes_support import TICKET, FakeCaps, FakeEngine, make_app, running
 
 pytestmark = pytest.mark.anyio
@@ -152,7 +152,7 @@ async def test_a_decision_engine_ignores_x_debias_with_a_warning():
 
 
 def test_serve_flag_and_its_default():
-    from gateway.cli_serve import default_debias
+    from gateway.cli.serve import default_debias
 
     parse = build_parser().parse_args
     assert default_debias(parse(["serve"])) == ("canonical", "content_free")  # the default model needs it (bench/quality.py)

@@ -1,4 +1,4 @@
-"""The decision math (gateway.scoring), against values worked out by hand."""
+"""The decision math (gateway.decision.scoring), against values worked out by hand."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 from hypothesis import given, strategies as st
 
-from gateway import scoring
+from gateway.decision import scoring
 
 
 def test_softmax_recovers_probabilities_from_their_logs():

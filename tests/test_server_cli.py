@@ -37,7 +37,7 @@ def llama_argv(tmp_path, monkeypatch, *argv: str, env: str | None = None, cores:
     """``engine_argv`` for the llama engine on a stand-in model and binary, with ``cores`` CPUs."""
     import os as _os
 
-    from gateway import cli_serve
+    from gateway.cli import serve as cli_serve
     from gateway.cli import build_parser
 
     engine = tmp_path / "serveproto-llama"
@@ -103,7 +103,7 @@ def test_score_help_has_a_description_and_an_example():
 
 
 def test_score_help_example_is_real_output(fixture_engine):
-    from gateway.cli_drive import SCORE_HELP
+    from gateway.cli.drive import SCORE_HELP
 
     r = subprocess.run([sys.executable, "-m", "gateway.cli", "score", "--engine", str(fixture_engine),
                         "--prefix", "Q: is the sky blue? A:", "--option", " yes", "--option", " no"],

@@ -157,7 +157,7 @@ llama-server-src: $(LLAMA_FULL)/.extracted
 	mkdir -p $(DEST) && cd $(LLAMA_FULL) && cp -a $(LLAMA_SERVER_SUBSET) $(abspath $(DEST))/
 
 # serveproto-quantize: llama.cpp's own quantizer (llama_model_quantize, already in libllama.a) to F32,
-# for `serveproto serve --precision f32` (gateway/precision.py). Its source is outside llama/*.c, the
+# for `serveproto serve --precision f32` (gateway/engine/precision.py). Its source is outside llama/*.c, the
 # engine's sources.
 all: $(BIN)/serveproto-quantize
 $(BIN)/serveproto-quantize: llama/tools/quantize.c $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
