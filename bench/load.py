@@ -2,7 +2,7 @@
 
 Two workloads, deterministic for ``--seed``:
 
-- **tickets**: a stream of new support tickets (``gateway.evalset``'s generator, one seed per ticket),
+- **tickets**: a stream of new support tickets (``gateway.decision.evalset``'s generator, one seed per ticket),
   each asked 3 questions: ``department`` (a choice of 4 described labels), ``refund`` (noul) and
   ``severity`` (a score of 4 levels). Every ticket opens with its own number, so no two requests share
   a prefix beyond the chat template's head and that word, and no server is sent a ticket twice.
@@ -21,7 +21,7 @@ client count, one server), so that the load of the shared machine falls on all o
 - **llama-server** from the same sdist (``make -C engines llama-server``; ``repeat.LlamaServer``),
   ``-np`` slots (``--np``, default the largest client count), continuous batching (its default), KV per
   slot, prompt cache on: for each question one ``POST /completion`` of the very prompt that
-  ``x_debias: "none"`` scores (``gateway.prompts``: the chat-templated document and question), with
+  ``x_debias: "none"`` scores (``gateway.decision.prompts``: the chat-templated document and question), with
   ``n_predict: 1, n_probs: 20, temperature: 0``, the questions of a request one after another on one
   connection. It reads the prompt's new tokens, computes the last position's logits and returns the 20
   most likely next tokens; the client takes, per option, the most likely of those tokens that starts
@@ -67,10 +67,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 from decisions import QUESTIONS_16, TICKET, Server, pct  # noqa: E402
 from repeat import LlamaServer  # noqa: E402
 
-from gateway import evalset  # noqa: E402
+from gateway.decision import evalset  # noqa: E402
 from gateway.paths import default_model_path, engine_bin  # noqa: E402
 
-#: The three questions of a ticket (ids of ``gateway.evalset``'s ticket questions): a choice, a noul, a score.
+#: The three questions of a ticket (ids of ``gateway.decision.evalset``'s ticket questions): a choice, a noul, a score.
 TICKET_QUESTIONS = ("department", "refund", "severity")
 
 #: The shared document: ``bench/decisions.py``'s ticket and the thread that followed it.
@@ -180,13 +180,13 @@ class Target:
 
 
 class PeerPrompts:
-    """llama-server's side: each question's prompt (``gateway.prompts`` with the model's chat template,
+    """llama-server's side: each question's prompt (``gateway.decision.prompts`` with the model's chat template,
     the options listed as ``x_debias: "none"`` lists them) and the first-token read-out of its reply;
     ``slots``: its ``-np``."""
 
     def __init__(self, model: Path, slots: int) -> None:
-        from gateway.chat_template import ChatTemplate
-        from gateway.prompts import PromptBuilder
+        from gateway.decision.chat_template import ChatTemplate
+        from gateway.decision.prompts import PromptBuilder
 
         self.builder = PromptBuilder(ChatTemplate.from_gguf(model))
         self.slots = slots
@@ -457,7 +457,7 @@ def _terminated(signum, frame):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from gateway.cli_serve import default_threads
+    from gateway.cli.serve import default_threads
 
     # `timeout` (bench/gpu/run.sh) sends SIGTERM: the servers are closed and the cells so far printed
     signal.signal(signal.SIGTERM, _terminated)

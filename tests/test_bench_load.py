@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import load  # noqa: E402
 
-from gateway import jev  # noqa: E402
+from gateway.decision import jev  # noqa: E402
 from gateway.paths import engine_bin  # noqa: E402
 
 
