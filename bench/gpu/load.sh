@@ -7,8 +7,9 @@
 #     LLAMA_FULL=...`, stock llama.cpp without flash-attention kernels); without that file bench/load.py
 #     runs with --no-llama-server;
 #   - the baseline tree from carry/baseline.tgz (`BASELINE=<commit> bench/gpu/prepare.sh`) in /tmp/load-baseline-*,
-#     its engine linked against the same llama.cpp build when its patches are this tree's (else llama.cpp
-#     is built again, from the carried source); bench/load.py gets --baseline-tree that folder.
+#     built from the carried llama.cpp source; its llama.mk names its own build directory (since main's
+#     7cd8b60 a build is named after the patches and the CMake flags), so a baseline from before that
+#     builds llama.cpp again, about 4 minutes with CUDA; bench/load.py gets --baseline-tree that folder.
 # LOAD_BUILD_ONLY=1 builds and stops: a first call on a fresh machine, where run.sh's own build leaves
 # too little of the call's time for the run. The arguments go to bench/load.py; its cells also land in
 # /tmp/gpu-res/load.json (run.sh's results.tar).
@@ -33,9 +34,6 @@ if [ -f $C/baseline.tgz ]; then
   # named after the archive: a warm machine that holds another baseline does not serve it instead
   B=/tmp/load-baseline-$(sha256sum $C/baseline.tgz | cut -c1-10)
   [ -f $B/Makefile ] || { mkdir -p $B && tar -xzf $C/baseline.tgz -C $B; }
-  ours=$(cat engines/llama/patches/*.patch | sha256sum | cut -c1-10)
-  theirs=$(cat $B/engines/llama/patches/*.patch | sha256sum | cut -c1-10)
-  [ "$ours" = "$theirs" ] || echo "baseline: its llama.cpp patches ($theirs) are not this tree's ($ours): llama.cpp is built again"
   make -C $B/engines all CUDA=$CUDA LLAMA_JOBS=$JOBS LLAMA_SRC=$LLAMA_SRC > /tmp/load-baseline-build.log 2>&1 \
     || { tail -30 /tmp/load-baseline-build.log; echo "baseline: build failed"; exit 1; }
   echo "baseline: built ($(( $(date +%s) - t0 )) s)"

@@ -52,9 +52,10 @@ if [ -z "${LLAMA_SRC:-}" ]; then
 fi
 MK="make -C engines CUDA=$CUDA LLAMA_JOBS=${JOBS:-16} LLAMA_SRC=$LLAMA_SRC"
 # PEER_BUILD=1: bench/gpu/load.sh's builds (llama-server, the baseline tree) alongside the engine's,
-# so that a fresh machine runs bench/load.py in the same call
+# within the call's budget (cut short, they resume in the next call while the machine is warm)
 if [ "${PEER_BUILD:-0}" = 1 ]; then
-  ( LOAD_BUILD_ONLY=1 CUDA=$CUDA LLAMA_SRC=$LLAMA_SRC bash bench/gpu/load.sh > $RES/load-build.log 2>&1
+  ( LOAD_BUILD_ONLY=1 CUDA=$CUDA LLAMA_SRC=$LLAMA_SRC timeout $(( BUDGET_S - $(elapsed) - 20 )) \
+      bash bench/gpu/load.sh > $RES/load-build.log 2>&1
     echo $? > /tmp/load-build.rc ) &
   PEER_PID=$!
 fi
