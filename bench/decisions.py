@@ -525,7 +525,8 @@ CPU_PARTS = (
     ("asyncio scheduling", ("asyncio/", "selectors.py", "contextlib.py")),
     ("gateway/http and gateway/server/app", ("gateway/http/", "gateway/server/app.py", "gateway/server/auth.py")),
     ("the route: Jev, the DECIDE record, scoring, metrics", (
-        "gateway/server/routes_jev.py", "gateway/decision/jev.py", "gateway/decision/scoring.py", "gateway/decision/record.py", "gateway/server/metrics.py",
+        "gateway/server/routes_jev.py", "gateway/decision/jev.py", "gateway/decision/pipeline.py", "gateway/decision/scoring.py",
+        "gateway/engine/score.py", "gateway/decision/readings.py", "gateway/decision/record.py", "gateway/server/metrics.py",
         "gateway/decision/debias.py", "gateway/decision/prompts.py", "json/", "prometheus_client/")),
     ("the supervisor and serveproto", ("gateway/engine/", "serveproto/")),
 )

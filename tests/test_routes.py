@@ -306,21 +306,21 @@ async def test_the_system_one_page_is_served_without_a_key():
 
 def test_decide_invalid_fields_map_to_the_request():
     from gateway.decision import jev
-    from gateway.server.routes_jev import decide_invalid_error
+    from gateway.decision.refusals import decide_refusal
 
     qs = list(jev.parse_request({"state": "s", "questions": {
         "solo": {"type": "choice", "criteria": {"x": None}},
         "team": {"type": "choice", "criteria": {"billing": None, "légal": None}},
         "level": {"type": "score", "criteria": ["a", "b"]},
         "churn": {"type": "noul"}}}).questions[1:])  # the single-option question is not in the record
-    assert decide_invalid_error("questions.0.options.1.label: expected a string", qs) == {
+    assert decide_refusal("questions.0.options.1.label: expected a string", qs) == {
         "loc": ["body", "questions", "team", "criteria", "légal"], "msg": "expected a string", "type": "decide_invalid"}
-    assert decide_invalid_error("questions.1.options.1.text: too long", qs)["loc"] == ["body", "questions", "level", "criteria", 1]
-    assert decide_invalid_error("questions.2.options.0.text: bad", qs)["loc"] == ["body", "questions", "churn", "criteria", "false"]
-    assert decide_invalid_error("questions.2.instructions: too long", qs)["loc"] == ["body", "questions", "churn", "instructions"]
-    assert decide_invalid_error("state: too long", qs)["loc"] == ["body", "state"]
-    assert decide_invalid_error("record: not valid JSON", qs)["loc"] == ["body"]
-    assert decide_invalid_error("no field here", qs) == {"loc": ["body"], "msg": "no field here", "type": "decide_invalid"}
+    assert decide_refusal("questions.1.options.1.text: too long", qs)["loc"] == ["body", "questions", "level", "criteria", 1]
+    assert decide_refusal("questions.2.options.0.text: bad", qs)["loc"] == ["body", "questions", "churn", "criteria", "false"]
+    assert decide_refusal("questions.2.instructions: too long", qs)["loc"] == ["body", "questions", "churn", "instructions"]
+    assert decide_refusal("state: too long", qs)["loc"] == ["body", "state"]
+    assert decide_refusal("record: not valid JSON", qs)["loc"] == ["body"]
+    assert decide_refusal("no field here", qs) == {"loc": ["body"], "msg": "no field here", "type": "decide_invalid"}
 
 
 async def test_one_structured_log_line_per_request(caplog):

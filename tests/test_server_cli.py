@@ -45,7 +45,7 @@ def llama_argv(tmp_path, monkeypatch, *argv: str, env: str | None = None, cores:
     engine.chmod(0o755)
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    monkeypatch.setattr(cli_serve, "engine_bin", lambda name: engine)
+    monkeypatch.setattr(cli_serve, "ensure_engine", lambda name: engine)
     monkeypatch.setattr(_os, "cpu_count", lambda: cores)
     if env is None:
         monkeypatch.delenv("SERVEPROTO_THREADS", raising=False)

@@ -27,8 +27,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The top-level modules of the ``server`` extra (setup.cfg): without them the command says so.
+SERVER_MODULES = frozenset({"anyio", "h11", "orjson", "numpy", "zstandard", "prometheus_client", "gguf", "jinja2",
+                            "prompt_toolkit", "rich"})
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    """Run the ``serveproto`` command; its exit status. Installed without the ``server`` extra,
+    it prints one line naming the missing package and returns 1."""
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        return int(args.func(args) or 0)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in SERVER_MODULES:
+            raise
+        print(f"serveproto: the package {exc.name} is missing: the command needs the server extra "
+              "(pip install 'serveproto[server]')", file=sys.stderr)
+        return 1
 

@@ -4,8 +4,8 @@
 
 Scores every labelled request (``--data``: a labelled JSONL file,
 :mod:`gateway.decision.evalset`; default: the generated set) through the server's own
-scoring path on the llama engine (:func:`gateway.server.routes_jev.decide_questions`
-on an :class:`gateway.server.app.App`, no calibration applied), under the
+scoring path on the llama engine (:func:`gateway.decision.pipeline.decide`, the
+server's prompts from the model's chat template, no calibration applied), under the
 ``x_debias`` that ``serve`` applies to that model by default (or
 ``--debias``), fits one map per question type (:mod:`gateway.decision.calibration`),
 measures it by cross-validation over requests, prints ECE, Brier, NLL and
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from gateway.paths import default_model_path, engine_bin
+from gateway.paths import default_model_path
 
 HELP = __doc__.split("\n\n", 1)[1]
 
@@ -63,21 +63,23 @@ async def score_all(items, model: str, threads: int, methods: tuple[str, ...], l
     """Every labelled question's probabilities as served (no calibration) on the llama engine."""
     import anyio
 
-    from gateway.decision import jev
-    from gateway.server.app import App, ModelInfo
+    from gateway.decision import jev, pipeline
+    from gateway.decision.chat_template import read_gguf
+    from gateway.decision.prompts import PromptBuilder
     from gateway.engine import Engine
-    from gateway.server.routes_jev import ScoringMemory, decide_questions
 
-    cmd = [str(engine_bin("serveproto-llama")), "--model", model, "--threads", str(threads)]
+    from gateway.cli.serve import engine_or_exit
+
+    cmd = [str(engine_or_exit("serveproto calibrate", "serveproto-llama")), "--model", model, "--threads", str(threads)]
     out = []
     async with Engine.spawn(cmd, name="calibrate") as eng:
-        info = await anyio.to_thread.run_sync(ModelInfo.load, eng.caps.model, model)
-        app = App(eng, info, debias=methods)
-        memory = ScoringMemory()
+        template, _ = await anyio.to_thread.run_sync(read_gguf, Path(model))
+        settings = pipeline.Settings(PromptBuilder(template), debias=methods)
+        memory = pipeline.Memory()
         t0 = time.perf_counter()
         for k, item in enumerate(items, start=1):
             parsed = jev.parse_request(item.body)
-            decided = await decide_questions(app, parsed, memory)
+            decided = await pipeline.decide(parsed, eng, settings, memory)
             out += answers_of(parsed, decided, item.gold, item.id)
             if k % 10 == 0 or k == len(items):
                 log(f"  {k}/{len(items)} requests scored ({time.perf_counter() - t0:.0f} s)")

@@ -20,6 +20,8 @@ from typing import Callable
 import anyio
 import attrs
 
+from gateway.engine.score import NORMALIZE
+
 #: Printed by ``help`` in a drive session.
 DRIVE_HELP = """\
 commands (a trailing ' &' runs one in the background; 'wait' waits for those):
@@ -93,7 +95,11 @@ def describe(ev) -> str:
 
 
 def score_table(result, normalize: str = "sum") -> list[str]:
-    """Lines of a ScoreResult: per group, each option's tokens, logprob and probability."""
+    """Lines of a ScoreResult: per group, each option's tokens, logprob and probability.
+
+    The probabilities are :meth:`gateway.engine.ScoreResult.probabilities` (the server's
+    arithmetic); raises its ``ValueError`` for an unusable option (no token, a non-finite logprob).
+    """
     lines = []
     for gi, row in enumerate(result.groups):
         probs = result.probabilities(gi, normalize)
@@ -260,7 +266,7 @@ class DriveSession:
             p.add_argument("--slot", type=int)
             p.add_argument("--pin", action="store_true")
             p.add_argument("--fallback", action="store_true")
-            p.add_argument("--normalize", choices=("sum", "mean"), default="sum")
+            p.add_argument("--normalize", choices=NORMALIZE, default="sum")
             a = p.parse_args(args)
 
             async def score():
@@ -416,11 +422,12 @@ async def _drive(args) -> int:
 # ---------------------------------------------------------------- score
 
 def _engine_cmd(args) -> list[str]:
-    from gateway.paths import default_model_path, engine_bin
+    from gateway.cli.serve import default_model_or_exit, engine_or_exit
+
     if args.engine:
         return shlex.split(args.engine)
-    model = args.model or str(default_model_path())
-    return [str(engine_bin("serveproto-llama")), "--model", model]
+    model = args.model or str(default_model_or_exit("serveproto score"))
+    return [str(engine_or_exit("serveproto score", "serveproto-llama")), "--model", model]
 
 
 async def _score(args) -> int:
@@ -434,20 +441,31 @@ async def _score(args) -> int:
     except (EngineError, RequestError) as exc:
         print(f"serveproto score: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    if args.json:
-        row = result.groups[0]
-        probs = result.probabilities(0, args.normalize)
-        print(json.dumps({
-            "options": [{"option": o.option, "tokens": o.n_tokens,
-                         "context_tokens": o.context_tokens, "logprob": o.logprob,
-                         "logprobs": list(o.logprobs), "probability": p}
-                        for o, p in zip(row, probs)],
-            "normalize": args.normalize, "fast": result.fast,
-            "computed": result.computed, "reused": result.reused}, ensure_ascii=False))
-    else:
-        for line in score_table(result, args.normalize):
-            print(line)
+    try:
+        lines = score_lines(result, args.normalize, as_json=args.json)
+    except ValueError as exc:  # what the server answers 502 for (gateway.decision.errors.UnusableScores)
+        print(f"serveproto score: the engine's scores are unusable: {exc}", file=sys.stderr)
+        return 1
+    for line in lines:
+        print(line)
     return 0
+
+
+def score_lines(result, normalize: str = "sum", *, as_json: bool = False) -> list[str]:
+    """What ``serveproto score`` prints for a one-group ScoreResult: :func:`score_table`, or one JSON
+    line (``options``: option, tokens, context_tokens, logprob, logprobs, probability; ``normalize``,
+    ``fast``, ``computed``, ``reused``). Raises ``ValueError`` as :meth:`ScoreResult.probabilities`."""
+    if not as_json:
+        return score_table(result, normalize)
+    row = result.groups[0]
+    probs = result.probabilities(0, normalize)
+    return [json.dumps({
+        "options": [{"option": o.option, "tokens": o.n_tokens,
+                     "context_tokens": o.context_tokens, "logprob": o.logprob,
+                     "logprobs": list(o.logprobs), "probability": p}
+                    for o, p in zip(row, probs)],
+        "normalize": normalize, "fast": result.fast,
+        "computed": result.computed, "reused": result.reused}, ensure_ascii=False)]
 
 
 SCORE_HELP = """\
@@ -500,7 +518,7 @@ def add_parsers(sub) -> None:
     s.add_argument("--prefix", required=True, help="the context read before every option")
     s.add_argument("--stem", default="", help="text between the prefix and each option")
     s.add_argument("--option", action="append", required=True, help="an option (repeat)")
-    s.add_argument("--normalize", choices=("sum", "mean"), default="sum",
+    s.add_argument("--normalize", choices=NORMALIZE, default="sum",
                    help="an option's score: the sum (default) or the mean of its token logprobs")
     s.add_argument("--fallback", action="store_true",
                    help="use pin + SUBMIT even when the engine has SCORE")

@@ -4,10 +4,13 @@
                      [--precision native|f32] [--engine CMD ...]
 
 With no ``--engine`` it serves ``engines/bin/serveproto-llama --model PATH``
-(``PATH`` defaulting to the fetched SmolLM2 model). ``--engine`` takes the
-rest of the command line as the engine's argv, e.g. ``--engine
-engines/bin/serveproto-fixture --mode decide``. Once listening it prints one
-line, ``serveproto: serving <model> on http://<host>:<port>``.
+(``PATH`` defaulting to the SmolLM2 model, fetched on first use). ``--engine``
+takes the rest of the command line as the engine's argv, e.g. ``--engine
+engines/bin/serveproto-fixture --mode decide``; a bare ``serveproto-fixture``
+or ``serveproto-llama`` is the project's engine. Installed from a wheel (not
+a clone), an engine is built into the cache on first use
+(:mod:`gateway.engine.build`). Once listening it prints one line,
+``serveproto: serving <model> on http://<host>:<port>``.
 """
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ from pathlib import Path
 
 from gateway.engine.errors import EngineError
 from gateway.server.auth import API_KEY_ENV, key_from_env
-from gateway.paths import default_model_path, engine_bin
+from gateway.engine.build import ENGINES, EngineBuildError, ensure_engine
+from gateway.paths import default_model_path
 
 #: Environment variable giving the llama engine's thread count when --threads is not given.
 THREADS_ENV = "SERVEPROTO_THREADS"
@@ -95,6 +99,23 @@ def add_parsers(sub) -> None:
     p.add_argument("--score-cache-mb", type=_non_negative_int, default=None, metavar="MB",
                    help="memory for scored options kept between requests, so a repeated question is not "
                         "computed again (llama engine, invariant numerics; default 64, 0 turns it off)")
+    dev = p.add_argument_group(
+        "one model over several devices (the llama engine; llama.cpp's own options, passed through: "
+        "docs/devices.md)")
+    dev.add_argument("--rpc", type=_rpc_servers, default=None, metavar="HOST:PORT,...",
+                     help="place the model's layers on these ggml-rpc-servers (engines/bin/ggml-rpc-server; "
+                          "private networks only: the RPC protocol has no authentication and no encryption). "
+                          "The engine's numerics default to fast with --rpc; --numerics invariant when every "
+                          "server is this build's ggml-rpc-server on a CPU, started with GGML_CPU_USE_REF=1")
+    dev.add_argument("--split-mode", choices=("none", "layer", "row"), default=None,
+                     help="how llama.cpp splits the model over the devices: layer (its default: whole layers "
+                          "per device), row (weight rows over CUDA GPUs; not over RPC servers), none (one device, "
+                          "--main-gpu)")
+    dev.add_argument("--tensor-split", type=_tensor_split, default=None, metavar="A,B,...",
+                     help="each device's share of the model, in device order (the --rpc servers' devices "
+                          "first, then local GPUs), e.g. 3,1; default: in proportion to free memory")
+    dev.add_argument("--main-gpu", type=_non_negative_int, default=None, metavar="N",
+                     help="the device index used with --split-mode none (and for intermediate results with row)")
     p.add_argument("--debias", type=_debias_methods, default=None, metavar="METHODS",
                    help="how a language model's option scores are read and corrected when a request does not "
                         "say (its x_debias, docs/http-api.md): none, or a comma-separated list of canonical (the "
@@ -130,7 +151,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--max-body", type=int, default=16 << 20, help="largest request body in bytes (413 above)")
     p.add_argument("--log-level", default="INFO", help="logging level (INFO logs one JSON line per request)")
     p.add_argument("--engine", nargs=argparse.REMAINDER, default=None,
-                   help="the engine command and its arguments (everything after --engine)")
+                   help="the engine command and its arguments (everything after --engine); a bare "
+                        f"{', '.join(ENGINES)} is the project's engine (built on first use when installed)")
     p.set_defaults(func=run)
 
 
@@ -159,6 +181,36 @@ def _positive_float(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
     return value
+
+
+#: Devices llama.cpp places a model on (its ``llama_max_devices()``): --tensor-split entries, --rpc servers.
+MAX_DEVICES = 16
+
+
+def _tensor_split(text: str) -> str:
+    """An argparse ``type``: at most :data:`MAX_DEVICES` comma-separated non-negative numbers, not all 0
+    (the engine's own check, here so that the error names serve's flag before the engine starts)."""
+    try:
+        shares = [float(x) for x in text.split(",")]
+    except ValueError:
+        shares = []
+    if not shares or len(shares) > MAX_DEVICES or any(not 0 <= x < float("inf") for x in shares) or not sum(shares):
+        raise argparse.ArgumentTypeError(f"must be a comma-separated list of at most {MAX_DEVICES} non-negative "
+                                         f"numbers, not all 0 (a share of the model per device), got {text!r}")
+    return text
+
+
+def _rpc_servers(text: str) -> str:
+    """An argparse ``type``: at most :data:`MAX_DEVICES` comma-separated ``host:port`` (port 1..65535; the host
+    without ':', as ggml-rpc reads it)."""
+    def ok(ep: str) -> bool:
+        host, _, port = ep.partition(":")
+        return bool(host) and port.isascii() and port.isdigit() and 1 <= int(port) <= 65535
+    servers = text.split(",")
+    if len(servers) > MAX_DEVICES or not all(ok(ep) for ep in servers):
+        raise argparse.ArgumentTypeError(f"must be a comma-separated list of at most {MAX_DEVICES} host:port "
+                                         f"servers (port 1..65535), got {text!r}")
+    return text
 
 
 def _debias_methods(text: str) -> tuple[str, ...]:
@@ -247,18 +299,48 @@ def engine_argv(args) -> tuple[list[str], str | None]:
             raise SystemExit("serveproto serve: --precision applies to the llama engine; with --engine, "
                              "give your engine its model")
         argv = shlex.split(args.engine[0]) + list(args.engine[1:]) if len(args.engine) == 1 else list(args.engine)
+        if argv and argv[0] in ENGINES:  # one of ours by its bare name: built on first use when installed
+            argv[0] = str(engine_or_exit("serveproto serve", argv[0]))
         return argv, args.model
-    model = args.model or str(default_model_path())
-    if not Path(model).exists():
-        raise SystemExit(f"serveproto serve: model {model} not found (run `make model`, or pass --model PATH)")
-    argv = [str(engine_bin("serveproto-llama")), "--model", model]
+    if args.model:
+        model = args.model
+        if not Path(model).exists():
+            raise SystemExit(f"serveproto serve: model {model} not found (run `make model`, or pass --model PATH)")
+    else:
+        model = str(default_model_or_exit("serveproto serve"))
+    argv = [str(engine_or_exit("serveproto serve", "serveproto-llama")), "--model", model]
     for flag, value in (("--slots", args.slots), ("--ctx", args.ctx), ("--threads", default_threads(args.threads)),
-                        ("--numerics", args.numerics), ("--score-cache-mb", args.score_cache_mb)):
+                        ("--numerics", args.numerics), ("--score-cache-mb", args.score_cache_mb),
+                        ("--rpc", args.rpc), ("--split-mode", args.split_mode),
+                        ("--tensor-split", args.tensor_split), ("--main-gpu", args.main_gpu)):
         if value is not None:
             argv += [flag, str(value)]
     if not os.access(argv[0], os.X_OK):
         raise SystemExit(f"serveproto serve: {argv[0]} is not built (run `make engines`)")
     return argv, model
+
+
+def engine_or_exit(who: str, name: str) -> Path:
+    """Engine ``name``'s binary (:func:`gateway.engine.build.ensure_engine`: built on first use
+    outside a clone); a failed build ends the command with one line."""
+    try:
+        return ensure_engine(name)
+    except EngineBuildError as exc:
+        raise SystemExit(f"{who}: {exc}") from None
+
+
+def default_model_or_exit(who: str) -> Path:
+    """The default model, fetched and verified on first use (:mod:`gateway.engine.default_model`,
+    what ``make model`` runs); a failed fetch ends the command with one line."""
+    path = default_model_path()
+    if path.exists():
+        return path
+    from gateway.engine import default_model
+
+    try:
+        return default_model.ensure(path)
+    except default_model.FetchError as exc:
+        raise SystemExit(f"{who}: default model: {exc}") from None
 
 
 def _f32_argv(argv: list[str], threads: int | None) -> list[str]:

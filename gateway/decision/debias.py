@@ -48,7 +48,6 @@ functions here are pure arithmetic on Python floats.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -105,35 +104,3 @@ def rotations(n_options: int, methods: Sequence[str]) -> list[int]:
     if n_options <= MAX_ROTATIONS:
         return list(range(n_options))
     return [j * n_options // MAX_ROTATIONS for j in range(MAX_ROTATIONS)]
-
-
-def log_softmax(scores: Sequence[float]) -> list[float]:
-    """``s_i - log(sum_j exp(s_j))``, computed from the maximum: ``n`` finite floats."""
-    m = max(scores)
-    log_z = m + math.log(math.fsum(math.exp(x - m) for x in scores))
-    return [x - log_z for x in scores]
-
-
-def mean_log_probs(per_rotation: Sequence[Sequence[float]]) -> list[float]:
-    """The mean over rotations of each option's log-softmax.
-
-    ``per_rotation[r][i]``: option ``i``'s score (the normalized logprob of
-    :func:`gateway.decision.scoring.option_scores`) when the options were listed under
-    rotation ``r``; options always in the reply's order. Returns ``n`` floats.
-    """
-    rows = [log_softmax(s) for s in per_rotation]
-    k = len(rows)
-    return [math.fsum(r[i] for r in rows) / k for i in range(len(rows[0]))]
-
-
-def calibrated(per_rotation: Sequence[Sequence[float]], content_free: Sequence[float] | None) -> list[float]:
-    """Scores ready for the softmax: the rotations' mean log-probabilities, less the content-free ones.
-
-    ``content_free``: :func:`mean_log_probs` of the same question over the
-    content-free states (and the same rotations), or None for no calibration.
-    Returns ``n`` floats (log-probabilities up to a constant).
-    """
-    mean = mean_log_probs(per_rotation)
-    if content_free is None:
-        return mean
-    return [a - b for a, b in zip(mean, content_free)]

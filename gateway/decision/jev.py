@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 
 from gateway.decision import debias, scoring
+from gateway.engine.score import check_normalize
 from gateway.decision.prompts import as_text
 
 MAX_QUESTIONS = 64
@@ -202,7 +203,9 @@ def parse_request(body: Any) -> SystemOneRequest:
     normalize = body.get("normalize", "sum")
     if normalize is None:
         normalize = "sum"
-    if normalize not in scoring.NORMALIZE:
+    try:
+        check_normalize(normalize)
+    except ValueError:
         errors.append(_err(["normalize"], "Input should be 'sum' or 'mean'", "literal_error"))
     pin_state = body.get("pin_state")
     if pin_state is not None and not isinstance(pin_state, bool):

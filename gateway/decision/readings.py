@@ -5,7 +5,7 @@ which correction applies; :func:`plan` turns a question and a method into
 *reads* (one prompt each, scored in the request's ``SCORE``), and
 :func:`combine` turns the reads' option log-probabilities (and the
 content-free ones) into the scores the softmax takes. The server
-(:mod:`gateway.server.routes_jev`) and ``bench/quality.py`` both go through here.
+(:mod:`gateway.decision.pipeline`) and ``bench/quality.py`` both go through here.
 
 The parts of a method (``x_debias`` names, :mod:`gateway.decision.debias`):
 
@@ -40,7 +40,8 @@ from typing import Any
 
 import attrs
 
-from gateway.decision import debias, scoring
+from gateway.decision import debias
+from gateway.engine.score import log_softmax, option_scores, softmax
 from gateway.decision.prompts import cloze_text, letters_text, listing_order, question_text
 
 FORMATS = ("listed", "cloze", "letters")
@@ -142,11 +143,11 @@ def log_probs(owner: Sequence[int], logprobs: Sequence[Sequence[float]], normali
     ``owner``: a :class:`Read`'s ``owner``; ``logprobs[k]``: the token
     logprobs of its ``scored[k]`` (engine order).
     Each option's score is the log of the summed probabilities of its scored
-    texts (:func:`gateway.decision.scoring.option_scores` per text, log-sum-exp per
-    option), then log-softmax. Raises ``ValueError`` as
-    :func:`gateway.decision.scoring.option_scores`.
+    texts (:func:`gateway.engine.score.option_scores` per text, log-sum-exp per
+    option), then :func:`gateway.engine.score.log_softmax`. Raises ``ValueError`` as
+    :func:`gateway.engine.score.option_scores`.
     """
-    per_text = scoring.option_scores(logprobs, normalize)
+    per_text = option_scores(logprobs, normalize)
     n = max(owner) + 1
     buckets: list[list[float]] = [[] for _ in range(n)]
     for k, s in zip(owner, per_text):
@@ -155,7 +156,7 @@ def log_probs(owner: Sequence[int], logprobs: Sequence[Sequence[float]], normali
     for b in buckets:
         m = max(b)
         scores.append(m + math.log(math.fsum(math.exp(x - m) for x in b)))
-    return debias.log_softmax(scores)
+    return log_softmax(scores)
 
 
 def combine(per_read: Sequence[Sequence[float]], content_free: Sequence[float] | None) -> list[float]:
@@ -215,7 +216,7 @@ def pride_prior(samples: Sequence[tuple[Sequence[Sequence[float]], Sequence[Sequ
             for i in range(n):
                 at[r][pl[i]] = lp[i]
         logit = [math.fsum(at[r][d] for r in range(len(at))) / len(at) for d in range(n)]
-        prior = scoring.softmax(logit)
+        prior = softmax(logit)
         total = prior if total is None else [a + b for a, b in zip(total, prior)]
     return [x / len(samples) for x in total]
 

@@ -17,6 +17,7 @@ import json
 import math
 from typing import Any
 
+from gateway.decision.errors import UnusableDecision
 from gateway.decision.jev import Question, SystemOneRequest
 from gateway.decision.prompts import DEFAULT_INSTRUCTIONS
 
@@ -90,36 +91,32 @@ def serialize(record: dict[str, Any]) -> bytes:
     return json.dumps(record, ensure_ascii=False).encode("utf-8")
 
 
-class DecisionError(Exception):
-    """A DECISION that does not answer the record it was given (the engine's fault)."""
-
-
 def probabilities(decision: dict[str, Any], questions: tuple[Question, ...]) -> dict[str, list[float]]:
     """The engine's ``probs`` per question id, checked against the record's questions.
 
     ``decision["answers"]`` is a list of ``{"id", "probs", ...}``; each
     question must be answered once with ``n_options`` finite non-negative
     numbers whose sum is positive (renormalized to 1 here: the engine's float
-    sum is not exact). Raises :class:`DecisionError` naming what is wrong.
+    sum is not exact). Raises :class:`UnusableDecision` naming what is wrong.
     """
     answers = decision.get("answers") if isinstance(decision, dict) else None
     if not isinstance(answers, list):
-        raise DecisionError("DECISION has no 'answers' list")
+        raise UnusableDecision("DECISION has no 'answers' list")
     by_id: dict[str, Any] = {}
     for a in answers:
         if not isinstance(a, dict) or not isinstance(a.get("id"), str):
-            raise DecisionError(f"DECISION answer without an id: {a!r}"[:200])
+            raise UnusableDecision(f"DECISION answer without an id: {a!r}"[:200])
         by_id[a["id"]] = a
     out: dict[str, list[float]] = {}
     for q in questions:
         a = by_id.get(q.id)
         if a is None:
-            raise DecisionError(f"DECISION does not answer question {q.id!r}")
+            raise UnusableDecision(f"DECISION does not answer question {q.id!r}")
         probs = a.get("probs")
         if (not isinstance(probs, list) or len(probs) != q.n_options
                 or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in probs)
                 or sum(probs) <= 0):
-            raise DecisionError(f"DECISION probs of {q.id!r} are not {q.n_options} non-negative numbers: {probs!r}"[:200])
+            raise UnusableDecision(f"DECISION probs of {q.id!r} are not {q.n_options} non-negative numbers: {probs!r}"[:200])
         total = float(sum(probs))
         out[q.id] = [float(x) / total for x in probs]
     return out

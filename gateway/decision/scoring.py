@@ -1,9 +1,11 @@
-"""The decision math: option log-probabilities to probabilities, confidence, expected score.
+"""The reported numbers: probabilities in millionths, confidence, entropy, expected score.
 
-Formulas from the seed (``000_*``, "What a language model is asked" and
-"Reading the answer"): an option's score is the sum (default) or the mean of
-its tokens' logprobs; probabilities are the softmax of the scores over the
-options; ``confidence = (n * peak - 1) / (n - 1)``; a score question's answer
+Design step 4 itself (an option's score is the sum or the mean of its tokens'
+logprobs; probabilities are the softmax of the scores) is written once, in
+:mod:`gateway.engine.score` (:func:`~gateway.engine.score.option_scores`,
+:func:`~gateway.engine.score.softmax`), which the engine API uses too; this
+module reports what it gives. Formulas from the seed (``000_*``, "Reading the
+answer"): ``confidence = (n * peak - 1) / (n - 1)``; a score question's answer
 is the expected level ``sum_i i * p_i``.
 
 Rounding policy (what a reply carries): probabilities are given in whole
@@ -17,43 +19,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from gateway.engine.score import option_scores, softmax
+
 #: Probabilities are reported in units of 1 / QUANTUM.
 QUANTUM = 1_000_000
-NORMALIZE = ("sum", "mean")
-
-
-def option_scores(logprobs: Sequence[Sequence[float]], normalize: str = "sum") -> list[float]:
-    """One score per option from its tokens' logprobs.
-
-    ``logprobs[o]`` are option ``o``'s scored tokens' log-probabilities
-    (natural log, each finite, at least one). ``normalize``: ``"sum"`` (the
-    option's whole log-probability) or ``"mean"`` (divided by its token
-    count). Returns ``n_options`` floats. Raises ``ValueError`` for an
-    unknown ``normalize``, an option with no tokens or a non-finite logprob.
-    (Plain Python, not numpy: at a few options per question numpy's per-call
-    overhead is most of the cost.)
-    """
-    if normalize not in NORMALIZE:
-        raise ValueError(f"normalize must be one of {NORMALIZE}, got {normalize!r}")
-    out = []
-    for i, lps in enumerate(logprobs):
-        if len(lps) == 0:
-            raise ValueError(f"option {i} has no scored tokens")
-        total = math.fsum(lps)
-        if not math.isfinite(total) or not all(math.isfinite(x) for x in lps):
-            raise ValueError(f"option {i} has a non-finite logprob: {lps!r}")
-        out.append(total if normalize == "sum" else total / len(lps))
-    return out
-
-
-def softmax(scores: Sequence[float]) -> list[float]:
-    """``exp(s_i - max) / sum_j exp(s_j - max)``: ``n`` floats summing to 1."""
-    if len(scores) == 0:
-        raise ValueError("softmax of no options")
-    m = max(scores)
-    e = [math.exp(x - m) for x in scores]
-    z = math.fsum(e)
-    return [x / z for x in e]
 
 
 def quantize(probabilities: Sequence[float]) -> list[int]:
@@ -103,7 +72,9 @@ def expected_level(p: Sequence[float]) -> float:
 def decide(logprobs: Sequence[Sequence[float]], normalize: str = "sum") -> list[float]:
     """Option logprobs to reported probabilities: scores, softmax, quantized to millionths.
 
-    Returns a list of ``n`` floats (``k / 1e6``) whose decimals sum to exactly 1.
+    ``logprobs[o]``: option ``o``'s token logprobs (:func:`gateway.engine.score.option_scores`,
+    whose ``ValueError`` it raises). Returns a list of ``n`` floats (``k / 1e6``) whose
+    decimals sum to exactly 1.
     """
     return [u / QUANTUM for u in quantize(softmax(option_scores(logprobs, normalize)))]
 

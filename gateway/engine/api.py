@@ -27,7 +27,7 @@ from gateway.engine.errors import (EngineBusy, EngineCrashed, EngineError, Engin
                                     EngineProtocolError, EngineTimeout, EngineUnavailable,
                                     RequestError)
 from gateway.engine.request import RequestStream
-from gateway.engine.score import OptionScore, option_tokens, softmax
+from gateway.engine.score import OptionScore, option_scores, option_tokens, softmax
 from gateway.engine.process import EngineProcess, unwrap_group
 from gateway.engine.slots import SlotLease
 from gateway.engine.supervisor import RestartPolicy, Supervisor
@@ -102,15 +102,15 @@ class ScoreResult:
     fast: bool = False
 
     def probabilities(self, group: int = 0, normalize: str = "sum") -> list[float]:
-        """Softmax over group ``group``'s options of their sum (or ``"mean"``) logprob.
+        """Softmax over group ``group``'s options of their sum (or ``"mean"``) logprob: ``(n_options,)``.
 
-        The seed's "Scoring by hand" step 3 and DESIGN.md's data flow step 4.
-        Raises ValueError for another ``normalize``.
+        The seed's "Scoring by hand" step 3 and DESIGN.md's data flow step 4, the same
+        arithmetic as the server's (:func:`gateway.engine.score.option_scores`, then
+        :func:`gateway.engine.score.softmax`). Raises ``ValueError`` for another
+        ``normalize``, or for an option with no token or a non-finite logprob (which no
+        engine sends: a hand-made result).
         """
-        if normalize not in ("sum", "mean"):
-            raise ValueError(f"normalize: expected 'sum' or 'mean', got {normalize!r}")
-        opts = self.groups[group]
-        return softmax([o.logprob if normalize == "sum" else o.mean_logprob for o in opts])
+        return softmax(option_scores([o.logprobs for o in self.groups[group]], normalize))
 
 
 def _normalize_groups(groups: Groups) -> list[tuple[bytes, list[bytes]]]:

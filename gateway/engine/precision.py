@@ -18,7 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from gateway.paths import cache_dir, engine_bin
+from gateway.engine.build import EngineBuildError, ensure_engine
+from gateway.paths import cache_dir
 
 #: ``--precision`` values: the GGUF's own tensor types, or everything F32.
 PRECISIONS = ("native", "f32")
@@ -106,7 +107,12 @@ def ensure_f32(source: str | Path, *, threads: int | None = None, quiet: bool = 
     if _all_f32(target, fingerprint):
         say(f"serveproto: precision f32: reusing {target}")
         return target
-    tool = Path(tool) if tool is not None else engine_bin("serveproto-quantize")
+    if tool is None:
+        try:
+            tool = ensure_engine("serveproto-quantize")  # built on first use outside a clone
+        except EngineBuildError as exc:
+            raise TranscodeError(str(exc)) from None
+    tool = Path(tool)
     if not os.access(tool, os.X_OK):
         raise TranscodeError(f"{tool} is not built (run `make engines`)")
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -209,9 +209,13 @@ class EngineProcess:
         try:
             # A session of its own: a terminal's Ctrl-C (SIGINT to the foreground
             # process group) reaches the gateway, which decides; never the engine.
-            self._proc = await anyio.open_process(
-                self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True)
+            # Shielded: a spawn cancelled half-way (the supervisor closed during a
+            # restart) would leave a child nobody reaps; once it returns, the
+            # handshake below is cancellable and its failure path reaps the child.
+            with anyio.CancelScope(shield=True):
+                self._proc = await anyio.open_process(
+                    self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True)
         except OSError as exc:
             self._mark_failed(EngineLoadError(
                 "io", f"cannot execute {self.argv[0]!r}: {exc.strerror or exc}", name=self.name))

@@ -9,7 +9,10 @@ health (:attr:`Supervisor.healthy` False, requests raise
 owner can fail upward in turn (``serveproto serve`` exits non-zero).
 ``max_restarts=None`` never gives up: it restarts with the capped backoff for
 as long as it runs. A failure of the very first start is not retried: it is
-raised to the caller, who asked for an engine that cannot start.
+raised to the caller, who asked for an engine that cannot start. The
+supervisor's lifetime is one cancel scope: :meth:`Supervisor.close` cancels
+it, which ends a serving process gracefully (its shutdown is shielded), a
+start in progress or a backoff at once.
 """
 from __future__ import annotations
 
@@ -68,13 +71,13 @@ class Supervisor:
         self.policy = policy
         self._kw = process_kw
         self._current: EngineProcess | None = None
-        self._ready = anyio.Event()
-        self._wake = anyio.Event()
-        self._closing = False
+        self._ready = anyio.Event()  # set while a process serves (and once stopped): instance() waits on it
+        #: The supervisor's lifetime: :meth:`run` runs inside it, :meth:`close` cancels it (whatever
+        #: run is doing then: serving, starting a process, or waiting out a backoff).
+        self._scope = anyio.CancelScope()
         self._gave_up: EngineUnavailable | None = None
         self._restart_times: deque[float] = deque()
         self._done = anyio.Event()
-        self._close_event = anyio.Event()
         #: Restarts so far (not counting the first start).
         self.restarts = 0
         #: Why the last process ended, or ``None``.
@@ -95,7 +98,7 @@ class Supervisor:
         PING interval: slow or stalled), ``"restarting"``, ``"gave_up"`` or ``"closed"``."""
         if self._gave_up is not None:
             return "gave_up"
-        if self._closing:
+        if self._scope.cancel_called:
             return "closed"
         cur = self._current
         if cur is None or not cur.healthy:
@@ -121,7 +124,7 @@ class Supervisor:
         while True:
             if self._gave_up is not None:
                 raise self._gave_up
-            if self._closing:
+            if self._scope.cancel_called:
                 raise EngineUnavailable(f"engine {self.name!r} is closed", name=self.name)
             cur = self._current
             if cur is not None and cur.healthy:
@@ -136,9 +139,8 @@ class Supervisor:
         # Called synchronously when the serving process fails: from now on
         # instance() waits for the next one.
         self._current = None
-        if self._ready.is_set() and not self._closing:
+        if self._ready.is_set() and not self._scope.cancel_called:
             self._ready = anyio.Event()
-        self._wake.set()
 
     def _allow_restart(self) -> bool:
         if self.policy.max_restarts is None:
@@ -149,7 +151,7 @@ class Supervisor:
         return len(self._restart_times) < self.policy.max_restarts
 
     async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
-        """Start the engine, then keep it running until :meth:`close`.
+        """Start the engine, then keep it running until :meth:`close` (or until it gives up).
 
         ``task_status.started()`` is called after the first handshake; an error
         of the first start propagates (EngineLoadError, EngineTimeout, ...).
@@ -157,60 +159,57 @@ class Supervisor:
         first = True
         consecutive = 0
         try:
-            while not self._closing:
-                self._wake = anyio.Event()
-                started_at = anyio.current_time()
-                try:
-                    start = EngineProcess.start(self.argv, name=self.name,
-                                                on_exit=self._on_process_exit, **self._kw)
-                    async with start as proc:
-                        self._current = proc
-                        self._ready.set()
+            with self._scope:
+                while True:
+                    started_at = anyio.current_time()
+                    served: EngineProcess | None = None
+                    try:
+                        async with EngineProcess.start(self.argv, name=self.name,
+                                                       on_exit=self._on_process_exit, **self._kw) as proc:
+                            served = proc
+                            self._current = proc
+                            self._ready.set()
+                            if first:
+                                first = False
+                                task_status.started()
+                            await proc.wait_failed()
+                    except EngineError as exc:
+                        served = None  # a start that failed, or a shutdown that did: this error is why
                         if first:
-                            first = False
-                            task_status.started()
-                        await self._wake.wait()
+                            raise
+                        self.last_error = exc
+                        log.error("engine %s: restart failed: %s", self.name, exc)
+                    finally:  # also when closed: the process has shut down by now
                         self._current = None
-                    self.last_error = proc.failure
-                    self.exit_statuses.append(proc.returncode)
-                except EngineError as exc:
-                    if first:
-                        raise
-                    self.last_error = exc
-                    log.error("engine %s: restart failed: %s", self.name, exc)
-                self._current = None
-                if self._closing:
-                    break
-                if anyio.current_time() - started_at >= self.policy.period:
-                    consecutive = 0
-                if not self._allow_restart():
-                    self._gave_up = EngineUnavailable(
-                        f"engine {self.name!r} gave up: more than {self.policy.max_restarts} "
-                        f"restart(s) within {self.policy.period} s; last error: "
-                        f"{self.last_error}", name=self.name, last_error=self.last_error)
-                    log.error("%s", self._gave_up)
-                    break
-                consecutive += 1
-                delay = self.policy.delay(consecutive)
-                log.warning("engine %s: restarting in %.2f s (restart %d): %s", self.name,
-                            delay, self.restarts + 1, self.last_error)
-                with anyio.move_on_after(delay):
-                    await self._close_event.wait()
-                if self._closing:
-                    break
-                self._restart_times.append(anyio.current_time())
-                self.restarts += 1
+                        if served is not None:
+                            self.last_error = served.failure
+                            self.exit_statuses.append(served.returncode)
+                    if anyio.current_time() - started_at >= self.policy.period:
+                        consecutive = 0
+                    if not self._allow_restart():
+                        self._gave_up = EngineUnavailable(
+                            f"engine {self.name!r} gave up: more than {self.policy.max_restarts} "
+                            f"restart(s) within {self.policy.period} s; last error: "
+                            f"{self.last_error}", name=self.name, last_error=self.last_error)
+                        log.error("%s", self._gave_up)
+                        return
+                    consecutive += 1
+                    delay = self.policy.delay(consecutive)
+                    log.warning("engine %s: restarting in %.2f s (restart %d): %s", self.name,
+                                delay, self.restarts + 1, self.last_error)
+                    await anyio.sleep(delay)
+                    self._restart_times.append(anyio.current_time())
+                    self.restarts += 1
         finally:
             self._current = None
             self._ready.set()
             self._done.set()
 
     def close(self) -> None:
-        """Stop restarting; the serving process (if any) shuts down gracefully."""
-        self._closing = True
-        self._wake.set()
-        self._close_event.set()
-        self._ready.set()
+        """Stop restarting; the serving process (if any) shuts down gracefully, a start or a
+        backoff in progress is cancelled."""
+        self._scope.cancel()
+        self._ready.set()  # callers waiting for a process get EngineUnavailable now
 
     async def wait_closed(self) -> None:
         """Return once :meth:`run` has finished (after :meth:`close` or giving up: see :attr:`gave_up`)."""

@@ -3,9 +3,10 @@
 :class:`App` is the HTTP handler (``await app(request) -> Response``) over one
 engine (the supervisor's ``gateway.engine.Engine``, or anything with its
 interface). Route modules (``routes_jev``, ``routes_openai``, ``routes_ops``)
-register their handlers on the app's router; this module maps what they
-raise to HTTP: validation to 422, the engine's per-request errors by their
-protocol code, an engine that is down to 503 with ``Retry-After``.
+register their handlers on the app's router; what they raise becomes the
+HTTP error :func:`gateway.server.errors.http_error` says (validation and
+refusals 422, the engine's per-request errors by their protocol code, an
+engine that is down 503 with ``Retry-After``), anything else a logged 500.
 """
 from __future__ import annotations
 
@@ -17,14 +18,13 @@ from typing import Any
 
 import attrs
 
+from gateway.decision import pipeline
 from gateway.decision.chat_template import ChatTemplate, TemplateError, read_gguf
 from gateway.http import HTTPError, Request, Response, Router, access_line
-from gateway.decision.jev import JevValidationError
 from gateway.server.metrics import Metrics
 from gateway.decision.prompts import PromptBuilder
-from gateway.engine.errors import EngineError, RequestError
 from gateway.server import auth, routes_jev, routes_openai, routes_ops
-from gateway.server.errors import RETRY_AFTER, engine_http_error
+from gateway.server.errors import RETRY_AFTER, http_error, log_note
 
 log = logging.getLogger("serveproto.access")
 
@@ -87,22 +87,22 @@ class App:
     def __init__(self, engine: Any, model: ModelInfo, *, api_key: str | None = None, request_timeout: float = 120.0,
                  max_inflight: int = 256, debias: tuple[str, ...] = ()) -> None:
         self.engine = engine
-        self.debias = tuple(debias)
         self.max_inflight = max_inflight
         self.inflight = 0
         self.model = model
         self.api_key = api_key
-        self.request_timeout = request_timeout
         try:
             self.prompts = PromptBuilder(model.template)
         except TemplateError as exc:
             logging.getLogger("serveproto.serve").warning("the model's chat template is unusable (%s): prompts use ChatML", exc)
             self.prompts = PromptBuilder(ChatTemplate.chatml())
+        #: The decision pipeline's settings and memory (gateway.decision.pipeline), shared by the Jev routes.
+        self.settings = pipeline.Settings(self.prompts, debias=tuple(debias), timeout=request_timeout)
+        self.memory = pipeline.Memory()
         self.metrics = Metrics(
             engine_restarts=lambda: float(getattr(engine, "restarts", 0) or 0),
             engine_up=lambda: 1.0 if getattr(engine, "healthy", True) else 0.0,
         )
-        self.calibration: Any = None
         self.decision_log: Any = None
         self.model_sha256: str | None = None
         self.router = Router()
@@ -115,6 +115,25 @@ class App:
     @property
     def caps(self):
         return self.engine.caps
+
+    @property
+    def debias(self) -> tuple[str, ...]:
+        """The :mod:`gateway.decision.debias` methods of a request that sends no ``x_debias``."""
+        return self.settings.debias
+
+    @property
+    def request_timeout(self) -> float:
+        """Seconds one engine call may take before the client gets a 503."""
+        return self.settings.timeout
+
+    @property
+    def calibration(self):
+        """The :class:`gateway.decision.calibration.Calibration` applied to answers, or None (set by ``serve``)."""
+        return self.settings.calibration
+
+    @calibration.setter
+    def calibration(self, value) -> None:
+        self.settings.calibration = value
 
     def screen(self, request: Request) -> Response | None:
         """The server's look at a request's head (``request.body`` empty) before it reads the body.
@@ -162,21 +181,15 @@ class App:
                     self.inflight -= 1
             else:
                 response = await handler(request)
-        except HTTPError as exc:
-            response = exc.response()
-            extra["error"] = exc.error_type
-        except JevValidationError as exc:
-            response = Response.json(exc.body(), 422)
-            extra["error"] = "validation"
         except Exception as exc:
-            if isinstance(exc, (EngineError, RequestError)):
-                err = engine_http_error(exc)
-                response = err.response()
-                extra["error"] = f"engine: {exc}"[:300]
-            else:
+            err = http_error(exc)
+            if err is None:
                 log.exception("request %s failed", request.request_id)
-                response = HTTPError(500, "api_error", f"internal error (request {request.request_id})").response()
+                err = HTTPError(500, "api_error", f"internal error (request {request.request_id})")
                 extra["error"] = repr(exc)[:300]
+            else:
+                extra["error"] = log_note(exc, err)
+            response = err.response()
         seconds = time.perf_counter() - started
         self.metrics.observe_request(route, request.method, response.status, seconds)
         if log.isEnabledFor(logging.INFO):

@@ -1,13 +1,55 @@
-"""The HTTP errors the server answers for an engine's failure, and the shape of every 422 body."""
+"""What a handler raises, as the HTTP error the client sees: the one place the server maps errors.
+
+:func:`http_error` takes the decision room's typed errors (:mod:`gateway.decision.errors`,
+the request's validation), the engine's (:mod:`gateway.engine.errors`) and the routes'
+own :class:`HTTPError`; :func:`validation_body` is the shape of every 422 body.
+"""
 from __future__ import annotations
 
 from typing import Any
 
+from gateway.decision.errors import DecisionTimeout, UnusableDecision, UnusableScores
+from gateway.decision.jev import JevValidationError
 from gateway.engine.errors import EngineError, RequestError
 from gateway.http import HTTPError
 
 #: Seconds a client is told to wait when the engine is down or busy.
 RETRY_AFTER = "1"
+
+
+def http_error(exc: BaseException) -> HTTPError | None:
+    """The HTTP error for what a handler raised, or None for anything else (a bug: the app answers
+    500 with the request id and logs it).
+
+    :class:`HTTPError` as it is; :class:`JevValidationError` (and the pipeline's
+    :class:`gateway.decision.errors.Refused`) 422 with its ``detail`` list;
+    :class:`DecisionTimeout` 503 ``overloaded_error`` + ``Retry-After``;
+    :class:`UnusableScores` 502 and :class:`UnusableDecision` 500 ``api_error``; the
+    engine's errors by :func:`engine_http_error`.
+    """
+    if isinstance(exc, HTTPError):
+        return exc
+    if isinstance(exc, JevValidationError):
+        return HTTPError(422, "invalid_request_error", str(exc), body=exc.body())
+    if isinstance(exc, DecisionTimeout):
+        return HTTPError(503, "overloaded_error", str(exc), headers=[("retry-after", RETRY_AFTER)])
+    if isinstance(exc, UnusableScores):
+        return HTTPError(502, "api_error", str(exc))
+    if isinstance(exc, UnusableDecision):
+        return HTTPError(500, "api_error", str(exc))
+    if isinstance(exc, (EngineError, RequestError)):
+        return engine_http_error(exc)
+    return None
+
+
+def log_note(exc: BaseException, err: HTTPError) -> str:
+    """The access log's ``error`` for ``exc`` answered as ``err``: ``"validation"`` for a 422 of
+    :class:`JevValidationError`, ``"engine: ..."`` for an engine error, else its ``error_type``."""
+    if isinstance(exc, JevValidationError):
+        return "validation"
+    if isinstance(exc, (EngineError, RequestError)):
+        return f"engine: {exc}"[:300]
+    return err.error_type
 
 
 def engine_http_error(exc: EngineError | RequestError) -> HTTPError:

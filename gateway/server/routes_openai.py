@@ -22,7 +22,7 @@ import anyio
 import attrs
 import orjson
 
-from gateway.server import refusals
+from gateway.decision import refusals
 from gateway.server.body import parse_json
 from gateway.server.errors import engine_http_error
 from gateway.decision.chat_template import TemplateError

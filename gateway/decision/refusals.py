@@ -1,11 +1,14 @@
-"""An engine's refusal of a scoring call, told as the field of the request the client sent.
+"""An engine's refusal, told as the field of the request the client sent.
 
 The engine refuses a SCORE with ``BAD_REQUEST <field>: <reason>`` naming a
 field of the payload the gateway built (``groups[3].options[1]``, spec 9.1), or
-a prompt with the token counts and no field at all. Neither means anything to
-the client: :func:`scoring_refusal` turns them into a 422 entry naming the
+a prompt with the token counts and no field at all; a decision engine refuses a
+DECIDE with ``DECIDE_INVALID <field>: <reason>`` naming a field of the record.
+None of these means anything to the client: :func:`scoring_refusal` and
+:func:`decide_refusal` turn them into a 422 ``detail`` entry naming the
 request's own field (``state``, ``questions.<id>``,
-``questions.<id>.criteria.<label>``) with the limit in the message.
+``questions.<id>.criteria.<label>``) with the limit in the message, which
+:mod:`gateway.decision.pipeline` raises as :class:`gateway.decision.errors.Refused`.
 """
 from __future__ import annotations
 
@@ -57,12 +60,14 @@ def _longest_part(request: SystemOneRequest, questions: Sequence[Question]) -> l
 
 
 def scoring_refusal(reason: str, owners: Sequence[Question | None], request: SystemOneRequest,
-                    n_ctx: int | None) -> dict[str, Any] | None:
+                    n_ctx: int | None, read_owners: Sequence[Sequence[int]] | None = None) -> dict[str, Any] | None:
     """The 422 ``detail`` entry for an engine's ``BAD_REQUEST <reason>`` on a scoring call, or None
     when the refusal is not about the request (left to the generic engine error).
 
     ``owners[g]``: the question whose prompt is group ``g`` of the call (None where a group is
-    not a question's). ``n_ctx``: the engine's context per slot in tokens (CAPS), for the message.
+    not a question's). ``read_owners[g][k]``: the reply option that scored text ``k`` of group
+    ``g`` counts for (a canonical read scores them in another order; None: the reply's order).
+    ``n_ctx``: the engine's context per slot in tokens (CAPS), for the message.
     An option over :data:`gateway.decision.jev.MAX_OPTION_TOKENS` names the label; a prompt over the
     context names its longest part (:func:`_longest_part`), the state or the question most often;
     another refusal of one option names that option.
@@ -72,6 +77,8 @@ def scoring_refusal(reason: str, owners: Sequence[Question | None], request: Sys
     if m is not None:
         g = int(m.group(1) or m.group(2))
         o = int(m.group(3) or m.group(4))
+        if read_owners is not None and g < len(read_owners) and o < len(read_owners[g]):
+            o = read_owners[g][o]
         why = m.group(5).strip()
         q = owners[g] if g < len(owners) else None
         if q is None:
@@ -91,3 +98,37 @@ def scoring_refusal(reason: str, owners: Sequence[Question | None], request: Sys
                 "msg": f"A prompt (the state, then a question and its options) is longer than {context}; "
                        "this is its longest part"}
     return None
+
+
+def decide_refusal(reason: str, questions: Sequence[Question]) -> dict[str, Any]:
+    """A ``DECIDE_INVALID <field>: <reason>`` as a 422 ``detail`` entry naming the request's field.
+
+    The engine names a field of the record (``questions.2.options.1.label``,
+    spec/decision-record.md); the client gets the path in what it sent:
+    the question by its id, an option by its label (choice) or level index
+    (score), ``criteria`` for options, the side (``false`` / ``true``) of a noul.
+    """
+    field, sep, why = reason.partition(": ")
+    if not sep:
+        field, why = "record", reason
+    parts = [p for p in field.split(".") if p]
+    loc: list[Any] = ["body"]
+    if parts[:1] == ["questions"] and len(parts) >= 2 and parts[1].isdigit() and int(parts[1]) < len(questions):
+        q = questions[int(parts[1])]
+        loc += ["questions", q.id]
+        rest = parts[2:]
+        if rest[:1] == ["options"]:
+            loc.append("criteria")
+            if len(rest) >= 2 and rest[1].isdigit():
+                j = int(rest[1])
+                if q.type == "choice" and j < len(q.criteria):
+                    loc.append(list(q.criteria)[j])
+                elif q.type == "score":
+                    loc.append(j)
+                elif q.type == "noul" and j < 2:
+                    loc.append(("false", "true")[j])
+        elif rest:
+            loc.append(rest[0])
+    elif parts and parts[0] not in ("record",):
+        loc += parts
+    return {"loc": loc, "msg": why or "refused by the decision engine", "type": "decide_invalid"}
