@@ -79,7 +79,7 @@ def numbers(events) -> list:
 
 
 def engine(model_path, *args) -> Engine:
-    return Engine(model_path, "--float-digits", "17", "--slots", "8", "--ubatch", "32", *args)
+    return Engine(model_path, "--float-digits", "17", "--slots", "8", "--ctx", "1024", "--ubatch", "32", *args)
 
 
 def alone(model_path, requests) -> dict[int, list]:

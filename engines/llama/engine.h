@@ -28,6 +28,7 @@
 #define ENGINE_MAX_SCORED     200             /* scored tokens per SCORE option (spec 9.1) */
 #define ENGINE_QUEUE_MAX      256             /* requests in flight */
 #define ENGINE_UBATCH         512             /* llama.cpp's physical batch (--ubatch): a CANCEL waits at most one */
+#define ENGINE_CHUNK          128             /* rows a request takes from a decode that others share (--chunk) */
 #define ENGINE_POLL_US        1000            /* the abort callback reads stdin at most this often (microseconds) */
 #define ENGINE_PREFIXES       4               /* SCORE prefixes whose tokens are kept (splice.c) */
 #define ENGINE_SCORE_CACHE_MB 64              /* SCORE results kept between requests (score_cache.c) */
@@ -114,6 +115,7 @@ typedef struct engine {
     int n_score_seqs;
     int n_batch;
     int n_ubatch;        /* llama.cpp's physical batch (--ubatch) */
+    int n_chunk;         /* --chunk: a request's rows in a decode shared with others, at most */
     int slots_auto;      /* --slots unset: n_slots was sized from memory */
     char model_name[256];
     const char *numerics;  /* "invariant" or "fast" (CAPS numerics) */

@@ -27,6 +27,7 @@ typedef struct options {
     const char *model;
     int slots, ctx, pins, threads, score_seqs;
     int ubatch;         /* --ubatch: llama.cpp's physical batch, the cancellation grain */
+    int chunk;          /* --chunk: a request's rows in a shared decode */
     int score_cache_mb; /* --score-cache-mb: SCORE results kept between requests */
     uint32_t seed;
     int kv_f16;     /* --kv-type f16: half the KV memory, logprobs off by ~1e-3 */
@@ -41,7 +42,7 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: serveproto-llama --model PATH [--slots N] [--ctx N] [--pin-slots N]\n"
-            "                        [--threads N] [--score-seqs N] [--ubatch N] [--seed N] [--kv-type f32|f16]\n"
+            "                        [--threads N] [--score-seqs N] [--ubatch N] [--chunk N] [--seed N] [--kv-type f32|f16]\n"
             "                        [--numerics invariant|fast] [--score-cache-mb N] [--flash-attn]\n"
             "                        [--float-digits 9..17] [--splice-check] [--verbose]\n"
             "Speaks the serve protocol (spec/serve-protocol.md) on stdin/stdout.\n");
@@ -64,7 +65,7 @@ static int parse_options(int argc, char **argv, options *o)
 {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     *o = (options){ .slots = 0, .pins = ENGINE_DEFAULT_PINS, .threads = ncpu > 0 ? (int)ncpu : 1,
-                    .score_seqs = ENGINE_SCORE_SEQS, .ubatch = ENGINE_UBATCH, .seed = 42, .score_cache_mb = ENGINE_SCORE_CACHE_MB };
+                    .score_seqs = ENGINE_SCORE_SEQS, .ubatch = ENGINE_UBATCH, .chunk = ENGINE_CHUNK, .seed = 42, .score_cache_mb = ENGINE_SCORE_CACHE_MB };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -103,6 +104,8 @@ static int parse_options(int argc, char **argv, options *o)
             rc = parse_int_arg(a, v, 1, 255, &o->score_seqs);
         else if (!strcmp(a, "--ubatch"))
             rc = parse_int_arg(a, v, 1, 2048, &o->ubatch);
+        else if (!strcmp(a, "--chunk"))
+            rc = parse_int_arg(a, v, 1, 2048, &o->chunk);
         else if (!strcmp(a, "--kv-type")) {
             if (strcmp(v, "f32") && strcmp(v, "f16")) {
                 fprintf(stderr, "serveproto-llama: --kv-type must be f32 or f16, got '%s'\n", v);
@@ -303,6 +306,7 @@ static int load(engine *e, options *o)
     e->n_batch = e->n_ctx < 2048 ? e->n_ctx : 2048;
 
     e->n_ubatch = e->n_batch < o->ubatch ? e->n_batch : o->ubatch;
+    e->n_chunk = o->chunk < e->n_ubatch ? o->chunk : e->n_ubatch;
     e->seed = o->seed;
     e->splice_check = o->splice_check;
     model_name(o->model, e->model_name, sizeof e->model_name);
@@ -408,8 +412,9 @@ static void handshake(engine *e)
     char caps[512];
     snprintf(caps, sizeof caps,
              "chat=1 slots=%d n_ctx=%d n_vocab=%d model=%s pin_slots=%d max_logprobs=%d x_score=1 x_counters=1 x_health=1 "
-             "x_numerics=%s x_batched=1 n_ubatch=%d",
-             e->n_slots, e->n_ctx, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS, e->numerics, e->n_ubatch);
+             "x_numerics=%s x_batched=1 n_ubatch=%d n_chunk=%d",
+             e->n_slots, e->n_ctx, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS, e->numerics, e->n_ubatch,
+             e->n_chunk);
     sp_write_ready(&e->w);
     sp_write_caps(&e->w, caps);
     double stat[4] = { 0.0, 0.0, 0.0, rss_gb() };

@@ -5,9 +5,10 @@
  * that arrived, answers the cancelled ones, then fills one llama_decode from
  * every runnable task (a prefill chunk, a generation step, a SCORE trunk
  * chunk or trie chunk): at most one ubatch of rows in all, each task at most
- * its share of it (n_ubatch / runnable tasks, more when others need less),
- * least recently served first. So a runnable task waits at most one decode of
- * one ubatch for its next chunk, and a CANCEL aborts the decode its task is
+ * its share of it (n_ubatch / runnable tasks, and at most --chunk rows while
+ * others run too), least recently served first. So a runnable task waits at
+ * most one decode of one ubatch for its next chunk (with few tasks, one of
+ * a few chunks), and a CANCEL aborts the decode its task is
  * in within one ubatch: the other tasks of that decode put their rows back
  * (undo) and take the same chunk again in the next one.
  */
@@ -75,13 +76,19 @@ static int start_new(engine *e)
     return n > 0;
 }
 
-/* Rows the batch gives each runnable task: its share of the budget (at least
- * its unit), then what the others left, in turn order. The first task always
- * gets its unit, even past the budget (one SCORE option longer than a ubatch
- * then runs in a decode of its own). */
-static void allot(turn *tu, int n, int budget)
+/* Rows the batch gives each runnable task. Alone, a task takes up to the
+ * whole budget (one ubatch). Shared, each takes its share (budget / tasks,
+ * at most n_chunk) and then what the others left, still at most n_chunk,
+ * in turn order: a decode shared with others is short, so the next chunk of
+ * every task comes soon. A task always gets at least its unit if it gets
+ * anything, and the first one always does, even past the budget (one SCORE
+ * option longer than a ubatch then runs in a decode of its own). */
+static void allot(turn *tu, int n, int budget, int chunk)
 {
+    int cap = n == 1 ? budget : chunk;
     int left = budget, share = budget / n > 0 ? budget / n : 1;
+    if (share > cap)
+        share = cap;
     for (int i = 0; i < n; i++) {
         int g = tu[i].want < share ? tu[i].want : share;
         if (g < tu[i].unit)
@@ -92,9 +99,9 @@ static void allot(turn *tu, int n, int budget)
         left = left > g ? left - g : 0;
     }
     for (int i = 0; i < n && left > 0; i++) {
-        if (tu[i].give == 0)
+        if (tu[i].give == 0 || tu[i].give >= cap)
             continue;
-        int more = tu[i].want - tu[i].give;
+        int more = (tu[i].want < cap ? tu[i].want : cap) - tu[i].give;
         if (more > left)
             more = left;
         if (more > 0) {
@@ -143,7 +150,7 @@ int sched_step(engine *e)
     qsort(tu, (size_t)n, sizeof *tu, by_turn);
     if (e->solo)
         n = 1;
-    allot(tu, n, e->n_ubatch);
+    allot(tu, n, e->n_ubatch, e->n_chunk);
 
     /* scratch sequences: a share each, like the rows */
     int seq_share = n_score > 0 ? e->n_score_seqs / n_score : e->n_score_seqs;

@@ -355,16 +355,28 @@ int score_start(engine *e, task *t)
 }
 
 /* Options todo[first .. last) that fit `budget` nodes and `seqs` scratch
- * sequences (at least one when the first fits); *nodes: their nodes. */
+ * sequences; *nodes: their nodes. A chunk cut by the budget ends at a
+ * question's end when it holds a whole question: the next chunk would
+ * compute the cut question's stem again. */
 static int pack(const score_state *st, int budget, int seqs, int *nodes)
 {
-    int last = st->first, sum = 0;
+    const score_job *job = &st->job;
+    int last = st->first, sum = 0, cut = -1, sum_cut = 0;
     while (last < st->n_todo && last - st->first < seqs) {
-        int add = new_nodes(&st->job, st->todo, st->first, last);
+        int add = new_nodes(job, st->todo, st->first, last);
         if (sum + add > budget)
             break;
+        if (last > st->first && job->opts[st->todo[last]].group != job->opts[st->todo[last - 1]].group) {
+            cut = last;
+            sum_cut = sum;
+        }
         sum += add;
         last++;
+    }
+    if (last < st->n_todo && cut > st->first &&
+        job->opts[st->todo[last]].group == job->opts[st->todo[last - 1]].group) {
+        last = cut;
+        sum = sum_cut;
     }
     *nodes = sum;
     return last;
