@@ -15,15 +15,22 @@ DEBIAS ?=
 PRECISION ?=
 export SERVEPROTO_CACHE ?= $(HOME)/.cache/serveproto
 
-.PHONY: serve test venv venv-test engines model browser clean
+.PHONY: serve test lint venv venv-test engines model browser clean
 
 serve: venv engines model
 	$(VENV)/bin/serveproto serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL)) $(if $(THREADS),--threads $(THREADS)) $(if $(DEBIAS),--debias $(DEBIAS)) $(if $(PRECISION),--precision $(PRECISION))
 
-test: venv-test engines model browser
+test: lint engines model browser
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
-# serve needs the package's own dependencies; test adds the [test] extra (pytest, the SDK, selenium...)
+# ruff (lint + format check) on the paths listed in pyproject.toml's [tool.ruff] include, and
+# mypy --strict on serveproto/ ([tool.mypy]); `ruff format` and `ruff check --fix` repair most of it.
+lint: venv-test
+	$(VENV)/bin/ruff check
+	$(VENV)/bin/ruff format --check
+	$(VENV)/bin/mypy
+
+# serve needs the [server] extra; test adds the [test] extra (pytest, trio, numpy, the SDK, selenium, ruff, mypy...)
 venv: $(VENV)/.installed
 venv-test: $(VENV)/.installed-test
 
@@ -31,19 +38,19 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	@echo "serveproto: installing the Python packages into $(VENV) (first run only, about a minute)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -e '.[server]'
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
 	@echo "serveproto: installing the test packages into $(VENV) (first run only)"
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[server,test]'
 	touch $@
 
 engines: venv
 	$(MAKE) -C engines all
 
 model: venv
-	$(PY) -m fixtures.default_model
+	$(PY) -m gateway.engine.default_model
 
 # Headless Chromium for the System One page tests (Debian's packages; skipped tests without it).
 browser:

@@ -117,7 +117,7 @@ class Server:
 
 
 #: The ``x_debias`` of the "debiased" rows: the default model's default until bench/quality.py chose
-#: canonical,content_free (gateway.cli_serve.DEFAULT_MODEL_DEBIAS), kept so that the tables in bench/README.md
+#: canonical,content_free (gateway.cli.serve.DEFAULT_MODEL_DEBIAS), kept so that the tables in bench/README.md
 #: still say what they measured.
 DEBIASED = ["cyclic", "content_free"]
 
@@ -152,7 +152,7 @@ def by_generation(client: httpx2.Client, state: str, questions: dict, gen_tokens
     prefix cache, the seed's generation baseline. Returns (seconds, tokens generated, the answers'
     texts by question id, prompt tokens of the last request).
     """
-    from gateway.prompts import SYSTEM, question_text
+    from gateway.decision.prompts import SYSTEM, question_text
 
     t = time.perf_counter()
     generated = 0
@@ -168,8 +168,8 @@ def by_generation(client: httpx2.Client, state: str, questions: dict, gen_tokens
 
 
 def options_of(question: dict) -> tuple[str, ...]:
-    """The option strings System One scores for ``question``, in reply order (gateway.prompts.question_text)."""
-    from gateway.prompts import question_text
+    """The option strings System One scores for ``question``, in reply order (gateway.decision.prompts.question_text)."""
+    from gateway.decision.prompts import question_text
 
     return question_text(question["type"], question.get("instructions"), question.get("criteria"))[1]
 
@@ -523,11 +523,12 @@ CPU_PARTS = (
     ("h11", ("h11/",)),
     ("anyio", ("anyio/", "sniffio/")),
     ("asyncio scheduling", ("asyncio/", "selectors.py", "contextlib.py")),
-    ("gateway/http and gateway/app", ("gateway/http/", "gateway/app.py", "gateway/auth.py")),
+    ("gateway/http and gateway/server/app", ("gateway/http/", "gateway/server/app.py", "gateway/server/auth.py")),
     ("the route: Jev, the DECIDE record, scoring, metrics", (
-        "gateway/routes_jev.py", "gateway/jev.py", "gateway/scoring.py", "gateway/decision_record.py", "gateway/metrics.py",
-        "gateway/debias.py", "gateway/prompts.py", "json/", "prometheus_client/")),
-    ("the supervisor and serveproto", ("gateway/engine.py", "gateway/_", "serveproto/")),
+        "gateway/server/routes_jev.py", "gateway/decision/jev.py", "gateway/decision/pipeline.py", "gateway/decision/scoring.py",
+        "gateway/engine/score.py", "gateway/decision/readings.py", "gateway/decision/record.py", "gateway/server/metrics.py",
+        "gateway/decision/debias.py", "gateway/decision/prompts.py", "json/", "prometheus_client/")),
+    ("the supervisor and serveproto", ("gateway/engine/", "serveproto/")),
 )
 
 
@@ -578,7 +579,7 @@ def profile_server(py_spy: str, srv: "Server", request: bytes, n: int) -> dict[s
 
 
 def bench_fixture(args) -> None:
-    from gateway import decision_record, jev
+    from gateway.decision import record as decision_record, jev
 
     questions = {k: QUESTIONS_16[k] for k in ("urgency", "department", "severity")}
     body = orjson.dumps({"state": TICKET, "questions": questions, "model": "jev-latest"})

@@ -3,7 +3,7 @@
 1. Exactness: each prompt is read out (SUBMIT logprobs=1 max_tokens=0, cold) by
    ``serveproto-llama`` on the Q4_1 GGUF as served by default, and by the same
    binary on the GGUF's F32 transcode (``serve --precision f32``,
-   ``gateway/precision.py``: llama.cpp's own quantizer, F32 out), with the same
+   ``gateway/engine/precision.py``: llama.cpp's own quantizer, F32 out), with the same
    token ids; both against ``fixtures/oracle.py``'s float64 forward pass on the
    Q4_1 file's weights, dequantized (the model's exact function). Printed: max
    and mean |logprob difference| over positions 1..n-1 of each prompt, in nats.
@@ -38,7 +38,7 @@ from fixtures import oracle  # noqa: E402
 from fixtures.compare import read_out  # noqa: E402
 from fixtures.sync_engine import SyncEngine  # noqa: E402
 from gateway.paths import default_model_path, engine_bin  # noqa: E402
-from gateway.precision import ensure_f32  # noqa: E402
+from gateway.engine.precision import ensure_f32  # noqa: E402
 
 CHAT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
         "<|im_start|>user\nI have been trying to connect my Stripe account for 3 days and the integration keeps "

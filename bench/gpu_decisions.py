@@ -298,7 +298,7 @@ class Server:
 
 
 def bench_server(args, argv: list[str], bodies: dict[int, str], res: dict, md: list) -> None:
-    from gateway.prompts import SYSTEM, question_text
+    from gateway.decision.prompts import SYSTEM, question_text
 
     srv = Server(args.model, argv, Path(args.out_dir or tempfile.gettempdir()) / f"{args.tag}-server.log")
     tag = iter(range(100, 100000))
@@ -396,8 +396,8 @@ def main(argv=None) -> int:
     argv_eng = [args.engine_bin, "--model", args.model, "--ctx", str(args.ctx), "--slots", "1",
                 "--threads", str(args.threads), "--score-cache-mb", "0", *shlex.split(args.engine_flags)]
 
-    from gateway.chat_template import ChatTemplate
-    from gateway.prompts import PromptBuilder
+    from gateway.decision.chat_template import ChatTemplate
+    from gateway.decision.prompts import PromptBuilder
 
     prompts = PromptBuilder(ChatTemplate.from_gguf(args.model))
     res: dict = {"model": Path(args.model).name, "engine_argv": argv_eng, "reps": args.reps}

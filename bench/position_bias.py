@@ -1,9 +1,9 @@
 """How much a choice's answer depends on the order its labels are listed in, with and without debiasing.
 
 Asks labelled routing tickets under every order of their labels through the
-server's own System One scoring path (``gateway.routes_jev.decide_questions``
-on a real :class:`gateway.app.App` over the llama engine, no HTTP), once per
-debias setting (:mod:`gateway.debias`), and prints per setting:
+server's own System One scoring path (``gateway.decision.pipeline.decide``
+over the llama engine with the server's prompts, no HTTP), once per
+debias setting (:mod:`gateway.decision.debias`), and prints per setting:
 
 - how often the first-listed label wins, beside chance (1/n): 1.0 means the
   order decides, chance means it does not;
@@ -25,15 +25,16 @@ from __future__ import annotations
 import argparse
 import itertools
 import time
+from pathlib import Path
 
 import anyio
 
-from gateway import debias
-from gateway.app import App, ModelInfo
+from gateway.decision import debias, pipeline
+from gateway.decision.chat_template import read_gguf
+from gateway.decision.prompts import PromptBuilder
 from gateway.engine import Engine
-from gateway.jev import parse_request
+from gateway.decision.jev import parse_request
 from gateway.paths import default_model_path, engine_bin
-from gateway.routes_jev import ScoringMemory, decide_questions
 
 TEAMS = {"billing": "payments, invoices", "technical": "bugs, integration errors", "sales": "pricing, plans"}
 INSTRUCTIONS = "Which team should handle this?"
@@ -65,10 +66,10 @@ async def measure(model: str, threads: int, settings: list[tuple[str, ...]]) -> 
     cmd = [str(engine_bin("serveproto-llama")), "--model", model, "--threads", str(threads)]
     rows = []
     async with Engine.spawn(cmd, name="bias") as eng:
-        info = await anyio.to_thread.run_sync(ModelInfo.load, eng.caps.model, model)
+        template, _ = await anyio.to_thread.run_sync(read_gguf, Path(model))
         for methods in settings:
-            app = App(eng, info, debias=methods)
-            memory = ScoringMemory()
+            decision = pipeline.Settings(PromptBuilder(template), debias=methods)
+            memory = pipeline.Memory()
             first = gold_wins = asked = computed = 0
             chance = gold_mass = spread = engine_ms = 0.0
             for state, gold in CASES:
@@ -77,7 +78,7 @@ async def measure(model: str, threads: int, settings: list[tuple[str, ...]]) -> 
                     request = parse_request({"state": state, "questions": {"team": {
                         "type": "choice", "instructions": INSTRUCTIONS, "criteria": {k: TEAMS[k] for k in order}}}})
                     t0 = time.perf_counter()
-                    decided = await decide_questions(app, request, memory)
+                    decided = await pipeline.decide(request, eng, decision, memory)
                     engine_ms += (time.perf_counter() - t0) * 1e3
                     computed += decided.computed or 0
                     probs = dict(zip(order, decided.probs["team"]))

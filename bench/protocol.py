@@ -34,13 +34,17 @@ def transcript(requests: int, positions: int, k: int,
     rng = random.Random(seed)
     eng = sp.EngineConnection()
     hs = eng.send_handshake(CAPS, rss_gb=0.4)
+    gw = sp.GatewayConnection()  # writes the requests the engine reads
+    gw.receive_data(hs)
+    while gw.next_event() is not sp.NEED_DATA:
+        pass
     out = []
     subs = []
     words = [b" the", b" cat", b" sat", b" on", b" a", b" mat", b".", b"\n", b" \xe2\x80", b"ing"]
     for i in range(1, requests + 1):
         sub = sp.Submit(i, i % 4, b"x" * positions, 0, 0.0, 1.0, logprobs=k, counters=True)
         subs.append(sub)
-        eng.receive_data(sp.frame_bytes(sub))
+        eng.receive_data(gw.send(sub))
         assert eng.next_event() == sub
         out.append(eng.send(sp.Accept(i, positions)))
         for p in range(positions):

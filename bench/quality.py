@@ -1,15 +1,15 @@
 """Decision quality on labelled questions, per prompt format and correction, in one run.
 
-Asks the labelled requests of :mod:`gateway.evalset` (the generated set, or
+Asks the labelled requests of :mod:`gateway.decision.evalset` (the generated set, or
 ``--data FILE``, a user's labelled JSONL) on the llama engine and prints, per
-configuration (:data:`CONFIGS`: a :class:`gateway.readings.Method`, plus
+configuration (:data:`CONFIGS`: a :class:`gateway.decision.readings.Method`, plus
 batch calibration or PriDe for two of them), one table row:
 
 - accuracy (all questions; nouls, choices and scores apart), the share of
   nouls answered yes beside the gold share, macro-F1 (per task, averaged);
 - ECE (top label, 10 equal-mass bins) with its noise floor (the mean ECE of
   a perfectly calibrated model with the same confidences, by bootstrap),
-  Brier and NLL (:mod:`gateway.evaluation`);
+  Brier and NLL (:mod:`gateway.decision.evaluation`);
 - option-order stability over choices: each choice task is asked under 3
   orders of its labels (any permutations, drawn so that they are not all
   rotations of one another; both orders for two labels): the share of
@@ -20,16 +20,15 @@ batch calibration or PriDe for two of them), one table row:
   and the mean largest probability change;
 - cost: positions computed a request and seconds a request, measured by
   serving ``--cost-requests`` requests per domain through the server's own
-  path (:func:`gateway.routes_jev.decide_questions` on an
-  :class:`gateway.app.App` over the same engine, ``x_debias`` set to the
-  configuration), state cold, content-free readings remembered after the
+  path (:func:`gateway.decision.pipeline.decide` over the same engine and
+  prompts, ``x_debias`` set to the configuration), state cold, content-free readings remembered after the
   first request (that first request is the "first" column).
 
 The quality columns are computed from the reads the server's path would make
-(:func:`gateway.readings.plan`, the same prompts), each distinct read made
+(:func:`gateway.decision.readings.plan`, the same prompts), each distinct read made
 once through ``Engine.score`` on the request's state and shared by every
 configuration that needs it, then combined by the server's functions
-(:mod:`gateway.readings`); the cost requests check that serving the same
+(:mod:`gateway.decision.readings`); the cost requests check that serving the same
 requests gives the same probabilities (the largest difference is printed: on
 quantized weights a reading's last digits depend on the engine's batch).
 Batch calibration uses each task's batch under one order (Zhou et al. 2024's
@@ -58,8 +57,9 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway import debias, evalset, evaluation, jev, readings, scoring  # noqa: E402
-from gateway.readings import Method  # noqa: E402
+from gateway.decision import debias, evalset, evaluation, jev, pipeline, readings, scoring  # noqa: E402
+from gateway.decision.readings import Method  # noqa: E402
+from gateway.engine.score import softmax  # noqa: E402
 
 #: (name, method, stateful correction or None). The first row is the letter read-out of
 #: llama-server-based System One servers; "listed" is today's prompt.
@@ -211,7 +211,7 @@ def probabilities(method: Method, q: jev.Question, keys: tuple, lookup) -> list[
     if free:
         cf = readings.mean_log_probs([readings.log_probs(rd.owner, lookup(k))
                                       for k, rd in zip(free, itertools.cycle(reads))])
-    return scoring.softmax(readings.combine(per_read, cf))
+    return softmax(readings.combine(per_read, cf))
 
 
 # --- the run ------------------------------------------------------------------------------------
@@ -221,11 +221,10 @@ def domain_of(item: evalset.Labelled) -> str:
 
 
 async def run(args) -> dict:
-    from gateway.app import App, ModelInfo
+    from gateway.decision.chat_template import read_gguf
     from gateway.engine import Engine
     from gateway.paths import engine_bin
-    from gateway.prompts import PromptBuilder
-    from gateway.routes_jev import ScoringMemory, decide_questions
+    from gateway.decision.prompts import PromptBuilder
 
     if args.configs:
         wanted = [c.strip() for c in args.configs.split(";")]
@@ -256,8 +255,8 @@ async def run(args) -> dict:
     cmd = [str(engine_bin("serveproto-llama")), "--model", args.model, "--threads", str(args.threads)]
     out: dict = {"items": len(items), "questions": n_q}
     async with Engine.spawn(cmd, name="quality") as eng:
-        info = await anyio.to_thread.run_sync(ModelInfo.load, eng.caps.model, args.model)
-        prompts = PromptBuilder(info.template)
+        template, _ = await anyio.to_thread.run_sync(read_gguf, Path(args.model))
+        prompts = PromptBuilder(template)
         reader = Reader(eng, prompts, cache)
         methods = list(dict.fromkeys([m for _, m, _ in CONFIGS] + [Method(m.format, m.canonical, True, False)
                                                                    for _, m, s in CONFIGS if s == "pride"]))
@@ -298,8 +297,7 @@ async def run(args) -> dict:
         if reused:
             served = {}
         else:
-            served = await cost(App, ModelInfo, ScoringMemory, decide_questions, eng, info, items, requests, keys,
-                                reader, args.cost_requests)
+            served = await cost(eng, prompts, items, requests, keys, reader, args.cost_requests)
     for row, (name, method, state) in zip(rows, CONFIGS):
         if reused:
             old = reused.get(name)
@@ -390,10 +388,10 @@ def stateful(state, method, cyc, items, requests, keys, lookup, probs, rev, reve
             real, _ = keys[cyc][p][i][qi]
             per_rot = [readings.log_probs(rd.owner, lookup(key)) for rd, key in zip(reads, real)]
             samples.append((per_rot, [rd.places for rd in reads]))
-            new[p][i][q.id] = scoring.softmax(readings.combine(per_rot, None))  # answered by its rotations
+            new[p][i][q.id] = softmax(readings.combine(per_rot, None))  # answered by its rotations
             if p == 0 and i in rev:
                 rr = reversed_reads[i]
-                new_rev[i][q.id] = scoring.softmax(readings.combine(
+                new_rev[i][q.id] = softmax(readings.combine(
                     [readings.log_probs(rd.owner, rr[key]) for rd, key in zip(reads, real)], None))
         prior = readings.pride_prior(samples)
         places = readings.plan(members[0][1].type, members[0][1].instructions, members[0][1].criteria,
@@ -476,7 +474,7 @@ def _label(task_order, index):
     return order[index] if order is not None else index
 
 
-async def cost(App, ModelInfo, ScoringMemory, decide_questions, eng, info, items, requests, keys, reader, per_domain):
+async def cost(eng, prompts, items, requests, keys, reader, per_domain):
     """Serve ``per_domain`` requests of each domain (pass 0 orders) per stateless configuration; positions,
     seconds, and the largest difference from the composed probabilities. Batch calibration costs its
     base's reads; PriDe its base's plus, on a task's first k of n requests, its rotations."""
@@ -492,13 +490,13 @@ async def cost(App, ModelInfo, ScoringMemory, decide_questions, eng, info, items
     measured: dict[Method, dict] = {}
     for method in list(dict.fromkeys([m for _, m, _ in CONFIGS] + [Method(m.format, m.canonical, True, False)
                                                                    for _, m, s in CONFIGS if s == "pride"])):
-        app = App(eng, info, debias=method.names)
-        memory = ScoringMemory()
+        settings = pipeline.Settings(prompts, debias=method.names)
+        memory = pipeline.Memory()
         steady, first, secs, diff = [], [], [], 0.0
         for i in picked:
             r = requests[0][i]
             t0 = time.perf_counter()
-            decided = await decide_questions(app, r, memory)
+            decided = await pipeline.decide(r, eng, settings, memory)
             secs.append(time.perf_counter() - t0)
             (first if i in firsts else steady).append(decided.computed or 0)
             for q, k in zip(r.questions, keys[method][0][i]):
@@ -566,7 +564,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=str(default_model_path()), help="GGUF (default: the default model)")
     parser.add_argument("--threads", type=int, default=1, help="engine CPU threads (default 1)")
-    parser.add_argument("--data", help="a labelled JSONL file (gateway.evalset); default: the generated set")
+    parser.add_argument("--data", help="a labelled JSONL file (gateway.decision.evalset); default: the generated set")
     parser.add_argument("--seed", type=int, default=evalset.SEED, help="the generator's and the orders' seed")
     parser.add_argument("--subset", type=int, default=0, help="only the first N requests of each domain (quick runs)")
     parser.add_argument("--qorder-every", type=int, default=4, help="re-ask every Nth request with its questions reversed")

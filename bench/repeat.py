@@ -8,7 +8,7 @@ again (a page reloaded, a retry, a dashboard polling). One state, one ``noul`` q
   serve`` on the default model;
 - **llama-server** built from the same llama-cpp-python sdist (``make -C engines llama-server``),
   one slot, its prompt cache on: ``POST /completion`` of the very prompt our SCORE reads (the
-  chat-templated state and question, ``gateway.prompts``) with ``n_predict: 1, n_probs: 10``:
+  chat-templated state and question, ``gateway.decision.prompts``) with ``n_predict: 1, n_probs: 10``:
   the next-token log-probabilities that hold both answers.
 
 All three run here with the same ``--threads``; each gets one cold request, then ``--reps``
@@ -36,9 +36,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from decisions import Server  # noqa: E402
-from gateway.chat_template import ChatTemplate  # noqa: E402
+from gateway.decision.chat_template import ChatTemplate  # noqa: E402
 from gateway.paths import default_model_path, engine_bin  # noqa: E402
-from gateway.prompts import PromptBuilder  # noqa: E402
+from gateway.decision.prompts import PromptBuilder  # noqa: E402
 
 STATE = ("I have been trying to connect my Stripe account for 3 days and the integration keeps failing. "
          "I am losing sales and my manager is asking when this will be fixed.")

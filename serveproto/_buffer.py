@@ -47,7 +47,7 @@ class ReceiveBuffer:
     def pull(self) -> None:
         """Join the fed chunks onto the unconsumed bytes, so ``data[pos:]`` holds all of them."""
         if self._chunks:
-            rest = self.data[self.pos:] if self.pos < len(self.data) else b""
+            rest = self.data[self.pos :] if self.pos < len(self.data) else b""
             self._chunks.insert(0, rest)
             self.data = b"".join(self._chunks)
             self.pos = 0

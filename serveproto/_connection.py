@@ -4,12 +4,17 @@ Sans-IO: feed bytes with ``receive_data``, pull events with ``next_event``,
 turn events into bytes with ``send``. No I/O, no threads, no async. The
 gateway side reads the engine's stdout and writes its stdin; the engine side
 the reverse.
+
+``next_event`` is two steps, as h11 splits it: framing
+(``_extract_next_receive_event``: bytes -> one event, the frame's syntax only)
+then state (``_process_event``: the handshake and the request's state machine
+say whether that event may come now).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from . import _events as ev
 from . import _grammar as g
@@ -17,15 +22,16 @@ from . import _readers as rd
 from . import _state as st
 from ._buffer import ReceiveBuffer
 from ._errors import LocalProtocolError, RemoteProtocolError
+from ._util import Sentinel
 from ._writers import WRITERS
 
 __all__ = ["GatewayConnection", "EngineConnection"]
 
 _NEED_DATA = st.NEED_DATA
-_ECHOING = st.ECHOING
-_echo_k1 = g.ECHO_K1_FAST.fullmatch
-_echo_kn = g.ECHO_KN_FAST.fullmatch
-_make_echo = rd._make_echo
+_read_plain_echo = rd.read_plain_echo
+_SERVING = st.SERVING
+_Echo = ev.Echo
+_ConnectionClosed = ev.ConnectionClosed
 _kind_match = g.KIND_RE.fullmatch
 #: How many ids of STOP / CANCEL the gateway remembers, to accept a late
 #: ``ERROR <id> NOT_FOUND`` for a request that had already ended.
@@ -53,15 +59,19 @@ class _Connection:
         self.max_line = max_line
         self.max_payload = max_payload
         self._buf = ReceiveBuffer()
-        self._step: Any = st.WAIT_READY
+        self._step: type[Sentinel] = st.WAIT_READY
         self._caps: ev.Caps | None = None
         self._requests: dict[int, st.RequestState] = {}
         self._pings: set[int] = set()
         self._closed_event: ev.ConnectionClosed | None = None
 
     def __repr__(self) -> str:
-        return (f"<{type(self).__name__} state={self.state!r} "  # type: ignore[attr-defined]
-                f"in_flight={len(self._requests)} buffered={len(self._buf)}>")
+        return f"<{type(self).__name__} state={self.state!r} in_flight={len(self._requests)} buffered={len(self._buf)}>"
+
+    @property
+    def state(self) -> type[Sentinel]:
+        """HANDSHAKE, SERVING, CLOSED or ERROR (see each role)."""
+        raise NotImplementedError
 
     def receive_data(self, data: bytes) -> None:
         """Feed bytes read from the peer; ``b""`` means the peer closed its end (EOF).
@@ -87,7 +97,7 @@ class _Connection:
     def trailing_data(self) -> tuple[bytes, bool]:
         """(unconsumed bytes, whether EOF was received): for diagnostics."""
         self._buf.pull()
-        return self._buf.data[self._buf.pos:], self._buf.eof
+        return self._buf.data[self._buf.pos :], self._buf.eof
 
     def _ready(self) -> bool:
         """Make the fed bytes contiguous; False when nothing new can complete a frame
@@ -111,8 +121,8 @@ class _Connection:
         nxt = st.HANDSHAKE_TRANSITIONS.get((self._step, type(e)))
         if nxt is None:
             return False
-        if type(e) is ev.Caps:
-            self._caps = e  # type: ignore[assignment]
+        if isinstance(e, ev.Caps):
+            self._caps = e
         elif nxt is st.SERVING and self._caps is None:
             self._caps = ev.Caps({})
         self._step = nxt
@@ -151,14 +161,22 @@ class GatewayConnection(_Connection):
         self._controlled: OrderedDict[int, None] = OrderedDict()
         self._image_id: int | None = None
         self._readers: dict[bytes, Callable[..., ev.Event]] = {
-            b"ECHO": rd.read_echo, b"DATA": rd.read_data, b"DECISION": rd.read_decision,
-            b"SCORED": rd.read_scored, b"ACCEPT": rd.read_accept, b"DONE": rd.read_done,
-            b"ERROR": rd.read_error, b"CAPS": rd.read_caps, b"STAT": rd.read_stat,
-            b"LOAD_FAIL": rd.read_load_fail, b"PONG": rd.read_pong, g.READY_LINE: _read_ready,
+            b"ECHO": rd.read_echo,
+            b"DATA": rd.read_data,
+            b"DECISION": rd.read_decision,
+            b"SCORED": rd.read_scored,
+            b"ACCEPT": rd.read_accept,
+            b"DONE": rd.read_done,
+            b"ERROR": rd.read_error,
+            b"CAPS": rd.read_caps,
+            b"STAT": rd.read_stat,
+            b"LOAD_FAIL": rd.read_load_fail,
+            b"PONG": rd.read_pong,
+            g.READY_LINE: _read_ready,
         }
 
     @property
-    def state(self) -> Any:
+    def state(self) -> type[Sentinel]:
         """HANDSHAKE, SERVING, CLOSED (EOF or LOAD_FAIL) or ERROR."""
         if self._error is not None:
             return st.ERROR
@@ -170,10 +188,20 @@ class GatewayConnection(_Connection):
         self._error = RemoteProtocolError(reason, code, request_id)
         return self._error
 
-    def next_event(self) -> Any:
+    def next_event(self) -> ev.Event | type[st.NEED_DATA]:
         """Return the next event, NEED_DATA, or ConnectionClosed (see the class)."""
         if self._error is not None:
             raise self._error
+        e = self._extract_next_receive_event()
+        if e is None:
+            return _NEED_DATA
+        if type(e) is not _ConnectionClosed:
+            self._process_event(e)
+        return e
+
+    def _extract_next_receive_event(self) -> ev.Event | None:
+        """Framing: the next frame's event from the buffer, ConnectionClosed after EOF,
+        or None when more bytes are needed. Checks the frame's syntax, not its timing."""
         buf = self._buf
         if buf.chunked:
             if len(buf) < buf.need:
@@ -189,41 +217,14 @@ class GatewayConnection(_Connection):
                 raise self._fail(f"line longer than {self.max_line} bytes")
             buf.need = len(buf) + 1
             return self._wait()
-        # Fast path: the next ECHO of a read-out already under way, in its
-        # plainest spelling. Anything else, or any doubt, takes the general path.
-        m = _echo_k1(data, pos, nl)
-        if m is not None:
-            i, nb, p, lp, tid, tlp = m.groups()
-            end = nl + 1 + int(nb)
-            if len(data) > end and data[end] == 10:
-                i = int(i)
-                p = int(p)
-                req = self._requests.get(i)
-                if req is not None and req.phase is _ECHOING and req.next_position == p and \
-                        req.logprobs == 1 and (req.prompt_tokens is None or p < req.prompt_tokens):
-                    e = _make_echo(i, p, float(lp), ((int(tid), float(tlp)),), data[nl + 1:end])
-                    req.next_position = p + 1
-                    buf.pos = end + 1
-                    return e
-        elif (m := _echo_kn(data, pos, nl)) is not None:
-            i, nb, p, lp, k, tail = m.groups()
-            end = nl + 1 + int(nb)
-            k = int(k)
-            t = tail.split(b" ")  # t[0] is empty: the group starts with a space
-            if len(t) == 2 * k + 1 and len(data) > end and data[end] == 10:
-                i = int(i)
-                p = int(p)
-                req = self._requests.get(i)
-                if req is not None and req.phase is _ECHOING and req.next_position == p and \
-                        req.logprobs == k and (req.prompt_tokens is None or p < req.prompt_tokens):
-                    top = tuple(zip(map(int, t[1::2]), map(float, t[2::2])))
-                    e = _make_echo(i, p, float(lp), top, data[nl + 1:end])
-                    req.next_position = p + 1
-                    buf.pos = end + 1
-                    return e
+        echo = _read_plain_echo(data, pos, nl, self.max_payload)
+        if echo is not None:
+            buf.pos = nl + 2 + len(echo.text)
+            return echo
         parts = data[pos:nl].split(b" ")
         kind = parts[0]
         reader = self._readers.get(kind)
+        e: ev.Event
         try:
             if reader is None:
                 if _kind_match(kind) is None:
@@ -240,50 +241,60 @@ class GatewayConnection(_Connection):
                     return self._wait()
                 if data[end] != 10:
                     raise rd.BadFrame(f"payload of {n} bytes not followed by a newline")
-                e = reader(parts, data[nl + 1:end])
+                e = reader(parts, data[nl + 1 : end])
                 end += 1
             else:
                 e = reader(parts)
                 end = nl + 1
         except rd.BadFrame as exc:
-            raise self._fail(f"{exc.args[0]} (in {kind[:20].decode('latin-1')} line)",
-                             _request_id(parts) if reader is not None else 0) from None
+            raise self._fail(
+                f"{exc.args[0]} (in {kind[:20].decode('latin-1')} line)",
+                _request_id(parts) if reader is not None else 0,
+            ) from None
         buf.pos = end
         buf.need = 0
-        self._receive(e)
         return e
 
-    def _wait(self) -> Any:
+    def _wait(self) -> ev.ConnectionClosed | None:
         buf = self._buf
         if not buf.eof:
-            return _NEED_DATA
+            return None
         if len(buf):
             raise self._fail(f"EOF inside a frame ({len(buf)} bytes left)")
         return self._closed()
 
-    def _receive(self, e: ev.Event) -> None:
-        """Check a received event against the connection and request state machines."""
+    def _process_event(self, e: ev.Event) -> None:
+        """State: check a received frame event against the connection's handshake and its
+        request's state machine (spec sections 3 and 5); raise RemoteProtocolError for a breach."""
         cls = type(e)
-        if self._step is st.SERVING:
-            if cls in st.REQUEST_REPLIES:
-                req = self._requests.get(e.id)  # type: ignore[attr-defined]
+        if self._step is _SERVING:
+            if type(e) is _Echo:  # the hot path of a read-out: straight to the request's check
+                req = self._requests.get(e.id)
+                if req is not None:
+                    try:
+                        req.echo(e)
+                    except st.Breach as b:
+                        raise self._fail(b.args[0], req.id, "BAD_SEQUENCE") from None
+                    return
+            if isinstance(e, st.REQUEST_REPLY_CLASSES):
+                i = e.id
+                req = self._requests.get(i)
                 if req is None:
-                    raise self._fail(f"{cls.__name__.upper()} for id {e.id} not in flight",  # type: ignore[attr-defined]
-                                     e.id, "BAD_SEQUENCE")  # type: ignore[attr-defined]
+                    raise self._fail(f"{cls.__name__.upper()} for id {i} not in flight", i, "BAD_SEQUENCE")
                 try:
                     ended = req.check(e)
                 except st.Breach as b:
-                    raise self._fail(b.args[0], e.id, "BAD_SEQUENCE") from None  # type: ignore[attr-defined]
+                    raise self._fail(b.args[0], i, "BAD_SEQUENCE") from None
                 if ended:
-                    del self._requests[e.id]  # type: ignore[attr-defined]
+                    del self._requests[i]
                 return
-            if cls is ev.Error:
-                self._receive_error(e)  # type: ignore[arg-type]
+            if isinstance(e, ev.Error):
+                self._receive_error(e)
                 return
-            if cls is ev.Pong:
-                if e.id not in self._pings:  # type: ignore[attr-defined]
-                    raise self._fail(f"PONG {e.id} answers no PING", e.id, "BAD_SEQUENCE")  # type: ignore[attr-defined]
-                self._pings.discard(e.id)  # type: ignore[attr-defined]
+            if isinstance(e, ev.Pong):
+                if e.id not in self._pings:
+                    raise self._fail(f"PONG {e.id} answers no PING", e.id, "BAD_SEQUENCE")
+                self._pings.discard(e.id)
                 return
             if cls is ev.Telemetry:
                 return
@@ -291,8 +302,9 @@ class GatewayConnection(_Connection):
         if cls is ev.Telemetry:
             return
         if self._step is st.LOAD_FAILED or not self._advance_handshake(e):
-            raise self._fail(f"{cls.__name__.upper()} during the handshake (at {self._step!r})",
-                             getattr(e, "id", 0), "BAD_SEQUENCE")
+            raise self._fail(
+                f"{cls.__name__.upper()} during the handshake (at {self._step!r})", getattr(e, "id", 0), "BAD_SEQUENCE"
+            )
 
     def _receive_error(self, e: ev.Error) -> None:
         i = e.id
@@ -308,22 +320,21 @@ class GatewayConnection(_Connection):
     def send(self, e: ev.Event) -> bytes:
         """Return the bytes of request ``e`` (see the class for what is refused)."""
         if self._step is not st.SERVING or self._error is not None or self._closed_event is not None:
-            raise LocalProtocolError(f"cannot send {type(e).__name__} in state {self.state!r}",
-                                     "BAD_SEQUENCE", getattr(e, "id", 0))
+            raise LocalProtocolError(
+                f"cannot send {type(e).__name__} in state {self.state!r}", "BAD_SEQUENCE", getattr(e, "id", 0)
+            )
         cls = type(e)
         caps = self._caps
         assert caps is not None
         i = getattr(e, "id", 0)
         if self._image_id is not None and not (cls is ev.Submit and i == self._image_id):
-            raise LocalProtocolError(f"IMAGE {self._image_id} must be followed by its SUBMIT",
-                                     "BAD_SEQUENCE", i)
+            raise LocalProtocolError(f"IMAGE {self._image_id} must be followed by its SUBMIT", "BAD_SEQUENCE", i)
         if cls in st.KIND_REPLIES or cls is ev.Ping or cls is ev.Image:
             need = _NEEDS.get(cls)
-            if cls is ev.Submit and e.counters:  # type: ignore[attr-defined]
+            if isinstance(e, ev.Submit) and e.counters:
                 need = "x_counters"
             if need is not None and not getattr(caps, need):
-                raise LocalProtocolError(f"the engine did not advertise {need}=1 in CAPS",
-                                         "NOT_SUPPORTED", i)
+                raise LocalProtocolError(f"the engine did not advertise {need}=1 in CAPS", "NOT_SUPPORTED", i)
             if i in self._requests or i in self._pings or (cls is not ev.Submit and i == self._image_id):
                 raise LocalProtocolError(f"id {i} is already in flight", "DUPLICATE_ID", i)
         elif cls not in (ev.Stop, ev.Cancel):
@@ -339,11 +350,11 @@ class GatewayConnection(_Connection):
             if len(self._controlled) > _CONTROLLED_MEMORY:
                 self._controlled.popitem(last=False)
         else:
-            shape = ev.score_shape(e.payload) if cls is ev.Score else None  # type: ignore[attr-defined]
+            assert isinstance(e, (ev.Submit, ev.Decide, ev.Score))  # cls is in KIND_REPLIES
+            shape = ev.score_shape(e.payload) if isinstance(e, ev.Score) else None
             if cls is ev.Score and shape is None:
-                raise LocalProtocolError("Score.payload is not the JSON of spec section 9.1",
-                                         "BAD_FRAME", i)
-            self._requests[i] = st.RequestState(e, shape)  # type: ignore[arg-type]
+                raise LocalProtocolError("Score.payload is not the JSON of spec section 9.1", "BAD_FRAME", i)
+            self._requests[i] = st.RequestState(e, shape)
             self._image_id = None
         return out
 
@@ -393,18 +404,29 @@ class EngineConnection(_Connection):
         self._sent_caps: ev.Caps = ev.Caps({})
 
     @property
-    def state(self) -> Any:
+    def state(self) -> type[Sentinel]:
         """HANDSHAKE (until STAT is sent), SERVING, or CLOSED (EOF received, or LOAD_FAIL sent)."""
         if self._closed_event is not None or self._step is st.LOAD_FAILED:
             return st.CLOSED
         return st.SERVING if self._step is st.SERVING else st.HANDSHAKE
 
-    def next_event(self) -> Any:
+    def next_event(self) -> ev.Event | type[st.NEED_DATA]:
         """Return the next request event, NEED_DATA, or ConnectionClosed (see the class)."""
+        e = self._extract_next_receive_event()
+        if e is None:
+            return _NEED_DATA
+        if type(e) is not _ConnectionClosed:
+            self._process_event(e)
+        return e
+
+    def _extract_next_receive_event(self) -> ev.Event | None:
+        """Framing: the next request frame's event, ConnectionClosed after EOF, or None when
+        more bytes are needed. A frame that does not parse raises RemoteProtocolError once
+        it is skipped; whether it comes at the right time is ``_process_event``'s to say."""
         buf = self._buf
         if self._discard or self._discard_line:
             if not self._skip():
-                return self._closed() if buf.eof else _NEED_DATA
+                return self._closed() if buf.eof else None
         if not self._ready():
             return self._wait()
         data, pos = buf.data, buf.pos
@@ -436,8 +458,7 @@ class EngineConnection(_Connection):
                 buf.need = 0
                 self._discard = sum(sizes) + len(sizes)
                 self._skip()
-                raise RemoteProtocolError(f"payload over {self.max_payload} bytes", "BAD_FRAME",
-                                          _request_id(parts))
+                raise RemoteProtocolError(f"payload over {self.max_payload} bytes", "BAD_FRAME", _request_id(parts))
             else:
                 total = sum(sizes) + len(sizes)
                 if len(data) < end + total:
@@ -448,9 +469,10 @@ class EngineConnection(_Connection):
                     if data[end + n] != 10:
                         buf.pos = end + n
                         buf.need = 0
-                        raise RemoteProtocolError(f"payload of {n} bytes not followed by a newline",
-                                                  "BAD_FRAME", _request_id(parts))
-                    got_payloads.append(data[end:end + n])
+                        raise RemoteProtocolError(
+                            f"payload of {n} bytes not followed by a newline", "BAD_FRAME", _request_id(parts)
+                        )
+                    got_payloads.append(data[end : end + n])
                     end += n + 1
                 payloads = tuple(got_payloads)
         buf.pos = end
@@ -460,11 +482,11 @@ class EngineConnection(_Connection):
                 raise rd.BadFrame(bad)
             e = self._read(kind, parts, payloads)
         except rd.BadFrame as exc:
-            raise RemoteProtocolError(f"{exc.args[0]} (in {kind.decode()} line)", "BAD_FRAME",
-                                      _request_id(parts)) from None
+            raise RemoteProtocolError(
+                f"{exc.args[0]} (in {kind.decode()} line)", "BAD_FRAME", _request_id(parts)
+            ) from None
         except LocalProtocolError as exc:
             raise RemoteProtocolError(exc.reason, "BAD_FRAME", _request_id(parts)) from None
-        self._receive(e)
         return e
 
     def _knows(self, kind: bytes) -> bool:
@@ -498,30 +520,30 @@ class EngineConnection(_Connection):
         buf.need = 0
         return not (self._discard or self._discard_line)
 
-    def _wait(self) -> Any:
+    def _wait(self) -> ev.ConnectionClosed | None:
         buf = self._buf
         if not buf.eof:
-            return _NEED_DATA
+            return None
         if len(buf):
             n = len(buf)
             buf.consume(n)
             raise RemoteProtocolError(f"EOF inside a frame ({n} bytes dropped)", "BAD_FRAME", 0)
         return self._closed()
 
-    def _receive(self, e: ev.Event) -> None:
-        cls = type(e)
-        i = e.id  # type: ignore[attr-defined]
-        if cls in st.KIND_REPLIES or cls is ev.Ping:
+    def _process_event(self, e: ev.Event) -> None:
+        """State: a request whose id is already in flight raises RemoteProtocolError
+        (DUPLICATE_ID); SUBMIT, DECIDE, SCORE and PING are then in flight."""
+        if isinstance(e, (ev.Submit, ev.Decide, ev.Score, ev.Ping)):
+            i = e.id
             if i in self._requests or i in self._pings:
                 raise RemoteProtocolError(f"id {i} is already in flight", "DUPLICATE_ID", i)
-            if cls is ev.Ping:
+            if isinstance(e, ev.Ping):
                 self._pings.add(i)
             else:
-                shape = ev.score_shape(e.payload) if cls is ev.Score else None  # type: ignore[attr-defined]
-                self._requests[i] = st.RequestState(e, shape)  # type: ignore[arg-type]
+                shape = ev.score_shape(e.payload) if isinstance(e, ev.Score) else None
+                self._requests[i] = st.RequestState(e, shape)
 
-    def send_handshake(self, caps: ev.Caps | Mapping[str, str] | None = None,
-                       rss_gb: float = 0.0) -> bytes:
+    def send_handshake(self, caps: ev.Caps | Mapping[str, str] | None = None, rss_gb: float = 0.0) -> bytes:
         """Return READY, the CAPS line (when ``caps`` is given) and ``STAT 0 0 0 <rss_gb>``.
 
         ``caps``: a Caps event or a mapping of CAPS keys to text values;
@@ -537,22 +559,21 @@ class EngineConnection(_Connection):
         cls = type(e)
         if cls in st.HANDSHAKE_EVENTS:
             if not self._advance_handshake(e):
-                raise LocalProtocolError(f"{cls.__name__.upper()} out of the handshake order "
-                                         f"(at {self._step!r})", "BAD_SEQUENCE")
-            if cls is ev.Caps:
-                self._sent_caps = e  # type: ignore[assignment]
+                raise LocalProtocolError(
+                    f"{cls.__name__.upper()} out of the handshake order (at {self._step!r})", "BAD_SEQUENCE"
+                )
+            if isinstance(e, ev.Caps):
+                self._sent_caps = e
             return WRITERS[cls](e)
         if cls is ev.Telemetry:
             return WRITERS[cls](e)
         i = getattr(e, "id", 0)
         if self._step is not st.SERVING:
-            raise LocalProtocolError(f"{cls.__name__.upper()} before the handshake ended",
-                                     "BAD_SEQUENCE", i)
+            raise LocalProtocolError(f"{cls.__name__.upper()} before the handshake ended", "BAD_SEQUENCE", i)
         if cls in st.REQUEST_REPLIES:
             req = self._requests.get(i)
             if req is None:
-                raise LocalProtocolError(f"{cls.__name__.upper()} for id {i} not in flight",
-                                         "BAD_SEQUENCE", i)
+                raise LocalProtocolError(f"{cls.__name__.upper()} for id {i} not in flight", "BAD_SEQUENCE", i)
             try:
                 ended = req.check(e)
             except st.Breach as b:
@@ -561,8 +582,8 @@ class EngineConnection(_Connection):
             if ended:
                 del self._requests[i]
             return out
-        if cls is ev.Error:
-            if i in self._requests and e.code != "DUPLICATE_ID":  # type: ignore[attr-defined]
+        if isinstance(e, ev.Error):
+            if i in self._requests and e.code != "DUPLICATE_ID":
                 del self._requests[i]
             self._pings.discard(i)
             return WRITERS[cls](e)
@@ -574,5 +595,8 @@ class EngineConnection(_Connection):
         raise LocalProtocolError(f"{cls.__name__} is not a reply", "BAD_SEQUENCE", i)
 
 
-_ID_READERS = {b"STOP": rd.read_id_only(ev.Stop), b"CANCEL": rd.read_id_only(ev.Cancel),
-               b"PING": rd.read_id_only(ev.Ping)}
+_ID_READERS = {
+    b"STOP": rd.read_id_only(ev.Stop),
+    b"CANCEL": rd.read_id_only(ev.Cancel),
+    b"PING": rd.read_id_only(ev.Ping),
+}

@@ -36,8 +36,7 @@ class ProtocolError(Exception):
         self.request_id = request_id
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}({self.reason!r}, code={self.code!r}, "
-                f"request_id={self.request_id})")
+        return f"{type(self).__name__}({self.reason!r}, code={self.code!r}, request_id={self.request_id})"
 
 
 class LocalProtocolError(ProtocolError):

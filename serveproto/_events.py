@@ -11,7 +11,8 @@ gigabytes, ``tok_s`` tokens per second. Field meanings follow
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import attrs
 
@@ -19,9 +20,27 @@ from . import _grammar as g
 from ._errors import LocalProtocolError
 
 __all__ = [
-    "Event", "Ready", "Caps", "Stat", "LoadFail", "Telemetry",
-    "Submit", "Image", "Stop", "Cancel", "Decide", "Score", "Ping",
-    "Accept", "Echo", "Data", "Decision", "Done", "Error", "Scored", "Pong",
+    "Event",
+    "Ready",
+    "Caps",
+    "Stat",
+    "LoadFail",
+    "Telemetry",
+    "Submit",
+    "Image",
+    "Stop",
+    "Cancel",
+    "Decide",
+    "Score",
+    "Ping",
+    "Accept",
+    "Echo",
+    "Data",
+    "Decision",
+    "Done",
+    "Error",
+    "Scored",
+    "Pong",
     "ConnectionClosed",
 ]
 
@@ -111,6 +130,7 @@ class Event:
 
 # --- handshake, engine to gateway (section 3) -----------------------------------------
 
+
 @attrs.frozen
 class Ready(Event):
     """The ``\\x01\\x01READY\\x01\\x01`` line: the engine loaded its model (section 3)."""
@@ -136,8 +156,7 @@ class Caps(Event):
         for k, v in vals.items():
             if k in g.CAPS_BOOL_KEYS and v not in ("0", "1"):
                 raise _bad(self, f"values[{k!r}]", f"must be '0' or '1', got {v!r}")
-            if k in g.CAPS_UINT_KEYS and (not v.isascii() or
-                                          g.UINT_RE.fullmatch(v.encode()) is None):
+            if k in g.CAPS_UINT_KEYS and (not v.isascii() or g.UINT_RE.fullmatch(v.encode()) is None):
                 raise _bad(self, f"values[{k!r}]", f"must be a uint, got {v!r}")
         _set(self, "values", vals)
 
@@ -145,9 +164,13 @@ class Caps(Event):
         v = self.values.get(key)
         return g.CAPS_BOOL_KEYS[key] if v is None else v == "1"
 
-    def _int(self, key: str, default: int | None) -> int | None:
+    def _int(self, key: str, default: int) -> int:
         v = self.values.get(key)
         return default if v is None else int(v)
+
+    def _opt_int(self, key: str) -> int | None:
+        v = self.values.get(key)
+        return None if v is None else int(v)
 
     @property
     def chat(self) -> bool:
@@ -172,17 +195,17 @@ class Caps(Event):
     @property
     def slots(self) -> int:
         """Number of KV slots, numbered 0 .. slots-1; default 1."""
-        return self._int("slots", 1)  # type: ignore[return-value]
+        return self._int("slots", 1)
 
     @property
     def n_ctx(self) -> int | None:
         """Context size per slot, in tokens, or None when not advertised."""
-        return self._int("n_ctx", None)
+        return self._opt_int("n_ctx")
 
     @property
     def n_vocab(self) -> int | None:
         """Vocabulary size, in tokens, or None when not advertised."""
-        return self._int("n_vocab", None)
+        return self._opt_int("n_vocab")
 
     @property
     def model(self) -> str | None:
@@ -192,12 +215,12 @@ class Caps(Event):
     @property
     def pin_slots(self) -> int | None:
         """How many snapshots the engine keeps, or None when not advertised (engines default to 4)."""
-        return self._int("pin_slots", None)
+        return self._opt_int("pin_slots")
 
     @property
     def max_logprobs(self) -> int:
         """The largest ``logprobs=`` the engine accepts; default 32."""
-        return self._int("max_logprobs", g.MAX_LOGPROBS)  # type: ignore[return-value]
+        return self._int("max_logprobs", g.MAX_LOGPROBS)
 
     @property
     def x_score(self) -> bool:
@@ -273,8 +296,7 @@ class Telemetry(Event):
     def __attrs_post_init__(self) -> None:
         line = _bytes(self, "line", self.line, 0)
         _set(self, "line", line)
-        if type(self.kind) is not str or not self.kind.isascii() or \
-                g.KIND_RE.fullmatch(self.kind.encode()) is None:
+        if type(self.kind) is not str or not self.kind.isascii() or g.KIND_RE.fullmatch(self.kind.encode()) is None:
             raise _bad(self, "kind", f"must match [A-Z][A-Z0-9_]*, got {self.kind!r}")
         k = self.kind.encode()
         if k in g.REPLY_KINDS or k in g.REQUEST_KINDS:
@@ -284,6 +306,7 @@ class Telemetry(Event):
 
 
 # --- requests, gateway to engine (section 4, 9) ---------------------------------------
+
 
 @attrs.frozen
 class Submit(Event):
@@ -416,22 +439,27 @@ class Score(Event):
         _set(self, "payload", _bytes(self, "payload", self.payload, self.id))
 
     @classmethod
-    def build(cls, id: int, slot: int, prefix: str,
-              groups: list[tuple[str, list[str]]], pin: bool = False) -> "Score":
+    def build(cls, id: int, slot: int, prefix: str, groups: list[tuple[str, list[str]]], pin: bool = False) -> Score:
         """Return a Score whose payload holds ``prefix`` and ``groups``
         (``[(stem, [option, ...]), ...]``) as the spec's JSON.
 
         Raises LocalProtocolError when a group has no option or a text is not a str.
         """
         import json
-        body: dict[str, Any] = {"prefix": prefix, "groups": [
-            {"stem": stem, "options": list(opts)} for stem, opts in groups]}
+
+        body: dict[str, Any] = {
+            "prefix": prefix,
+            "groups": [{"stem": stem, "options": list(opts)} for stem, opts in groups],
+        }
         if pin:
             body["pin"] = True
         ev = cls(id, slot, json.dumps(body, ensure_ascii=False).encode())
         if score_shape(ev.payload) is None:
-            raise LocalProtocolError("Score.payload: every group needs a str stem and at "
-                                     "least one str option, and the prefix a str", "BAD_FRAME", id)
+            raise LocalProtocolError(
+                "Score.payload: every group needs a str stem and at least one str option, and the prefix a str",
+                "BAD_FRAME",
+                id,
+            )
         return ev
 
 
@@ -439,6 +467,7 @@ def score_shape(payload: bytes) -> tuple[int, ...] | None:
     """Return the number of options of each group of a SCORE payload, or None
     when the payload is not the JSON shape of section 9.1."""
     import json
+
     try:
         body = json.loads(payload)
     except (ValueError, UnicodeDecodeError):
@@ -470,6 +499,7 @@ class Ping(Event):
 
 
 # --- replies, engine to gateway (section 5, 9) -----------------------------------------
+
 
 @attrs.frozen
 class Accept(Event):
@@ -518,8 +548,7 @@ class Echo(Event):
         if type(top) is not tuple or top:
             _set(self, "top", _top(self, top, rid))
         if not _isfinite(lp) and not (lp != lp and self.position == 0 and not self.top):
-            raise _bad(self, "logprob", "must be finite (nan only at position 0 with k=0), "
-                       f"got {lp!r}", rid)
+            raise _bad(self, "logprob", f"must be finite (nan only at position 0 with k=0), got {lp!r}", rid)
         if type(self.text) is not bytes:
             _set(self, "text", _bytes(self, "text", self.text, rid))
 
@@ -703,7 +732,10 @@ class ConnectionClosed(Event):
     unfinished: tuple[int, ...] = ()
 
 
-def trusted_constructor(cls: type) -> Any:
+E = TypeVar("E", bound=Event)
+
+
+def trusted_constructor(cls: type[E]) -> Callable[..., E]:
     """Return ``make(*fields)`` building a ``cls`` without validation.
 
     Only for the readers, which have checked every field against the grammar
@@ -717,6 +749,6 @@ def trusted_constructor(cls: type) -> Any:
     body = "".join(f"    _s{i}(o, a{i})\n" for i in range(len(names)))
     ns: dict[str, Any] = {"new": new, "cls": cls, **setters}
     exec(f"def make({args}):\n    o = new(cls)\n{body}    return o\n", ns)
-    make = ns["make"]
+    make: Callable[..., E] = ns["make"]
     make.__doc__ = f"Build a {cls.__name__} from already-validated fields {names}."
     return make

@@ -39,8 +39,14 @@ READY_LINE = b"\x01\x01READY\x01\x01"
 #: ``LOAD_FAIL kind=<kind>``
 LOAD_FAIL_KINDS = frozenset({"nomem", "io", "format", "unsupported"})
 #: CAPS keys whose value is ``0`` or ``1``, with the meaning of an absent key.
-CAPS_BOOL_KEYS = {"chat": True, "decide": False, "vision": False,
-                  "x_score": False, "x_counters": False, "x_health": False}
+CAPS_BOOL_KEYS = {
+    "chat": True,
+    "decide": False,
+    "vision": False,
+    "x_score": False,
+    "x_counters": False,
+    "x_health": False,
+}
 #: CAPS keys whose value is a ``uint``.
 CAPS_UINT_KEYS = frozenset({"slots", "n_ctx", "n_vocab", "pin_slots", "max_logprobs"})
 #: STAT carries exactly four floats; the last is the resident memory in GB.
@@ -59,15 +65,23 @@ REQUEST_PAYLOAD_FIELD = {b"SUBMIT": 3, b"IMAGE": 2, b"DECIDE": 3, b"SCORE": 3}
 SUBMIT_GBYTES_FIELD = 7
 #: Every request kind of sections 4 and 9, with the CAPS key that must have
 #: been advertised for an engine to know it (``None``: always known).
-REQUEST_KINDS = {b"SUBMIT": None, b"IMAGE": None, b"STOP": None, b"CANCEL": None,
-                 b"DECIDE": None, b"SCORE": "x_score", b"PING": "x_health"}
+REQUEST_KINDS = {
+    b"SUBMIT": None,
+    b"IMAGE": None,
+    b"STOP": None,
+    b"CANCEL": None,
+    b"DECIDE": None,
+    b"SCORE": "x_score",
+    b"PING": "x_health",
+}
 
 # --- section 5: replies -------------------------------------------------------
 #: Reply kinds that carry a payload, and the index of their byte count field.
 REPLY_PAYLOAD_FIELD = {b"ECHO": 2, b"DATA": 2, b"DECISION": 2}
 #: Every line kind a gateway knows (sections 3, 5, 9); others are telemetry.
-REPLY_KINDS = frozenset({b"CAPS", b"STAT", b"LOAD_FAIL", b"ACCEPT", b"ECHO", b"DATA",
-                         b"DECISION", b"DONE", b"ERROR", b"SCORED", b"PONG"})
+REPLY_KINDS = frozenset(
+    {b"CAPS", b"STAT", b"LOAD_FAIL", b"ACCEPT", b"ECHO", b"DATA", b"DECISION", b"DONE", b"ERROR", b"SCORED", b"PONG"}
+)
 #: DONE: ``DONE <id> STAT`` + six fields = 9 fields before any key.
 DONE_FIXED_FIELDS = 9
 #: DONE counters (section 9.2), in their written order.
@@ -77,9 +91,20 @@ SNAPSHOT_VALUES = frozenset({"none", "hit", "stale"})
 MAX_SCORED_TOKENS = 200
 
 # --- section 7: error codes -----------------------------------------------------
-ERROR_CODES = frozenset({
-    "BAD_FRAME", "BAD_REQUEST", "SLOT_BUSY", "DUPLICATE_ID", "EMPTY_PROMPT", "NOT_FOUND",
-    "CANCELLED", "DECIDE_INVALID", "DECIDE_FAILED", "NOT_SUPPORTED"})
+ERROR_CODES = frozenset(
+    {
+        "BAD_FRAME",
+        "BAD_REQUEST",
+        "SLOT_BUSY",
+        "DUPLICATE_ID",
+        "EMPTY_PROMPT",
+        "NOT_FOUND",
+        "CANCELLED",
+        "DECIDE_INVALID",
+        "DECIDE_FAILED",
+        "NOT_SUPPORTED",
+    }
+)
 
 # --- fast path (not a production: a conservative acceptor) ---------------------------------------
 #: An ``ECHO`` line with ``k=1`` whose every field is in its plainest form:
@@ -88,10 +113,18 @@ ERROR_CODES = frozenset({
 #: 5; a line it does not match takes the general path, which decides.
 _FU = rb"(0|[1-9][0-9]{0,18})"
 _FF = rb"(-?[0-9]{1,20}(?:\.[0-9]*)?(?:e[-+][0-9][0-9])?)"
-ECHO_K1_FAST = re.compile(rb"ECHO ([1-9][0-9]{0,18}) " + _FU + b" " + _FU + b" " + _FF +
-                          b" 1 " + _FU + b" " + _FF)
-#: The same for ``k`` from 2 to 32: the alternatives come as one group, split by the reader.
+ECHO_K1_FAST = re.compile(rb"ECHO ([1-9][0-9]{0,18}) " + _FU + b" " + _FU + b" " + _FF + b" 1 " + _FU + b" " + _FF)
+#: The same for ``k`` from 2 to 32: the alternatives come as one group, split by the reader
+#: (valid once the group holds exactly k pairs).
 _FF0 = rb"-?[0-9]{1,20}(?:\.[0-9]*)?(?:e[-+][0-9][0-9])?"
-ECHO_KN_FAST = re.compile(rb"ECHO ([1-9][0-9]{0,18}) " + _FU + b" " + _FU + b" " + _FF +
-                          rb" ([2-9]|[12][0-9]|3[0-2])((?: (?:0|[1-9][0-9]{0,18}) " + _FF0 +
-                          rb"){2,32})")
+ECHO_KN_FAST = re.compile(
+    rb"ECHO ([1-9][0-9]{0,18}) "
+    + _FU
+    + b" "
+    + _FU
+    + b" "
+    + _FF
+    + rb" ([2-9]|[12][0-9]|3[0-2])((?: (?:0|[1-9][0-9]{0,18}) "
+    + _FF0
+    + rb"){2,32})"
+)

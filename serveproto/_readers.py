@@ -13,7 +13,8 @@ one precompiled float pattern and built with trusted constructors.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
+from typing import TypeVar
 
 from . import _events as ev
 from . import _grammar as g
@@ -22,7 +23,10 @@ from ._errors import LocalProtocolError
 _U64 = g.UINT_LIMIT
 _float_match = g.FLOAT_RE.fullmatch
 _key_match = g.KEY_RE.fullmatch
+_echo_k1 = g.ECHO_K1_FAST.fullmatch
+_echo_kn = g.ECHO_KN_FAST.fullmatch
 _isfinite = math.isfinite
+E = TypeVar("E", bound=ev.Event)
 
 
 class BadFrame(Exception):
@@ -76,7 +80,7 @@ def _text(fields: list[bytes]) -> str:
     return b" ".join(fields).decode("utf-8", "replace")
 
 
-def _build(cls: Callable[..., ev.Event], *args: object, **kw: object) -> ev.Event:
+def _build(cls: Callable[..., E], *args: object, **kw: object) -> E:
     """Build an event with validation, turning a bad field into BadFrame."""
     try:
         return cls(*args, **kw)
@@ -133,6 +137,36 @@ def read_echo(parts: list[bytes], payload: bytes) -> ev.Echo:
     return _make_echo(rid(parts[1]), pos, lp, top, payload)
 
 
+def read_plain_echo(data: bytes, pos: int, nl: int, max_payload: int) -> ev.Echo | None:
+    """The hot path of a read-out: the ECHO frame whose line is ``data[pos:nl]``, when that
+    line is in its plainest spelling (``_grammar.ECHO_K1_FAST`` or ``ECHO_KN_FAST``) and its payload (at most
+    ``max_payload`` bytes) is complete in ``data``.
+
+    Returns the event (the frame ends ``len(event.text) + 1`` bytes after ``nl``), or None
+    for anything else, whatever the reason: the general path (``read_echo``) then decides.
+    An event it returns is the one ``read_echo`` builds from the same bytes.
+    """
+    top: tuple[tuple[int, float], ...]
+    m = _echo_k1(data, pos, nl)
+    if m is not None:
+        i, nb, p, lp, tid, tlp = m.groups()
+        top = ((int(tid), float(tlp)),)
+    else:
+        m = _echo_kn(data, pos, nl)
+        if m is None:
+            return None
+        i, nb, p, lp, k, tail = m.groups()
+        t = tail.split(b" ")  # t[0] is empty: the group starts with a space
+        if len(t) != 2 * int(k) + 1:
+            return None
+        top = tuple(zip(map(int, t[1::2]), map(float, t[2::2]), strict=True))
+    n = int(nb)
+    end = nl + 1 + n
+    if n > max_payload or len(data) <= end or data[end] != 10:
+        return None
+    return _make_echo(int(i), int(p), float(lp), top, data[nl + 1 : end])
+
+
 def read_data(parts: list[bytes], payload: bytes) -> ev.Data:
     """``DATA <id> <n>[ <lp> <k>[ <tid> <tlp>]*k]`` + text."""
     n = len(parts)
@@ -161,8 +195,7 @@ def read_scored(parts: list[bytes]) -> ev.Scored:
         raise BadFrame(f"SCORED takes at least 6 fields, got {len(parts) - 1}")
     n = uint(parts[5])
     if len(parts) != 6 + n or n > g.MAX_SCORED_TOKENS:
-        raise BadFrame(f"SCORED announces n={n} logprobs (1..{g.MAX_SCORED_TOKENS}) "
-                       f"but has {len(parts) - 6}")
+        raise BadFrame(f"SCORED announces n={n} logprobs (1..{g.MAX_SCORED_TOKENS}) but has {len(parts) - 6}")
     lps = tuple(map(flt, parts[6:]))
     if not all(map(_isfinite, lps)):
         raise BadFrame(f"SCORED logprobs must be finite, got {lps!r}")
@@ -183,13 +216,25 @@ def read_done(parts: list[bytes]) -> ev.Done:
         raise BadFrame(f"DONE length_limited must be 0 or 1, got {parts[8][:40]!r}")
     counters: dict[str, object] = {}
     if len(parts) > g.DONE_FIXED_FIELDS:
-        kv = pairs(parts[g.DONE_FIXED_FIELDS:])
+        kv = pairs(parts[g.DONE_FIXED_FIELDS :])
         if set(kv) != {"computed", "reused", "snapshot"}:
             raise BadFrame(f"DONE keys must be computed, reused and snapshot, got {sorted(kv)}")
-        counters = {"computed": uint(kv["computed"].encode()), "reused": uint(kv["reused"].encode()),
-                    "snapshot": kv["snapshot"]}
-    return _build(ev.Done, rid(parts[1]), uint(parts[3]), flt(parts[4]), flt(parts[5]),
-                  flt(parts[6]), uint(parts[7]), parts[8] == b"1", **counters)
+        counters = {
+            "computed": uint(kv["computed"].encode()),
+            "reused": uint(kv["reused"].encode()),
+            "snapshot": kv["snapshot"],
+        }
+    return _build(
+        ev.Done,
+        rid(parts[1]),
+        uint(parts[3]),
+        flt(parts[4]),
+        flt(parts[5]),
+        flt(parts[6]),
+        uint(parts[7]),
+        parts[8] == b"1",
+        **counters,
+    )
 
 
 def read_error(parts: list[bytes]) -> ev.Error:
@@ -231,6 +276,7 @@ def read_telemetry(kind: bytes, line: bytes) -> ev.Telemetry:
 
 # --- gateway to engine -------------------------------------------------------------------
 
+
 def read_submit(parts: list[bytes], payloads: tuple[bytes, ...], counters_ok: bool) -> ev.Submit:
     """``SUBMIT <id> <slot> <bytes> <max_tokens> <temp> <top_p>[ <gbytes>][ key=value ...]``.
 
@@ -241,7 +287,7 @@ def read_submit(parts: list[bytes], payloads: tuple[bytes, ...], counters_ok: bo
     n = len(parts)
     if n < g.SUBMIT_FIXED_FIELDS:
         raise BadFrame(f"SUBMIT takes at least 6 fields, got {n - 1}")
-    keys = parts[g.SUBMIT_FIXED_FIELDS:]
+    keys = parts[g.SUBMIT_FIXED_FIELDS :]
     grammar = None
     if keys and b"=" not in keys[0]:
         if len(payloads) != 2:  # payload_sizes() could not read it as a uint
@@ -261,8 +307,17 @@ def read_submit(parts: list[bytes], payloads: tuple[bytes, ...], counters_ok: bo
         if not rng[0] <= val <= rng[1]:
             raise BadFrame(f"{key}={val} out of range {rng[0]}..{rng[1]}")
         opts[key] = val if key == "logprobs" else bool(val)
-    return _build(ev.Submit, rid(parts[1]), uint(parts[2]), payloads[0], uint(parts[4]),
-                  flt(parts[5]), flt(parts[6]), grammar, **opts)
+    return _build(
+        ev.Submit,
+        rid(parts[1]),
+        uint(parts[2]),
+        payloads[0],
+        uint(parts[4]),
+        flt(parts[5]),
+        flt(parts[6]),
+        grammar,
+        **opts,
+    )
 
 
 def read_image(parts: list[bytes], payloads: tuple[bytes, ...]) -> ev.Image:
@@ -283,11 +338,13 @@ def read_score(parts: list[bytes], payloads: tuple[bytes, ...]) -> ev.Score:
     return _build(ev.Score, rid(parts[1]), uint(parts[2]), payloads[0])
 
 
-def read_id_only(cls: Callable[[int], ev.Event]) -> Callable[[list[bytes]], ev.Event]:
+def read_id_only(cls: Callable[[int], E]) -> Callable[[list[bytes]], E]:
     """Return a reader for ``<KIND> <id>`` frames (STOP, CANCEL, PING)."""
-    def read(parts: list[bytes]) -> ev.Event:
+
+    def read(parts: list[bytes]) -> E:
         _nfields(parts, 2)
         return cls(rid(parts[1]))
+
     read.__doc__ = f"``{cls.__name__.upper()} <id>``."
     return read
 
@@ -303,8 +360,7 @@ def payload_sizes(kind: bytes, parts: list[bytes], table: dict[bytes, int]) -> t
         sizes = [uint(parts[i])]
     except BadFrame:
         return None
-    if kind == b"SUBMIT" and len(parts) > g.SUBMIT_GBYTES_FIELD and \
-            b"=" not in parts[g.SUBMIT_GBYTES_FIELD]:
+    if kind == b"SUBMIT" and len(parts) > g.SUBMIT_GBYTES_FIELD and b"=" not in parts[g.SUBMIT_GBYTES_FIELD]:
         try:
             sizes.append(uint(parts[g.SUBMIT_GBYTES_FIELD]))
         except BadFrame:

@@ -10,57 +10,109 @@ the gateway checks what it receives, the engine what it sends.
 
 from __future__ import annotations
 
-from typing import Any
-
 from . import _events as ev
-from ._util import make_sentinel
+from ._util import Sentinel
+
 
 # --- public connection states ---------------------------------------------------------------
-HANDSHAKE = make_sentinel("HANDSHAKE", "The engine has not finished READY [CAPS] STAT (section 3).")
-SERVING = make_sentinel("SERVING", "The handshake is done; requests and replies flow.")
-CLOSED = make_sentinel("CLOSED", "The peer closed its end (EOF), or the engine reported LOAD_FAIL.")
-ERROR = make_sentinel("ERROR", "A protocol error ended the connection (gateway side).")
-NEED_DATA = make_sentinel("NEED_DATA", "next_event() needs more bytes: call receive_data() first.")
+class HANDSHAKE(Sentinel, metaclass=Sentinel):
+    """The engine has not finished READY [CAPS] STAT (section 3)."""
+
+
+class SERVING(Sentinel, metaclass=Sentinel):
+    """The handshake is done; requests and replies flow."""
+
+
+class CLOSED(Sentinel, metaclass=Sentinel):
+    """The peer closed its end (EOF), or the engine reported LOAD_FAIL."""
+
+
+class ERROR(Sentinel, metaclass=Sentinel):
+    """A protocol error ended the connection (gateway side)."""
+
+
+class NEED_DATA(Sentinel, metaclass=Sentinel):
+    """next_event() needs more bytes: call receive_data() first."""
+
 
 # --- handshake steps (section 3) --------------------------------------------------------------
-WAIT_READY = make_sentinel("WAIT_READY", "Handshake: nothing received yet.")
-WAIT_CAPS = make_sentinel("WAIT_CAPS", "Handshake: READY received; CAPS or STAT next.")
-WAIT_STAT = make_sentinel("WAIT_STAT", "Handshake: CAPS received; STAT next.")
-LOAD_FAILED = make_sentinel("LOAD_FAILED", "Handshake: LOAD_FAIL received; the engine exits.")
+class WAIT_READY(Sentinel, metaclass=Sentinel):
+    """Handshake: nothing received yet."""
 
-HANDSHAKE_TRANSITIONS: dict[tuple[Any, type], Any] = {
+
+class WAIT_CAPS(Sentinel, metaclass=Sentinel):
+    """Handshake: READY received; CAPS or STAT next."""
+
+
+class WAIT_STAT(Sentinel, metaclass=Sentinel):
+    """Handshake: CAPS received; STAT next."""
+
+
+class LOAD_FAILED(Sentinel, metaclass=Sentinel):
+    """Handshake: LOAD_FAIL received; the engine exits."""
+
+
+#: A connection's handshake step -> the step an event of that class moves it to.
+HANDSHAKE_TRANSITIONS: dict[tuple[type[Sentinel], type[ev.Event]], type[Sentinel]] = {
     (WAIT_READY, ev.Ready): WAIT_CAPS,
     (WAIT_READY, ev.LoadFail): LOAD_FAILED,
     (WAIT_CAPS, ev.Caps): WAIT_STAT,
     (WAIT_CAPS, ev.Stat): SERVING,
     (WAIT_STAT, ev.Stat): SERVING,
 }
-HANDSHAKE_EVENTS = frozenset({ev.Ready, ev.Caps, ev.Stat, ev.LoadFail})
+HANDSHAKE_EVENTS: frozenset[type[ev.Event]] = frozenset({ev.Ready, ev.Caps, ev.Stat, ev.LoadFail})
+
 
 # --- per-request phases (section 5) -----------------------------------------------------------
-NEW = make_sentinel("NEW", "Request: sent, no reply yet.")
-ACCEPTED = make_sentinel("ACCEPTED", "Request: ACCEPT received.")
-ECHOING = make_sentinel("ECHOING", "Request: ECHO frames are coming (read-out).")
-GENERATING = make_sentinel("GENERATING", "Request: DATA frames are coming.")
-DECIDED = make_sentinel("DECIDED", "Request: the DECISION came; DONE next.")
-SCORING = make_sentinel("SCORING", "Request: SCORED frames are coming.")
+class NEW(Sentinel, metaclass=Sentinel):
+    """Request: sent, no reply yet."""
 
-REQUEST_TRANSITIONS: dict[tuple[Any, type], Any] = {
+
+class ACCEPTED(Sentinel, metaclass=Sentinel):
+    """Request: ACCEPT received."""
+
+
+class ECHOING(Sentinel, metaclass=Sentinel):
+    """Request: ECHO frames are coming (read-out)."""
+
+
+class GENERATING(Sentinel, metaclass=Sentinel):
+    """Request: DATA frames are coming."""
+
+
+class DECIDED(Sentinel, metaclass=Sentinel):
+    """Request: the DECISION came; DONE next."""
+
+
+class SCORING(Sentinel, metaclass=Sentinel):
+    """Request: SCORED frames are coming."""
+
+
+#: A request's phase -> the phase a reply of that class moves it to.
+REQUEST_TRANSITIONS: dict[tuple[type[Sentinel], type[ev.Event]], type[Sentinel]] = {
     (NEW, ev.Accept): ACCEPTED,
-    (NEW, ev.Echo): ECHOING, (ACCEPTED, ev.Echo): ECHOING, (ECHOING, ev.Echo): ECHOING,
-    (NEW, ev.Data): GENERATING, (ACCEPTED, ev.Data): GENERATING,
-    (ECHOING, ev.Data): GENERATING, (GENERATING, ev.Data): GENERATING,
-    (NEW, ev.Decision): DECIDED, (ACCEPTED, ev.Decision): DECIDED,
-    (NEW, ev.Scored): SCORING, (ACCEPTED, ev.Scored): SCORING, (SCORING, ev.Scored): SCORING,
+    (NEW, ev.Echo): ECHOING,
+    (ACCEPTED, ev.Echo): ECHOING,
+    (ECHOING, ev.Echo): ECHOING,
+    (NEW, ev.Data): GENERATING,
+    (ACCEPTED, ev.Data): GENERATING,
+    (ECHOING, ev.Data): GENERATING,
+    (GENERATING, ev.Data): GENERATING,
+    (NEW, ev.Decision): DECIDED,
+    (ACCEPTED, ev.Decision): DECIDED,
+    (NEW, ev.Scored): SCORING,
+    (ACCEPTED, ev.Scored): SCORING,
+    (SCORING, ev.Scored): SCORING,
 }
 #: The replies each request kind may get, besides DONE and ERROR.
-KIND_REPLIES = {
+KIND_REPLIES: dict[type[ev.Event], frozenset[type[ev.Event]]] = {
     ev.Submit: frozenset({ev.Accept, ev.Echo, ev.Data}),
     ev.Decide: frozenset({ev.Accept, ev.Decision}),
     ev.Score: frozenset({ev.Accept, ev.Scored}),
 }
 #: Reply kinds that belong to one request (ERROR and PONG are routed apart).
-REQUEST_REPLIES = frozenset({ev.Accept, ev.Echo, ev.Data, ev.Decision, ev.Scored, ev.Done})
+REQUEST_REPLY_CLASSES = (ev.Accept, ev.Echo, ev.Data, ev.Decision, ev.Scored, ev.Done)
+REQUEST_REPLIES: frozenset[type[ev.Event]] = frozenset(REQUEST_REPLY_CLASSES)
 
 
 class Breach(Exception):
@@ -76,18 +128,30 @@ class RequestState:
     section 5's invariants and returns True when the reply ends the request.
     """
 
-    __slots__ = ("id", "kind", "logprobs", "max_tokens", "counters", "shape", "phase",
-                 "prompt_tokens", "next_position", "n_data", "next_score", "longest_score")
+    __slots__ = (
+        "id",
+        "kind",
+        "logprobs",
+        "max_tokens",
+        "counters",
+        "shape",
+        "phase",
+        "prompt_tokens",
+        "next_position",
+        "n_data",
+        "next_score",
+        "longest_score",
+    )
 
-    def __init__(self, request: ev.Submit | ev.Decide | ev.Score,
-                 shape: tuple[int, ...] | None = None) -> None:
+    def __init__(self, request: ev.Submit | ev.Decide | ev.Score, shape: tuple[int, ...] | None = None) -> None:
         self.id = request.id
-        self.kind = type(request)
-        self.logprobs = getattr(request, "logprobs", 0)
-        self.max_tokens = getattr(request, "max_tokens", 0)
-        self.counters = getattr(request, "counters", False) or self.kind is ev.Score
+        self.kind: type[ev.Submit | ev.Decide | ev.Score] = type(request)
+        sub = request if type(request) is ev.Submit else None
+        self.logprobs = sub.logprobs if sub is not None else 0
+        self.max_tokens = sub.max_tokens if sub is not None else 0
+        self.counters = sub.counters if sub is not None else self.kind is ev.Score
         self.shape = shape
-        self.phase: Any = NEW
+        self.phase: type[Sentinel] = NEW
         self.prompt_tokens: int | None = None
         self.next_position: int | None = None
         self.n_data = 0
@@ -96,13 +160,13 @@ class RequestState:
 
     def check(self, e: ev.Event) -> bool:
         """Check reply ``e`` of this request; return True when it ends the request."""
-        cls = type(e)
-        if cls is ev.Echo:
-            self._echo(e)  # type: ignore[arg-type]
+        if type(e) is ev.Echo:
+            self.echo(e)
             return False
-        if cls is ev.Done:
-            self._done(e)  # type: ignore[arg-type]
+        if type(e) is ev.Done:
+            self._done(e)
             return True
+        cls = type(e)
         if cls is ev.Error:
             return True
         if cls not in KIND_REPLIES[self.kind]:
@@ -110,16 +174,17 @@ class RequestState:
         nxt = REQUEST_TRANSITIONS.get((self.phase, cls))
         if nxt is None:
             raise Breach(f"{cls.__name__.upper()} after {self.phase!r}")
-        if cls is ev.Data:
-            self._data(e)  # type: ignore[arg-type]
-        elif cls is ev.Accept:
-            self.prompt_tokens = e.prompt_tokens  # type: ignore[attr-defined]
-        elif cls is ev.Scored:
-            self._scored(e)  # type: ignore[arg-type]
+        if isinstance(e, ev.Data):
+            self._data(e)
+        elif isinstance(e, ev.Accept):
+            self.prompt_tokens = e.prompt_tokens
+        elif isinstance(e, ev.Scored):
+            self._scored(e)
         self.phase = nxt
         return False
 
-    def _echo(self, e: ev.Echo) -> None:
+    def echo(self, e: ev.Echo) -> None:
+        """Check ECHO ``e`` of this request (``check`` for an ECHO, which never ends it)."""
         if self.phase is not ECHOING:
             if not self.logprobs or self.kind is not ev.Submit:
                 raise Breach("ECHO for a request without logprobs")
@@ -172,11 +237,11 @@ class RequestState:
             raise Breach("DONE counters must be present exactly when the request asked for them")
         if self.kind is ev.Submit:
             if self.next_position is not None and self.next_position != e.prompt_tokens:
-                raise Breach(f"read-out ended at position {self.next_position - 1}, "
-                             f"the prompt has {e.prompt_tokens} tokens")
-            if e.has_counters and e.computed + e.reused != e.prompt_tokens:  # type: ignore[operator]
-                raise Breach(f"DONE computed={e.computed} + reused={e.reused} != "
-                             f"prompt_tokens={e.prompt_tokens}")
+                raise Breach(
+                    f"read-out ended at position {self.next_position - 1}, the prompt has {e.prompt_tokens} tokens"
+                )
+            if e.computed is not None and e.reused is not None and e.computed + e.reused != e.prompt_tokens:
+                raise Breach(f"DONE computed={e.computed} + reused={e.reused} != prompt_tokens={e.prompt_tokens}")
         elif self.kind is ev.Decide:
             if self.phase is not DECIDED:
                 raise Breach("DONE of a DECIDE without its DECISION")
@@ -184,5 +249,6 @@ class RequestState:
             if self.shape is not None and self.next_score != (len(self.shape), 0):
                 raise Breach(f"DONE of a SCORE before all SCORED frames (next due {self.next_score})")
             if e.prompt_tokens != self.longest_score:
-                raise Breach(f"DONE says prompt_tokens={e.prompt_tokens}, the longest option "
-                             f"reached {self.longest_score}")
+                raise Breach(
+                    f"DONE says prompt_tokens={e.prompt_tokens}, the longest option reached {self.longest_score}"
+                )

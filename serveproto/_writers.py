@@ -9,7 +9,7 @@ validated when built, so writers only format.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from . import _events as ev
 from . import _grammar as g
@@ -48,8 +48,7 @@ def write_telemetry(e: ev.Telemetry) -> bytes:
 
 
 def write_submit(e: ev.Submit) -> bytes:
-    head = (f"SUBMIT {e.id} {e.slot} {len(e.prompt)} {e.max_tokens} "
-            f"{fmt(e.temperature)} {fmt(e.top_p)}")
+    head = f"SUBMIT {e.id} {e.slot} {len(e.prompt)} {e.max_tokens} {fmt(e.temperature)} {fmt(e.top_p)}"
     if e.grammar is not None:
         head += f" {len(e.grammar)}"
     if e.logprobs:
@@ -95,8 +94,11 @@ def write_accept(e: ev.Accept) -> bytes:
 
 
 def write_echo(e: ev.Echo) -> bytes:
-    return (f"ECHO {e.id} {len(e.text)} {e.position} {fmt(e.logprob)} {len(e.top)}"
-            f"{_top(e.top)}\n").encode() + e.text + b"\n"
+    return (
+        (f"ECHO {e.id} {len(e.text)} {e.position} {fmt(e.logprob)} {len(e.top)}{_top(e.top)}\n").encode()
+        + e.text
+        + b"\n"
+    )
 
 
 def write_data(e: ev.Data) -> bytes:
@@ -109,8 +111,10 @@ def write_decision(e: ev.Decision) -> bytes:
 
 
 def write_done(e: ev.Done) -> bytes:
-    s = (f"DONE {e.id} STAT {e.emitted} {fmt(e.tok_s)} {fmt(e.hit_pct)} {fmt(e.rss_gb)} "
-         f"{e.prompt_tokens} {int(e.length_limited)}")
+    s = (
+        f"DONE {e.id} STAT {e.emitted} {fmt(e.tok_s)} {fmt(e.hit_pct)} {fmt(e.rss_gb)} "
+        f"{e.prompt_tokens} {int(e.length_limited)}"
+    )
     if e.computed is not None:
         s += f" computed={e.computed} reused={e.reused} snapshot={e.snapshot}"
     return (s + "\n").encode()
@@ -122,8 +126,11 @@ def write_error(e: ev.Error) -> bytes:
 
 
 def write_scored(e: ev.Scored) -> bytes:
-    return (f"SCORED {e.id} {e.group} {e.option} {e.context_tokens} {len(e.logprobs)} "
-            + " ".join(map(fmt, e.logprobs)) + "\n").encode()
+    return (
+        f"SCORED {e.id} {e.group} {e.option} {e.context_tokens} {len(e.logprobs)} "
+        + " ".join(map(fmt, e.logprobs))
+        + "\n"
+    ).encode()
 
 
 def write_pong(e: ev.Pong) -> bytes:
@@ -132,13 +139,26 @@ def write_pong(e: ev.Pong) -> bytes:
 
 #: Event class -> writer.
 WRITERS: dict[type, Callable[..., bytes]] = {
-    ev.Ready: write_ready, ev.Caps: write_caps, ev.Stat: write_stat,
-    ev.LoadFail: write_load_fail, ev.Telemetry: write_telemetry,
-    ev.Submit: write_submit, ev.Image: write_image, ev.Stop: write_stop,
-    ev.Cancel: write_cancel, ev.Ping: write_ping, ev.Decide: write_decide, ev.Score: write_score,
-    ev.Accept: write_accept, ev.Echo: write_echo, ev.Data: write_data,
-    ev.Decision: write_decision, ev.Done: write_done, ev.Error: write_error,
-    ev.Scored: write_scored, ev.Pong: write_pong,
+    ev.Ready: write_ready,
+    ev.Caps: write_caps,
+    ev.Stat: write_stat,
+    ev.LoadFail: write_load_fail,
+    ev.Telemetry: write_telemetry,
+    ev.Submit: write_submit,
+    ev.Image: write_image,
+    ev.Stop: write_stop,
+    ev.Cancel: write_cancel,
+    ev.Ping: write_ping,
+    ev.Decide: write_decide,
+    ev.Score: write_score,
+    ev.Accept: write_accept,
+    ev.Echo: write_echo,
+    ev.Data: write_data,
+    ev.Decision: write_decision,
+    ev.Done: write_done,
+    ev.Error: write_error,
+    ev.Scored: write_scored,
+    ev.Pong: write_pong,
 }
 
 

@@ -13,7 +13,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import quality  # noqa: E402
 
-from gateway import evalset  # noqa: E402
+from gateway.decision import evalset  # noqa: E402
 
 
 def test_rotations_are_recognised():

@@ -10,7 +10,7 @@ import httpx2
 import orjson
 import pytest
 
-from gateway import calibration, evalset
+from gateway.decision import calibration, evalset
 from gateway.cli import main
 from gateway.paths import DEFAULT_MODEL_NAME, default_model_path, engine_bin
 from test_server_llama import serving

@@ -1,4 +1,4 @@
-"""``gateway.calibration``: the maps by hand, fits with known optima, cross-validation, the file, and serve's
+"""``gateway.decision.calibration``: the maps by hand, fits with known optima, cross-validation, the file, and serve's
 loading (``--calibration``) and ``x_calibration`` on the routes' fake engine."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import orjson
 import pytest
 
-from gateway import calibration as cal
+from gateway.decision import calibration as cal
 
 
 def test_temperature_and_two_slope_by_hand():
@@ -131,7 +131,7 @@ def test_reliability_diagrams(tmp_path):
 
 
 def test_serve_loads_the_models_calibration(tmp_path, monkeypatch):
-    from gateway.cli_serve import load_calibration
+    from gateway.cli.serve import load_calibration
 
     monkeypatch.setenv("SERVEPROTO_CACHE", str(tmp_path))
     model = tmp_path / "m.gguf"

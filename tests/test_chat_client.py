@@ -1,8 +1,8 @@
-"""The terminal client's pieces (gateway.chat_client) against a fake server.
+"""The terminal client's pieces (gateway.cli.chat_client) against a fake server.
 
 The fake server here is also used by test_chat_client_pty.py and test_page.py:
 it answers ``/v1/systemone`` and ``/v1/chat/completions`` with replies the test
-chooses, records every request, and serves ``gateway/static`` at ``/``.
+chooses, records every request, and serves ``gateway/server/static`` at ``/``.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.chat_client import (
+from gateway.cli.chat_client import (
     Client,
     Decision,
     ServerError,
@@ -29,7 +29,7 @@ from gateway.chat_client import (
     parse_options,
 )
 
-STATIC = Path(__file__).resolve().parents[1] / "gateway" / "static"
+STATIC = Path(__file__).resolve().parents[1] / "gateway" / "server" / "static"
 
 
 class FakeServer:
@@ -361,7 +361,7 @@ def _serve_with_key(fixture_engine, key: str):
 
     proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--api-key", key,
                              "--log-level", "WARNING", "--engine", str(fixture_engine)],
-                            cwd=STATIC.parents[1], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                            cwd=STATIC.parents[2], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline()
     assert line.startswith("serveproto: serving fixture on "), line
     return proc, line.split(" on ")[1].strip()
@@ -374,7 +374,7 @@ def _chat_piped(url: str, text: str, *key_args: str):
 
     env = {k: v for k, v in os.environ.items() if k != "SERVEPROTO_API_KEY"}
     return subprocess.run([sys.executable, "-m", "gateway.cli", "chat", "--attach", url, *key_args],
-                          cwd=STATIC.parents[1], input=text, capture_output=True, text=True, timeout=60, env=env)
+                          cwd=STATIC.parents[2], input=text, capture_output=True, text=True, timeout=60, env=env)
 
 
 def test_piped_chat_without_the_key_prints_the_401_once_and_fails(fixture_engine):

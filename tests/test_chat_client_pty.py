@@ -124,7 +124,7 @@ def test_chat_then_decide_draws_bars_and_entropy(term_factory):
 
 
 def test_format_seconds():
-    from gateway.cli_chat import format_seconds
+    from gateway.cli.chat import format_seconds
     assert format_seconds(0.01234) == "12.3 ms"
     assert format_seconds(58.714) == "58.71s"
 

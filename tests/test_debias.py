@@ -1,4 +1,4 @@
-"""``gateway.debias`` and the ``x_debias`` extension of ``/v1/systemone``: the arithmetic by hand, the
+"""``gateway.decision.debias`` and the ``x_debias`` extension of ``/v1/systemone``: the arithmetic by hand, the
 prompts of each rotation, and what the scoring path asks the engine (over the routes' fake engine).
 The numbers on a real model are checked against the numpy oracle in ``test_server_llama.py``."""
 from __future__ import annotations
@@ -10,9 +10,10 @@ import httpx2
 import orjson
 import pytest
 
-from gateway import debias
+from gateway.decision import debias, readings
+from gateway.engine.score import log_softmax
 from gateway.cli import build_parser
-from gateway.prompts import question_text
+from gateway.decision.prompts import question_text
 from test_routes_support import TICKET, FakeCaps, FakeEngine, make_app, running
 
 pytestmark = pytest.mark.anyio
@@ -63,16 +64,17 @@ def test_rotations():
     assert debias.rotations(40, ("cyclic",)) == [0, 2, 5, 7, 10, 12, 15, 17, 20, 22, 25, 27, 30, 32, 35, 37]
 
 
-def test_calibrated_by_hand():
+def test_rotations_averaged_and_calibrated_by_hand():
+    # readings.combine of each rotation's log-softmax: what the server does with cyclic and content_free
     # rotation 0: scores (0, log 2, log 1) -> p = (1/4, 2/4, 1/4); rotation 1: (log 3, 0, 0) -> (3/5, 1/5, 1/5)
     per_rotation = [[0.0, math.log(2), 0.0], [math.log(3), 0.0, 0.0]]
-    mean = debias.calibrated(per_rotation, None)
+    mean = readings.combine([log_softmax(r) for r in per_rotation], None)
     want = [(math.log(1 / 4) + math.log(3 / 5)) / 2, (math.log(2 / 4) + math.log(1 / 5)) / 2,
             (math.log(1 / 4) + math.log(1 / 5)) / 2]
     assert mean == pytest.approx(want, abs=1e-15)
     # calibration divides by the content-free probabilities: p_i / p_cf_i, renormalised
     cf = [math.log(0.5), math.log(0.25), math.log(0.25)]
-    out = debias.calibrated(per_rotation, cf)
+    out = readings.combine([log_softmax(r) for r in per_rotation], cf)
     q = [math.exp(m) / math.exp(c) for m, c in zip(want, cf)]
     z = sum(q)
     s = [math.exp(x) for x in out]
@@ -152,7 +154,7 @@ async def test_a_decision_engine_ignores_x_debias_with_a_warning():
 
 
 def test_serve_flag_and_its_default():
-    from gateway.cli_serve import default_debias
+    from gateway.cli.serve import default_debias
 
     parse = build_parser().parse_args
     assert default_debias(parse(["serve"])) == ("canonical", "content_free")  # the default model needs it (bench/quality.py)

@@ -1,4 +1,4 @@
-"""gateway.pool: several fixture engines behind one object, both anyio backends."""
+"""gateway.engine.pool: several fixture engines behind one object, both anyio backends."""
 from __future__ import annotations
 
 import anyio
@@ -6,7 +6,7 @@ import pytest
 
 from fixtures import toy_model as tm
 from gateway.engine import EngineLoadError, EngineUnavailable
-from gateway.pool import EngineSpec, Pool
+from gateway.engine.pool import EngineSpec, Pool
 
 pytestmark = pytest.mark.anyio
 

@@ -1,11 +1,11 @@
-"""``gateway.evalset``: the generated labelled set (deterministic, every type, 2 to 12 options, text and JSON
+"""``gateway.decision.evalset``: the generated labelled set (deterministic, every type, 2 to 12 options, text and JSON
 states, gold answers stated by the text) and the labelled JSONL reader."""
 from __future__ import annotations
 
 import orjson
 import pytest
 
-from gateway import evalset, jev
+from gateway.decision import evalset, jev
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,11 @@
-"""``gateway.evaluation``: every metric against a value computed by hand on a tiny input."""
+"""``gateway.decision.evaluation``: every metric against a value computed by hand on a tiny input."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from gateway import evaluation as ev
+from gateway.decision import evaluation as ev
 
 
 def test_argmax_takes_the_first_on_ties_and_accuracy_is_weighted():

@@ -109,9 +109,9 @@ def test_raw_form_matches_reference_and_forms_are_not_mixed():
 
 
 def test_records_built_by_the_gateway_are_accepted():
-    """gateway/decision_record.py's bytes, both forms, go through unchanged."""
-    decision_record = pytest.importorskip("gateway.decision_record")
-    jev = pytest.importorskip("gateway.jev")
+    """gateway/decision/record.py's bytes, both forms, go through unchanged."""
+    decision_record = pytest.importorskip("gateway.decision.record")
+    jev = pytest.importorskip("gateway.decision.jev")
     body = {"state": {"ticket": "ça ne marche pas", "n": [1, 2]}, "questions": {
         "u": {"type": "noul", "criteria": {"true": {"why": "x"}, "false": ""}},
         "d": {"type": "choice", "instructions": ["a", "b"], "criteria": {"x": None, "y": "why"}},

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fixtures import default_model, oracle, tiny_gguf, vocab
+from fixtures import oracle, tiny_gguf, vocab
+from gateway.engine import default_model
 from fixtures.gguf_read import GGUFFile, GGUFFormatError
 
 

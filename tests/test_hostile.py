@@ -205,7 +205,7 @@ import time  # noqa: E402
 import httpx2  # noqa: E402
 
 from gateway.cli import build_parser  # noqa: E402
-from gateway.cli_serve import serve  # noqa: E402
+from gateway.cli.serve import serve  # noqa: E402
 from gateway.paths import ROOT  # noqa: E402
 
 
@@ -383,7 +383,7 @@ async def test_a_stopped_llama_engine_is_found_and_replaced(llama_engine):
 
 # --- limits named by the request's own field -----------------------------------------------------
 
-from gateway.prompts import PromptBuilder  # noqa: E402
+from gateway.decision.prompts import PromptBuilder  # noqa: E402
 
 
 def question_set(**questions) -> dict:

@@ -1,11 +1,11 @@
-"""/v1/systemone validation, prompts and reply shapes (gateway.jev, gateway.prompts)."""
+"""/v1/systemone validation, prompts and reply shapes (gateway.decision.jev, gateway.decision.prompts)."""
 from __future__ import annotations
 
 import pytest
 
-from gateway import jev
-from gateway.chat_template import ChatTemplate
-from gateway.prompts import SYSTEM, PromptBuilder, question_text
+from gateway.decision import jev
+from gateway.decision.chat_template import ChatTemplate
+from gateway.decision.prompts import SYSTEM, PromptBuilder, question_text
 
 TICKET = {
     "state": "Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing.",
@@ -117,7 +117,7 @@ def test_answers_shapes():
 
 
 def test_templates_without_a_system_turn_and_broken_ones():
-    from gateway.chat_template import TemplateError
+    from gateway.decision.chat_template import TemplateError
 
     no_system = ChatTemplate(
         "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}"

@@ -19,10 +19,10 @@ import orjson
 import pytest
 
 from fixtures import oracle, tiny_gguf, toy_model
-from gateway.app import App, ModelInfo
+from gateway.server.app import App, ModelInfo
 from gateway.engine import Engine
 from gateway.paths import engine_bin
-from gateway.prompts import PromptBuilder
+from gateway.decision.prompts import PromptBuilder
 from test_routes_support import EngineCrashed, FakeEngine, RequestError, char_logprob, make_app, running
 from test_server_disconnect import raw_post, serving as serving_slow, wait_until
 from test_server_e2e import serving

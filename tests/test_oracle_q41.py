@@ -18,7 +18,7 @@ import pytest
 from fixtures import dequant, oracle, tiny_gguf
 from fixtures.compare import read_out
 from fixtures.gguf_read import GGUFFile, GGUFFormatError
-from gateway import precision
+from gateway.engine import precision
 from gateway.paths import default_model_path, engine_bin
 
 TOL = 1e-4

@@ -1,4 +1,4 @@
-"""The System One page (gateway/static) in real headless Chromium, against a fake server.
+"""The System One page (gateway/server/static) in real headless Chromium, against a fake server.
 
 The fake server (tests/test_chat_client.py) serves the static files at ``/``
 and answers ``/v1/systemone`` and ``/v1/chat/completions`` with replies chosen

@@ -3,7 +3,7 @@
 The server runs as a subprocess (``serveproto serve --port 0 --engine
 engines/bin/serveproto-fixture --mode chat|decide``). The page is loaded from
 the server's ``/`` when it serves it; until then a small static server of the
-test's own serves ``gateway/static`` and forwards ``/v1/*`` to the real server.
+test's own serves ``gateway/server/static`` and forwards ``/v1/*`` to the real server.
 Every number on the screen is checked against the same request sent straight
 to the server (the fixture engine is deterministic).
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.chat_client import Client
+from gateway.cli.chat_client import Client
 from gateway.paths import engine_bin
 from test_chat_client import STATIC, entropy_oracle
 
@@ -93,7 +93,7 @@ class LiveServer:
 
 
 class PageFront:
-    """Serves gateway/static at ``/`` and forwards every other path to ``upstream`` (streamed)."""
+    """Serves gateway/server/static at ``/`` and forwards every other path to ``upstream`` (streamed)."""
 
     def __init__(self, upstream: str):
         up = urllib.parse.urlsplit(upstream)

@@ -10,7 +10,7 @@ import pytest
 
 from fixtures import tiny_gguf
 from fixtures.gguf_read import GGUFFile
-from gateway import precision
+from gateway.engine import precision
 from gateway.paths import ROOT, engine_bin
 
 QUANTIZE = engine_bin("serveproto-quantize")
@@ -133,7 +133,7 @@ def test_served_logprobs_with_precision_f32_meet_the_oracle():
 
     from fixtures import oracle, vocab
     from gateway.cli import build_parser
-    from gateway.cli_serve import serve
+    from gateway.cli.serve import serve
     from gateway.paths import default_model_path
 
     model = default_model_path()

@@ -7,10 +7,11 @@ import json
 import math
 
 import pytest
+from test_protocol_support import CodecGateway, engine
 
 import serveproto as sp
-
-from test_protocol_support import CodecGateway, engine
+from serveproto import _connection
+from serveproto._writers import write as frame_bytes  # the bare writer, no state machine
 
 
 def _refused(fn, *args, field: str, request_id: int = 0, **kw) -> None:
@@ -23,15 +24,26 @@ def _refused(fn, *args, field: str, request_id: int = 0, **kw) -> None:
 SUB = dict(id=7, slot=0, prompt=b"x", max_tokens=1, temperature=0.0, top_p=1.0)
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"id": 0}, "Submit.id"), ({"id": 2**64}, "Submit.id"), ({"id": True}, "Submit.id"),
-    ({"slot": -1}, "Submit.slot"), ({"prompt": "x"}, "Submit.prompt"),
-    ({"max_tokens": 0}, "Submit.max_tokens"), ({"temperature": -0.1}, "Submit.temperature"),
-    ({"temperature": math.inf}, "Submit.temperature"), ({"top_p": 0.0}, "Submit.top_p"),
-    ({"top_p": 1.5}, "Submit.top_p"), ({"top_p": math.nan}, "Submit.top_p"),
-    ({"logprobs": 33}, "Submit.logprobs"), ({"pin": 1}, "Submit.pin"),
-    ({"ids": True}, "Submit.prompt"), ({"grammar": "g"}, "Submit.grammar"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"id": 0}, "Submit.id"),
+        ({"id": 2**64}, "Submit.id"),
+        ({"id": True}, "Submit.id"),
+        ({"slot": -1}, "Submit.slot"),
+        ({"prompt": "x"}, "Submit.prompt"),
+        ({"max_tokens": 0}, "Submit.max_tokens"),
+        ({"temperature": -0.1}, "Submit.temperature"),
+        ({"temperature": math.inf}, "Submit.temperature"),
+        ({"top_p": 0.0}, "Submit.top_p"),
+        ({"top_p": 1.5}, "Submit.top_p"),
+        ({"top_p": math.nan}, "Submit.top_p"),
+        ({"logprobs": 33}, "Submit.logprobs"),
+        ({"pin": 1}, "Submit.pin"),
+        ({"ids": True}, "Submit.prompt"),
+        ({"grammar": "g"}, "Submit.grammar"),
+    ],
+)
 def test_submit_refuses(change, field):
     rid = 0 if field == "Submit.id" else 7
     _refused(sp.Submit, **{**SUB, **change}, field=field, request_id=rid)
@@ -43,15 +55,18 @@ def test_submit_accepts_ints_for_floats_and_bytes_like():
     assert type(s.temperature) is float and type(s.prompt) is bytes
 
 
-@pytest.mark.parametrize("args, field", [
-    ((1, 1, math.nan, (), b""), "Echo.logprob"),            # nan only at position 0
-    ((1, 0, math.nan, ((5, -1.0),), b""), "Echo.logprob"),  # ... and only with k=0
-    ((1, 2, -math.inf, (), b""), "Echo.logprob"),
-    ((1, 2, -1.0, ((5, math.nan),), b""), "Echo.top"),
-    ((1, 2, -1.0, ((-5, -1.0),), b""), "Echo.top"),
-    ((1, 2, -1.0, (5, -1.0), b""), "Echo.top"),
-    ((1, 2, -1.0, (), "x"), "Echo.text"),
-])
+@pytest.mark.parametrize(
+    "args, field",
+    [
+        ((1, 1, math.nan, (), b""), "Echo.logprob"),  # nan only at position 0
+        ((1, 0, math.nan, ((5, -1.0),), b""), "Echo.logprob"),  # ... and only with k=0
+        ((1, 2, -math.inf, (), b""), "Echo.logprob"),
+        ((1, 2, -1.0, ((5, math.nan),), b""), "Echo.top"),
+        ((1, 2, -1.0, ((-5, -1.0),), b""), "Echo.top"),
+        ((1, 2, -1.0, (5, -1.0), b""), "Echo.top"),
+        ((1, 2, -1.0, (), "x"), "Echo.text"),
+    ],
+)
 def test_echo_refuses(args, field):
     _refused(sp.Echo, *args, field=field, request_id=1)
 
@@ -63,8 +78,9 @@ def test_data_refuses_top_without_logprob_and_nonfinite():
 
 def test_done_counters_all_or_none():
     _refused(sp.Done, 2, 0, 0, 0, 0, 3, False, computed=3, field="Done.computed", request_id=2)
-    _refused(sp.Done, 2, 0, 0, 0, 0, 3, False, computed=3, reused=0, snapshot="warm",
-             field="Done.snapshot", request_id=2)
+    _refused(
+        sp.Done, 2, 0, 0, 0, 0, 3, False, computed=3, reused=0, snapshot="warm", field="Done.snapshot", request_id=2
+    )
     _refused(sp.Done, 2, 0, 0, 0, 0, 3, 0, field="Done.length_limited", request_id=2)
     assert sp.Done(2, 0, 0, 0, 0, 3, False, 1, 2, "hit").has_counters
     assert not sp.Done(2, 0, 0, 0, 0, 3, False).has_counters
@@ -90,29 +106,75 @@ def test_other_events_refuse():
 
 def test_caps_typed_properties_and_defaults():
     c = sp.Caps({})
-    assert (c.chat, c.decide, c.vision, c.slots, c.n_ctx, c.n_vocab, c.model, c.pin_slots,
-            c.max_logprobs, c.x_score, c.x_counters, c.x_health, c.decide_record) == \
-        (True, False, False, 1, None, None, None, None, 32, False, False, False, None)
-    c = sp.Caps({"chat": "0", "decide": "1", "decide_record": "raw", "slots": "4", "n_ctx": "512",
-                 "n_vocab": "49152", "model": "smol", "pin_slots": "8", "max_logprobs": "5",
-                 "x_score": "1", "x_counters": "1", "x_health": "1", "future": "a=b"})
-    assert (c.chat, c.decide, c.decide_record, c.slots, c.n_ctx, c.n_vocab, c.model,
-            c.pin_slots, c.max_logprobs, c.x_score, c.x_counters, c.x_health) == \
-        (False, True, "raw", 4, 512, 49152, "smol", 8, 5, True, True, True)
+    assert (
+        c.chat,
+        c.decide,
+        c.vision,
+        c.slots,
+        c.n_ctx,
+        c.n_vocab,
+        c.model,
+        c.pin_slots,
+        c.max_logprobs,
+        c.x_score,
+        c.x_counters,
+        c.x_health,
+        c.decide_record,
+    ) == (True, False, False, 1, None, None, None, None, 32, False, False, False, None)
+    c = sp.Caps(
+        {
+            "chat": "0",
+            "decide": "1",
+            "decide_record": "raw",
+            "slots": "4",
+            "n_ctx": "512",
+            "n_vocab": "49152",
+            "model": "smol",
+            "pin_slots": "8",
+            "max_logprobs": "5",
+            "x_score": "1",
+            "x_counters": "1",
+            "x_health": "1",
+            "future": "a=b",
+        }
+    )
+    assert (
+        c.chat,
+        c.decide,
+        c.decide_record,
+        c.slots,
+        c.n_ctx,
+        c.n_vocab,
+        c.model,
+        c.pin_slots,
+        c.max_logprobs,
+        c.x_score,
+        c.x_counters,
+        c.x_health,
+    ) == (False, True, "raw", 4, 512, 49152, "smol", 8, 5, True, True, True)
     assert c.values["future"] == "a=b"
 
 
 def test_score_build_and_shape():
     s = sp.Score.build(9, 1, "Q: ", [("A", [" yes", " no"]), ("B", ["é"])], pin=True)
-    assert json.loads(s.payload) == {"prefix": "Q: ", "pin": True, "groups": [
-        {"stem": "A", "options": [" yes", " no"]}, {"stem": "B", "options": ["é"]}]}
+    assert json.loads(s.payload) == {
+        "prefix": "Q: ",
+        "pin": True,
+        "groups": [{"stem": "A", "options": [" yes", " no"]}, {"stem": "B", "options": ["é"]}],
+    }
     assert sp.score_shape(s.payload) == (2, 1)
     with pytest.raises(sp.LocalProtocolError):
         sp.Score.build(9, 1, "Q", [("A", [])])
-    for bad in (b"{", b"[]", b'{"prefix": 1, "groups": [{"stem": "", "options": ["a"]}]}',
-                b'{"prefix": "", "groups": []}', b'{"prefix": "", "groups": [{"options": ["a"]}]}',
-                b'{"prefix": "", "groups": [{"stem": "", "options": [1]}]}',
-                b'{"prefix": "", "pin": 1, "groups": [{"stem": "", "options": ["a"]}]}', b"\xff"):
+    for bad in (
+        b"{",
+        b"[]",
+        b'{"prefix": 1, "groups": [{"stem": "", "options": ["a"]}]}',
+        b'{"prefix": "", "groups": []}',
+        b'{"prefix": "", "groups": [{"options": ["a"]}]}',
+        b'{"prefix": "", "groups": [{"stem": "", "options": [1]}]}',
+        b'{"prefix": "", "pin": 1, "groups": [{"stem": "", "options": ["a"]}]}',
+        b"\xff",
+    ):
         assert sp.score_shape(bad) is None, bad
 
 
@@ -125,7 +187,7 @@ def test_errors_carry_code_and_request_id():
 
 def test_frame_bytes_refuses_non_frames():
     with pytest.raises(TypeError):
-        sp.frame_bytes(sp.ConnectionClosed())
+        frame_bytes(sp.ConnectionClosed())
 
 
 def test_engine_handshake_writer():
@@ -208,9 +270,9 @@ def test_gateway_payload_limit_and_large_payload_in_small_chunks():
         conn.next_event()
     conn = CodecGateway()
     record = bytes(range(256)) * 4096  # 1 MiB, every byte value, newlines included
-    frame = sp.frame_bytes(sp.Decision(1, record))
+    frame = frame_bytes(sp.Decision(1, record))
     for i in range(0, len(frame), 4096):
-        conn.receive_data(frame[i:i + 4096])
+        conn.receive_data(frame[i : i + 4096])
         e = conn.next_event()
         if i + 4096 < len(frame):
             assert e is sp.NEED_DATA
@@ -219,7 +281,7 @@ def test_gateway_payload_limit_and_large_payload_in_small_chunks():
 
 def test_engine_eof_lists_unfinished_and_allows_replies():
     conn = engine()
-    conn.receive_data(sp.frame_bytes(sp.Submit(**SUB)) + b"")
+    conn.receive_data(frame_bytes(sp.Submit(**SUB)) + b"")
     assert conn.next_event() == sp.Submit(**SUB)
     conn.receive_data(b"")
     assert conn.next_event() == sp.ConnectionClosed((7,))
@@ -248,11 +310,44 @@ def test_engine_without_extensions_refuses_their_frames():
     assert conn.next_event() == sp.Stop(4)
 
 
-def test_echo_fast_path_agrees_with_the_general_reader():
+def general_reader_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From now on, connections frame every ECHO with the general reader (``read_echo``)."""
+    monkeypatch.setattr(_connection, "_read_plain_echo", lambda *args: None)
+
+
+def counting_fast_path(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the ECHO frames the fast path reads (the returned list's length)."""
+    taken: list[int] = []
+    real = _connection._read_plain_echo
+
+    def spy(*args: object) -> object:
+        e = real(*args)
+        if e is not None:
+            taken.append(1)
+        return e
+
+    monkeypatch.setattr(_connection, "_read_plain_echo", spy)
+    return taken
+
+
+def test_echo_fast_path_agrees_with_the_general_reader(monkeypatch):
     """ECHO frames of a read-out under way take the fast path; every spelling
     must decode as the general reader (used with no request state) decodes it."""
-    spellings = [b"-1.25", b"-1.250", b"-1.5e-05", b"-1.5E-05", b"-1e-5", b"-7", b"-0", b"0",
-                 b"-007.5", b"-7.", b"-3.40282347e+38", b"-1e+99", b"-12345678901234567890.5"]
+    spellings = [
+        b"-1.25",
+        b"-1.250",
+        b"-1.5e-05",
+        b"-1.5E-05",
+        b"-1e-5",
+        b"-7",
+        b"-0",
+        b"0",
+        b"-007.5",
+        b"-7.",
+        b"-3.40282347e+38",
+        b"-1e+99",
+        b"-12345678901234567890.5",
+    ]
     frames = [b"ECHO 1 1 0 nan 0\na\n"]
     for pos, lp in enumerate(spellings, start=1):
         frames.append(b"ECHO 1 1 %d %s 1 %d %s\nb\n" % (pos, lp, 10**18 + pos, spellings[-pos]))
@@ -265,20 +360,31 @@ def test_echo_fast_path_agrees_with_the_general_reader():
     gw.send(sp.Submit(1, 0, b"x", 0, 0.0, 1.0, logprobs=1))
     codec = CodecGateway()
     fast, general = [], []
+    taken = counting_fast_path(monkeypatch)
     for conn, out in ((gw, fast), (codec, general)):
+        if conn is codec:
+            general_reader_only(monkeypatch)
         conn.receive_data(stream)
         while (e := conn.next_event()) is not sp.NEED_DATA:
             out.append(e)
+    # the fast path reads the frames whose two floats are both as %.9g spells them (not
+    # "E", not a one-digit exponent: 4 frames), and not the cold position 0 ("nan 0")
+    assert len(taken) == len(spellings) - 4
     assert len(fast) == len(spellings) + 2
     assert repr(fast) == repr(general)  # repr: NaN compares unequal to itself
     assert [e.logprob for e in fast[1:-1]] == [float(x) for x in spellings]
 
 
-def test_echo_fast_path_with_several_alternatives_agrees_with_the_general_reader():
-    tails = [b"3 5 -0.5 6 -1.5e-05 7 -2", b"3 0 -0 18446744073709551615 -1 9 -7.",
-             b"3 1 -1 2 -2 3 -3", b"3 01 -1 2 -2 3 -3"]  # the last has a leading zero: refused
+def test_echo_fast_path_with_several_alternatives_agrees_with_the_general_reader(monkeypatch):
+    tails = [
+        b"3 5 -0.5 6 -1.5e-05 7 -2",
+        b"3 0 -0 18446744073709551615 -1 9 -7.",
+        b"3 1 -1 2 -2 3 -3",
+        b"3 01 -1 2 -2 3 -3",
+    ]  # the last has a leading zero: refused
     stream = b"ECHO 1 1 0 nan 0\na\n" + b"".join(
-        b"ECHO 1 1 %d -0.25 %s\nb\n" % (pos, tail) for pos, tail in enumerate(tails, start=1))
+        b"ECHO 1 1 %d -0.25 %s\nb\n" % (pos, tail) for pos, tail in enumerate(tails, start=1)
+    )
     gw = sp.GatewayConnection()
     gw.receive_data(sp.EngineConnection().send_handshake())
     while gw.next_event() is not sp.NEED_DATA:
@@ -286,7 +392,11 @@ def test_echo_fast_path_with_several_alternatives_agrees_with_the_general_reader
     gw.send(sp.Submit(1, 0, b"x", 0, 0.0, 1.0, logprobs=3))
     codec = CodecGateway()
     results = []
+    taken = counting_fast_path(monkeypatch)
     for conn in (gw, codec):
+        if conn is codec:
+            assert len(taken) == 2  # the first and third (2**64-1 has 20 digits: general path)
+            general_reader_only(monkeypatch)
         conn.receive_data(stream)
         out = []
         with pytest.raises(sp.RemoteProtocolError) as info:
@@ -296,8 +406,10 @@ def test_echo_fast_path_with_several_alternatives_agrees_with_the_general_reader
         results.append(out)
     assert repr(results[0]) == repr(results[1])
     assert [e.top for e in results[0][1:]] == [
-        ((5, -0.5), (6, -1.5e-05), (7, -2.0)), ((0, -0.0), (2**64 - 1, -1.0), (9, -7.0)),
-        ((1, -1.0), (2, -2.0), (3, -3.0))]
+        ((5, -0.5), (6, -1.5e-05), (7, -2.0)),
+        ((0, -0.0), (2**64 - 1, -1.0), (9, -7.0)),
+        ((1, -1.0), (2, -2.0), (3, -3.0)),
+    ]
 
 
 def test_connection_repr_shows_state_in_flight_and_buffered_bytes():

@@ -7,10 +7,10 @@ import math
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_protocol_support import ALL_CAPS, CodecGateway, b, engine, load, same
 
 import serveproto as sp
-
-from test_protocol_support import ALL_CAPS, CodecGateway, b, engine, load, same
+from serveproto._writers import write as frame_bytes  # the bare writer, no state machine
 
 U64 = 2**64 - 1
 ids = st.integers(1, U64)
@@ -20,15 +20,13 @@ small = st.integers(0, 10**6)
 f32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
 logprobs32 = st.floats(-1e4, 0, width=32)
 blobs = st.binary(max_size=300)
-words = st.text(st.characters(min_codepoint=33, max_codepoint=0x10FFFF,
-                              blacklist_categories=("Cs",)), min_size=1, max_size=12).filter(
-    lambda s: " " not in s and "\n" not in s)
-free_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n"),
-                    max_size=40)
+words = st.text(
+    st.characters(min_codepoint=33, max_codepoint=0x10FFFF, blacklist_categories=("Cs",)), min_size=1, max_size=12
+).filter(lambda s: " " not in s and "\n" not in s)
+free_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n"), max_size=40)
 keys = st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True)
 tops = st.lists(st.tuples(uints, logprobs32), max_size=32).map(tuple)
-token_ids = st.lists(st.integers(0, 10**9), min_size=1, max_size=20).map(
-    lambda v: " ".join(map(str, v)).encode())
+token_ids = st.lists(st.integers(0, 10**9), min_size=1, max_size=20).map(lambda v: " ".join(map(str, v)).encode())
 
 
 @st.composite
@@ -37,11 +35,18 @@ def submits(draw):
     logprobs = draw(st.integers(0, 32))
     max_tokens = draw(st.integers(1 if logprobs == 0 else 0, 10**6))
     return sp.Submit(
-        id=draw(ids), slot=draw(uints), prompt=draw(token_ids if ids_mode else blobs),
-        max_tokens=max_tokens, temperature=draw(st.floats(0, 100, width=32)),
+        id=draw(ids),
+        slot=draw(uints),
+        prompt=draw(token_ids if ids_mode else blobs),
+        max_tokens=max_tokens,
+        temperature=draw(st.floats(0, 100, width=32)),
         top_p=draw(st.floats(0, 1, exclude_min=True, width=32)),
-        grammar=draw(st.none() | blobs), logprobs=logprobs, pin=draw(st.booleans()),
-        ids=ids_mode, counters=draw(st.booleans()))
+        grammar=draw(st.none() | blobs),
+        logprobs=logprobs,
+        pin=draw(st.booleans()),
+        ids=ids_mode,
+        counters=draw(st.booleans()),
+    )
 
 
 @st.composite
@@ -62,34 +67,61 @@ def datas(draw):
 def dones(draw):
     counters = {}
     if draw(st.booleans()):
-        counters = dict(computed=draw(small), reused=draw(small),
-                        snapshot=draw(st.sampled_from(["none", "hit", "stale"])))
-    return sp.Done(draw(ids), draw(small), draw(f32), draw(f32), draw(f32), draw(small),
-                   draw(st.booleans()), **counters)
+        counters = dict(
+            computed=draw(small), reused=draw(small), snapshot=draw(st.sampled_from(["none", "hit", "stale"]))
+        )
+    return sp.Done(
+        draw(ids), draw(small), draw(f32), draw(f32), draw(f32), draw(small), draw(st.booleans()), **counters
+    )
 
 
 requests = st.one_of(
     submits(),
     st.builds(sp.Image, ids, blobs, uints, uints),
-    st.builds(sp.Stop, ids), st.builds(sp.Cancel, ids), st.builds(sp.Ping, ids),
-    st.builds(sp.Decide, ids, uints, blobs), st.builds(sp.Score, ids, uints, blobs),
+    st.builds(sp.Stop, ids),
+    st.builds(sp.Cancel, ids),
+    st.builds(sp.Ping, ids),
+    st.builds(sp.Decide, ids, uints, blobs),
+    st.builds(sp.Score, ids, uints, blobs),
 )
 replies = st.one_of(
     st.just(sp.Ready()),
-    st.builds(sp.Caps, st.dictionaries(keys.filter(lambda k: k not in (
-        "chat", "decide", "vision", "x_score", "x_counters", "x_health", "slots", "n_ctx",
-        "n_vocab", "pin_slots", "max_logprobs")), words, max_size=6)),
+    st.builds(
+        sp.Caps,
+        st.dictionaries(
+            keys.filter(
+                lambda k: (
+                    k
+                    not in (
+                        "chat",
+                        "decide",
+                        "vision",
+                        "x_score",
+                        "x_counters",
+                        "x_health",
+                        "slots",
+                        "n_ctx",
+                        "n_vocab",
+                        "pin_slots",
+                        "max_logprobs",
+                    )
+                )
+            ),
+            words,
+            max_size=6,
+        ),
+    ),
     st.builds(sp.Stat, st.tuples(f32, f32, f32, f32)),
     st.builds(sp.LoadFail, st.sampled_from(["nomem", "io", "format", "unsupported"]), free_text),
-    st.builds(sp.Accept, ids, uints), echoes(), datas(),
-    st.builds(sp.Decision, ids, blobs), dones(),
+    st.builds(sp.Accept, ids, uints),
+    echoes(),
+    datas(),
+    st.builds(sp.Decision, ids, blobs),
+    dones(),
     st.builds(sp.Error, st.integers(0, U64), words, free_text),
-    st.builds(sp.Scored, ids, uints, uints, uints,
-              st.lists(logprobs32, min_size=1, max_size=200).map(tuple)),
-    st.builds(sp.Pong, ids, st.dictionaries(keys, words, max_size=4).map(
-        lambda d: {"active": "3", **d})),
-    st.sampled_from(["HWINFO", "TIERS", "PERF", "X_NEW_1"]).map(
-        lambda k: sp.Telemetry(k, k.encode() + b" 1  2\x01")),
+    st.builds(sp.Scored, ids, uints, uints, uints, st.lists(logprobs32, min_size=1, max_size=200).map(tuple)),
+    st.builds(sp.Pong, ids, st.dictionaries(keys, words, max_size=4).map(lambda d: {"active": "3", **d})),
+    st.sampled_from(["HWINFO", "TIERS", "PERF", "X_NEW_1"]).map(lambda k: sp.Telemetry(k, k.encode() + b" 1  2\x01")),
 )
 
 
@@ -97,7 +129,7 @@ replies = st.one_of(
 @given(requests)
 def test_request_round_trip(event):
     conn = engine()
-    conn.receive_data(sp.frame_bytes(event))
+    conn.receive_data(frame_bytes(event))
     assert same(conn.next_event(), event, f32=True)
     assert conn.next_event() is sp.NEED_DATA
 
@@ -106,7 +138,7 @@ def test_request_round_trip(event):
 @given(replies)
 def test_reply_round_trip(event):
     conn = CodecGateway()
-    conn.receive_data(sp.frame_bytes(event))
+    conn.receive_data(frame_bytes(event))
     assert same(conn.next_event(), event, f32=True)
     assert conn.next_event() is sp.NEED_DATA
 
@@ -115,11 +147,11 @@ def test_reply_round_trip(event):
 @given(st.lists(replies, min_size=1, max_size=20), st.data())
 def test_reply_stream_any_chunking(events, data):
     """A stream of frames cut into random chunks decodes to the same events."""
-    stream = b"".join(map(sp.frame_bytes, events))
+    stream = b"".join(map(frame_bytes, events))
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=10)))
     conn = CodecGateway()
     got = []
-    for a, z in zip([0] + cuts, cuts + [len(stream)]):
+    for a, z in zip([0, *cuts], [*cuts, len(stream)], strict=True):
         conn.receive_data(stream[a:z]) if z > a else None
         while (e := conn.next_event()) is not sp.NEED_DATA:
             got.append(e)
@@ -172,15 +204,21 @@ def mutated(draw):
     return bytes(frames)
 
 
-@settings(max_examples=int(__import__("os").environ.get("SP_FUZZ", 500)), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=int(__import__("os").environ.get("SP_FUZZ", 500)),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(st.one_of(st.binary(max_size=600), mutated()), st.booleans(), st.integers(1, 64))
 def test_garbage_only_raises_protocol_errors(data, eof, chunk):
     """Whatever the bytes, both roles raise nothing but ProtocolError subclasses."""
     gw = sp.GatewayConnection(max_line=256, max_payload=1024)
     gw_serving = sp.GatewayConnection(max_line=256, max_payload=1024)
-    gw_serving.receive_data(b"\x01\x01READY\x01\x01\nCAPS " +
-                            " ".join(f"{k}={v}" for k, v in ALL_CAPS.items()).encode() +
-                            b"\nSTAT 0 0 0 0\n")
+    gw_serving.receive_data(
+        b"\x01\x01READY\x01\x01\nCAPS "
+        + " ".join(f"{k}={v}" for k, v in ALL_CAPS.items()).encode()
+        + b"\nSTAT 0 0 0 0\n"
+    )
     while gw_serving.next_event() is not sp.NEED_DATA:
         pass
     for i in range(1, 9):
@@ -188,7 +226,7 @@ def test_garbage_only_raises_protocol_errors(data, eof, chunk):
     en = engine(max_line=256, max_payload=1024)
     for a in range(0, len(data), chunk):
         for conn in (gw, gw_serving, en):
-            conn.receive_data(data[a:a + chunk])
+            conn.receive_data(data[a : a + chunk])
         _drain_gateway(gw)
         _drain_gateway(gw_serving)
         _drain_engine(en)

@@ -65,8 +65,7 @@ def same(a: Any, c: Any, f32: bool = False) -> bool:
             return math.isnan(a) and math.isnan(c)
         return _f32(a) == _f32(c) if f32 else a == c
     if isinstance(a, (tuple, list)) and isinstance(c, (tuple, list)):
-        return type(a) is type(c) and len(a) == len(c) and \
-            all(same(x, y, f32) for x, y in zip(a, c))
+        return type(a) is type(c) and len(a) == len(c) and all(same(x, y, f32) for x, y in zip(a, c, strict=True))
     if isinstance(a, _events.Event):
         if type(a) is not type(c):
             return False
@@ -78,7 +77,7 @@ class CodecGateway(sp.GatewayConnection):
     """A gateway connection without the state machines: the frame codec alone,
     so reply vectors can be decoded out of any conversation."""
 
-    def _receive(self, e: sp.Event) -> None:
+    def _process_event(self, e: sp.Event) -> None:
         pass
 
 
@@ -98,5 +97,3 @@ def decode_all(conn: Any, data: bytes) -> list[Any]:
         if isinstance(e, sp.ConnectionClosed):
             break
     return out
-
-

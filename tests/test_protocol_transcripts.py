@@ -4,13 +4,12 @@ at every byte."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
+from test_protocol_support import CodecGateway, b, engine, load, same
 
 import serveproto as sp
-
-from test_protocol_support import CodecGateway, b, engine, load, same
 
 TRANSCRIPTS = load("transcripts")
 IDS = [t["name"] for t in TRANSCRIPTS]
@@ -23,7 +22,7 @@ def whole(step: int, data: bytes) -> list[bytes]:
 
 
 def bytewise(step: int, data: bytes) -> list[bytes]:
-    return [data[i:i + 1] for i in range(len(data))]
+    return [data[i : i + 1] for i in range(len(data))]
 
 
 def _decode_sent(role: str, frame: bytes) -> sp.Event:
@@ -110,8 +109,10 @@ def test_transcripts_split_at_every_byte():
         for n, step in enumerate(t["steps"]):
             data = b(step.get("recv", ""))
             for i in range(1, len(data)):
+
                 def split(k: int, d: bytes, n=n, i=i) -> list[bytes]:
                     return [d[:i], d[i:]] if k == n else [d]
+
                 assert same(run(t, split), reference), (t["name"], n, i)
                 runs += 1
     assert runs > 4000  # every recv byte of every transcript was a split point

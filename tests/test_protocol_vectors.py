@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from test_protocol_support import CodecGateway, b, decode_all, engine, expected_event, load, same
 
 import serveproto as sp
 from serveproto import _writers
-
-from test_protocol_support import CodecGateway, b, decode_all, engine, expected_event, load, same
+from serveproto._writers import write as frame_bytes  # the bare writer, no state machine
 
 REQUESTS = load("requests")
 REPLIES = load("replies")
@@ -52,11 +52,14 @@ def test_reply_decodes(vec):
 @pytest.mark.parametrize("vec", REQUESTS + REPLIES, ids=_ids(REQUESTS + REPLIES))
 def test_vector_writes(vec):
     written = b(vec.get("written", vec["frame"]))
-    assert sp.frame_bytes(expected_event(vec)) == written
+    assert frame_bytes(expected_event(vec)) == written
 
 
-@pytest.mark.parametrize("vec", [v for v in REQUESTS + REPLIES if "written" in v],
-                         ids=_ids([v for v in REQUESTS + REPLIES if "written" in v]))
+@pytest.mark.parametrize(
+    "vec",
+    [v for v in REQUESTS + REPLIES if "written" in v],
+    ids=_ids([v for v in REQUESTS + REPLIES if "written" in v]),
+)
 def test_canonical_form_decodes_to_same_fields(vec):
     conn = engine(vec.get("caps")) if vec["direction"] == "gateway->engine" else CodecGateway()
     (event,) = decode_all(conn, b(vec["written"]))

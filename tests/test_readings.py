@@ -1,4 +1,4 @@
-"""``gateway.readings`` and the formats of ``gateway.prompts``: exact prompt texts, the reads of each method,
+"""``gateway.decision.readings`` and the formats of ``gateway.decision.prompts``: exact prompt texts, the reads of each method,
 and the combination arithmetic (spellings, means, batch calibration, PriDe) by hand."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from gateway import readings
-from gateway.prompts import cloze_text, letters_text, question_text, spellings
-from gateway.readings import Method
+from gateway.decision import readings
+from gateway.decision.prompts import cloze_text, letters_text, question_text, spellings
+from gateway.decision.readings import Method
 
 CRIT = {"sales": "plans", "billing": "payments", "technical": None}
 

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 import gateway
-from gateway.prompts import SYSTEM
+from gateway.decision.prompts import SYSTEM
 from test_routes_support import (TICKET, EngineCrashed, FakeCaps, FakeEngine, RequestError, char_logprob, make_app,
                                  running)
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.anyio
 
 
 def oracle(options: list[str], normalize: str = "sum") -> list[float]:
-    """Softmax of the toy's option scores, by hand with math (independent of gateway.scoring)."""
+    """Softmax of the toy's option scores, by hand with math (independent of gateway.decision.scoring)."""
     scores = []
     for o in options:
         lps = [char_logprob(c) for c in o]
@@ -301,26 +301,26 @@ async def test_the_system_one_page_is_served_without_a_key():
     assert page.status_code == 200 and page.headers["content-type"] == "text/html; charset=utf-8"
     assert 'id="questions"' in page.text
     assert css.headers["content-type"] == "text/css; charset=utf-8" and js.headers["content-type"] == "text/javascript; charset=utf-8"
-    assert js.content == (Path(gateway.__file__).parent / "static" / "app.js").read_bytes()
+    assert js.content == (Path(gateway.__file__).parent / "server" / "static" / "app.js").read_bytes()
 
 
 def test_decide_invalid_fields_map_to_the_request():
-    from gateway import jev
-    from gateway.routes_jev import decide_invalid_error
+    from gateway.decision import jev
+    from gateway.decision.refusals import decide_refusal
 
     qs = list(jev.parse_request({"state": "s", "questions": {
         "solo": {"type": "choice", "criteria": {"x": None}},
         "team": {"type": "choice", "criteria": {"billing": None, "légal": None}},
         "level": {"type": "score", "criteria": ["a", "b"]},
         "churn": {"type": "noul"}}}).questions[1:])  # the single-option question is not in the record
-    assert decide_invalid_error("questions.0.options.1.label: expected a string", qs) == {
+    assert decide_refusal("questions.0.options.1.label: expected a string", qs) == {
         "loc": ["body", "questions", "team", "criteria", "légal"], "msg": "expected a string", "type": "decide_invalid"}
-    assert decide_invalid_error("questions.1.options.1.text: too long", qs)["loc"] == ["body", "questions", "level", "criteria", 1]
-    assert decide_invalid_error("questions.2.options.0.text: bad", qs)["loc"] == ["body", "questions", "churn", "criteria", "false"]
-    assert decide_invalid_error("questions.2.instructions: too long", qs)["loc"] == ["body", "questions", "churn", "instructions"]
-    assert decide_invalid_error("state: too long", qs)["loc"] == ["body", "state"]
-    assert decide_invalid_error("record: not valid JSON", qs)["loc"] == ["body"]
-    assert decide_invalid_error("no field here", qs) == {"loc": ["body"], "msg": "no field here", "type": "decide_invalid"}
+    assert decide_refusal("questions.1.options.1.text: too long", qs)["loc"] == ["body", "questions", "level", "criteria", 1]
+    assert decide_refusal("questions.2.options.0.text: bad", qs)["loc"] == ["body", "questions", "churn", "criteria", "false"]
+    assert decide_refusal("questions.2.instructions: too long", qs)["loc"] == ["body", "questions", "churn", "instructions"]
+    assert decide_refusal("state: too long", qs)["loc"] == ["body", "state"]
+    assert decide_refusal("record: not valid JSON", qs)["loc"] == ["body"]
+    assert decide_refusal("no field here", qs) == {"loc": ["body"], "msg": "no field here", "type": "decide_invalid"}
 
 
 async def test_one_structured_log_line_per_request(caplog):
@@ -357,7 +357,7 @@ async def test_every_422_carries_detail_and_the_error_envelope():
 def test_docs_http_api_lists_every_route_and_the_open_ones():
     from pathlib import Path
 
-    from gateway.app import PUBLIC_ROUTES
+    from gateway.server.app import PUBLIC_ROUTES
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "http-api.md").read_text()
     table = doc.split("## Routes", 1)[1].split("\n## ", 1)[0]

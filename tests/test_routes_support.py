@@ -12,10 +12,10 @@ import json
 import anyio
 import attrs
 
-from gateway.app import App, ModelInfo
+from gateway.server.app import App, ModelInfo
 from gateway.engine import (EngineCrashed, EngineError, OptionScore, ReadOut, RequestError,  # noqa: F401
                             ScoreResult)
-from gateway.chat_template import ChatTemplate
+from gateway.decision.chat_template import ChatTemplate
 from gateway.http import HTTPServer
 from serveproto import Accept, Data, Done, Echo
 

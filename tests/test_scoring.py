@@ -1,4 +1,5 @@
-"""The decision math (gateway.scoring), against values worked out by hand."""
+"""The decision math (gateway.engine.score's step 4, gateway.decision.scoring's reported numbers), against values
+worked out by hand."""
 from __future__ import annotations
 
 import math
@@ -6,11 +7,12 @@ import math
 import pytest
 from hypothesis import given, strategies as st
 
-from gateway import scoring
+from gateway.decision import scoring
+from gateway.engine.score import option_scores, softmax
 
 
 def test_softmax_recovers_probabilities_from_their_logs():
-    p = scoring.softmax([math.log(0.2), math.log(0.3), math.log(0.5)])
+    p = softmax([math.log(0.2), math.log(0.3), math.log(0.5)])
     assert p == pytest.approx([0.2, 0.3, 0.5], abs=1e-15)
 
 
@@ -39,11 +41,11 @@ def test_confidence_entropy_expected_level():
 
 def test_bad_inputs_name_the_problem():
     with pytest.raises(ValueError, match="normalize"):
-        scoring.option_scores([[-1.0]], "max")
+        option_scores([[-1.0]], "max")
     with pytest.raises(ValueError, match="option 1 has no scored tokens"):
-        scoring.option_scores([[-1.0], []])
+        option_scores([[-1.0], []])
     with pytest.raises(ValueError, match="non-finite"):
-        scoring.option_scores([[float("nan")]])
+        option_scores([[float("nan")]])
 
 
 @given(st.lists(st.lists(st.floats(min_value=-200, max_value=0), min_size=1, max_size=4), min_size=1, max_size=40),
@@ -54,5 +56,5 @@ def test_reported_probabilities_always_add_to_one(lps, normalize):
     assert sum(units) == scoring.QUANTUM and min(units) >= 0
     assert 0.0 <= scoring.confidence(p) <= 1.0
     # the argmax of the scores holds the largest reported probability, up to one millionth (a tie broken by the remainder)
-    s = scoring.option_scores(lps, normalize)
+    s = option_scores(lps, normalize)
     assert p[s.index(max(s))] >= max(p) - 1.5e-6

@@ -37,7 +37,7 @@ def llama_argv(tmp_path, monkeypatch, *argv: str, env: str | None = None, cores:
     """``engine_argv`` for the llama engine on a stand-in model and binary, with ``cores`` CPUs."""
     import os as _os
 
-    from gateway import cli_serve
+    from gateway.cli import serve as cli_serve
     from gateway.cli import build_parser
 
     engine = tmp_path / "serveproto-llama"
@@ -45,7 +45,7 @@ def llama_argv(tmp_path, monkeypatch, *argv: str, env: str | None = None, cores:
     engine.chmod(0o755)
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    monkeypatch.setattr(cli_serve, "engine_bin", lambda name: engine)
+    monkeypatch.setattr(cli_serve, "ensure_engine", lambda name: engine)
     monkeypatch.setattr(_os, "cpu_count", lambda: cores)
     if env is None:
         monkeypatch.delenv("SERVEPROTO_THREADS", raising=False)
@@ -103,7 +103,7 @@ def test_score_help_has_a_description_and_an_example():
 
 
 def test_score_help_example_is_real_output(fixture_engine):
-    from gateway.cli_drive import SCORE_HELP
+    from gateway.cli.drive import SCORE_HELP
 
     r = subprocess.run([sys.executable, "-m", "gateway.cli", "score", "--engine", str(fixture_engine),
                         "--prefix", "Q: is the sky blue? A:", "--option", " yes", "--option", " no"],

@@ -16,8 +16,8 @@ import anyio
 import orjson
 import pytest
 
-from gateway._process import EngineProcess
-from gateway.app import App, ModelInfo
+from gateway.engine.process import EngineProcess
+from gateway.server.app import App, ModelInfo
 from gateway.engine import Engine
 from gateway.http import HTTPServer
 from serveproto import Accept, Done, Error

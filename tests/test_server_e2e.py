@@ -21,11 +21,11 @@ import pytest
 from typesafe_sdk import TypeSafeClient
 
 from fixtures import toy_model
-from gateway import decision_record, jev
+from gateway.decision import record as decision_record, jev
 from gateway.cli import build_parser
-from gateway.cli_serve import serve
+from gateway.cli.serve import serve
 from gateway.paths import ROOT
-from gateway.prompts import PromptBuilder
+from gateway.decision.prompts import PromptBuilder
 from test_routes_support import TICKET
 
 pytestmark = pytest.mark.anyio
@@ -199,7 +199,7 @@ async def test_engine_that_keeps_dying_is_restarted_then_the_server_fails_upward
     it, requests are answered or get 503 + Retry-After, the metrics count the restarts, and once the
     restart intensity is spent the server stops: ``serve`` raises ``EngineGaveUp`` (``serveproto
     serve`` exits 1; tests/test_hostile.py runs the command)."""
-    from gateway.cli_serve import EngineGaveUp
+    from gateway.cli.serve import EngineGaveUp
 
     args = build_parser().parse_args(["serve", "--port", "0", "--request-timeout", "5", "--log-level", "WARNING",
                                       "--ping-interval", "60", "--engine", str(fixture_engine), "--mode", "decide",

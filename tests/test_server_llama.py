@@ -20,12 +20,12 @@ import pytest
 from typesafe_sdk import TypeSafeClient
 
 from fixtures import oracle, tiny_gguf, vocab
-from gateway import debias, jev
-from gateway.chat_template import ChatTemplate
+from gateway.decision import debias, jev
+from gateway.decision.chat_template import ChatTemplate
 from gateway.cli import build_parser
-from gateway.cli_serve import serve
+from gateway.cli.serve import serve
 from gateway.paths import default_model_path, engine_bin
-from gateway.prompts import PromptBuilder
+from gateway.decision.prompts import PromptBuilder
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

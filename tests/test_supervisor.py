@@ -14,6 +14,7 @@ import pytest
 from gateway.engine import (Engine, EngineBusy, EngineCrashed, EngineLoadError,
                             EngineProtocolError, EngineTimeout, EngineUnavailable,
                             RequestError)
+from gateway.engine.process import EngineProcess
 from serveproto import Data
 
 pytestmark = pytest.mark.anyio
@@ -245,6 +246,50 @@ async def test_restart_intensity_exceeded_fails_health(fixture_engine):
             with pytest.raises(EngineUnavailable):
                 await eng.read_out(b"abc", logprobs=1)
         assert eng.exit_statuses == (3, 3, 3)
+
+
+@pytest.mark.parametrize("phase", ["backoff", "restart"])
+async def test_closing_cancels_a_backoff_or_a_restart_in_progress(fixture_engine, tmp_path, probes, phase):
+    # The first process exits right after its handshake. Then the supervisor waits out a 30 s backoff,
+    # or starts a process whose handshake takes 30 s: closing cancels either (the supervisor's scope),
+    # well within the test's deadline, and leaves no child behind.
+    script = ('[ -e "$0" ] && export SERVEPROTO_FIXTURE_FAULTS=slow_start=30 || : > "$0"; exec "$@"')
+    argv = ["sh", "-c", script, str(tmp_path / "started"), str(fixture_engine)]
+    env = {**os.environ, "SERVEPROTO_FIXTURE_FAULTS": "exit_after=0"}
+    backoff = 30.0 if phase == "backoff" else 0.01
+    before = probes.child_pids()
+    with anyio.fail_after(TEST_DEADLINE):
+        async with Engine.spawn(argv, env=env, **quick(handshake_timeout=60, backoff_initial=backoff,
+                                                       backoff_max=backoff)) as eng:
+            while not isinstance(eng.last_error, EngineCrashed) or (phase == "restart" and eng.restarts < 1):
+                await anyio.sleep(0.01)
+            assert eng.state == "restarting" and not eng.healthy
+        assert eng.state == "closed" and eng.exit_statuses == (3,)
+        with pytest.raises(EngineUnavailable, match="closed"):
+            await eng.wait_ready()
+    assert probes.child_pids() == before
+
+
+async def test_a_start_cancelled_while_it_spawns_leaves_no_child(fixture_engine, probes, monkeypatch):
+    # What closing the supervisor during a restart can do: the cancellation lands after the fork,
+    # at a checkpoint inside the spawn (asyncio's subprocess_exec awaits its transport there). The
+    # spawn is shielded, so the handshake is what gets cancelled, and the child is killed and reaped.
+    spawn = anyio.open_process
+
+    async def spawn_then_checkpoint(*args, **kw):
+        proc = await spawn(*args, **kw)
+        scope.cancel()
+        await anyio.sleep(0)
+        return proc
+
+    monkeypatch.setattr(anyio, "open_process", spawn_then_checkpoint)
+    before = probes.child_pids()
+    with anyio.fail_after(TEST_DEADLINE):
+        with anyio.CancelScope() as scope:
+            async with EngineProcess.start([fixture_engine, "--fault", "slow_start=30"], handshake_timeout=60):
+                pytest.fail("the start was cancelled: nothing to serve")
+    assert scope.cancelled_caught
+    assert probes.child_pids() == before
 
 
 async def test_shutdown_ladder_eof_then_term_then_kill(fixture_engine):

@@ -7,10 +7,10 @@ import math
 import anyio
 import pytest
 
-from gateway._engine_score import OptionScore, option_tokens, softmax
-from gateway._engine_slots import MIN_SHARED_BYTES, SlotRouter
+from gateway.engine.score import OptionScore, option_tokens, softmax
+from gateway.engine.slots import MIN_SHARED_BYTES, SlotRouter
 from gateway.engine import RequestError
-from gateway.supervisor import RestartPolicy
+from gateway.engine.supervisor import RestartPolicy
 from serveproto import Echo
 
 pytestmark = pytest.mark.anyio

@@ -36,7 +36,7 @@ if [ "${SITE_INSTALL:-1}" = 1 ]; then
 fi
 export PYTHONUNBUFFERED=1
 export SERVEPROTO_CACHE=${SERVEPROTO_CACHE:-/tmp/sp-cache}
-python3 -c "import gateway.app, gateway.engine, serveproto, fixtures.sync_engine, gguf, orjson, zstandard" \
+python3 -c "import gateway.server.app, gateway.engine, serveproto, fixtures.sync_engine, gguf, orjson, zstandard" \
   || { log "python imports failed"; exit 1; }
 
 ( python3 bench/gpu/make_model.py model --tokenizer $C/tokenizer.gguf --out $MODEL --type q4_k ${MODEL_ARGS:-} > $RES/model.log 2>&1

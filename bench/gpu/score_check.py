@@ -45,8 +45,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fresh", action="store_true", help="read the worst option again in a new engine")
     args = ap.parse_args(argv)
 
-    from gateway.chat_template import ChatTemplate
-    from gateway.prompts import PromptBuilder
+    from gateway.decision.chat_template import ChatTemplate
+    from gateway.decision.prompts import PromptBuilder
 
     pb = PromptBuilder(ChatTemplate.from_gguf(args.model))
     items = list(QUESTIONS.values())

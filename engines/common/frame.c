@@ -269,150 +269,207 @@ static const char *show(const field *f, char out[64])
     return out;
 }
 
-/* Parses one request line (without its '\n'). Fills rd->cur, and the payload
- * sizes the line announces (rd->sizes_ok, nparts, sizes) as far as they can
- * be read; returns SP_FRAME, or SP_BAD with err filled. */
-static sp_status parse_line(sp_reader *rd, const char *line, size_t n, sp_error *err)
-{
+/* One request line split on single spaces, and the payload byte counts it
+ * announces as far as they can be read. */
+typedef struct line_fields {
     field f[MAX_FIELDS];
-    size_t nf = 0;
-    int spacing_ok = 1;
+    size_t nf;
+    int spacing_ok;  /* no empty field: fields separated by exactly one space */
+    int has_bytes;   /* the byte count field read as a uint below MAX_SKIP */
+    int has_gbytes;  /* SUBMIT's optional gbytes field, likewise */
+} line_fields;
+
+/* Fills rq's kind-specific fields from a line whose id and field count were
+ * checked; SP_FRAME, or SP_BAD with err filled. */
+typedef sp_status (*kind_parser)(const sp_reader *rd, const line_fields *lf, sp_request *rq,
+                                 sp_error *err);
+
+static sp_status parse_submit(const sp_reader *rd, const line_fields *lf, sp_request *rq,
+                              sp_error *err)
+{
+    const field *f = lf->f;
+    uint64_t id = rq->id;
+    char shown[64];
+    if (sp_parse_uint(f[2].s, f[2].n, &rq->slot) < 0)
+        return bad(err, id, "SUBMIT: bad slot '%s'", show(&f[2], shown));
+    if (!lf->has_bytes)
+        return bad(err, id, "SUBMIT: bad bytes '%s'", show(&f[3], shown));
+    if (sp_parse_uint(f[4].s, f[4].n, &rq->max_tokens) < 0)
+        return bad(err, id, "SUBMIT: bad max_tokens '%s'", show(&f[4], shown));
+    if (sp_parse_float(f[5].s, f[5].n, &rq->temperature) < 0 || !isfinite(rq->temperature)
+        || rq->temperature < 0)
+        return bad(err, id, "SUBMIT: bad temp '%s'", show(&f[5], shown));
+    if (sp_parse_float(f[6].s, f[6].n, &rq->top_p) < 0 || !(rq->top_p > 0 && rq->top_p <= 1))
+        return bad(err, id, "SUBMIT: bad top_p '%s'", show(&f[6], shown));
+    size_t k = 7;
+    if (lf->nf > 7 && !memchr(f[7].s, '=', f[7].n)) {
+        if (!lf->has_gbytes)
+            return bad(err, id, "SUBMIT: bad gbytes '%s'", show(&f[7], shown));
+        rq->has_gbytes = 1;
+        k = 8;
+    }
+    int seen_logprobs = 0, seen_pin = 0, seen_ids = 0, seen_counters = 0;
+    for (; k < lf->nf; k++) {
+        const char *eq = memchr(f[k].s, '=', f[k].n);
+        if (!eq)
+            return bad(err, id, "SUBMIT: expected key=value, got '%s'", show(&f[k], shown));
+        field key = {f[k].s, (size_t)(eq - f[k].s)};
+        field val = {eq + 1, f[k].n - key.n - 1};
+        if (!is_key(key.s, key.n) || val.n == 0)
+            return bad(err, id, "SUBMIT: bad key=value '%s'", show(&f[k], shown));
+        int *seen, *dst;
+        uint64_t maxv;
+        if (field_is(&key, "logprobs")) { seen = &seen_logprobs; dst = &rq->logprobs; maxv = SP_MAX_LOGPROBS; }
+        else if (field_is(&key, "pin")) { seen = &seen_pin; dst = &rq->pin; maxv = 1; }
+        else if (field_is(&key, "ids")) { seen = &seen_ids; dst = &rq->ids; maxv = 1; }
+        else if (field_is(&key, "counters") && (rd->ext & SP_EXT_COUNTERS)) {
+            seen = &seen_counters; dst = &rq->counters; maxv = 1;
+        } else
+            return bad(err, id, "SUBMIT: unknown key '%s'", show(&key, shown));
+        if (*seen)
+            return bad(err, id, "SUBMIT: key '%s' given twice", show(&key, shown));
+        *seen = 1;
+        uint64_t v;
+        if (sp_parse_uint(val.s, val.n, &v) < 0 || v > maxv)
+            return bad(err, id, "SUBMIT: bad %s '%s'", show(&key, shown), show(&val, (char[64]){0}));
+        *dst = (int)v;
+    }
+    if (rq->max_tokens == 0 && rq->logprobs == 0)
+        return bad(err, id, "SUBMIT: max_tokens=0 needs logprobs>0");
+    return SP_FRAME;
+}
+
+static sp_status parse_image(const sp_reader *rd, const line_fields *lf, sp_request *rq,
+                             sp_error *err)
+{
+    (void)rd;
+    const field *f = lf->f;
+    char shown[64];
+    if (!lf->has_bytes)
+        return bad(err, rq->id, "IMAGE: bad bytes '%s'", show(&f[2], shown));
+    if (sp_parse_uint(f[3].s, f[3].n, &rq->grid_h) < 0)
+        return bad(err, rq->id, "IMAGE: bad grid_h '%s'", show(&f[3], shown));
+    if (sp_parse_uint(f[4].s, f[4].n, &rq->grid_w) < 0)
+        return bad(err, rq->id, "IMAGE: bad grid_w '%s'", show(&f[4], shown));
+    return SP_FRAME;
+}
+
+/* DECIDE and SCORE: <id> <slot> <bytes>. */
+static sp_status parse_slot_bytes(const sp_reader *rd, const line_fields *lf, sp_request *rq,
+                                  sp_error *err)
+{
+    (void)rd;
+    const field *f = lf->f;
+    const char *kn = sp_kind_name(rq->kind);
+    char shown[64];
+    if (sp_parse_uint(f[2].s, f[2].n, &rq->slot) < 0)
+        return bad(err, rq->id, "%s: bad slot '%s'", kn, show(&f[2], shown));
+    if (!lf->has_bytes)
+        return bad(err, rq->id, "%s: bad bytes '%s'", kn, show(&f[3], shown));
+    return SP_FRAME;
+}
+
+/* The request kinds (spec sections 4 and 9), as data. */
+static const struct request_kind {
+    const char *name;
+    sp_kind kind;
+    unsigned ext;        /* the SP_EXT_* flag the kind needs, or 0 */
+    size_t nfields;      /* fields of the line, the kind included */
+    int more_fields;     /* more may follow (SUBMIT's gbytes and keys) */
+    size_t bytes_at;     /* index of the payload byte count, or 0 for none */
+    kind_parser parse;   /* the kind's own fields, or NULL for <KIND> <id> */
+} REQUEST_KINDS[] = {
+    {"SUBMIT", SP_SUBMIT, 0, 7, 1, 3, parse_submit},
+    {"IMAGE", SP_IMAGE, 0, 5, 0, 2, parse_image},
+    {"STOP", SP_STOP, 0, 2, 0, 0, NULL},
+    {"CANCEL", SP_CANCEL, 0, 2, 0, 0, NULL},
+    {"DECIDE", SP_DECIDE, 0, 4, 0, 3, parse_slot_bytes},
+    {"SCORE", SP_SCORE, SP_EXT_SCORE, 4, 0, 3, parse_slot_bytes},
+    {"PING", SP_PING, SP_EXT_HEALTH, 2, 0, 0, NULL},
+};
+
+/* Splits a line on spaces into lf (spacing_ok tells whether every field is
+ * non-empty); SP_FRAME, or SP_BAD for too many fields. */
+static sp_status split_fields(const char *line, size_t n, line_fields *lf, sp_error *err)
+{
+    lf->nf = 0;
+    lf->spacing_ok = 1;
     size_t i = 0;
     for (;;) {
         size_t j = i;
         while (j < n && line[j] != ' ')
             j++;
-        if (nf == MAX_FIELDS)
+        if (lf->nf == MAX_FIELDS)
             return bad(err, 0, "too many fields");
-        f[nf].s = line + i;
-        f[nf].n = j - i;
-        if (f[nf].n == 0)
-            spacing_ok = 0;
-        nf++;
+        field *f = &lf->f[lf->nf++];
+        f->s = line + i;
+        f->n = j - i;
+        if (f->n == 0)
+            lf->spacing_ok = 0;
         if (j == n)
-            break;
+            return SP_FRAME;
         i = j + 1;
     }
+}
+
+/* The request kind a line's first field names, among those the reader knows
+ * (its extensions included), or NULL. */
+static const struct request_kind *find_kind(const sp_reader *rd, const field *name)
+{
+    for (size_t k = 0; k < sizeof REQUEST_KINDS / sizeof REQUEST_KINDS[0]; k++) {
+        const struct request_kind *rk = &REQUEST_KINDS[k];
+        if (field_is(name, rk->name) && (rk->ext == 0 || (rd->ext & rk->ext)))
+            return rk;
+    }
+    return NULL;
+}
+
+/* Parses one request line (without its '\n'). Fills rd->cur, and the payload
+ * sizes the line announces (rd->sizes_ok, nparts, sizes) as far as they can
+ * be read; returns SP_FRAME, or SP_BAD with err filled. The fields common to
+ * every kind are read here, the rest by the kind's parser. */
+static sp_status parse_line(sp_reader *rd, const char *line, size_t n, sp_error *err)
+{
+    line_fields lf;
+    if (split_fields(line, n, &lf, err) == SP_BAD)
+        return SP_BAD;
+    const field *f = lf.f;
+    size_t nf = lf.nf;
     if (n == 0)
         return bad(err, 0, "empty line");
     char shown[64];
     if (!is_upper_kind(f[0].s, f[0].n))
         return bad(err, 0, "bad kind '%s'", show(&f[0], shown));
-
-    sp_kind kind;
-    if (field_is(&f[0], "SUBMIT")) kind = SP_SUBMIT;
-    else if (field_is(&f[0], "IMAGE")) kind = SP_IMAGE;
-    else if (field_is(&f[0], "STOP")) kind = SP_STOP;
-    else if (field_is(&f[0], "CANCEL")) kind = SP_CANCEL;
-    else if (field_is(&f[0], "DECIDE")) kind = SP_DECIDE;
-    else if (field_is(&f[0], "SCORE") && (rd->ext & SP_EXT_SCORE)) kind = SP_SCORE;
-    else if (field_is(&f[0], "PING") && (rd->ext & SP_EXT_HEALTH)) kind = SP_PING;
-    else
+    const struct request_kind *rk = find_kind(rd, &f[0]);
+    if (!rk)
         return bad(err, 0, "unknown kind %s", show(&f[0], shown));
-    const char *kn = sp_kind_name(kind);
+    const char *kn = rk->name;
 
     /* The id, and the payload byte counts, as far as they can be read:
      * errors name the id and skip the payload (section 7). */
     uint64_t id = 0, bytes = 0, gbytes = 0;
-    int has_bytes = 0, has_gbytes = 0;
     if (nf > 1 && (sp_parse_uint(f[1].s, f[1].n, &id) < 0 || id == 0))
         id = 0;
-    size_t bytes_at = kind == SP_SUBMIT || kind == SP_DECIDE || kind == SP_SCORE ? 3
-                    : kind == SP_IMAGE ? 2 : 0;
-    if (bytes_at && nf > bytes_at && sp_parse_uint(f[bytes_at].s, f[bytes_at].n, &bytes) == 0
-        && bytes < MAX_SKIP)
-        has_bytes = 1;
-    if (kind == SP_SUBMIT && nf > 7 && !memchr(f[7].s, '=', f[7].n)
-        && sp_parse_uint(f[7].s, f[7].n, &gbytes) == 0 && gbytes < MAX_SKIP)
-        has_gbytes = 1;
-    rd->sizes_ok = has_bytes && spacing_ok;
-    rd->nparts = rd->sizes_ok ? 1 + has_gbytes : 0;
+    size_t at = rk->bytes_at;
+    lf.has_bytes = at && nf > at && sp_parse_uint(f[at].s, f[at].n, &bytes) == 0 && bytes < MAX_SKIP;
+    lf.has_gbytes = rk->kind == SP_SUBMIT && nf > 7 && !memchr(f[7].s, '=', f[7].n)
+                    && sp_parse_uint(f[7].s, f[7].n, &gbytes) == 0 && gbytes < MAX_SKIP;
+    rd->sizes_ok = lf.has_bytes && lf.spacing_ok;
+    rd->nparts = rd->sizes_ok ? 1 + lf.has_gbytes : 0;
     rd->sizes[0] = bytes;
-    rd->sizes[1] = has_gbytes ? gbytes : 0;
+    rd->sizes[1] = lf.has_gbytes ? gbytes : 0;
 
     sp_request *rq = &rd->cur;
     memset(rq, 0, sizeof *rq);
-    rq->kind = kind;
-    if (!spacing_ok)
+    rq->kind = rk->kind;
+    if (!lf.spacing_ok)
         return bad(err, id, "%s: fields must be separated by exactly one space", kn);
     if (nf < 2 || id == 0)
         return bad(err, id, "%s: bad id", kn);
     rq->id = id;
-
-    size_t npos = kind == SP_SUBMIT ? 7 : kind == SP_IMAGE ? 5 : kind == SP_DECIDE || kind == SP_SCORE ? 4 : 2;
-    if (nf < npos || (kind != SP_SUBMIT && nf != npos))
-        return bad(err, id, "%s: expected %zu fields, got %zu", kn, npos - 1, nf - 1);
-
-    switch (kind) {
-    case SP_SUBMIT: {
-        if (sp_parse_uint(f[2].s, f[2].n, &rq->slot) < 0)
-            return bad(err, id, "SUBMIT: bad slot '%s'", show(&f[2], shown));
-        if (!has_bytes)
-            return bad(err, id, "SUBMIT: bad bytes '%s'", show(&f[3], shown));
-        if (sp_parse_uint(f[4].s, f[4].n, &rq->max_tokens) < 0)
-            return bad(err, id, "SUBMIT: bad max_tokens '%s'", show(&f[4], shown));
-        if (sp_parse_float(f[5].s, f[5].n, &rq->temperature) < 0 || !isfinite(rq->temperature)
-            || rq->temperature < 0)
-            return bad(err, id, "SUBMIT: bad temp '%s'", show(&f[5], shown));
-        if (sp_parse_float(f[6].s, f[6].n, &rq->top_p) < 0 || !(rq->top_p > 0 && rq->top_p <= 1))
-            return bad(err, id, "SUBMIT: bad top_p '%s'", show(&f[6], shown));
-        size_t k = 7;
-        if (nf > 7 && !memchr(f[7].s, '=', f[7].n)) {
-            if (!has_gbytes)
-                return bad(err, id, "SUBMIT: bad gbytes '%s'", show(&f[7], shown));
-            rq->has_gbytes = 1;
-            k = 8;
-        }
-        int seen_logprobs = 0, seen_pin = 0, seen_ids = 0, seen_counters = 0;
-        for (; k < nf; k++) {
-            const char *eq = memchr(f[k].s, '=', f[k].n);
-            if (!eq)
-                return bad(err, id, "SUBMIT: expected key=value, got '%s'", show(&f[k], shown));
-            field key = {f[k].s, (size_t)(eq - f[k].s)};
-            field val = {eq + 1, f[k].n - key.n - 1};
-            if (!is_key(key.s, key.n) || val.n == 0)
-                return bad(err, id, "SUBMIT: bad key=value '%s'", show(&f[k], shown));
-            int *seen, *dst;
-            uint64_t maxv;
-            if (field_is(&key, "logprobs")) { seen = &seen_logprobs; dst = &rq->logprobs; maxv = SP_MAX_LOGPROBS; }
-            else if (field_is(&key, "pin")) { seen = &seen_pin; dst = &rq->pin; maxv = 1; }
-            else if (field_is(&key, "ids")) { seen = &seen_ids; dst = &rq->ids; maxv = 1; }
-            else if (field_is(&key, "counters") && (rd->ext & SP_EXT_COUNTERS)) {
-                seen = &seen_counters; dst = &rq->counters; maxv = 1;
-            } else
-                return bad(err, id, "SUBMIT: unknown key '%s'", show(&key, shown));
-            if (*seen)
-                return bad(err, id, "SUBMIT: key '%s' given twice", show(&key, shown));
-            *seen = 1;
-            uint64_t v;
-            if (sp_parse_uint(val.s, val.n, &v) < 0 || v > maxv)
-                return bad(err, id, "SUBMIT: bad %s '%s'", show(&key, shown),
-                           show(&val, (char[64]){0}));
-            *dst = (int)v;
-        }
-        if (rq->max_tokens == 0 && rq->logprobs == 0)
-            return bad(err, id, "SUBMIT: max_tokens=0 needs logprobs>0");
-        break;
-    }
-    case SP_IMAGE:
-        if (!has_bytes)
-            return bad(err, id, "IMAGE: bad bytes '%s'", show(&f[2], shown));
-        if (sp_parse_uint(f[3].s, f[3].n, &rq->grid_h) < 0)
-            return bad(err, id, "IMAGE: bad grid_h '%s'", show(&f[3], shown));
-        if (sp_parse_uint(f[4].s, f[4].n, &rq->grid_w) < 0)
-            return bad(err, id, "IMAGE: bad grid_w '%s'", show(&f[4], shown));
-        break;
-    case SP_DECIDE:
-    case SP_SCORE:
-        if (sp_parse_uint(f[2].s, f[2].n, &rq->slot) < 0)
-            return bad(err, id, "%s: bad slot '%s'", kn, show(&f[2], shown));
-        if (!has_bytes)
-            return bad(err, id, "%s: bad bytes '%s'", kn, show(&f[3], shown));
-        break;
-    default:
-        break;
-    }
-    return SP_FRAME;
+    if (nf < rk->nfields || (!rk->more_fields && nf != rk->nfields))
+        return bad(err, id, "%s: expected %zu fields, got %zu", kn, rk->nfields - 1, nf - 1);
+    return rk->parse ? rk->parse(rd, &lf, rq, err) : SP_FRAME;
 }
 
 int sp_parse_token_ids(const unsigned char *p, size_t n, uint64_t **out, size_t *count)

@@ -33,6 +33,20 @@
 #define ENGINE_PREFIXES       4               /* SCORE prefixes whose tokens are kept (splice.c) */
 #define ENGINE_SCORE_CACHE_MB 64              /* SCORE results kept between requests (score_cache.c) */
 
+#define DEVICES_MAX      16  /* llama_max_devices() of this llama.cpp: --tensor-split entries, --rpc servers */
+#define DEVICES_NAME_CAP 256 /* bytes of one --rpc host:port or --tensor-split entry */
+
+/* --split-mode, --tensor-split, --main-gpu and --rpc, passed to llama.cpp (devices.c). */
+typedef struct device_options {
+    int split_mode, split_mode_set;     /* enum llama_split_mode: none, layer, row */
+    float tensor_split[DEVICES_MAX];    /* shares per device, the rest 0 */
+    int n_tensor_split;
+    int main_gpu, main_gpu_set;
+    char rpc[DEVICES_MAX][DEVICES_NAME_CAP]; /* host:port of each ggml-rpc-server */
+    int n_rpc;
+    struct ggml_backend_device *devices[DEVICES_MAX + 1]; /* with --rpc: llama_model_params.devices, NULL-ended */
+} device_options;
+
 /* A request taken from stdin and not yet answered (sched.c). A task is
  * started (tokenized, ACCEPTed) between decodes, then gives rows to the
  * decodes until it ends: it writes its DONE or ERROR and is freed at once. */
@@ -119,6 +133,7 @@ typedef struct engine {
     int slots_auto;      /* --slots unset: n_slots was sized from memory */
     char model_name[256];
     const char *numerics;  /* "invariant" or "fast" (CAPS numerics) */
+    char devices_caps[1024]; /* CAPS keys of --split-mode, --tensor-split, --main-gpu, --rpc (devices.c) */
 
     slot_state *slots;
     snapshot *snaps;
@@ -167,6 +182,13 @@ uint64_t model_mem_available(void);
 void batch_clear(struct llama_batch *b);
 void batch_add(struct llama_batch *b, llama_token tok, int pos, const int *seqs, int n_seqs, int logits);
 double rss_gb(void);
+
+/* devices.c: llama.cpp's split options and RPC servers */
+int devices_is_option(const char *flag);
+int devices_parse(device_options *d, const char *flag, const char *value);
+int devices_local_gpu(void);
+const char *devices_apply(device_options *d, struct llama_model_params *mp, char *err, size_t cap);
+void devices_caps(const device_options *d, char *out, size_t cap);
 
 /* slots.c: prefix reuse and snapshots */
 int lcp(const llama_token *a, int na, const llama_token *b, int nb);

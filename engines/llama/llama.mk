@@ -22,15 +22,21 @@ LLAMA_PATCHES  := $(sort $(wildcard llama/patches/*.patch))
 LLAMA_PATCH_ID := $(shell cat $(LLAMA_PATCHES) /dev/null | sha256sum | cut -c1-10)
 LLAMA_PRISTINE := $(LLAMA_CACHE)/src
 LLAMA_PATCHED  := $(LLAMA_CACHE)/src-$(LLAMA_PATCH_ID)
+# llama.cpp's RPC server source (tools/rpc), extracted beside the subset (ggml-rpc-server, below)
+LLAMA_RPC_TOOL := $(LLAMA_CACHE)/tools-rpc
 # The patched source; override with a carried copy (LLAMA_SRC=.llama-src) where there is no network.
 LLAMA_SRC    ?= $(LLAMA_PATCHED)
 LLAMA_JOBS   ?= 2
 # Python with pip, to fetch the sdist (the project venv when it exists).
 LLAMA_PIP_PY ?= $(shell test -x ../.venv/bin/python && echo ../.venv/bin/python || echo python3)
 
+# GGML_RPC: llama.cpp's RPC backend (`--rpc host:port,...` places layers on ggml-rpc-servers,
+# spec/llama-engine.md "Several devices"); its RDMA transport off (libibverbs would be a link
+# dependency where it is found).
 LLAMA_CMAKE_FLAGS := -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_COMMON=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-  -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=OFF
+  -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=OFF \
+  -DGGML_RPC=ON -DGGML_RPC_RDMA=OFF
 
 ifeq ($(CUDA),1)
 LLAMA_VARIANT     := cuda
@@ -47,11 +53,15 @@ LLAMA_EXTRA_LIBS  :=
 LLAMA_SYS_LIBS    :=
 endif
 
-LLAMA_BUILD := $(LLAMA_CACHE)/build-$(LLAMA_VARIANT)-$(LLAMA_PATCH_ID)
+# A build is named after the patches and the CMake flags: a changed flag gets its own directory, so
+# checkouts sharing the cache never link one another's builds.
+LLAMA_BUILD_ID := $(shell { cat $(LLAMA_PATCHES) /dev/null; echo '$(LLAMA_CMAKE_FLAGS)'; } | sha256sum | cut -c1-10)
+LLAMA_BUILD := $(LLAMA_CACHE)/build-$(LLAMA_VARIANT)-$(LLAMA_BUILD_ID)
 # Link order: llama, ggml (the backend registry), the backends, ggml-base.
-LLAMA_LIBS  := $(LLAMA_BUILD)/src/libllama.a $(LLAMA_BUILD)/ggml/src/libggml.a \
+LLAMA_GGML_LIBS := $(LLAMA_BUILD)/ggml/src/libggml.a $(LLAMA_BUILD)/ggml/src/ggml-rpc/libggml-rpc.a \
   $(addprefix $(LLAMA_BUILD)/,$(LLAMA_EXTRA_LIBS)) $(LLAMA_BUILD)/ggml/src/libggml-cpu.a \
   $(LLAMA_BUILD)/ggml/src/libggml-base.a
+LLAMA_LIBS  := $(LLAMA_BUILD)/src/libllama.a $(LLAMA_GGML_LIBS)
 LLAMA_STAMP := $(LLAMA_BUILD)/.serveproto-built
 LLAMA_INC   := -I$(LLAMA_SRC)/include -I$(LLAMA_SRC)/ggml/include
 
@@ -59,7 +69,7 @@ LLAMA_ENGINE_SRCS := $(wildcard llama/*.c)
 LLAMA_ENGINE_HDRS := $(wildcard llama/*.h)
 
 .PHONY: llama-libs llama-src
-all: $(BIN)/serveproto-llama $(BIN)/llama-prefill-ref
+all: $(BIN)/serveproto-llama $(BIN)/llama-prefill-ref $(BIN)/ggml-rpc-server
 
 llama-libs: $(LLAMA_STAMP)
 
@@ -95,9 +105,9 @@ $(LLAMA_SRC)/.extracted:
 	touch $@
 endif
 
-llama-src: $(LLAMA_PATCHED)/.extracted
+llama-src: $(LLAMA_PATCHED)/.extracted $(LLAMA_RPC_TOOL)/.extracted
 	test -n "$(DEST)" || { echo "usage: make -C engines llama-src DEST=DIR" >&2; exit 1; }
-	mkdir -p $(DEST) && cp -a $(LLAMA_PATCHED)/. $(DEST)/
+	mkdir -p $(DEST)/tools/rpc && cp -a $(LLAMA_PATCHED)/. $(DEST)/ && cp -a $(LLAMA_RPC_TOOL)/. $(DEST)/tools/rpc/
 
 # -O3 -fno-trapping-math: the log-softmax loops of model.c vectorize (branch-free clamps).
 LLAMA_CFLAGS := $(CFLAGS) -O3 -fno-trapping-math -pthread -fopenmp $(LLAMA_INC) $(COMMON_CFLAGS)
@@ -137,8 +147,30 @@ $(BIN)/llama-server: $(LLAMA_FULL)/.extracted | $(BIN)
 llama-server: $(BIN)/llama-server
 
 # serveproto-quantize: llama.cpp's own quantizer (llama_model_quantize, already in libllama.a) to F32,
-# for `serveproto serve --precision f32` (gateway/precision.py). Its source is outside llama/*.c, the
+# for `serveproto serve --precision f32` (gateway/engine/precision.py). Its source is outside llama/*.c, the
 # engine's sources.
 all: $(BIN)/serveproto-quantize
 $(BIN)/serveproto-quantize: llama/tools/quantize.c $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
 	$(CC) $(LLAMA_CFLAGS) -o $@ $< $(LLAMA_LDLIBS)
+
+# ggml-rpc-server: llama.cpp's RPC server (the sdist's tools/rpc, one C++ file), linked against the
+# same patched ggml as the engine, so a remote layer runs our CPU kernels (started with
+# GGML_CPU_USE_REF=1, spec/llama-engine.md "Several devices"). Compiled here rather than through
+# CMake's tools/ tree, which would bring common/ and every other tool. Its source sits beside the
+# subset (the subset's directory is shared by checkouts that predate it); a carried copy
+# (LLAMA_SRC=DIR from `llama-src`) holds it under tools/rpc.
+$(LLAMA_RPC_TOOL)/.extracted: | $(LLAMA_SDIST)
+	t=$$(mktemp -d $(LLAMA_RPC_TOOL).tmp.XXXXXX) && tar -xzf $(LLAMA_SDIST) -C $$t --strip-components=5 \
+	  llama_cpp_python-$(LLAMA_PY_VERSION)/vendor/llama.cpp/tools/rpc && \
+	  touch $$t/.extracted && { mv -T $$t $(LLAMA_RPC_TOOL) 2>/dev/null || rm -rf $$t; }
+ifeq ($(LLAMA_SRC),$(LLAMA_PATCHED))
+LLAMA_RPC_DIR := $(LLAMA_RPC_TOOL)
+else
+LLAMA_RPC_DIR := $(LLAMA_SRC)/tools/rpc
+$(LLAMA_RPC_DIR)/.extracted:
+	test -f $(LLAMA_RPC_DIR)/rpc-server.cpp || { echo "LLAMA_SRC=$(LLAMA_SRC) has no tools/rpc/rpc-server.cpp" >&2; exit 1; }
+	touch $@
+endif
+$(BIN)/ggml-rpc-server: $(LLAMA_RPC_DIR)/.extracted $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
+	$(CXX) -O2 -std=c++17 -pthread -I$(LLAMA_SRC)/ggml/include -o $@ $(LLAMA_RPC_DIR)/rpc-server.cpp \
+	  $(LLAMA_GGML_LIBS) $(LLAMA_SYS_LIBS) -lm -fopenmp -lpthread

@@ -33,9 +33,10 @@ typedef struct options {
     int kv_f16;     /* --kv-type f16: half the KV memory, logprobs off by ~1e-3 */
     int flash_attn; /* --flash-attn (implied by --numerics invariant) */
     int fast;       /* --numerics fast: llama.cpp's shape-dependent kernels (digits move with batching) */
-    int numerics_set; /* --numerics given (else: invariant on the CPU, fast with a GPU) */
+    int numerics_set; /* --numerics given (else: invariant on the CPU, fast with a GPU or --rpc) */
     int splice_check; /* --splice-check: SCORE tokenizes every text whole too and compares */
     int verbose;      /* --verbose: llama.cpp's informational log too, not only warnings and errors */
+    device_options dev; /* --split-mode, --tensor-split, --main-gpu, --rpc (devices.c) */
 } options;
 
 static void usage(void)
@@ -45,6 +46,8 @@ static void usage(void)
             "                        [--threads N] [--score-seqs N] [--ubatch N] [--chunk N] [--seed N] [--kv-type f32|f16]\n"
             "                        [--numerics invariant|fast] [--score-cache-mb N] [--flash-attn]\n"
             "                        [--float-digits 9..17] [--splice-check] [--verbose]\n"
+            "                        [--split-mode none|layer|row] [--tensor-split A,B,...] [--main-gpu N]\n"
+            "                        [--rpc HOST:PORT,...]\n"
             "Speaks the serve protocol (spec/serve-protocol.md) on stdin/stdout.\n");
 }
 
@@ -126,6 +129,8 @@ static int parse_options(int argc, char **argv, options *o)
         } else if (!strcmp(a, "--seed")) {
             rc = parse_int_arg(a, v, 0, 0x7fffffff, &seed);
             o->seed = (uint32_t)seed;
+        } else if (devices_is_option(a)) {
+            rc = devices_parse(&o->dev, a, v);
         } else {
             fprintf(stderr, "serveproto-llama: unknown option %s\n", a);
             return -1;
@@ -267,14 +272,23 @@ static int load(engine *e, options *o)
 
     /* Invariance is a property of the CPU backend's reference kernels; a GPU
      * build runs llama.cpp's own kernels (spec/llama-engine.md). */
-    if (llama_supports_gpu_offload()) {
+    if (devices_local_gpu()) {
         if (o->numerics_set && !o->fast)
             return load_fail(e, "unsupported", "--numerics invariant needs the CPU backend; this engine is built for a GPU "
                              "(use --numerics fast, or a CPU build)");
         o->fast = 1;
+    } else if (o->dev.n_rpc > 0 && !o->numerics_set) {
+        /* The engine cannot see which kernels an rpc-server runs: invariant only when asked for,
+         * the servers being this build's ggml-rpc-server with GGML_CPU_USE_REF=1 (devices.c). */
+        o->fast = 1;
     }
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 999;
+    char dev_err[512];
+    const char *dev_fail = devices_apply(&o->dev, &mp, dev_err, sizeof dev_err);
+    if (dev_fail)
+        return load_fail(e, dev_fail, "%s", dev_err);
+    devices_caps(&o->dev, e->devices_caps, sizeof e->devices_caps);
     /* Repacked weights (Q4_0, Q4_K, IQ4_NL... interleaved for AVX2/AMX) switch
      * between a GEMV and a GEMM kernel by batch rows: off for invariant digits. */
     if (!o->fast) {
@@ -409,12 +423,12 @@ static void engine_free(engine *e)
 
 static void handshake(engine *e)
 {
-    char caps[512];
+    char caps[2048];
     snprintf(caps, sizeof caps,
              "chat=1 slots=%d n_ctx=%d n_vocab=%d model=%s pin_slots=%d max_logprobs=%d x_score=1 x_counters=1 x_health=1 "
-             "x_numerics=%s x_batched=1 n_ubatch=%d n_chunk=%d",
+             "x_numerics=%s x_batched=1 n_ubatch=%d n_chunk=%d%s",
              e->n_slots, e->n_ctx, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS, e->numerics, e->n_ubatch,
-             e->n_chunk);
+             e->n_chunk, e->devices_caps);
     sp_write_ready(&e->w);
     sp_write_caps(&e->w, caps);
     double stat[4] = { 0.0, 0.0, 0.0, rss_gb() };

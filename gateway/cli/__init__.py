@@ -1,0 +1,48 @@
+"""The ``serveproto`` command: one sub-command per job.
+
+``serve`` (the decision server) lives in :mod:`gateway.cli.serve`; ``drive``
+and ``score`` (driving an engine by hand) in :mod:`gateway.cli.drive`;
+``chat`` (the terminal client of a running server) in :mod:`gateway.cli.chat`;
+``calibrate`` (fitting a calibration on labelled requests) in
+:mod:`gateway.cli.calibrate`.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gateway.cli import calibrate as cli_calibrate, chat as cli_chat, drive as cli_drive, serve as cli_serve
+
+    parser = argparse.ArgumentParser(
+        prog="serveproto",
+        description="Calibrated closed-question decisions from language models.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    cli_serve.add_parsers(sub)
+    cli_drive.add_parsers(sub)
+    cli_chat.add_parsers(sub)
+    cli_calibrate.add_parsers(sub)
+    return parser
+
+
+#: The top-level modules of the ``server`` extra (setup.cfg): without them the command says so.
+SERVER_MODULES = frozenset({"anyio", "h11", "orjson", "numpy", "zstandard", "prometheus_client", "gguf", "jinja2",
+                            "prompt_toolkit", "rich"})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``serveproto`` command; its exit status. Installed without the ``server`` extra,
+    it prints one line naming the missing package and returns 1."""
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        return int(args.func(args) or 0)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in SERVER_MODULES:
+            raise
+        print(f"serveproto: the package {exc.name} is missing: the command needs the server extra "
+              "(pip install 'serveproto[server]')", file=sys.stderr)
+        return 1
+

@@ -1,0 +1,490 @@
+"""``serveproto serve``: the decision server, an engine under the supervisor behind the HTTP server.
+
+    serveproto serve [--model PATH] [--host H] [--port P] [--api-key KEY] [--keep-restarting]
+                     [--precision native|f32] [--engine CMD ...]
+
+With no ``--engine`` it serves ``engines/bin/serveproto-llama --model PATH``
+(``PATH`` defaulting to the SmolLM2 model, fetched on first use). ``--engine``
+takes the rest of the command line as the engine's argv, e.g. ``--engine
+engines/bin/serveproto-fixture --mode decide``; a bare ``serveproto-fixture``
+or ``serveproto-llama`` is the project's engine. Installed from a wheel (not
+a clone), an engine is built into the cache on first use
+(:mod:`gateway.engine.build`). Once listening it prints one line,
+``serveproto: serving <model> on http://<host>:<port>``.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from gateway.engine.errors import EngineError
+from gateway.server.auth import API_KEY_ENV, key_from_env
+from gateway.engine.build import ENGINES, EngineBuildError, ensure_engine
+from gateway.paths import default_model_path
+
+#: Environment variable giving the llama engine's thread count when --threads is not given.
+THREADS_ENV = "SERVEPROTO_THREADS"
+
+
+SERVE_HELP = """\
+Start the decision server: an engine under a supervisor, behind an HTTP/1.1
+server that answers POST /v1/systemone (TypeSafe's Jev System One API: the
+official SDK works unchanged), POST /v1/decisions, the OpenAI-style
+/v1/chat/completions, /v1/completions and /v1/models, and /health, /metrics
+and the browser page at /. Routes are described in docs/http-api.md.
+
+The port is bound first: a port in use ends the command at once with status 2.
+With no --engine the engine is engines/bin/serveproto-llama on --model
+(default: the fetched SmolLM2-135M-Instruct). --engine takes the rest of the
+command line as the engine's command, e.g.
+
+  serveproto serve --port 8123 --engine engines/bin/serveproto-fixture --mode decide
+
+Once the engine is loaded it prints one line,
+"serveproto: serving <model> on http://<host>:<port>", then logs one JSON
+line per request on stderr. SIGINT or SIGTERM stops it.
+
+The engine is PINGed every --ping-interval seconds; one that does not answer
+within --ping-timeout is killed and restarted. If it fails more than
+--max-restarts times within --restart-period seconds, the server answers the
+requests in flight and exits with status 1 and one line saying why, so that a
+process manager restarts it; --keep-restarting retries forever instead.
+Limits and timeouts: docs/http-api.md, "Security and limits".
+"""
+
+
+class ListenFailed(Exception):
+    """The server could not listen (port in use, address not available, no permission); the message is
+    the one line shown to the user, and ``serveproto serve`` exits with status 2."""
+
+
+class EngineGaveUp(Exception):
+    """The engine's restart intensity was exceeded (without ``--keep-restarting``): the server answered
+    the requests in flight and stopped; the message is the one line shown, and the status is 1."""
+
+
+#: Seconds the server gives the requests in flight to be answered after the engine's supervisor gave up.
+GIVE_UP_DRAIN = 10.0
+#: The cap of the restart backoff with ``--keep-restarting`` (seconds): a broken engine is retried this often.
+KEEP_RESTARTING_BACKOFF_MAX = 30.0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("serve", help="start the decision server (POST /v1/systemone and the OpenAI routes)",
+                       description=SERVE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="GGUF model for the llama engine (default: the fetched SmolLM2-135M-Instruct); "
+                                   "also read for its chat template when --engine is given")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--api-key", default=None, help=f"required bearer key (default ${API_KEY_ENV}; none: any key passes)")
+    p.add_argument("--slots", type=_positive_int, default=None,
+                   help="KV slots of the llama engine: requests served at once, each llama_decode shared by "
+                        "all of them (default: the engine sizes them from the context and the memory free at "
+                        "start, 1 to 4; spec/llama-engine.md)")
+    p.add_argument("--ctx", type=int, default=None, help="context size per slot of the llama engine")
+    p.add_argument("--threads", type=_positive_int, default=None,
+                   help=f"CPU threads of the llama engine (default ${THREADS_ENV}, else the number of cores "
+                        "minus one, at least 1: llama.cpp's all-cores default slows down sharply when the "
+                        "gateway or anything else shares the cores)")
+    p.add_argument("--precision", type=_precision, default="native", metavar="{native,f32}",
+                   help="the llama engine's weights: native (the GGUF's own types, default) or f32 (the GGUF "
+                        "transcoded once to F32 by llama.cpp's quantizer into the cache, then reused: logprobs "
+                        "within 1e-4 of the float64 oracle instead of ~0.15 nats off on average on a quantized "
+                        "model, for about 5.5 times the file size; see bench/README.md)")
+    p.add_argument("--numerics", choices=("invariant", "fast"), default=None,
+                   help="the llama engine's arithmetic: invariant (the CPU default: every number depends on the "
+                        "model, the build and the tokens only, whatever ran before or beside it) or fast "
+                        "(llama.cpp's batch-shape-dependent kernels; the GPU default)")
+    p.add_argument("--score-cache-mb", type=_non_negative_int, default=None, metavar="MB",
+                   help="memory for scored options kept between requests, so a repeated question is not "
+                        "computed again (llama engine, invariant numerics; default 64, 0 turns it off)")
+    dev = p.add_argument_group(
+        "one model over several devices (the llama engine; llama.cpp's own options, passed through: "
+        "docs/devices.md)")
+    dev.add_argument("--rpc", type=_rpc_servers, default=None, metavar="HOST:PORT,...",
+                     help="place the model's layers on these ggml-rpc-servers (engines/bin/ggml-rpc-server; "
+                          "private networks only: the RPC protocol has no authentication and no encryption). "
+                          "The engine's numerics default to fast with --rpc; --numerics invariant when every "
+                          "server is this build's ggml-rpc-server on a CPU, started with GGML_CPU_USE_REF=1")
+    dev.add_argument("--split-mode", choices=("none", "layer", "row"), default=None,
+                     help="how llama.cpp splits the model over the devices: layer (its default: whole layers "
+                          "per device), row (weight rows over CUDA GPUs; not over RPC servers), none (one device, "
+                          "--main-gpu)")
+    dev.add_argument("--tensor-split", type=_tensor_split, default=None, metavar="A,B,...",
+                     help="each device's share of the model, in device order (the --rpc servers' devices "
+                          "first, then local GPUs), e.g. 3,1; default: in proportion to free memory")
+    dev.add_argument("--main-gpu", type=_non_negative_int, default=None, metavar="N",
+                     help="the device index used with --split-mode none (and for intermediate results with row)")
+    p.add_argument("--debias", type=_debias_methods, default=None, metavar="METHODS",
+                   help="how a language model's option scores are read and corrected when a request does not "
+                        "say (its x_debias, docs/http-api.md): none, or a comma-separated list of canonical (the "
+                        "options listed in one fixed order), cyclic (each rotation of the listed options read "
+                        "once), content_free (calibrated against a content-free state), cloze or letters (other "
+                        "prompt formats). Default: canonical,content_free on the default model (it answers by "
+                        "position without), none on a model you name")
+    p.add_argument("--calibration", default=None, metavar="FILE",
+                   help="a calibration file (serveproto calibrate) applied to the answers read under its x_debias; "
+                        "'none' for none. Default: $SERVEPROTO_CACHE/calibration/<the model's sha256>.json when it exists")
+    p.add_argument("--log-decisions", default=None, metavar="FILE",
+                   help="append one JSON line per answered question to FILE: request and question ids, options, "
+                        "probabilities (before and after calibration), model and x_debias; no state or question "
+                        "text. Fill in each line's 'answer' and pass the file to `serveproto calibrate --data`")
+    p.add_argument("--request-timeout", type=float, default=120.0, help="seconds one engine call may take (503 after)")
+    p.add_argument("--handshake-timeout", type=float, default=180.0, help="seconds the engine may take to load")
+    p.add_argument("--ping-interval", type=_positive_float, default=5.0,
+                   help="seconds between the supervisor's PINGs of the engine, busy or idle (default 5); /health "
+                        "is 503 while a PING has waited longer than this")
+    p.add_argument("--ping-timeout", type=_positive_float, default=30.0,
+                   help="seconds a PING may go unanswered before the engine is declared stalled, killed and "
+                        "restarted, its requests answered 503 (default 30; raise it for a model whose 512-token "
+                        "decode step takes longer)")
+    p.add_argument("--max-restarts", type=_non_negative_int, default=3,
+                   help="engine restarts allowed within --restart-period (default 3); one more and the server "
+                        "answers the requests in flight and exits with status 1, unless --keep-restarting")
+    p.add_argument("--restart-period", type=_positive_float, default=60.0,
+                   help="seconds of the restart intensity window (default 60)")
+    p.add_argument("--keep-restarting", action="store_true",
+                   help="never give up on the engine: restart it for as long as the server runs, the backoff "
+                        f"doubling from 0.1 s to {KEEP_RESTARTING_BACKOFF_MAX:g} s")
+    p.add_argument("--max-inflight", type=int, default=256, help="POST requests served at once (503 + Retry-After above)")
+    p.add_argument("--max-body", type=int, default=16 << 20, help="largest request body in bytes (413 above)")
+    p.add_argument("--log-level", default="INFO", help="logging level (INFO logs one JSON line per request)")
+    p.add_argument("--engine", nargs=argparse.REMAINDER, default=None,
+                   help="the engine command and its arguments (everything after --engine); a bare "
+                        f"{', '.join(ENGINES)} is the project's engine (built on first use when installed)")
+    p.set_defaults(func=run)
+
+
+def _int_at_least(low: int):
+    """An argparse ``type``: an integer ``>= low``, else ``ArgumentTypeError`` saying so."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+    return parse
+
+
+_positive_int = _int_at_least(1)
+_non_negative_int = _int_at_least(0)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+#: Devices llama.cpp places a model on (its ``llama_max_devices()``): --tensor-split entries, --rpc servers.
+MAX_DEVICES = 16
+
+
+def _tensor_split(text: str) -> str:
+    """An argparse ``type``: at most :data:`MAX_DEVICES` comma-separated non-negative numbers, not all 0
+    (the engine's own check, here so that the error names serve's flag before the engine starts)."""
+    try:
+        shares = [float(x) for x in text.split(",")]
+    except ValueError:
+        shares = []
+    if not shares or len(shares) > MAX_DEVICES or any(not 0 <= x < float("inf") for x in shares) or not sum(shares):
+        raise argparse.ArgumentTypeError(f"must be a comma-separated list of at most {MAX_DEVICES} non-negative "
+                                         f"numbers, not all 0 (a share of the model per device), got {text!r}")
+    return text
+
+
+def _rpc_servers(text: str) -> str:
+    """An argparse ``type``: at most :data:`MAX_DEVICES` comma-separated ``host:port`` (port 1..65535; the host
+    without ':', as ggml-rpc reads it)."""
+    def ok(ep: str) -> bool:
+        host, _, port = ep.partition(":")
+        return bool(host) and port.isascii() and port.isdigit() and 1 <= int(port) <= 65535
+    servers = text.split(",")
+    if len(servers) > MAX_DEVICES or not all(ok(ep) for ep in servers):
+        raise argparse.ArgumentTypeError(f"must be a comma-separated list of at most {MAX_DEVICES} host:port "
+                                         f"servers (port 1..65535), got {text!r}")
+    return text
+
+
+def _debias_methods(text: str) -> tuple[str, ...]:
+    from gateway.decision import debias
+
+    try:
+        return debias.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _precision(text: str) -> str:
+    from gateway.engine.precision import parse_precision
+
+    try:
+        return parse_precision(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+#: ``--debias`` on the default model when not given. ``bench/quality.py`` (292 labelled questions, bench/README.md):
+#: accuracy 0.469 against 0.326 raw, 0.326 with the earlier default (cyclic,content_free) and 0.417 for the
+#: letter read-out of llama-server-based peers; ECE 0.103 (0.191 the peers'); no answer changes with the order
+#: of a choice's labels (the prompt is the same); the raw positions once the question's content-free reading
+#: is remembered.
+DEFAULT_MODEL_DEBIAS = ("canonical", "content_free")
+
+
+def default_debias(args) -> tuple[str, ...]:
+    """The server's default ``x_debias``: ``--debias`` when given, else :data:`DEFAULT_MODEL_DEBIAS` when
+    serving the default model (neither ``--model`` nor ``--engine``), else none."""
+    if args.debias is not None:
+        return args.debias
+    return DEFAULT_MODEL_DEBIAS if not args.model and not args.engine else ()
+
+
+def load_calibration(choice: str | None, model_path: str | None):
+    """The calibration ``serve`` applies: ``choice`` (``--calibration``) ``"none"`` for none, a file, or
+    None for the model's own (:func:`gateway.decision.calibration.default_path` of its sha256, when it exists).
+
+    Raises ``SystemExit`` for a file that cannot be read or that was fitted on another model file.
+    """
+    from gateway.decision import calibration
+
+    if choice == "none":
+        return None
+    sha = calibration.sha256_file(model_path) if model_path and Path(model_path).exists() else None
+    if choice is None:
+        if sha is None or not calibration.default_path(sha).exists():
+            return None
+        path = calibration.default_path(sha)
+    else:
+        path = Path(choice)
+    try:
+        cal = calibration.load(path)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"serveproto serve: --calibration: {exc}") from None
+    if sha is not None and cal.model_sha256 != sha:
+        raise SystemExit(f"serveproto serve: --calibration: {path} was fitted on another model file "
+                         f"(sha256 {cal.model_sha256[:12]}..., the served model's is {sha[:12]}...)")
+    return cal
+
+
+def default_threads(threads: int | None, environ=os.environ, cpu_count: int | None = None) -> int:
+    """The llama engine's thread count: ``threads`` when given, else ``$SERVEPROTO_THREADS``, else
+    ``max(1, cores - 1)`` (``cores`` = ``os.cpu_count()``, 1 when unknown), leaving a core to the gateway.
+
+    Raises ``SystemExit`` naming ``SERVEPROTO_THREADS`` when it is set but not an integer >= 1.
+    """
+    if threads is not None:
+        return threads
+    env = environ.get(THREADS_ENV, "").strip()
+    if env:
+        try:
+            return _positive_int(env)
+        except argparse.ArgumentTypeError as exc:
+            raise SystemExit(f"serveproto serve: {THREADS_ENV}: {exc}") from None
+    cores = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
+    return max(1, cores - 1)
+
+
+def engine_argv(args) -> tuple[list[str], str | None]:
+    """The engine's argv and the GGUF whose chat template the prompts use (None: ChatML)."""
+    if args.engine:
+        if args.precision != "native":
+            raise SystemExit("serveproto serve: --precision applies to the llama engine; with --engine, "
+                             "give your engine its model")
+        argv = shlex.split(args.engine[0]) + list(args.engine[1:]) if len(args.engine) == 1 else list(args.engine)
+        if argv and argv[0] in ENGINES:  # one of ours by its bare name: built on first use when installed
+            argv[0] = str(engine_or_exit("serveproto serve", argv[0]))
+        return argv, args.model
+    if args.model:
+        model = args.model
+        if not Path(model).exists():
+            raise SystemExit(f"serveproto serve: model {model} not found (run `make model`, or pass --model PATH)")
+    else:
+        model = str(default_model_or_exit("serveproto serve"))
+    argv = [str(engine_or_exit("serveproto serve", "serveproto-llama")), "--model", model]
+    for flag, value in (("--slots", args.slots), ("--ctx", args.ctx), ("--threads", default_threads(args.threads)),
+                        ("--numerics", args.numerics), ("--score-cache-mb", args.score_cache_mb),
+                        ("--rpc", args.rpc), ("--split-mode", args.split_mode),
+                        ("--tensor-split", args.tensor_split), ("--main-gpu", args.main_gpu)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if not os.access(argv[0], os.X_OK):
+        raise SystemExit(f"serveproto serve: {argv[0]} is not built (run `make engines`)")
+    return argv, model
+
+
+def engine_or_exit(who: str, name: str) -> Path:
+    """Engine ``name``'s binary (:func:`gateway.engine.build.ensure_engine`: built on first use
+    outside a clone); a failed build ends the command with one line."""
+    try:
+        return ensure_engine(name)
+    except EngineBuildError as exc:
+        raise SystemExit(f"{who}: {exc}") from None
+
+
+def default_model_or_exit(who: str) -> Path:
+    """The default model, fetched and verified on first use (:mod:`gateway.engine.default_model`,
+    what ``make model`` runs); a failed fetch ends the command with one line."""
+    path = default_model_path()
+    if path.exists():
+        return path
+    from gateway.engine import default_model
+
+    try:
+        return default_model.ensure(path)
+    except default_model.FetchError as exc:
+        raise SystemExit(f"{who}: default model: {exc}") from None
+
+
+def _f32_argv(argv: list[str], threads: int | None) -> list[str]:
+    """``argv`` with its ``--model`` replaced by the model's F32 transcode (made once: ``gateway.engine.precision``)."""
+    from gateway.engine.precision import ensure_f32
+
+    i = argv.index("--model") + 1
+    return argv[:i] + [str(ensure_f32(argv[i], threads=default_threads(threads)))] + argv[i + 1:]
+
+
+async def serve(args, *, task_status=None) -> None:
+    """Start the engine, load the model's description, listen; runs until cancelled."""
+    import anyio
+
+    from gateway.server.app import App, ModelInfo
+    from gateway.engine import Engine
+    from gateway.http import HTTPServer, Limits, PortInUse
+
+    argv, model_path = engine_argv(args)
+    api_key = args.api_key or key_from_env()
+    # the port first: a port in use is reported at once, before a model is loaded for nothing
+    try:
+        listener = await HTTPServer.bind(args.host, args.port)
+    except PortInUse:
+        raise ListenFailed(f"serveproto: port {args.port} on {args.host} is in use "
+                           f"(set PORT=..., e.g. PORT=8123 make serve)") from None
+    except OSError as exc:
+        raise ListenFailed(f"serveproto: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    if args.precision == "f32":   # after the bind: a port in use is still reported at once
+        from gateway.engine.precision import TranscodeError
+
+        try:
+            argv = await anyio.to_thread.run_sync(_f32_argv, argv, args.threads)
+        except BaseException as exc:
+            await listener.aclose()
+            if isinstance(exc, TranscodeError):
+                raise SystemExit(f"serveproto serve: --precision f32: {exc}") from None
+            raise
+    decisions = None
+    if getattr(args, "log_decisions", None):
+        from gateway.decision.decision_log import DecisionLog
+
+        try:
+            decisions = DecisionLog(args.log_decisions)
+        except OSError as exc:
+            await listener.aclose()
+            raise SystemExit(f"serveproto serve: --log-decisions: cannot open {args.log_decisions}: "
+                             f"{exc.strerror or exc}") from None
+    restarts = dict(max_restarts=None if args.keep_restarting else args.max_restarts,
+                    restart_period=args.restart_period)
+    if args.keep_restarting:
+        restarts["backoff_max"] = KEEP_RESTARTING_BACKOFF_MAX
+    gave_up: list[str] = []
+    async with listener, Engine.spawn(argv, handshake_timeout=args.handshake_timeout,
+                                      health_interval=args.ping_interval, ping_timeout=args.ping_timeout,
+                                      **restarts) as engine:
+        caps = engine.caps
+        model = await anyio.to_thread.run_sync(ModelInfo.load, caps.model, model_path)
+        app = App(engine, model, api_key=api_key, request_timeout=args.request_timeout, max_inflight=args.max_inflight,
+                  debias=default_debias(args))
+        app.calibration = await anyio.to_thread.run_sync(load_calibration, getattr(args, "calibration", None), model_path)
+        if decisions is not None:
+            app.decision_log = decisions
+            app.model_sha256 = await anyio.to_thread.run_sync(_model_sha256, app.calibration, model_path)
+        limits = Limits(max_body_bytes=args.max_body, max_decoded_bytes=max(args.max_body, 64 << 20))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_stop_on_signal, tg.cancel_scope)
+            server = HTTPServer(app, limits)
+            port = await server.start(tg, listener=listener)
+            tg.start_soon(_fail_upward, engine, server, tg.cancel_scope, args, gave_up)
+            print(f"serveproto: serving {model.name} on http://{args.host}:{port}", flush=True)
+            if app.debias:
+                print(f"serveproto: x_debias defaults to {','.join(app.debias)} (--debias none to turn it off)", flush=True)
+            if app.calibration is not None:
+                print(f"serveproto: calibration {app.calibration.id} on answers read under x_debias "
+                      f"{','.join(app.calibration.debias) or 'none'} (--calibration none to turn it off)", flush=True)
+            if decisions is not None:
+                print(f"serveproto: logging decisions to {decisions.path} (ids, options, probabilities; no text)",
+                      flush=True)
+            if task_status is not None:
+                task_status.started(port)
+    if decisions is not None:
+        decisions.close()
+    if gave_up:
+        raise EngineGaveUp(gave_up[0])
+
+
+def _model_sha256(cal, model_path: str | None) -> str | None:
+    """The model file's sha256 for the decision log: the calibration's (already computed) or the file's."""
+    from gateway.decision import calibration
+
+    if cal is not None:
+        return cal.model_sha256
+    return calibration.sha256_file(model_path) if model_path and Path(model_path).exists() else None
+
+
+async def _fail_upward(engine, server, scope, args, gave_up: list[str]) -> None:
+    """When the supervisor gives up on the engine, so does the server (OTP's answer to an exceeded restart
+    intensity): it stops accepting, answers the requests in flight (they get 503 from the engine's error)
+    within :data:`GIVE_UP_DRAIN` seconds, then ``scope`` is cancelled and :func:`serve` raises
+    :class:`EngineGaveUp`, so that a process manager sees the exit and restarts the whole server."""
+    await engine.wait_stopped()
+    if not engine.gave_up:
+        return  # closed: the server is stopping anyway
+    failures = args.max_restarts + 1
+    gave_up.append(f"serveproto serve: giving up: the engine failed {failures} time(s) within "
+                   f"{args.restart_period:g} s (--max-restarts {args.max_restarts}); last error: "
+                   f"{engine.last_error}; exiting with status 1 (--keep-restarting keeps retrying)")
+    await server.drain(GIVE_UP_DRAIN)
+    scope.cancel()
+
+
+async def _stop_on_signal(scope) -> None:
+    """SIGTERM or SIGINT stops the server: listener and connections cancelled, then the engine shut down."""
+    import signal
+
+    import anyio
+
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            logging.getLogger("serveproto.serve").info("signal %s: shutting down", signum)
+            scope.cancel()
+            return
+
+
+def run(args) -> int:
+    import anyio
+
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO), format="%(message)s",
+                        stream=sys.stderr)
+    try:
+        anyio.run(serve, args)
+    except KeyboardInterrupt:
+        return 0
+    except ListenFailed as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except EngineGaveUp as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    except EngineError as exc:
+        print(f"serveproto serve: the engine did not start: {exc}", file=sys.stderr)
+        return 1
+    return 0

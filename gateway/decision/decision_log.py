@@ -1,0 +1,154 @@
+"""The opt-in decision log (``serve --log-decisions FILE``) and reading it back for ``calibrate``.
+
+One JSON line per answered question with two or more options, appended as the
+reply is sent::
+
+    {"request_id": "req_...", "question_id": "intent", "type": "choice",
+     "options": ["billing", "sales", "technical"],
+     "probabilities": [0.2, 0.1, 0.7], "uncalibrated": [0.25, 0.15, 0.6],
+     "config": {"model": "...", "model_sha256": "...", "x_debias": ["canonical", "content_free"],
+                "normalize": "sum", "x_calibration": "identity"},
+     "answer": null}
+
+``options`` are in reply order: a choice's labels as sent, a noul's
+``["no", "yes"]``, a score's levels ``[0, 1, ...]`` (their descriptions are not
+logged); ``probabilities`` are the reported ones (calibrated when a calibration
+applied), ``uncalibrated`` the same before calibration, the numbers
+``calibrate`` fits on. Nothing else is written: no state, no question text, no
+descriptions, no client address. To fit a calibration on one's own traffic, fill
+``answer`` with the truth (a choice's label, ``true``/``false`` for a noul, a
+score's level) on the lines one has judged and pass the file to ``serveproto
+calibrate --data FILE``; lines left ``null`` are skipped.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gateway.decision.evalset import gold_index, json_lines
+from gateway.decision.jev import QUESTION_TYPES, Question
+
+#: A decision-log line carries these keys; a labelled-request line (gateway.decision.evalset) does not.
+KEYS = ("request_id", "question_id", "type", "options", "probabilities", "config")
+
+
+def options_of(question: Question) -> list[Any]:
+    """The logged options of ``question`` in reply order (see the module doc)."""
+    if question.type == "noul":
+        return ["no", "yes"]
+    if question.type == "choice":
+        return list(question.criteria)
+    return list(range(len(question.criteria)))
+
+
+def lines(request_id: str, questions: Sequence[Question], probs: Mapping[str, Sequence[float]],
+          uncalibrated: Mapping[str, Sequence[float]], config: Mapping[str, Any],
+          calibration: Mapping[str, str]) -> bytes:
+    """The log lines of one request, as bytes ending in a newline (``b""`` when no question has two options).
+
+    ``probs``: reported probabilities by question id, reply order; ``uncalibrated``: the same
+    before calibration (a question absent from it had none applied); ``config``: ``model``,
+    ``model_sha256``, ``x_debias``, ``normalize``; ``calibration``: question id -> its
+    ``x_calibration`` (absent: ``"identity"``).
+    """
+    out = []
+    for q in questions:
+        if q.n_options < 2:
+            continue
+        p = list(probs[q.id])
+        out.append(orjson.dumps({
+            "request_id": request_id, "question_id": q.id, "type": q.type, "options": options_of(q),
+            "probabilities": p, "uncalibrated": list(uncalibrated.get(q.id, p)),
+            "config": {**config, "x_calibration": calibration.get(q.id, "identity")}, "answer": None,
+        }, option=orjson.OPT_APPEND_NEWLINE))
+    return b"".join(out)
+
+
+class DecisionLog:
+    """An append-only decision log file, opened for the server's life.
+
+    ``path``: created when missing, appended to otherwise; raises ``OSError`` when it cannot be
+    opened. Each request's lines go out in one ``write`` on an ``O_APPEND`` descriptor, so
+    servers sharing one file never interleave a request's lines with another's, and a crash
+    loses at most the request being written.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+    def write(self, data: bytes) -> None:
+        """Append ``data`` (whole lines from :func:`lines`)."""
+        if data:
+            os.write(self._fd, data)
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class DecisionLogError(ValueError):
+    """A decision log that cannot be fitted on: the message names the line and the field."""
+
+
+def is_log_line(obj: Any) -> bool:
+    """Whether a decoded JSON line is a decision-log line (not a labelled request)."""
+    return isinstance(obj, dict) and all(k in obj for k in KEYS)
+
+
+def gold_of(entry: Mapping[str, Any], where: str) -> int | None:
+    """The reply-order index of ``entry["answer"]``, or None when it is null (not judged).
+
+    The forms are those of a labelled file (:func:`gateway.decision.evalset.gold_index`). Raises
+    :class:`DecisionLogError` naming ``where`` for an answer that is not one of the options.
+    """
+    if entry.get("answer") is None:
+        return None
+    qtype, options = entry["type"], entry["options"]
+    criteria = None if qtype == "noul" else dict.fromkeys(options) if qtype == "choice" else list(options)
+    try:
+        return gold_index(Question(str(entry["question_id"]), qtype, None, criteria, False), entry["answer"])
+    except ValueError as exc:
+        raise DecisionLogError(f"{where}: answer: {exc}") from None
+
+
+def read_answers(path: str | Path) -> tuple[list[tuple[str, list[float], int, str]], dict[str, Any]]:
+    """The judged lines of a decision log as ``calibration.fit`` takes them, and their common config.
+
+    Returns ``([(type, uncalibrated probabilities, gold index, request id), ...], config)``,
+    ``config`` being the lines' ``config`` less ``x_calibration``. Raises :class:`DecisionLogError`
+    naming the line for a line that is not a decision-log line, an answer that is not an option,
+    probabilities that do not match the options, lines read under different models or
+    ``x_debias`` (one calibration fits one of each), or no judged line at all; ``OSError`` as
+    reading does.
+    """
+    answers: list[tuple[str, list[float], int, str]] = []
+    config: dict[str, Any] | None = None
+    for where, entry in json_lines(path, DecisionLogError):
+        if not is_log_line(entry):
+            raise DecisionLogError(f"{where}: not a decision-log line (needs {', '.join(KEYS)})")
+        if entry["type"] not in QUESTION_TYPES or not isinstance(entry["options"], list):
+            raise DecisionLogError(f"{where}: type: expected one of {', '.join(QUESTION_TYPES)} with a list of options")
+        gold = gold_of(entry, where)
+        if gold is None:
+            continue
+        p = entry.get("uncalibrated") or entry["probabilities"]
+        if not isinstance(p, list) or len(p) != len(entry["options"]):
+            raise DecisionLogError(f"{where}: uncalibrated: expected {len(entry['options'])} probabilities")
+        here = {k: v for k, v in dict(entry["config"]).items() if k != "x_calibration"}
+        if config is None:
+            config = here
+        elif (here.get("model_sha256"), here.get("x_debias")) != (config.get("model_sha256"), config.get("x_debias")):
+            raise DecisionLogError(f"{where}: config: read under model {here.get('model_sha256')} and x_debias "
+                                   f"{here.get('x_debias')}, earlier lines under {config.get('model_sha256')} and "
+                                   f"{config.get('x_debias')}: one calibration fits one model and one x_debias")
+        answers.append((entry["type"], [float(x) for x in p], gold, str(entry["request_id"])))
+    if config is None:
+        raise DecisionLogError(f"{path}: no line has an answer: fill 'answer' on the lines you have judged")
+    return answers, config

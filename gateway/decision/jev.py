@@ -1,0 +1,295 @@
+"""``POST /v1/systemone``: the request's validation and the reply's shape (TypeSafe's Jev contract).
+
+:func:`parse_request` turns a decoded JSON body into a :class:`SystemOneRequest`
+or raises :class:`JevValidationError` listing every problem at once, as
+``{"loc": ["body", ...path], "msg", "type"}`` entries (FastAPI/pydantic's
+shape, which the official SDK reads). :func:`answer` and :func:`reply` build
+the answer objects and the reply; every field beyond Jev's is ``x_``-prefixed.
+See ``../shared/notes/jev-contract.md`` and the seed's "The HTTP endpoint".
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from gateway.decision import debias, scoring
+from gateway.engine.score import check_normalize
+from gateway.decision.prompts import as_text
+
+MAX_QUESTIONS = 64
+MAX_OPTIONS = 255
+#: Tokens an option (a choice's label) may have: the engines score at most this many per option (spec 9.1).
+MAX_OPTION_TOKENS = 200
+QUESTION_TYPES = ("noul", "choice", "score")
+
+
+class JevValidationError(Exception):
+    """A request that does not validate. ``errors``: the 422 ``detail`` list."""
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors))
+        self.errors = errors
+
+    def body(self) -> dict[str, Any]:
+        """The 422 body: Jev's ``detail`` list (the SDK reads it) and an ``error`` envelope beside it."""
+        first = self.errors[0]
+        return {
+            "detail": self.errors,
+            "error": {"type": "invalid_request_error", "message": str(self), "param": ".".join(map(str, first["loc"][1:]))},
+        }
+
+
+@attrs.frozen
+class Question:
+    """One validated question: ``id`` byte-for-byte as sent, ``type``, raw ``instructions`` and ``criteria``.
+
+    ``criteria``: noul ``{"true"?, "false"?}`` (keys present only when sent) or
+    None; choice ``{label: description}`` (request order); score a list of levels.
+    """
+
+    id: str
+    type: str
+    instructions: Any
+    criteria: Any
+    has_instructions: bool
+
+    @property
+    def n_options(self) -> int:
+        return 2 if self.type == "noul" else len(self.criteria)
+
+
+@attrs.frozen
+class SystemOneRequest:
+    """A validated ``/v1/systemone`` request.
+
+    ``state``: str, dict or list as sent; ``questions``: in request order;
+    ``model``: the name sent or None; ``normalize``: ``"sum"``/``"mean"``;
+    ``pin_state``: bool or None (server decides); ``prefix``: str or None;
+    ``cache_slot``: int or None; ``debias``: the ``x_debias`` methods
+    (:func:`gateway.decision.debias.parse`), or None when the request left it to the
+    server's default (absent or null).
+    """
+
+    state: Any
+    questions: tuple[Question, ...]
+    model: str | None = None
+    normalize: str = "sum"
+    pin_state: bool | None = None
+    prefix: str | None = None
+    cache_slot: int | None = None
+    debias: tuple[str, ...] | None = None
+
+
+def _err(loc: list, msg: str, type_: str) -> dict[str, Any]:
+    return {"loc": ["body", *loc], "msg": msg, "type": type_}
+
+
+def _is_content(v: Any) -> bool:
+    return isinstance(v, (str, dict, list))
+
+
+def _check_content(errors: list, loc: list, v: Any, *, nullable: bool) -> None:
+    if v is None and nullable:
+        return
+    if not _is_content(v):
+        what = "a string, an object, an array or null" if nullable else "a string, an object or an array"
+        errors.append(_err(loc, f"Input should be {what}", "content_type"))
+
+
+def _question(errors: list, qid: str, raw: Any) -> Question | None:
+    loc = ["questions", qid]
+    if not isinstance(raw, dict):
+        errors.append(_err(loc, "Input should be an object", "dict_type"))
+        return None
+    qtype = raw.get("type")
+    if "type" not in raw:
+        errors.append(_err([*loc, "type"], "Field required", "missing"))
+        return None
+    if qtype not in QUESTION_TYPES:
+        msg = "Input should be 'noul', 'choice' or 'score'"
+        if qtype == "box":
+            msg += " (box questions need an image model, which this server does not serve)"
+        errors.append(_err([*loc, "type"], msg, "literal_error"))
+        return None
+    n_before = len(errors)
+    instructions = raw.get("instructions")
+    _check_content(errors, [*loc, "instructions"], instructions, nullable=True)
+    criteria = raw.get("criteria")
+    cloc = [*loc, "criteria"]
+    if qtype == "noul":
+        if criteria is not None:
+            if not isinstance(criteria, dict):
+                errors.append(_err(cloc, "Input should be an object with optional 'true' and 'false'", "dict_type"))
+            else:
+                for side in ("true", "false"):
+                    if side in criteria:
+                        _check_content(errors, [*cloc, side], criteria[side], nullable=True)
+                criteria = {k: criteria[k] for k in ("true", "false") if k in criteria}
+    elif qtype == "choice":
+        if "criteria" not in raw:
+            errors.append(_err(cloc, "Field required", "missing"))
+        elif not isinstance(criteria, dict):
+            errors.append(_err(cloc, "Input should be an object of labels", "dict_type"))
+        elif not 1 <= len(criteria) <= MAX_OPTIONS:
+            errors.append(_err(cloc, f"A choice needs 1 to {MAX_OPTIONS} labels, got {len(criteria)}",
+                               "too_short" if not criteria else "too_long"))
+        else:
+            seen: dict[str, str] = {}
+            for label, desc in criteria.items():
+                if label == "":
+                    errors.append(_err([*cloc, label], "A label must not be empty", "string_too_short"))
+                elif not label.strip():
+                    errors.append(_err([*cloc, label], "A label must not be only whitespace: it is the text the "
+                                       "model is scored on", "value_error"))
+                else:
+                    # the model cannot keep apart labels that differ only so: the probability splits between them
+                    twin = seen.setdefault(label.strip().casefold(), label)
+                    if twin != label:
+                        errors.append(_err([*cloc, label], f"The label {label!r} differs from {twin!r} only by case "
+                                           "or surrounding whitespace: the model cannot tell them apart; rename one",
+                                           "value_error"))
+                _check_content(errors, [*cloc, label], desc, nullable=True)
+    else:  # score
+        if "criteria" not in raw:
+            errors.append(_err(cloc, "Field required", "missing"))
+        elif not isinstance(criteria, list):
+            errors.append(_err(cloc, "Input should be a list of levels, level 0 first", "list_type"))
+        elif not 1 <= len(criteria) <= MAX_OPTIONS:
+            errors.append(_err(cloc, f"A score needs 1 to {MAX_OPTIONS} levels, got {len(criteria)}",
+                               "too_short" if not criteria else "too_long"))
+        else:
+            for i, level in enumerate(criteria):
+                _check_content(errors, [*cloc, i], level, nullable=False)
+    if len(errors) > n_before:
+        return None
+    return Question(qid, qtype, instructions, criteria, "instructions" in raw and instructions is not None)
+
+
+def parse_request(body: Any) -> SystemOneRequest:
+    """Validate a decoded ``/v1/systemone`` body. Raises :class:`JevValidationError` with every error.
+
+    Unknown top-level fields are ignored (Jev clients send ``x_*``,
+    ``seed``, ``assets``...); ``model`` may be any string or absent. Our one
+    extension read here is ``x_debias`` (:mod:`gateway.decision.debias`).
+    """
+    if not isinstance(body, dict):
+        raise JevValidationError([_err([], "Input should be a JSON object", "model_attributes_type")])
+    errors: list[dict[str, Any]] = []
+    if "state" not in body:
+        errors.append(_err(["state"], "Field required", "missing"))
+    else:
+        _check_content(errors, ["state"], body["state"], nullable=False)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        errors.append(_err(["model"], "Input should be a valid string", "string_type"))
+    questions: list[Question] = []
+    raw_q = body.get("questions")
+    if "questions" not in body:
+        errors.append(_err(["questions"], "Field required", "missing"))
+    elif not isinstance(raw_q, dict):
+        errors.append(_err(["questions"], "Input should be an object of questions keyed by id", "dict_type"))
+    elif not 1 <= len(raw_q) <= MAX_QUESTIONS:
+        errors.append(_err(["questions"], f"Between 1 and {MAX_QUESTIONS} questions are needed, got {len(raw_q)}",
+                           "too_short" if not raw_q else "too_long"))
+    else:
+        for qid, raw in raw_q.items():
+            if qid == "":
+                errors.append(_err(["questions", qid], "A question id must not be empty", "string_too_short"))
+                continue
+            q = _question(errors, qid, raw)
+            if q is not None:
+                questions.append(q)
+    normalize = body.get("normalize", "sum")
+    if normalize is None:
+        normalize = "sum"
+    try:
+        check_normalize(normalize)
+    except ValueError:
+        errors.append(_err(["normalize"], "Input should be 'sum' or 'mean'", "literal_error"))
+    pin_state = body.get("pin_state")
+    if pin_state is not None and not isinstance(pin_state, bool):
+        errors.append(_err(["pin_state"], "Input should be a valid boolean", "bool_type"))
+    prefix = body.get("prefix")
+    if prefix is not None:
+        if not _is_content(prefix):
+            errors.append(_err(["prefix"], "Input should be a string, an object or an array", "content_type"))
+        elif prefix == "":
+            prefix = None
+    cache_slot = body.get("cache_slot")
+    if cache_slot is not None and (isinstance(cache_slot, bool) or not isinstance(cache_slot, int) or cache_slot < 0):
+        errors.append(_err(["cache_slot"], "Input should be a non-negative integer", "int_type"))
+    debias_methods = None
+    if body.get("x_debias") is not None:
+        try:
+            debias_methods = debias.parse(body["x_debias"])
+        except ValueError as exc:
+            errors.append(_err(["x_debias"], str(exc), "literal_error"))
+    if errors:
+        raise JevValidationError(errors)
+    return SystemOneRequest(
+        state=body["state"],
+        questions=tuple(questions),
+        model=model,
+        normalize=normalize,
+        pin_state=pin_state,
+        prefix=None if prefix is None else as_text(prefix),
+        cache_slot=cache_slot,
+        debias=debias_methods,
+    )
+
+
+def answer(question: Question, probabilities: list[float], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The Jev answer of one question from its reported probabilities (options in reply order).
+
+    ``probabilities``: ``(n_options,)`` as :func:`gateway.decision.scoring.decide` /
+    :func:`gateway.decision.scoring.report` return them (noul: ``[p_no, p_yes]``).
+    noul gets ``{"type", "noul"}`` only; choice ``choice`` (the argmax, first
+    on ties), ``probabilities`` by label, ``confidence``; score ``score`` (the
+    expected level), ``legend`` and ``probabilities`` keyed ``"0".."n-1"``,
+    ``confidence``. ``extra`` fields (``x_``-prefixed) are added to choice
+    and score answers.
+    """
+    p = probabilities
+    if question.type == "noul":
+        return {"type": "noul", "noul": scoring.r6(p[1])}
+    if question.type == "choice":
+        labels = list(question.criteria)
+        best = max(range(len(p)), key=lambda i: (p[i], -i))
+        out = {
+            "type": "choice",
+            "choice": labels[best],
+            "probabilities": {label: p[i] for i, label in enumerate(labels)},
+            "confidence": scoring.r6(scoring.confidence(p)),
+        }
+    else:
+        out = {
+            "type": "score",
+            "score": scoring.r6(scoring.expected_level(p)),
+            "legend": {str(i): level for i, level in enumerate(question.criteria)},
+            "probabilities": {str(i): x for i, x in enumerate(p)},
+            "confidence": scoring.r6(scoring.confidence(p)),
+        }
+    out["x_entropy"] = scoring.r6(scoring.entropy(p))
+    if extra:
+        out.update(extra)
+    return out
+
+
+def reply(model: str, answers: dict[str, dict[str, Any]], input_tokens: int, output_tokens: int,
+          extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The 200 body: ``{"model", "answers", "usage": {"input_tokens", "output_tokens"}}`` plus ``x_`` extras.
+
+    Token counts are ints (the SDK rejects floats). ``extra`` keys must
+    start with ``x_`` (``ValueError`` otherwise).
+    """
+    body: dict[str, Any] = {
+        "model": model,
+        "answers": answers,
+        "usage": {"input_tokens": int(input_tokens), "output_tokens": int(output_tokens)},
+    }
+    for k, v in (extra or {}).items():
+        if not k.startswith("x_"):
+            raise ValueError(f"extra reply field {k!r} is not x_-prefixed")
+        body[k] = v
+    return body

@@ -1,0 +1,392 @@
+"""The decision pipeline: a parsed request and an engine in, each question's probabilities out.
+
+:func:`decide` is what ``POST /v1/systemone`` and ``POST /v1/decisions`` do between
+parsing the body and writing the reply, and what ``serveproto calibrate`` and the
+benchmarks call without HTTP. On a language model each question is a prompt of the
+seed's table scored option by option (one batched ``SCORE`` when the engine
+advertises ``x_score``, else the seed's pin + SUBMIT sequence; the engine API
+picks), read under the request's ``x_debias`` (:mod:`gateway.decision.readings`),
+then softmax (:mod:`gateway.engine.score`), calibration and the reported
+millionths (:mod:`gateway.decision.scoring`). On a ``decide=1`` engine the whole
+request is one ``DECIDE`` record (:mod:`gateway.decision.record`). A question with
+a single option is answered without the engine.
+
+Errors are typed (:mod:`gateway.decision.errors`, no HTTP): :class:`Refused`
+naming the request's field, :class:`DecisionTimeout`, :class:`UnusableScores`,
+:class:`UnusableDecision`; the engine's own errors pass through as they are.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from typing import Any
+
+import anyio
+import attrs
+
+from gateway.decision import debias, readings, record, refusals, scoring
+from gateway.decision.calibration import IDENTITY
+from gateway.decision.errors import DecisionTimeout, Refused, UnusableDecision, UnusableScores
+from gateway.decision.jev import Question, SystemOneRequest
+from gateway.decision.prompts import PromptBuilder
+from gateway.engine.errors import RequestError
+from gateway.engine.score import option_scores, softmax
+
+__all__ = ["Settings", "Memory", "Decided", "decide", "SEEN_STATES"]
+
+log = logging.getLogger("serveproto.systemone")
+
+#: How many recent states the server remembers to decide ``pin_state`` on its own.
+SEEN_STATES = 1024
+
+
+@attrs.define
+class Settings:
+    """What the server decides for every request.
+
+    ``prompts``: the model's :class:`PromptBuilder`; ``debias``: the
+    :mod:`gateway.decision.debias` methods of a request that sends no ``x_debias``;
+    ``calibration``: a :class:`gateway.decision.calibration.Calibration` or None;
+    ``timeout``: seconds one engine call may take (:class:`DecisionTimeout` past it).
+    """
+
+    prompts: PromptBuilder
+    debias: tuple[str, ...] = ()
+    calibration: Any = None
+    timeout: float = 120.0
+
+
+@attrs.define
+class Decided:
+    """The outcome of one request's questions.
+
+    ``probs``: reported probabilities by question id (reply order of
+    options); ``input_tokens``: the longest prompt; ``output_tokens``: option
+    tokens read (0 on a decision engine); ``engine_ms``: the engine's time;
+    ``path``: ``"score"``, ``"decide"`` or ``"none"`` (no engine call);
+    ``warnings``: text for ``x_warnings``; counters of the scoring calls;
+    ``debias``: the :mod:`gateway.decision.debias` methods applied; ``calibration``:
+    question id -> the ``x_calibration`` of its answer (absent: identity);
+    ``uncalibrated``: question id -> its reported probabilities before the
+    calibration (only questions a calibration map was applied to).
+    """
+
+    probs: dict[str, list[float]]
+    input_tokens: int = 0
+    output_tokens: int = 0
+    engine_ms: float = 0.0
+    path: str = "none"
+    warnings: list[str] = attrs.field(factory=list)
+    computed: int | None = None
+    reused: int | None = None
+    snapshot: str | None = None
+    debias: tuple[str, ...] = ()
+    calibration: dict[str, str] = attrs.field(factory=dict)
+    uncalibrated: dict[str, list[float]] = attrs.field(factory=dict)
+
+
+class Memory:
+    """What the scoring path remembers between requests (one per server): the states seen lately
+    (to pin a state that comes back), the fixed prefixes photographed, by slot, and the
+    questions' content-free log-probabilities (:mod:`gateway.decision.debias`)."""
+
+    def __init__(self) -> None:
+        self.states: OrderedDict[int, None] = OrderedDict()
+        self.fixed: dict[tuple[int | None, str], bool] = {}
+        self.content_free: OrderedDict[tuple, list[float]] = OrderedDict()
+        self.reading: dict[tuple, anyio.Event] = {}  # content-free readings in progress
+
+    def remember_content_free(self, key: tuple, mean_log_probs: list[float]) -> None:
+        """Keep a question's content-free log-probabilities (the :data:`SEEN_STATES` latest questions)."""
+        self.content_free[key] = mean_log_probs
+        self.content_free.move_to_end(key)
+        while len(self.content_free) > SEEN_STATES:
+            self.content_free.popitem(last=False)
+
+    def seen(self, key: str) -> bool:
+        """Whether ``key`` (a state's prompt prefix) was seen lately; remembers it either way."""
+        h = hash(key)
+        was = h in self.states
+        self.states[h] = None
+        self.states.move_to_end(h)
+        while len(self.states) > SEEN_STATES:
+            self.states.popitem(last=False)
+        return was
+
+
+async def decide(request: SystemOneRequest, engine: Any, settings: Settings, memory: Memory) -> Decided:
+    """Answer every question of ``request``: probabilities by question id, usage and counters.
+
+    ``engine``: the engine API (:class:`gateway.engine.Engine` or anything with its
+    ``caps``, ``score``, ``read_out``, ``decide``). Raises :class:`Refused` for a request
+    the served engine cannot take (``cache_slot`` out of range, ``prefix`` on a decision
+    engine, a text it refuses), :class:`DecisionTimeout`, :class:`UnusableScores` /
+    :class:`UnusableDecision` for an answer it cannot read, and lets the engine's own
+    errors (:mod:`gateway.engine.errors`) through.
+    """
+    out = Decided(probs={})
+    for q in request.questions:
+        # accepted (a scale may describe only some of its levels), but said: the model sees "2: " alone
+        if q.type == "score":
+            empty = [str(i) for i, level in enumerate(q.criteria) if isinstance(level, str) and not level.strip()]
+            if empty:
+                out.warnings.append(f"question {q.id!r}: level {empty[0]} is empty: the model reads only its number"
+                                    if len(empty) == 1 else f"question {q.id!r}: levels {', '.join(empty)} are "
+                                    "empty: the model reads only their numbers")
+    asked = []
+    for q in request.questions:
+        if q.n_options == 1:
+            out.probs[q.id] = [1.0]
+        else:
+            asked.append(q)
+    if asked:
+        if engine.caps.decide:
+            await _decide_path(engine, settings, request, asked, out)
+            if request.debias:
+                out.warnings.append("x_debias is not applied: the decision engine answers natively")
+        else:
+            await _score_path(engine, settings, memory, request, asked, out)
+    return out
+
+
+def _check_slot(engine: Any, request: SystemOneRequest) -> None:
+    """Refuse a ``cache_slot`` past the engine's slots (naming the field)."""
+    slots = max(1, int(engine.caps.slots or 1))
+    if request.cache_slot is not None and request.cache_slot >= slots:
+        raise Refused([{"loc": ["body", "cache_slot"],
+                        "msg": f"The engine has {slots} KV slot(s): 0..{slots - 1}", "type": "less_than"}])
+
+
+async def _call(settings: Settings, fn, *args, **kwargs):
+    """One engine call under the server's time limit (:class:`DecisionTimeout` past it)."""
+    try:
+        with anyio.fail_after(settings.timeout):
+            return await fn(*args, **kwargs)
+    except TimeoutError:
+        raise DecisionTimeout(settings.timeout) from None
+
+
+def _n_ctx(engine: Any) -> int | None:
+    n = getattr(engine.caps, "n_ctx", None)
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+
+def _refuse(engine: Any, exc: BaseException, owners: list[Question | None], request: SystemOneRequest,
+            read_owners: list[tuple[int, ...]] | None = None) -> None:
+    """Raise :class:`Refused` naming the request's own field when ``exc`` is the engine's
+    ``BAD_REQUEST`` of a text it cannot score (:func:`gateway.decision.refusals.scoring_refusal`);
+    return otherwise (the caller re-raises ``exc``)."""
+    if not isinstance(exc, RequestError) or exc.code != "BAD_REQUEST":
+        return
+    entry = refusals.scoring_refusal(exc.reason or "", owners, request, _n_ctx(engine), read_owners)
+    if entry is not None:
+        raise Refused([entry]) from None
+
+
+def _add(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else a + b
+
+
+async def _score_path(engine: Any, settings: Settings, mem: Memory, request: SystemOneRequest,
+                      questions: list[Question], out: Decided) -> None:
+    prompts = settings.prompts
+    prefix_text = prompts.prefix(request.state, request.prefix)
+    if request.cache_slot is not None:
+        _check_slot(engine, request)
+    methods = request.debias if request.debias is not None else settings.debias
+    method = readings.Method.from_names(methods)
+    calibration = settings.calibration
+    # one group per read of a question (gateway.decision.readings.plan); spans[i] = (first group, reads) of question i
+    groups: list[tuple[str, list[str]]] = []
+    read_owners: list[tuple[int, ...]] = []  # per group, the reply option of each scored text (Read.owner)
+    spans: list[tuple[int, int]] = []
+    owners: list[Question | None] = []  # the question of each group, to name a refused option's field
+    for q in questions:
+        try:
+            reads = readings.plan(q.type, q.instructions, q.criteria, q.n_options, method)
+        except ValueError as exc:
+            raise Refused([{"loc": ["body", "questions", q.id, "criteria"], "msg": str(exc),
+                            "type": "value_error"}]) from None
+        spans.append((len(groups), len(reads)))
+        for rd in reads:
+            groups.append((prompts.stem(rd.text), list(rd.scored)))
+            read_owners.append(rd.owner)
+            owners.append(q)
+    seen = mem.seen(prefix_text)
+    pin = request.pin_state if request.pin_state is not None else (len(questions) >= 2 or seen)
+    slot = request.cache_slot
+    # With no cache_slot the supervisor routes a request to the slot that last
+    # served its prefix; a fixed prefix routes by itself, so the frames that
+    # share it meet its snapshot.
+    route = {}
+    t0 = time.perf_counter()
+    if request.prefix:
+        fixed = prompts.fixed_prefix(request.prefix)
+        route = {"route": fixed}
+        key = (slot, fixed)
+        if key not in mem.fixed:
+            try:
+                await _call(settings, engine.read_out, fixed, logprobs=1, pin=True, slot=slot, **route)
+            except RequestError as exc:
+                if exc.code == "BAD_REQUEST" and refusals.too_long(exc.reason or ""):
+                    n = _n_ctx(engine)
+                    raise Refused([{"loc": ["body", "prefix"], "type": "too_long", "msg":
+                                    f"The prefix is longer than the engine's context"
+                                    f"{f' of {n} tokens' if n else ''}"}]) from None
+                raise
+            mem.fixed[key] = True
+    content_free = None
+    if "content_free" in methods:
+        content_free = await _content_free(engine, settings, mem, request, questions, groups, read_owners, spans,
+                                           slot, route, out)
+    try:
+        result = await _call(settings, engine.score, prefix_text, groups, pin=pin, slot=slot, **route)
+    except Exception as exc:
+        _refuse(engine, exc, owners, request, read_owners)
+        raise
+    out.engine_ms = (time.perf_counter() - t0) * 1e3
+    out.path = "score"
+    if methods:
+        out.debias = methods
+    done = getattr(result, "done", None)
+    out.computed = _add(out.computed, getattr(result, "computed", None))
+    out.reused = _add(out.reused, getattr(result, "reused", None))
+    out.snapshot = getattr(done, "snapshot", None) if done is not None else None
+    if request.prefix and out.snapshot not in (None, "hit"):
+        mem.fixed.pop((slot, prompts.fixed_prefix(request.prefix)), None)  # evicted: retake it next time
+    for i, (q, (start, k)) in enumerate(zip(questions, spans)):
+        rows = [[tuple(o.logprobs) for o in result.groups[g]] for g in range(start, start + k)]
+        counts = {len(x) for x in rows[0]}
+        if request.normalize == "mean" and len(counts) > 1:
+            log.warning("question %r: normalize=mean over options of %d to %d tokens", q.id, min(counts), max(counts))
+            out.warnings.append(f"question {q.id!r}: normalize=mean over options of different token counts "
+                                f"({min(counts)} to {max(counts)}): a per-token average favours the longer options")
+        try:
+            if methods:
+                per_read = [readings.log_probs(read_owners[start + j], lps, request.normalize)
+                            for j, lps in enumerate(rows)]
+                cf = content_free[i] if content_free is not None else None
+                p = softmax(readings.combine(per_read, cf))
+            else:
+                p = softmax(option_scores(rows[0], request.normalize))
+            if calibration is not None:
+                before = p
+                p, out.calibration[q.id] = calibration.apply(q.type, p, methods)
+                if out.calibration[q.id] != IDENTITY:
+                    out.uncalibrated[q.id] = scoring.report(before)
+            out.probs[q.id] = scoring.report(p)
+        except ValueError as exc:
+            raise UnusableScores(f"the engine's scores for {q.id!r} are unusable: {exc}") from None
+    longest = 0
+    for group in result.groups:
+        for o in group:
+            longest = max(longest, int(o.context_tokens) + len(o.logprobs))
+            out.output_tokens += len(o.logprobs)
+    out.input_tokens = longest
+
+
+async def _content_free(engine: Any, settings: Settings, mem: Memory, request: SystemOneRequest,
+                        questions: list[Question], groups: list[tuple[str, list[str]]],
+                        read_owners: list[tuple[int, ...]], spans: list[tuple[int, int]], slot: int | None,
+                        route: dict[str, str], out: Decided) -> list[list[float]]:
+    """Each question's mean option log-probabilities on the content-free states (:mod:`gateway.decision.debias`).
+
+    Read once per question (its rotations' stems and options, the fixed
+    prefix, ``normalize``) and remembered in ``mem``; the questions not seen
+    yet are read in one ``SCORE`` whose prefix is the prompt up to where the
+    state would start, each content-free state beginning the stems. That
+    reading is shielded from the client leaving, and a request that needs a
+    question another request is reading waits for it rather than reading it
+    again. Returns one list of ``n_options`` floats per question.
+    """
+    cf_prefix = settings.prompts.prefix("", request.prefix)
+    keys = [(cf_prefix, request.normalize, tuple((stem, tuple(opts), owner) for (stem, opts), owner
+                                                 in zip(groups[start:start + k], read_owners[start:start + k])))
+            for start, k in spans]
+    owner_of: dict[tuple, Question] = {}
+    for key, q in zip(keys, questions):
+        owner_of.setdefault(key, q)
+    while True:
+        missing = [key for key in dict.fromkeys(keys) if key not in mem.content_free]
+        waiting = [mem.reading[key] for key in missing if key in mem.reading]
+        if not waiting:
+            break
+        for event in waiting:  # another request is reading them: share its result
+            await event.wait()
+    if missing:
+        event = anyio.Event()
+        for key in missing:
+            mem.reading[key] = event
+        try:
+            # Shielded: a client that leaves (the SDK's 10 s timeout) does not waste the reading;
+            # its retry finds it remembered. The engine call keeps its own time limit.
+            with anyio.CancelScope(shield=True):
+                await _read_content_free(engine, settings, mem, request, missing, owner_of, cf_prefix, slot, route, out)
+        finally:
+            for key in missing:
+                mem.reading.pop(key, None)
+            event.set()
+    return [mem.content_free[key] for key in keys]
+
+
+async def _read_content_free(engine: Any, settings: Settings, mem: Memory, request: SystemOneRequest,
+                             missing: list[tuple], owner_of: dict[tuple, Question], cf_prefix: str, slot: int | None,
+                             route: dict[str, str], out: Decided) -> None:
+    cf_groups = [(state + stem, list(opts)) for key in missing for state in debias.CONTENT_FREE_STATES
+                 for stem, opts, _ in key[2]]
+    owners: list[Question | None] = [owner_of[key] for key in missing
+                                     for _ in range(len(debias.CONTENT_FREE_STATES) * len(key[2]))]
+    read_owners = [owner for key in missing for _ in debias.CONTENT_FREE_STATES for _s, _o, owner in key[2]]
+    try:
+        result = await _call(settings, engine.score, cf_prefix, cf_groups, pin=False, slot=slot, **route)
+    except Exception as exc:
+        _refuse(engine, exc, owners, request, read_owners)
+        raise
+    out.computed = _add(out.computed, getattr(result, "computed", None))
+    out.reused = _add(out.reused, getattr(result, "reused", None))
+    g = 0
+    for key in missing:
+        per_read = []
+        for _ in debias.CONTENT_FREE_STATES:
+            for _stem, _opts, owner in key[2]:
+                lps = [tuple(o.logprobs) for o in result.groups[g]]
+                out.output_tokens += sum(len(x) for x in lps)
+                try:
+                    per_read.append(readings.log_probs(owner, lps, request.normalize))
+                except ValueError as exc:
+                    raise UnusableScores(f"the engine's content-free scores are unusable: {exc}") from None
+                g += 1
+        mem.remember_content_free(key, readings.mean_log_probs(per_read))
+
+
+async def _decide_path(engine: Any, settings: Settings, request: SystemOneRequest, questions: list[Question],
+                       out: Decided) -> None:
+    if request.prefix is not None:
+        raise Refused([{"loc": ["body", "prefix"], "type": "value_error",
+                        "msg": "A decision engine takes no prefix: put that text in state or instructions"}])
+    slot = request.cache_slot if request.cache_slot is not None else 0
+    _check_slot(engine, request)
+    raw = (getattr(engine.caps, "decide_record", None) or "") == "raw"
+    payload = record.serialize(record.build(request, tuple(questions), raw=raw))
+    t0 = time.perf_counter()
+    try:
+        decision, done = await _call(settings, engine.decide, payload, slot=slot)
+    except RequestError as exc:
+        if exc.code == "DECIDE_INVALID":
+            raise Refused([refusals.decide_refusal(exc.reason or "", questions)]) from None
+        raise
+    wall_ms = (time.perf_counter() - t0) * 1e3
+    try:
+        probs = record.probabilities(decision, tuple(questions))
+    except UnusableDecision as exc:
+        raise UnusableDecision(f"the decision engine's answer is unusable: {exc}") from None
+    for q in questions:
+        out.probs[q.id] = scoring.report(probs[q.id])
+    tokens = decision.get("input_tokens")
+    if not isinstance(tokens, int) or isinstance(tokens, bool):
+        tokens = getattr(done, "prompt_tokens", 0) or 0
+    out.input_tokens = int(tokens)
+    engine_ms = decision.get("engine_ms")
+    out.engine_ms = float(engine_ms) if isinstance(engine_ms, (int, float)) and not isinstance(engine_ms, bool) else wall_ms
+    out.path = "decide"

@@ -1,0 +1,553 @@
+"""The engine supervisor's public surface, and the drive-by-hand API.
+
+``async with Engine.spawn(argv, name=...) as eng:`` starts an engine process
+(supervised: restarted with backoff when it crashes, hangs or breaks the
+protocol, see :mod:`gateway.engine.supervisor`), and gives one object to
+``submit`` (stream events), ``read_out`` (prompt log-probabilities),
+``score`` (options' log-probabilities, SCORE or the seed's pin + SUBMIT),
+``decide`` (a decision engine's DECISION) and ``ping``. Requests are
+multiplexed by id over the engine's pipe, queued FIFO per KV slot, and every
+one ends with its DONE, its ``RequestError``, or the engine's typed error.
+"""
+from __future__ import annotations
+
+import json
+import os
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Sequence, Union
+
+import anyio
+import attrs
+import orjson
+
+from serveproto import (Accept, Caps, Decide, Decision, Done, Echo, Ping, Pong, Score,
+                        Scored, Submit)
+
+from gateway.engine.errors import (EngineBusy, EngineCrashed, EngineError, EngineLoadError,
+                                    EngineProtocolError, EngineTimeout, EngineUnavailable,
+                                    RequestError)
+from gateway.engine.request import RequestStream
+from gateway.engine.score import OptionScore, option_scores, option_tokens, softmax
+from gateway.engine.process import EngineProcess, unwrap_group
+from gateway.engine.slots import SlotLease
+from gateway.engine.supervisor import RestartPolicy, Supervisor
+
+__all__ = [
+    "Engine", "ReadOut", "ScoreResult", "OptionScore", "RequestStream", "RestartPolicy",
+    "EngineError", "EngineLoadError", "EngineCrashed", "EngineProtocolError", "EngineBusy",
+    "EngineTimeout", "EngineUnavailable", "RequestError", "softmax",
+]
+
+Text = Union[str, bytes]
+#: ``score()`` groups: ``[(stem, [option, ...]), ...]``, or a flat ``[option, ...]``
+#: meaning one group with an empty stem.
+Groups = Union[Sequence[tuple[Text, Sequence[Text]]], Sequence[Text]]
+
+
+def _bytes(value: Text, field: str) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    raise TypeError(f"{field}: expected str or bytes, got {type(value).__name__}")
+
+
+def _text(value: Text) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+@attrs.frozen
+class ReadOut:
+    """A prompt's read-out (``SUBMIT ... max_tokens=0 logprobs=k``).
+
+    ``echoes``: one ``Echo`` per fresh prompt position, in position order
+    (``position``, ``logprob`` in nats, ``top``: ``k`` pairs
+    ``(token_id, logprob)``, ``text``: the token's bytes); ``done``: the DONE
+    (``prompt_tokens``; ``computed`` / ``reused`` / ``snapshot`` when the
+    engine has ``x_counters``); ``accept``: the ACCEPT, if any.
+    """
+
+    echoes: list
+    done: Done
+    accept: Accept | None = None
+
+    @property
+    def logprobs(self) -> list[float]:
+        """Shape ``(len(echoes),)``: each read-out position's logprob (nats; ``nan`` at a
+        cold position 0)."""
+        return [e.logprob for e in self.echoes]
+
+    @property
+    def tokens(self) -> list[bytes]:
+        """Shape ``(len(echoes),)``: each read-out position's token text."""
+        return [e.text for e in self.echoes]
+
+
+@attrs.frozen
+class ScoreResult:
+    """Options scored in context (spec 9.1).
+
+    ``groups[g][o]`` is the :class:`OptionScore` of option ``o`` of group
+    ``g``, in request order. ``done``: the SCORE's DONE, or ``None`` on the
+    fallback path (several SUBMITs). ``computed`` / ``reused``: prompt
+    positions run through the model / taken from the KV cache or a snapshot,
+    summed over the request (``None`` when the engine has no counters).
+    ``fast``: True when the engine's SCORE did it in one request.
+    """
+
+    groups: list
+    done: Done | None = None
+    computed: int | None = None
+    reused: int | None = None
+    fast: bool = False
+
+    def probabilities(self, group: int = 0, normalize: str = "sum") -> list[float]:
+        """Softmax over group ``group``'s options of their sum (or ``"mean"``) logprob: ``(n_options,)``.
+
+        The seed's "Scoring by hand" step 3 and DESIGN.md's data flow step 4, the same
+        arithmetic as the server's (:func:`gateway.engine.score.option_scores`, then
+        :func:`gateway.engine.score.softmax`). Raises ``ValueError`` for another
+        ``normalize``, or for an option with no token or a non-finite logprob (which no
+        engine sends: a hand-made result).
+        """
+        return softmax(option_scores([o.logprobs for o in self.groups[group]], normalize))
+
+
+def _normalize_groups(groups: Groups) -> list[tuple[bytes, list[bytes]]]:
+    if isinstance(groups, (str, bytes)) or not groups:
+        raise ValueError("groups: expected a non-empty list of (stem, [options]) or of options")
+    if all(isinstance(g, (str, bytes)) for g in groups):
+        groups = [("", list(groups))]
+    out = []
+    for gi, g in enumerate(groups):
+        try:
+            stem, options = g
+        except (TypeError, ValueError):
+            raise ValueError(f"groups[{gi}]: expected (stem, [options])") from None
+        if isinstance(options, (str, bytes)) or not options:
+            raise ValueError(f"groups[{gi}].options: expected a non-empty list of texts")
+        out.append((_bytes(stem, f"groups[{gi}].stem"),
+                    [_bytes(o, f"groups[{gi}].options[{oi}]") for oi, o in enumerate(options)]))
+    return out
+
+
+class Engine:
+    """One supervised engine command; see the module docstring. Build with :meth:`spawn`."""
+
+    def __init__(self, supervisor: Supervisor, *, request_timeout: float | None = None,
+                 max_waiting: int | None = None) -> None:
+        self._sup = supervisor
+        self.request_timeout = request_timeout
+        self.max_waiting = max_waiting
+
+    # ------------------------------------------------------------ lifetime
+
+    @classmethod
+    @asynccontextmanager
+    async def spawn(cls, argv: Sequence[str], *, name: str | None = None,
+                    handshake_timeout: float | None = 60.0,
+                    stall_timeout: float | None = 60.0,
+                    health_interval: float | None = 5.0, ping_timeout: float = 30.0,
+                    request_timeout: float | None = None,
+                    drain_timeout: float = 5.0, term_timeout: float = 2.0,
+                    max_restarts: int | None = 3, restart_period: float = 60.0,
+                    backoff_initial: float = 0.1, backoff_max: float = 5.0,
+                    env: dict[str, str] | None = None, cwd: str | None = None,
+                    stderr_lines_per_s: int = 1000,
+                    max_waiting: int | None = None) -> AsyncIterator[Engine]:
+        """Start ``argv`` (a list, no shell), wait for its handshake, yield the :class:`Engine`.
+
+        Seconds: ``handshake_timeout`` (READY..STAT), ``health_interval`` (an
+        engine with ``x_health`` is PINGed this often, busy or idle; ``None``:
+        never) and ``ping_timeout`` (a PING unanswered this long: the engine is
+        stalled, killed and restarted, its requests fail with
+        :class:`EngineTimeout` ``what="stall"`` whatever their own deadlines;
+        :attr:`healthy` is already False once a PING waits longer than
+        ``health_interval``), ``stall_timeout`` (no output while requests are in
+        flight: the engine is declared hung the same way; the watchdog of an
+        engine without ``x_health``; ``None`` trusts the engine forever, and a
+        request written to an engine that stopped reading its stdin then waits
+        with it), ``request_timeout`` (default deadline of each request,
+        ``None``: none), ``drain_timeout`` / ``term_timeout`` (the shutdown
+        ladder: EOF, drain, SIGTERM, SIGKILL). Restarts: at most
+        ``max_restarts`` within ``restart_period`` s (``None``: no limit),
+        backoff doubling from ``backoff_initial`` to ``backoff_max`` s; then
+        health fails for good and :meth:`wait_stopped` returns.
+        The engine's stderr is logged line by line to ``gateway.engine.<name>``
+        (at most ``stderr_lines_per_s`` lines a second; the rest are counted).
+        ``max_waiting``: with that many callers already queued for slots, a new
+        request raises :class:`EngineBusy` at once (``None``: queue without bound).
+
+        Raises, from the first start (never retried): :class:`EngineLoadError`
+        (LOAD_FAIL, or ``argv[0]`` cannot be executed), :class:`EngineTimeout`
+        (``what="handshake"``), :class:`EngineCrashed`, :class:`EngineProtocolError`.
+        """
+        if not argv:
+            raise ValueError("argv: the engine command is empty")
+        name = name or os.path.basename(os.fspath(argv[0]))
+        policy = RestartPolicy(max_restarts, restart_period, backoff_initial, backoff_max)
+        sup = Supervisor(argv, name=name, policy=policy, handshake_timeout=handshake_timeout,
+                         stall_timeout=stall_timeout, health_interval=health_interval,
+                         ping_timeout=ping_timeout,
+                         drain_timeout=drain_timeout,
+                         term_timeout=term_timeout, env=env, cwd=cwd,
+                         stderr_lines_per_s=stderr_lines_per_s)
+        try:
+            async with anyio.create_task_group() as tg:
+                await tg.start(sup.run)
+                try:
+                    yield cls(sup, request_timeout=request_timeout, max_waiting=max_waiting)
+                finally:
+                    sup.close()
+        except BaseExceptionGroup as group:
+            raise unwrap_group(group) from None
+
+    # ------------------------------------------------------------ state
+
+    @property
+    def name(self) -> str:
+        """The engine's name (logs, errors)."""
+        return self._sup.name
+
+    @property
+    def caps(self) -> Caps:
+        """The serving process's CAPS (typed: ``slots``, ``n_ctx``, ``x_score``, ...).
+
+        Raises :class:`EngineUnavailable` while no process serves (restarting, closed).
+        """
+        cur = self._sup.current
+        if cur is None or cur.caps is None:
+            raise EngineUnavailable(f"engine {self.name!r} has no serving process now",
+                                    name=self.name)
+        return cur.caps
+
+    @property
+    def healthy(self) -> bool:
+        """True while a process serves and answers its PINGs in time; False while it is
+        unresponsive, restarting, after giving up, or closed."""
+        return self._sup.healthy
+
+    @property
+    def state(self) -> str:
+        """``"serving"``, ``"unresponsive"``, ``"restarting"``, ``"gave_up"`` or ``"closed"``
+        (see :attr:`gateway.engine.supervisor.Supervisor.state`)."""
+        return self._sup.state
+
+    @property
+    def gave_up(self) -> bool:
+        """True once the restart intensity was exceeded: health failed for good."""
+        return self._sup.gave_up
+
+    @property
+    def restarts(self) -> int:
+        """How many times the engine was restarted."""
+        return self._sup.restarts
+
+    @property
+    def last_error(self) -> BaseException | None:
+        """Why the last engine process ended, or ``None``."""
+        return self._sup.last_error
+
+    @property
+    def exit_statuses(self) -> tuple[int | None, ...]:
+        """Exit status of each engine process that served and ended, oldest first
+        (negative: killed by that signal; -15 SIGTERM and -9 SIGKILL come from the
+        shutdown ladder)."""
+        return tuple(self._sup.exit_statuses)
+
+    @property
+    def pid(self) -> int | None:
+        """The serving process's id, or ``None``."""
+        cur = self._sup.current
+        return cur.pid if cur is not None else None
+
+    @property
+    def in_flight(self) -> int:
+        """Requests sent to the serving process and not ended yet."""
+        cur = self._sup.current
+        return cur.in_flight if cur is not None else 0
+
+    @property
+    def waiting(self) -> int:
+        """Callers queued for a slot of the serving process."""
+        cur = self._sup.current
+        return cur.router.waiting() if cur is not None and cur.router is not None else 0
+
+    async def wait_stopped(self) -> None:
+        """Return once the supervisor stopped for good: it gave up (:attr:`gave_up`) or was closed."""
+        await self._sup.wait_closed()
+
+    async def wait_ready(self) -> None:
+        """Wait until a process serves (through a restart).
+
+        Raises :class:`EngineUnavailable` if none will (closed, or gave up)."""
+        await self._sup.instance()
+
+    # ------------------------------------------------------------ requests
+
+    def request(self, make, *, slot: int | None = None, route: Text | None = None,
+                timeout: float | None = None, slotless: bool = False) -> RequestStream:
+        """Low level: send the request ``make(id, slot)`` builds, stream its replies.
+
+        ``make`` gets a fresh id and the KV slot chosen (explicit ``slot``, or
+        routed by ``route``) and returns a ``serveproto`` request event.
+        ``slotless`` (PING) takes no slot. See :class:`RequestStream`.
+        """
+        key = _bytes(route, "route") if route is not None else b""
+        timeout = self.request_timeout if timeout is None else timeout
+
+        async def start():
+            proc = await self._sup.instance()
+            if slotless:
+                return proc, await proc.begin(make, None)
+            lease = await self._acquire(proc, slot, key)
+            try:
+                return proc, await proc.begin(make, lease)
+            finally:
+                lease.close()
+
+        return RequestStream(start, timeout=timeout, name=self.name)
+
+    async def _acquire(self, proc: EngineProcess, slot: int | None, key: bytes) -> SlotLease:
+        waiting = proc.router.waiting() if proc.router is not None else 0
+        if self.max_waiting is not None and waiting >= self.max_waiting:
+            raise EngineBusy(f"engine {self.name!r} is busy: {waiting} request(s) already "
+                             f"wait for a slot", name=self.name, waiting=waiting)
+        return await proc.acquire(slot, key)
+
+    def _on_lease(self, proc: EngineProcess, lease: SlotLease, make) -> RequestStream:
+        async def start():
+            return proc, await proc.begin(make, lease)
+        return RequestStream(start, name=self.name)
+
+    def submit(self, prompt: Text, *, max_tokens: int = 16, temperature: float = 0.0,
+               top_p: float = 1.0, logprobs: int = 0, pin: bool = False,
+               slot: int | None = None, counters: bool = True, grammar: Text | None = None,
+               ids: bool = False, route: Text | None = None,
+               timeout: float | None = None) -> RequestStream:
+        """``SUBMIT`` a prompt; iterate the reply events.
+
+        ``prompt``: text (UTF-8) or bytes (with ``ids=True``: token ids, ASCII
+        decimal separated by spaces). ``max_tokens``: tokens to generate (0 only
+        with ``logprobs > 0``: read the prompt out and stop); ``temperature``
+        >= 0 (0: greedy); ``top_p`` in (0, 1]; ``logprobs``: 0..32 (an ``Echo``
+        per fresh prompt position, a numeric tail on ``Data``); ``pin``: take a
+        snapshot at the prompt's end; ``counters``: ask DONE for
+        ``computed`` / ``reused`` / ``snapshot`` (sent only to an engine with
+        ``x_counters``). ``slot``: explicit KV slot, else routed by ``route``
+        (default: the prompt) to the slot that last served a shared prefix.
+        Yields ``Accept``, ``Echo``..., ``Data``..., then ``Done``. Raises
+        :class:`RequestError` on the engine's ERROR, the engine's error if it dies,
+        :class:`EngineTimeout` past ``timeout`` s.
+        """
+        prompt_b = _bytes(prompt, "prompt")
+        grammar_b = _bytes(grammar, "grammar") if grammar is not None else None
+
+        def make(rid: int, slot_no: int) -> Submit:
+            # Called by the serving process itself, so its CAPS are current.
+            cur = self._sup.current
+            x_counters = bool(cur is not None and cur.caps is not None and cur.caps.x_counters)
+            return Submit(id=rid, slot=slot_no, prompt=prompt_b, max_tokens=max_tokens,
+                          temperature=temperature, top_p=top_p, grammar=grammar_b,
+                          logprobs=logprobs, pin=pin, ids=ids,
+                          counters=bool(counters and x_counters))
+
+        return self.request(make, slot=slot, route=route if route is not None else prompt_b,
+                            timeout=timeout)
+
+    async def read_out(self, prompt: Text, *, logprobs: int = 5, pin: bool = False,
+                       slot: int | None = None, counters: bool = True, ids: bool = False,
+                       route: Text | None = None, timeout: float | None = None) -> ReadOut:
+        """Read a prompt out: each fresh position's logprob and its ``logprobs`` top tokens.
+
+        ``SUBMIT ... max_tokens=0 logprobs=k`` (``logprobs`` 1..32). Returns a
+        :class:`ReadOut`. Errors as :meth:`submit`.
+        """
+        if not 1 <= logprobs <= 32:
+            raise ValueError(f"logprobs: must be 1..32 for a read-out, got {logprobs}")
+        events = [ev async for ev in self.submit(
+            prompt, max_tokens=0, logprobs=logprobs, pin=pin, slot=slot, counters=counters,
+            ids=ids, route=route, timeout=timeout)]
+        return _readout(events)
+
+    async def score(self, prefix: Text, groups: Groups, *, pin: bool = False,
+                    slot: int | None = None, route: Text | None = None,
+                    timeout: float | None = None, fast: bool | None = None) -> ScoreResult:
+        """Log-probabilities of options in context: option ``o`` of group ``g`` is
+        the text ``prefix + stem_g + option_o``, scored on its own tokens (spec 9.1).
+
+        ``groups``: ``[(stem, [option, ...]), ...]``, or ``[option, ...]`` for
+        one group with an empty stem. ``pin``: keep a snapshot of the prefix.
+        ``fast``: ``None`` uses SCORE when the engine advertises ``x_score``,
+        ``False`` forces the seed's fallback (``prefix + stem`` with
+        ``pin=1 logprobs=1 max_tokens=0``, then each option's text with
+        ``logprobs=1 max_tokens=0``, reading the ECHO positions past the common
+        tokens), ``True`` forces SCORE. The fallback holds the slot for one
+        group at a time, so other clients get turns between groups. Returns
+        :class:`ScoreResult`. Raises ValueError for malformed groups,
+        :class:`RequestError` (e.g. ``BAD_REQUEST`` for an option with no
+        token of its own), the engine's errors, :class:`EngineTimeout`.
+        """
+        prefix_b = _bytes(prefix, "prefix")
+        norm = _normalize_groups(groups)
+        for gi, (stem, _) in enumerate(norm):
+            if not prefix_b + stem:
+                raise ValueError(f"groups[{gi}].stem: prefix + stem is empty; the first "
+                                 "option token needs a context")
+        key = _bytes(route, "route") if route is not None else prefix_b or norm[0][0]
+        timeout = self.request_timeout if timeout is None else timeout
+        deadline = anyio.current_time() + timeout if timeout is not None else float("inf")
+        with anyio.CancelScope(deadline=deadline) as scope:
+            proc = await self._sup.instance()
+            use_fast = proc.caps.x_score if fast is None else fast
+            if use_fast:
+                result = await self._score_fast(prefix_b, norm, pin, slot, key)
+            else:
+                result = await self._score_fallback(prefix_b, norm, pin, slot, key)
+        if scope.cancelled_caught:
+            raise EngineTimeout(f"score on engine {self.name!r} did not finish within "
+                                f"{timeout} s; cancelled", name=self.name, what="request",
+                                seconds=timeout or 0.0)
+        return result
+
+    async def _score_fast(self, prefix: bytes, groups, pin: bool, slot, key: bytes
+                          ) -> ScoreResult:
+        payload = orjson.dumps({
+            "prefix": _text(prefix),
+            "groups": [{"stem": _text(s), "options": [_text(o) for o in opts]}
+                       for s, opts in groups],
+            "pin": bool(pin)})
+        table: dict[tuple[int, int], OptionScore] = {}
+        done = None
+        stream = self.request(lambda rid, s: Score(id=rid, slot=s, payload=payload),
+                              slot=slot, route=key, timeout=None)
+        async with stream:
+            async for ev in stream:
+                if isinstance(ev, Scored):
+                    option = _text(groups[ev.group][1][ev.option])
+                    table[ev.group, ev.option] = OptionScore(ev.context_tokens,
+                                                             tuple(ev.logprobs), option)
+                elif isinstance(ev, Done):
+                    done = ev
+        missing = [(g, o) for g, (_, opts) in enumerate(groups) for o in range(len(opts))
+                   if (g, o) not in table]
+        if missing:
+            raise EngineProtocolError(f"engine {self.name!r} answered SCORE without "
+                                      f"SCORED for (group, option) {missing}", name=self.name)
+        return ScoreResult(groups=[[table[g, o] for o in range(len(opts))]
+                                   for g, (_, opts) in enumerate(groups)],
+                           done=done, computed=done.computed, reused=done.reused, fast=True)
+
+    async def _score_fallback(self, prefix: bytes, groups, pin: bool, slot, key: bytes
+                              ) -> ScoreResult:
+        totals = {"computed": 0, "reused": 0, "counted": True}
+        known_prefix: dict[int, bytes] = {}
+        out = []
+        for gi, (stem, options) in enumerate(groups):
+            proc = await self._sup.instance()
+            # Only the first group may be refused as busy: a score once begun finishes.
+            lease = await (self._acquire(proc, slot, key) if gi == 0 else proc.acquire(slot, key))
+            slot = lease.slot   # every group on the slot that holds the snapshots
+            try:
+                if gi == 0 and prefix and stem and (pin or len(groups) > 1):
+                    r = await self._read_on(proc, lease, prefix, True, totals)
+                    known_prefix = {e.position: e.text for e in r.echoes}
+                r = await self._read_on(proc, lease, prefix + stem, True, totals)
+                known = dict(known_prefix)
+                known.update((e.position, e.text) for e in r.echoes)
+                context_len = r.done.prompt_tokens
+                row = []
+                for oi, opt in enumerate(options):
+                    r = await self._read_on(proc, lease, prefix + stem + opt, False, totals)
+                    ctx, lps = option_tokens(r.echoes, known, context_len,
+                                             where=f"groups[{gi}].options[{oi}]")
+                    row.append(OptionScore(ctx, lps, _text(opt)))
+                out.append(row)
+            finally:
+                lease.close()
+        counted = totals["counted"]
+        return ScoreResult(groups=out, done=None,
+                           computed=totals["computed"] if counted else None,
+                           reused=totals["reused"] if counted else None, fast=False)
+
+    async def _read_on(self, proc: EngineProcess, lease: SlotLease, text: bytes, pin: bool,
+                       totals: dict) -> ReadOut:
+        counters = bool(proc.caps.x_counters)
+
+        def make(rid: int, s: int) -> Submit:
+            return Submit(id=rid, slot=s, prompt=text, max_tokens=0, temperature=0.0,
+                          top_p=1.0, logprobs=1, pin=pin, counters=counters)
+
+        stream = self._on_lease(proc, lease, make)
+        async with stream:
+            r = _readout([ev async for ev in stream])
+        if r.done.computed is None:
+            totals["counted"] = False
+        else:
+            totals["computed"] += r.done.computed
+            totals["reused"] += r.done.reused
+        return r
+
+    async def decide(self, record: Union[Text, dict], *, slot: int = 0,
+                     timeout: float | None = None) -> tuple[dict, Done]:
+        """``DECIDE`` one decision record (spec/decision-record.md) on a ``decide=1`` engine.
+
+        ``record``: the JSON record as text / bytes, or a dict (serialised as
+        the spec's "Serialisation" says: ``json.dumps(record, ensure_ascii=False)``).
+        Returns ``(decision, done)``: the DECISION's JSON parsed to a dict, and
+        the DONE. Raises :class:`RequestError` (``DECIDE_INVALID``
+        with ``<field>: <reason>``, ``DECIDE_FAILED``; ``NOT_SUPPORTED`` when the
+        engine does not advertise ``decide=1``), the engine's errors.
+        """
+        # spec/decision-record.md "Serialisation": json.dumps with its default separators.
+        data = (json.dumps(record, ensure_ascii=False).encode("utf-8")
+                if isinstance(record, dict) else _bytes(record, "record"))
+        proc = await self._sup.instance()
+        if not proc.caps.decide:
+            raise RequestError("NOT_SUPPORTED",
+                               f"engine {self.name!r} does not advertise decide=1")
+        decision = done = None
+        stream = self.request(lambda rid, s: Decide(id=rid, slot=s, record=data), slot=slot,
+                              timeout=timeout)
+        async with stream:
+            async for ev in stream:
+                if isinstance(ev, Decision):
+                    decision = ev
+                elif isinstance(ev, Done):
+                    done = ev
+        if decision is None:
+            raise EngineProtocolError(f"engine {self.name!r} ended DECIDE without a DECISION",
+                                      name=self.name)
+        try:
+            parsed = orjson.loads(decision.record)
+        except orjson.JSONDecodeError as exc:
+            raise EngineProtocolError(f"engine {self.name!r} sent a DECISION that is not "
+                                      f"JSON: {exc}", name=self.name) from None
+        return parsed, done
+
+    async def ping(self, *, timeout: float | None = 10.0) -> dict[str, str]:
+        """``PING`` the engine (``x_health``); returns the PONG's key=value pairs
+        (at least ``active``, the requests in flight). Raises :class:`RequestError`
+        ``NOT_SUPPORTED`` without ``x_health``, :class:`EngineTimeout` past ``timeout`` s.
+        """
+        proc = await self._sup.instance()
+        if not proc.caps.x_health:
+            raise RequestError("NOT_SUPPORTED",
+                               f"engine {self.name!r} does not advertise x_health=1")
+        stream = self.request(lambda rid, s: Ping(id=rid), slotless=True, timeout=timeout)
+        async with stream:
+            async for ev in stream:
+                if isinstance(ev, Pong):
+                    return dict(ev.values)
+        raise EngineProtocolError(f"engine {self.name!r} ended PING without PONG",
+                                  name=self.name)
+
+
+def _readout(events: list) -> ReadOut:
+    accept = next((e for e in events if isinstance(e, Accept)), None)
+    echoes = [e for e in events if isinstance(e, Echo)]
+    done = events[-1] if events and isinstance(events[-1], Done) else None
+    if done is None:
+        raise EngineProtocolError("a read-out ended without DONE")
+    return ReadOut(echoes=echoes, done=done, accept=accept)
+

@@ -1,0 +1,158 @@
+"""Several supervised engines behind one object: several models, or one engine per GPU.
+
+``async with Pool.spawn([EngineSpec(...), ...]) as pool:`` starts every
+engine concurrently (each under its own supervisor); ``pool.pick(model)``
+returns the healthy engine to use: among those serving ``model`` (its CAPS
+``model`` or its spec name), the one that last served the same routing key,
+else the least loaded. ``submit`` / ``read_out`` / ``score`` / ``decide``
+delegate to it.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Sequence
+
+import anyio
+import attrs
+
+from gateway.engine.errors import EngineUnavailable
+from gateway.engine.process import unwrap_group
+from gateway.engine import Engine, RequestStream
+
+#: Routing keys remembered for engine affinity (least recently used first out).
+AFFINITY_KEYS = 4096
+#: Leading bytes of a routing key that decide its engine.
+AFFINITY_BYTES = 256
+
+
+@attrs.frozen
+class EngineSpec:
+    """One engine of a pool: its ``name``, its command ``argv`` and keyword
+    arguments for :meth:`Engine.spawn` (timeouts, restarts, ``env`` such as
+    ``CUDA_VISIBLE_DEVICES`` to pin one GPU)."""
+
+    name: str
+    argv: tuple[str, ...] = attrs.field(converter=tuple)
+    options: dict = attrs.field(factory=dict)
+
+
+class Pool:
+    """Engines behind one object; build with :meth:`spawn`."""
+
+    def __init__(self, engines: Sequence[Engine]) -> None:
+        self.engines = list(engines)
+        self._affinity: OrderedDict[tuple[str | None, bytes], str] = OrderedDict()
+        self._turn = 0
+
+    @classmethod
+    @asynccontextmanager
+    async def spawn(cls, specs: Sequence[EngineSpec]) -> AsyncIterator[Pool]:
+        """Start every engine of ``specs`` concurrently; yield the :class:`Pool`.
+
+        Raises the first start error (ValueError for an empty or duplicate-named
+        list); the engines already started are shut down gracefully.
+        """
+        if not specs:
+            raise ValueError("specs: a pool needs at least one engine")
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"specs: engine names must be unique, got {names}")
+        engines: list[Engine | None] = [None] * len(specs)
+        stop = anyio.Event()
+
+        async def hold(spec: EngineSpec, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+            async with Engine.spawn(spec.argv, name=spec.name, **spec.options) as eng:
+                task_status.started(eng)
+                await stop.wait()
+
+        async def start_one(i: int, tg) -> None:
+            engines[i] = await tg.start(hold, specs[i])
+
+        try:
+            async with anyio.create_task_group() as tg:
+                try:
+                    async with anyio.create_task_group() as starters:
+                        for i in range(len(specs)):
+                            starters.start_soon(start_one, i, tg)
+                    yield cls(engines)
+                finally:
+                    stop.set()
+        except BaseExceptionGroup as group:
+            raise unwrap_group(group) from None
+
+    @property
+    def healthy(self) -> bool:
+        """True when at least one engine serves."""
+        return any(e.healthy for e in self.engines)
+
+    def models(self) -> list[str]:
+        """The models served now (CAPS ``model``, else the engine's name), deduplicated."""
+        out = []
+        for e in self.engines:
+            name = _model_of(e)
+            if name not in out:
+                out.append(name)
+        return out
+
+    def pick(self, model: str | None = None, route: str | bytes | None = None) -> Engine:
+        """The engine for a request on ``model`` (``None``: any) with routing key ``route``.
+
+        Healthy engines serving ``model`` qualify; the one that served the same
+        key (its first ``AFFINITY_BYTES`` bytes) before wins, else the least
+        loaded (in flight + waiting), in turn among equals. Raises
+        :class:`EngineUnavailable` when none qualifies (naming the model).
+        """
+        fits = [e for e in self.engines
+                if model is None or model in (_model_of(e), e.name)]
+        if not fits:
+            raise EngineUnavailable(f"model: no engine serves {model!r}; "
+                                    f"served: {self.models()}")
+        live = [e for e in fits if e.healthy] or [e for e in fits if not e.gave_up]
+        if not live:
+            raise EngineUnavailable(f"every engine for {model!r} failed for good")
+        key = None
+        if route is not None:
+            raw = route.encode("utf-8") if isinstance(route, str) else route
+            key = (model, raw[:AFFINITY_BYTES])
+            name = self._affinity.get(key)
+            for e in live:
+                if e.name == name:
+                    self._affinity.move_to_end(key)
+                    return e
+        self._turn += 1
+        best = min(range(len(live)), key=lambda i: (
+            live[i].in_flight + live[i].waiting, (i - self._turn) % len(live)))
+        chosen = live[best]
+        if key is not None:
+            self._affinity[key] = chosen.name
+            if len(self._affinity) > AFFINITY_KEYS:
+                self._affinity.popitem(last=False)
+        return chosen
+
+    def submit(self, prompt, *, model: str | None = None, **kw) -> RequestStream:
+        """:meth:`Engine.submit` on :meth:`pick` ``(model, route or prompt)``."""
+        return self.pick(model, kw.get("route") or prompt).submit(prompt, **kw)
+
+    async def read_out(self, prompt, *, model: str | None = None, **kw):
+        """:meth:`Engine.read_out` on :meth:`pick` ``(model, route or prompt)``."""
+        return await self.pick(model, kw.get("route") or prompt).read_out(prompt, **kw)
+
+    async def score(self, prefix, groups, *, model: str | None = None, **kw):
+        """:meth:`Engine.score` on :meth:`pick` ``(model, route or prefix)``."""
+        return await self.pick(model, kw.get("route") or prefix).score(prefix, groups, **kw)
+
+    async def decide(self, record, *, model: str | None = None, **kw):
+        """:meth:`Engine.decide` on a decision engine (CAPS ``decide=1``) for ``model``."""
+        fits = [e for e in self.engines if e.healthy and e.caps.decide
+                and (model is None or model in (_model_of(e), e.name))]
+        if not fits:
+            raise EngineUnavailable(f"model: no healthy decision engine for {model!r}")
+        return await min(fits, key=lambda e: e.in_flight + e.waiting).decide(record, **kw)
+
+
+def _model_of(engine: Engine) -> str:
+    try:
+        return engine.caps.model or engine.name
+    except EngineUnavailable:
+        return engine.name

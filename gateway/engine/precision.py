@@ -1,0 +1,144 @@
+"""``serve --precision f32``: the model transcoded once to F32 by llama.cpp's own quantizer, then reused.
+
+On a quantized GGUF, ggml rounds activations to Q8 before each quantized matmul, so
+the served logprobs sit about 0.15 nats on average from the model's exact ones
+(reproducible under the engine's invariant numerics, but not exact; ``bench/README.md``,
+"Exactness"). On an F32
+transcode of the same weights (every 2-D tensor dequantized by ggml's own
+``to_float``, ``engines/bin/serveproto-quantize``) they match the float64 oracle
+(``fixtures/oracle.py``) to 1e-4, for about 5.5 times the file size (92 MiB -> 515
+MiB for the default model).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gateway.engine.build import EngineBuildError, ensure_engine
+from gateway.paths import cache_dir
+
+#: ``--precision`` values: the GGUF's own tensor types, or everything F32.
+PRECISIONS = ("native", "f32")
+#: Metadata key of the transcode naming its source (``source_fingerprint``): a file
+#: of the same name whose source changed is transcoded again.
+SOURCE_KEY = "serveproto.transcode.source"
+#: Bytes hashed at each end of the source for its fingerprint.
+_EDGE = 1 << 20
+_F32 = 0
+
+
+class TranscodeError(RuntimeError):
+    """The F32 transcode could not be made (tool missing, llama.cpp refused the file, disk full);
+    the message says what happened and carries the end of the tool's stderr."""
+
+
+def parse_precision(text: str) -> str:
+    """``text`` when it is one of :data:`PRECISIONS`, else ``ValueError`` naming the choices and what each means."""
+    if text in PRECISIONS:
+        return text
+    raise ValueError(f"{text!r} is not a precision: native (the GGUF's own weight types, the default) or "
+                     "f32 (the GGUF transcoded once to F32 with llama.cpp's quantizer: logprobs within "
+                     "1e-4 of the float64 oracle, about 5.5 times the file size)")
+
+
+def f32_path(source: str | Path) -> Path:
+    """Where the F32 transcode of ``source`` lives: ``$SERVEPROTO_CACHE/models/<stem>.f32.gguf``."""
+    return cache_dir() / "models" / f"{Path(source).stem}.f32.gguf"
+
+
+def source_fingerprint(source: str | Path) -> str:
+    """``"size=<bytes> sha256_ends=<16 hex>"``: the size of ``source`` and a hash of its first and
+    last MiB (its metadata, the first and last tensors), cheap on a file of many GB. A cache key,
+    not a checksum: it misses an edit in the middle that keeps the size. Raises ``OSError``."""
+    p = Path(source)
+    size = p.stat().st_size
+    digest = hashlib.sha256()
+    with open(p, "rb") as f:
+        digest.update(f.read(_EDGE))
+        f.seek(max(0, size - _EDGE))
+        digest.update(f.read(_EDGE))
+    return f"size={size} sha256_ends={digest.hexdigest()[:16]}"
+
+
+def _all_f32(path: Path, want_source: str | None = None) -> bool:
+    """True when ``path`` is a readable GGUF whose tensors are all F32 (and, when ``want_source``
+    is given, whose :data:`SOURCE_KEY` equals it)."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(path)
+    except (OSError, ValueError):
+        return False
+    if want_source is not None:
+        field = reader.get_field(SOURCE_KEY)
+        if field is None or field.contents() != want_source:
+            return False
+    return bool(reader.tensors) and all(int(t.tensor_type) == _F32 for t in reader.tensors)
+
+
+def ensure_f32(source: str | Path, *, threads: int | None = None, quiet: bool = False,
+               tool: str | Path | None = None) -> Path:
+    """The path of an all-F32 GGUF with ``source``'s weights, transcoding it on the first call.
+
+    A ``source`` already all F32 is returned as it is. Otherwise :func:`f32_path` is reused when
+    it holds a transcode of this source (its :data:`SOURCE_KEY` equals
+    :func:`source_fingerprint`); else ``tool`` (default ``engines/bin/serveproto-quantize``,
+    ``llama_model_quantize`` with ``LLAMA_FTYPE_ALL_F32``) writes it under a temporary name in
+    the same folder, it is checked (all tensors F32, the fingerprint present) and renamed into
+    place, so a reader never sees half a file and two servers racing both end with a whole one.
+    Progress goes to stderr unless ``quiet``: one line before, the tool's quarter lines, one after.
+    ``threads``: the tool's threads (default: llama.cpp's, all cores).
+
+    Raises ``FileNotFoundError`` for a missing ``source`` and ``TranscodeError`` when the tool is
+    not built or fails (the temporary file is removed).
+    """
+    src = Path(source)
+    if not src.is_file():
+        raise FileNotFoundError(f"model {src} not found")
+    if _all_f32(src):
+        return src
+    fingerprint = source_fingerprint(src)
+    target = f32_path(src)
+    say = (lambda msg: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if _all_f32(target, fingerprint):
+        say(f"serveproto: precision f32: reusing {target}")
+        return target
+    if tool is None:
+        try:
+            tool = ensure_engine("serveproto-quantize")  # built on first use outside a clone
+        except EngineBuildError as exc:
+            raise TranscodeError(str(exc)) from None
+    tool = Path(tool)
+    if not os.access(tool, os.X_OK):
+        raise TranscodeError(f"{tool} is not built (run `make engines`)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(f"{target.name}.{os.getpid()}.part")
+    argv = [str(tool), "--tag", f"{SOURCE_KEY}={fingerprint}", str(src), str(part)]
+    if threads is not None:
+        argv[1:1] = ["--threads", str(threads)]
+    say(f"serveproto: precision f32: transcoding {src.name} to F32 with llama.cpp's quantizer, once, into {target}")
+    t0 = time.monotonic()
+    tail: list[str] = []
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, errors="replace")
+        with proc:
+            for line in proc.stderr:
+                tail = (tail + [line.rstrip("\n")])[-20:]
+                if line.startswith("serveproto-quantize: F32:"):
+                    say(line.rstrip("\n"))
+        if proc.returncode != 0:
+            raise TranscodeError(f"{tool.name} {src} failed (exit {proc.returncode}):\n" + "\n".join(tail))
+        if not _all_f32(part, fingerprint):
+            raise TranscodeError(f"{tool.name} wrote {part}, which is not an all-F32 GGUF of {src}")
+        os.chmod(part, 0o644)
+        os.replace(part, target)
+    finally:
+        part.unlink(missing_ok=True)
+    say(f"serveproto: precision f32: wrote {target} ({target.stat().st_size / (1 << 20):.0f} MiB, "
+        f"{time.monotonic() - t0:.1f} s)")
+    return target

@@ -1,0 +1,202 @@
+"""``POST /v1/systemone`` (TypeSafe's Jev) and ``POST /v1/decisions`` (OpenAI's Decisions API shape).
+
+Each route is parse -> decide -> reply: the body is parsed into a
+:class:`~gateway.decision.jev.SystemOneRequest` (:func:`gateway.decision.jev.parse_request`,
+or :func:`parse_decisions` for the OpenAI shape), answered by the decision pipeline
+(:func:`gateway.decision.pipeline.decide`, with the app's engine, settings and memory),
+and written in the route's reply shape. What the pipeline raises is mapped to HTTP by
+:mod:`gateway.server.errors` (``/v1/decisions`` gives a refusal OpenAI's envelope).
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from gateway.decision import decision_log, jev, pipeline, scoring
+from gateway.decision.calibration import IDENTITY
+from gateway.decision.errors import Refused
+from gateway.decision.jev import JevValidationError, SystemOneRequest
+from gateway.decision.pipeline import Decided
+from gateway.decision.prompts import as_text
+from gateway.http import HTTPError, Request, Response
+from gateway.server.body import parse_json
+
+if TYPE_CHECKING:
+    from gateway.server.app import App
+
+
+async def decide(app: "App", parsed: SystemOneRequest) -> Decided:
+    """The app's decision pipeline on one parsed request, counted in the app's metrics."""
+    decided = await pipeline.decide(parsed, app.engine, app.settings, app.memory)
+    metrics = app.metrics
+    for q in parsed.questions:
+        metrics.questions.labels(q.type, decided.path if q.n_options > 1 else "none").inc()
+    metrics.option_tokens.inc(decided.output_tokens)
+    metrics.observe_counters(decided.computed, decided.reused, decided.snapshot)
+    return decided
+
+
+def log_decisions(app: "App", request_id: str, parsed: SystemOneRequest, decided: Decided) -> None:
+    """Append the request's answers to the server's decision log, when it keeps one (``--log-decisions``)."""
+    if app.decision_log is None:
+        return
+    config = {"model": app.model.name, "model_sha256": app.model_sha256, "x_debias": list(decided.debias),
+              "normalize": parsed.normalize}
+    app.decision_log.write(decision_log.lines(request_id, parsed.questions, decided.probs, decided.uncalibrated,
+                                              config, decided.calibration))
+
+
+def _headers(request: Request, decided: Decided) -> list[tuple[str, str]]:
+    return [("x-serveproto-engine-ms", f"{decided.engine_ms:.3f}"), ("x-serveproto-path", decided.path)]
+
+
+async def systemone(app: "App", request: Request) -> Response:
+    parsed = jev.parse_request(parse_json(request))
+    decided = await decide(app, parsed)
+    log_decisions(app, request.request_id, parsed, decided)
+    answers = {q.id: {**jev.answer(q, decided.probs[q.id]), "x_calibration": decided.calibration.get(q.id, IDENTITY)}
+               for q in parsed.questions}
+    extra: dict[str, Any] = {"x_request_id": request.request_id, "x_engine_ms": round(decided.engine_ms, 3), "x_path": decided.path}
+    if decided.computed is not None:
+        extra["x_positions"] = {"computed": decided.computed, "reused": decided.reused, "snapshot": decided.snapshot}
+    if decided.debias:
+        extra["x_debias"] = list(decided.debias)
+    if decided.warnings:
+        extra["x_warnings"] = decided.warnings
+    body = jev.reply(app.model.name, answers, decided.input_tokens, decided.output_tokens, extra)
+    return Response.json(body, headers=_headers(request, decided))
+
+
+# --- OpenAI's Decisions API shape -------------------------------------------------------------
+
+_OPENAI_TYPES = {"predicate": "noul", "choice": "choice", "score": "score"}
+
+
+def _openai_error(message: str, param: str) -> HTTPError:
+    return HTTPError(400, "invalid_request_error", message,
+                     body={"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None},
+                           "detail": {"error_type": "invalid_request_error", "message": message}})
+
+
+def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
+    """Read a ``/v1/decisions`` body into the equivalent System One request.
+
+    ``{"model"?, "input", "questions": [{"type": "predicate"|"choice"|"score", "name"?,
+    "question"|"instructions"?, "choices": [{"value", "description"?}], "levels":
+    [{"label", "description"?}]}]}``. Returns the request (question ids are the
+    positions ``"0".."n-1"``) and the questions as sent. Raises
+    :class:`HTTPError` 400 in OpenAI's error envelope, naming the parameter.
+    """
+    if not isinstance(body, dict):
+        raise _openai_error("the body must be a JSON object", "")
+    if "input" not in body:
+        raise _openai_error("'input' is required", "input")
+    qs = body.get("questions")
+    if not isinstance(qs, list) or not 1 <= len(qs) <= jev.MAX_QUESTIONS:
+        raise _openai_error(f"'questions' must be an array of 1 to {jev.MAX_QUESTIONS} questions", "questions")
+    converted: dict[str, Any] = {}
+    for i, q in enumerate(qs):
+        param = f"questions[{i}]"
+        if not isinstance(q, dict) or q.get("type") not in _OPENAI_TYPES:
+            raise _openai_error(f"{param}.type must be 'predicate', 'choice' or 'score'", f"{param}.type")
+        text = q.get("question", q.get("instructions"))
+        jq: dict[str, Any] = {"type": _OPENAI_TYPES[q["type"]]}
+        if text is not None:
+            jq["instructions"] = text
+        if q["type"] == "choice":
+            choices = q.get("choices")
+            if not isinstance(choices, list) or not choices:
+                raise _openai_error(f"{param}.choices must be a non-empty array", f"{param}.choices")
+            crit = {}
+            for j, c in enumerate(choices):
+                if not isinstance(c, dict) or not isinstance(c.get("value"), str) or not c["value"]:
+                    raise _openai_error(f"{param}.choices[{j}].value must be a non-empty string", f"{param}.choices[{j}].value")
+                if c["value"] in crit:
+                    raise _openai_error(f"{param}.choices[{j}].value repeats {c['value']!r}", f"{param}.choices[{j}].value")
+                crit[c["value"]] = c.get("description")
+            jq["criteria"] = crit
+        elif q["type"] == "score":
+            levels = q.get("levels")
+            if not isinstance(levels, list) or not levels:
+                raise _openai_error(f"{param}.levels must be a non-empty array", f"{param}.levels")
+            crit_l = []
+            for j, lv in enumerate(levels):
+                if not isinstance(lv, dict) or not isinstance(lv.get("label"), str):
+                    raise _openai_error(f"{param}.levels[{j}].label must be a string", f"{param}.levels[{j}].label")
+                desc = lv.get("description")
+                crit_l.append(f"{lv['label']}: {as_text(desc)}" if desc else lv["label"])
+            jq["criteria"] = crit_l
+        converted[str(i)] = jq
+    try:
+        extension = {"x_debias": body["x_debias"]} if "x_debias" in body else {}
+        parsed = jev.parse_request({"state": body["input"], "questions": converted, "model": body.get("model"), **extension})
+    except JevValidationError as exc:
+        e = exc.errors[0]
+        loc = e["loc"][1:]
+        param = "input" if loc[:1] == ["state"] else ".".join(map(str, loc))
+        raise _openai_error(e["msg"], param) from None
+    return parsed, qs
+
+
+def _openai_param(loc: list, sent: list[dict[str, Any]]) -> str:
+    """The ``/v1/decisions`` parameter of a System One field path (``["body", "questions", "1",
+    "criteria", "sales"]`` is ``questions[1].choices[2].value``; ``state`` is ``input``)."""
+    path = list(loc[1:])
+    if path[:1] == ["state"]:
+        return "input"
+    if path[:1] != ["questions"] or len(path) < 2 or not str(path[1]).isdigit() or int(path[1]) >= len(sent):
+        return ".".join(map(str, path))
+    i = int(path[1])
+    param, rest, q = f"questions[{i}]", path[2:], sent[int(path[1])]
+    if rest[:1] == ["criteria"]:
+        if q.get("type") == "choice":
+            values = [c.get("value") for c in q.get("choices", [])]
+            return f"{param}.choices[{values.index(rest[1])}].value" if len(rest) > 1 and rest[1] in values \
+                else f"{param}.choices"
+        if q.get("type") == "score":
+            return f"{param}.levels[{rest[1]}]" if len(rest) > 1 else f"{param}.levels"
+        return param
+    return ".".join([param, *map(str, rest)])
+
+
+async def decisions(app: "App", request: Request) -> Response:
+    parsed, sent = parse_decisions(parse_json(request))
+    try:
+        decided = await decide(app, parsed)
+    except Refused as exc:  # what the engine refused, in this route's envelope
+        e = exc.errors[0]
+        raise _openai_error(e["msg"], _openai_param(e["loc"], sent)) from None
+    log_decisions(app, request.request_id, parsed, decided)
+    answers = []
+    for q, raw in zip(parsed.questions, sent):
+        p = decided.probs[q.id]
+        a: dict[str, Any] = {"type": raw["type"]}
+        if raw.get("name") is not None:
+            a["name"] = raw["name"]
+        if q.type == "noul":
+            a["probability"] = scoring.r6(p[1])
+        elif q.type == "choice":
+            labels = list(q.criteria)
+            best = max(range(len(p)), key=lambda i: (p[i], -i))
+            a.update(choice=labels[best], probabilities=[{"value": v, "probability": p[i]} for i, v in enumerate(labels)],
+                     confidence=scoring.r6(scoring.confidence(p)))
+        else:
+            a.update(score=scoring.r6(scoring.expected_level(p)),
+                     probabilities=[{"value": i, "label": lv["label"], "probability": p[i]} for i, lv in enumerate(raw["levels"])],
+                     confidence=scoring.r6(scoring.confidence(p)))
+        a["x_calibration"] = decided.calibration.get(q.id, IDENTITY)
+        answers.append(a)
+    body = {"id": request.request_id, "object": "decision", "created": int(time.time()), "model": app.model.name,
+            "answers": answers, "usage": {"input_tokens": decided.input_tokens, "output_tokens": decided.output_tokens}}
+    return Response.json(body, headers=_headers(request, decided))
+
+
+def register(app: "App") -> None:
+    async def _systemone(request: Request) -> Response:
+        return await systemone(app, request)
+
+    async def _decisions(request: Request) -> Response:
+        return await decisions(app, request)
+
+    app.router.route("/v1/systemone", "POST", _systemone)
+    app.router.route("/v1/decisions", "POST", _decisions)

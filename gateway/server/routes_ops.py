@@ -1,0 +1,76 @@
+"""Operational routes: ``GET /health``, ``GET /v1`` (the index), ``GET /metrics`` (Prometheus text),
+and the System One page (``GET /``, ``/style.css``, ``/app.js``: ``gateway/server/static``, no key needed;
+see ``docs/terminal-and-page.md``)."""
+from __future__ import annotations
+
+from importlib import resources
+from typing import TYPE_CHECKING
+
+from gateway.http import Request, Response
+
+if TYPE_CHECKING:
+    from gateway.server.app import App
+
+
+def capabilities(app: "App") -> list[str]:
+    """``["chat", "systemone"]`` for a language model, ``["systemone", "decision"]`` for a decision-only
+    engine, ``["chat", "systemone", "decision"]`` for a chat engine with a decision head."""
+    caps = app.caps
+    out = ["chat"] if caps.chat else []
+    out.append("systemone")
+    if caps.decide:
+        out.append("decision")
+    return out
+
+
+def register(app: "App") -> None:
+    async def health(request: Request) -> Response:
+        # 200 only while the engine serves and answers the supervisor's PINGs in time; a stalled
+        # or stopped engine is "unresponsive" from one missed PING interval until it is restarted
+        healthy = bool(getattr(app.engine, "healthy", True))
+        if healthy:
+            return Response.json({"status": "ok", "model": app.model.name})
+        body = {"status": "unavailable", "model": app.model.name}
+        state = getattr(app.engine, "state", None)
+        if isinstance(state, str):
+            body["engine"] = state
+        return Response.json(body, 503, [("retry-after", "1")])
+
+    async def index(request: Request) -> Response:
+        return Response.json({
+            "object": "index",
+            "model": app.model.name,
+            "capabilities": capabilities(app),
+            "routes": [
+                {"method": "POST", "path": "/v1/systemone", "doc": "TypeSafe Jev System One: typed decisions with a probability per option"},
+                {"method": "POST", "path": "/v1/decisions", "doc": "OpenAI Decisions API shape, same scoring"},
+                {"method": "GET", "path": "/v1/models", "doc": "the served model (Jev models and OpenAI data)"},
+                {"method": "POST", "path": "/v1/chat/completions", "doc": "OpenAI chat completions (stream or not)"},
+                {"method": "POST", "path": "/v1/completions", "doc": "OpenAI completions, echo + logprobs read the prompt out"},
+                {"method": "GET", "path": "/health", "doc": "200 when the engine serves and answers its PINGs, 503 when it is unresponsive, restarting or has failed"},
+                {"method": "GET", "path": "/metrics", "doc": "Prometheus text format"},
+            ],
+        })
+
+    async def metrics(request: Request) -> Response:
+        body, content_type = app.metrics.render()
+        return Response.text(body, content_type=content_type)
+
+    def static(name: str, content_type: str):
+        data = (resources.files("gateway.server") / "static" / name).read_bytes()
+
+        async def handler(request: Request) -> Response:
+            return Response(200, [("content-type", content_type), ("cache-control", "no-cache")], data)
+        return handler
+
+    page = {"/": ("index.html", "text/html; charset=utf-8"), "/style.css": ("style.css", "text/css; charset=utf-8"),
+            "/app.js": ("app.js", "text/javascript; charset=utf-8")}
+    for path, (name, content_type) in page.items():
+        try:
+            app.router.route(path, "GET", static(name, content_type))
+        except FileNotFoundError:  # a package installed without its page
+            pass
+
+    app.router.route("/health", "GET", health)
+    app.router.route("/v1", "GET", index)
+    app.router.route("/metrics", "GET", metrics)
