@@ -52,14 +52,21 @@ def free_port() -> int:
 
 
 class LlamaServer(Server):
-    """``engines/bin/llama-server`` on the model, one slot, loopback; ``base`` is its URL
-    (``close`` as :class:`decisions.Server`'s)."""
+    """``engines/bin/llama-server`` on the model, loopback; ``base`` is its URL (``close`` as
+    :class:`decisions.Server`'s).
 
-    def __init__(self, binary: Path, model: Path, threads: int) -> None:
+    ``slots``: its ``-np`` (continuous batching is llama-server's default); ``ctx``: its ``-c``, the
+    context of all slots together (each slot gets ``ctx / slots`` cells: its KV is not unified);
+    ``extra``: more of its flags. ``argv`` is the command line it was started with.
+    """
+
+    def __init__(self, binary: Path, model: Path, threads: int, slots: int = 1, ctx: int = 4096,
+                 extra: tuple[str, ...] = ()) -> None:
         port = free_port()
-        self.proc = subprocess.Popen([str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-                                      "-t", str(threads), "-tb", str(threads), "-c", "4096", "-np", "1",
-                                      "--no-webui"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+                     "-t", str(threads), "-tb", str(threads), "-c", str(ctx), "-np", str(slots),
+                     "--no-webui", *extra]
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

@@ -200,7 +200,8 @@ def test_handshake_announces_caps(tiny):
         assert eng.caps.values == {
             "chat": "1", "slots": "2", "n_ctx": "256", "n_vocab": str(len(Vocab(tiny))),
             "model": "tiny-v1", "pin_slots": "3", "max_logprobs": "32",
-            "x_score": "1", "x_counters": "1", "x_health": "1", "x_numerics": "invariant"}
+            "x_score": "1", "x_counters": "1", "x_health": "1", "x_numerics": "invariant",
+            "x_batched": "1", "n_ubatch": "256", "n_chunk": "128"}
         stat = eng.handshake[-1]
         assert isinstance(stat, Stat) and stat.fields[:3] == (0.0, 0.0, 0.0) and stat.fields[3] > 0
     finally:

@@ -1,9 +1,12 @@
 #!/bin/bash
 # Fills bench/gpu/carry/ (ignored) with what bench/gpu/run.sh needs on a GPU machine without
 # network: the llama.cpp source subset (tgz), the tokenizer of the default model as a
-# tensor-less GGUF, and the wheels of the Python packages that machine lacks (for CPython 3.12).
+# tensor-less GGUF, and the wheels of the Python packages that machine lacks (for CPython 3.12);
+# for bench/gpu/load.sh also the source llama-server builds from (llama-full.tgz, about 10 MB;
+# LLAMA_SERVER=0 leaves it out) and, with BASELINE=<commit>, that commit's tree (baseline.tgz).
 # Run from the repository root, after `make engines model` (it reuses the cached sdist and model).
 #   bench/gpu/prepare.sh            then: run bench/gpu/run.sh there with carry=[bench/gpu/carry]
+#   BASELINE=26498d7 bench/gpu/prepare.sh
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
 C=bench/gpu/carry
@@ -12,6 +15,12 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 make -s -C engines llama-src DEST="$tmp/src"
 tar -czf $C/llama-src.tgz -C "$tmp/src" .
 $PY bench/gpu/make_model.py tokenizer --out $C/tokenizer.gguf
+rm -f $C/llama-full.tgz $C/baseline.tgz  # a carry of an earlier preparation must not outlive it
+if [ "${LLAMA_SERVER:-1}" = 1 ]; then
+  make -s -C engines llama-server-src DEST="$tmp/full"
+  tar -czf $C/llama-full.tgz -C "$tmp/full" .
+fi
+[ -z "${BASELINE:-}" ] || git archive --format=tar.gz -o $C/baseline.tgz "$BASELINE"
 # bench/decisions.py as committed (another engineer may be editing the working tree's copy);
 # run.sh puts it in place of the device copy's bench/decisions.py for its fixture part.
 git show HEAD:bench/decisions.py > $C/decisions.py

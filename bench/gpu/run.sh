@@ -9,6 +9,7 @@
 #      again with --flash-attn --kv-type f16, bench/decisions.py's fixture part and
 #      bench/gpu/fixed_cost.py; results in $OUT/results.tar and the output's tail.
 # Run from the repository root with carry=["bench/gpu/carry"]:  bash bench/gpu/run.sh
+# (PEER_BUILD=1 also builds, meanwhile, what bench/gpu/load.sh needs: llama-server, a baseline tree.)
 # Budget: BUDGET_S seconds in all (default 570), so the call ends inside the 600 s limit.
 set -u
 T0=$(date +%s)
@@ -50,6 +51,14 @@ if [ -z "${LLAMA_SRC:-}" ]; then
   [ -f $LLAMA_SRC/CMakeLists.txt ] || { mkdir -p $LLAMA_SRC && tar -xzf $C/llama-src.tgz -C $LLAMA_SRC; }
 fi
 MK="make -C engines CUDA=$CUDA LLAMA_JOBS=${JOBS:-16} LLAMA_SRC=$LLAMA_SRC"
+# PEER_BUILD=1: bench/gpu/load.sh's builds (llama-server, the baseline tree) alongside the engine's,
+# within the call's budget (cut short, they resume in the next call while the machine is warm)
+if [ "${PEER_BUILD:-0}" = 1 ]; then
+  ( LOAD_BUILD_ONLY=1 CUDA=$CUDA LLAMA_SRC=$LLAMA_SRC timeout $(( BUDGET_S - $(elapsed) - 20 )) \
+      bash bench/gpu/load.sh > $RES/load-build.log 2>&1
+    echo $? > /tmp/load-build.rc ) &
+  PEER_PID=$!
+fi
 {
   $MK llama-libs > $RES/build.log 2>&1 || { tail -40 $RES/build.log; log "llama.cpp build failed"; exit 1; }
   log "llama.cpp built (CUDA=$CUDA)"
@@ -76,6 +85,10 @@ ldd engines/bin/serveproto-llama | grep -E "not found|cuda|cublas|nccl" | tee -a
 wait $MODEL_PID
 [ "$(cat /tmp/model.rc)" = 0 ] || { cat $RES/model.log; log "model generation failed"; exit 1; }
 log "$(tail -1 $RES/model.log)"
+if [ -n "${PEER_PID:-}" ]; then
+  wait $PEER_PID
+  log "load.sh's builds: exit $(cat /tmp/load-build.rc); $(tail -3 $RES/load-build.log | tr '\n' ' ')"
+fi
 
 left() { echo $(( BUDGET_S - $(elapsed) )); }
 # bench TAG ARGS...: runs within the time left (15 s kept for packing); the table at the end,
@@ -103,7 +116,8 @@ extra() {
 }
 if [ -n "${BENCHES:-}" ]; then
   # one command a line, instead of the two below: "[VAR=VALUE ...] bench TAG ARGS..." or
-  # "extra TAG COMMAND..." (e.g. extra digits python3 bench/digits.py --model $MODEL)
+  # "extra TAG COMMAND..." (e.g. extra digits python3 bench/digits.py --model $MODEL, or
+  # extra load bash bench/gpu/load.sh --model $MODEL --clients 1,8,32,64: bench/load.py, see load.sh)
   while IFS= read -r line; do
     [ -n "$line" ] && eval "$line"
   done <<< "$BENCHES"

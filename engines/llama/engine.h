@@ -3,10 +3,12 @@
  * One process serves one model. KV slot s is llama.cpp sequence s; SCORE
  * borrows the sequences above the slots as scratch, one per continuation,
  * in a unified KV cache so copied prefix rows are shared, not duplicated.
- * Requests run one at a time. While one runs, the engine reads stdin from
- * llama.cpp's abort callback, between the graph nodes of every llama_decode
- * (main.c: engine_decode_abort), so PING is answered, STOP recorded and a CANCEL
- * aborts the decode within one ubatch of ENGINE_UBATCH positions.
+ * Requests on different slots run at once (sched.c): each llama_decode is
+ * filled from every runnable request, a chunk of at most its share of one
+ * ubatch each, least recently served first. While a decode runs, the engine
+ * reads stdin from llama.cpp's abort callback, between the graph nodes
+ * (main.c: engine_decode_abort), so PING is answered, STOP recorded and a
+ * CANCEL aborts the decode within one ubatch of ENGINE_UBATCH positions.
  */
 #ifndef SERVEPROTO_LLAMA_ENGINE_H
 #define SERVEPROTO_LLAMA_ENGINE_H
@@ -18,13 +20,15 @@
 #include "llama.h"
 
 #define ENGINE_MAX_LOGPROBS   SP_MAX_LOGPROBS /* CAPS max_logprobs */
-#define ENGINE_DEFAULT_SLOTS  1
+#define ENGINE_AUTO_SLOTS_MAX 4               /* --slots unset: at most this many, sized from memory (main.c) */
+#define ENGINE_AUTO_KV_SHARE  8               /* --slots unset: the KV cache takes at most 1/this of free memory */
 #define ENGINE_DEFAULT_CTX    4096            /* tokens per slot, capped by the model's n_ctx_train */
 #define ENGINE_DEFAULT_PINS   4               /* snapshots kept (CAPS pin_slots) */
 #define ENGINE_SCORE_SEQS     128             /* scratch sequences for SCORE continuations */
 #define ENGINE_MAX_SCORED     200             /* scored tokens per SCORE option (spec 9.1) */
-#define ENGINE_QUEUE_MAX      256             /* requests in flight, the running one included */
+#define ENGINE_QUEUE_MAX      256             /* requests in flight */
 #define ENGINE_UBATCH         512             /* llama.cpp's physical batch (--ubatch): a CANCEL waits at most one */
+#define ENGINE_CHUNK          128             /* rows a request takes from a decode that others share (--chunk) */
 #define ENGINE_POLL_US        1000            /* the abort callback reads stdin at most this often (microseconds) */
 #define ENGINE_PREFIXES       4               /* SCORE prefixes whose tokens are kept (splice.c) */
 #define ENGINE_SCORE_CACHE_MB 64              /* SCORE results kept between requests (score_cache.c) */
@@ -43,12 +47,20 @@ typedef struct device_options {
     struct ggml_backend_device *devices[DEVICES_MAX + 1]; /* with --rpc: llama_model_params.devices, NULL-ended */
 } device_options;
 
-/* A request taken from stdin and not yet answered. */
-typedef struct pending {
+/* A request taken from stdin and not yet answered (sched.c). A task is
+ * started (tokenized, ACCEPTed) between decodes, then gives rows to the
+ * decodes until it ends: it writes its DONE or ERROR and is freed at once. */
+typedef struct task {
+    int used;
+    int started;    /* its kind's start ran: st holds its state */
     sp_request rq;
+    uint64_t arrival;  /* arrival order (ties of served) */
+    uint64_t served;   /* the decode that last took rows from it */
     int stop;       /* STOP arrived: generate nothing more */
-} pending;
-
+    int cancel;     /* CANCEL arrived: answered CANCELLED between decodes */
+    int row0, rows; /* its rows in the batch being decoded (rows 0: none) */
+    void *st;       /* submit.c's or score.c's state */
+} task;
 /* The tokens whose KV rows sequence `slot` holds, positions 0 .. n-1. */
 typedef struct slot_state {
     llama_token *tokens; /* capacity n_ctx */
@@ -117,7 +129,8 @@ typedef struct engine {
     int n_score_seqs;
     int n_batch;
     int n_ubatch;        /* llama.cpp's physical batch (--ubatch) */
-    int n_chunk;         /* prompt positions per llama_decode: one physical batch */
+    int n_chunk;         /* --chunk: a request's rows in a decode shared with others, at most */
+    int slots_auto;      /* --slots unset: n_slots was sized from memory */
     char model_name[256];
     const char *numerics;  /* "invariant" or "fast" (CAPS numerics) */
     char devices_caps[1024]; /* CAPS keys of --split-mode, --tensor-split, --main-gpu, --rpc (devices.c) */
@@ -127,7 +140,6 @@ typedef struct engine {
     uint64_t clock;
 
     struct llama_batch batch;   /* n_batch tokens, up to n_score_seqs seq ids each */
-    float *pred_buf;            /* n_vocab: logits carried across decode calls */
     llama_token_data *cand;     /* n_vocab candidates for the sampler */
     int n_threads;
     /* read-out of one batch: per row, its logits, logsumexp, top-k */
@@ -146,10 +158,14 @@ typedef struct engine {
     int in_eof;                 /* stdin ended */
     int out_failed;             /* stdout is gone */
 
-    pending queue[ENGINE_QUEUE_MAX];
-    int n_queue;                /* queue[0] is the running request once started */
-    int running;                /* queue[0] is being served */
-    int cancel_running;         /* CANCEL arrived for queue[0]: its llama_decode aborts (returns 2) */
+    task tasks[ENGINE_QUEUE_MAX];
+    int n_tasks;                /* used entries of tasks */
+    uint64_t arrivals;          /* tasks taken so far */
+    uint64_t decodes;           /* llama_decode calls so far */
+    int in_decode;              /* a llama_decode is running: only the abort callback reads stdin */
+    int abort_decode;           /* CANCEL of a task in the running decode: it aborts (returns 2) */
+    int solo;                   /* the last decode found no KV room: the next one takes one task */
+    int scratch_used;           /* scratch sequences given to the batch being built */
     uint64_t polled_us;         /* when the abort callback last read stdin (CLOCK_MONOTONIC) */
     uint64_t skip_submit_id;    /* a refused IMAGE's id: its SUBMIT is dropped */
 } engine;
@@ -162,6 +178,7 @@ double model_logsumexp(const float *logits, int n);
 int model_top_k(engine *e, const float *logits, double lse, int k, sp_alt *out);
 #define MODEL_DECODE_CANCELLED 2 /* llama_decode's status when the abort callback stopped it */
 int model_decode(engine *e, int *err_code);
+uint64_t model_mem_available(void);
 void batch_clear(struct llama_batch *b);
 void batch_add(struct llama_batch *b, llama_token tok, int pos, const int *seqs, int n_seqs, int logits);
 double rss_gb(void);
@@ -197,12 +214,40 @@ int score_cache_get(score_cache *c, const score_key *k, int ctx, double *lps, in
 void score_cache_put(score_cache *c, const score_key *k, int ctx, const double *lps, int n_lps);
 void score_cache_free(score_cache *c);
 
-/* main.c: the request loop */
+/* main.c: frames in */
 void engine_poll(engine *e);
 bool engine_decode_abort(void *data);
+void engine_log_aborting(int on);
 
-/* submit.c / score.c: one request each, answered whole (ACCEPT .. DONE or ERROR) */
-void serve_submit(engine *e, pending *p);
-void serve_score(engine *e, pending *p);
+/* sched.c: tasks and the decode loop */
+int sched_step(engine *e);
+void task_end(engine *e, task *t);
+
+/* submit.c / score.c: a request as a task. start: tokenize, reuse, ACCEPT
+ * (0), or answer it whole (-1: the task is ended). unit / want: the fewest
+ * and the most rows it can use in the next decode (want 0: none now; want
+ * may end the task, e.g. a generation whose STOP arrived). fill: adds at most
+ * `budget` rows (and scratch sequences) to e->batch, returns the rows added.
+ * decoded: reads its rows' logits after a decode. undo: the decode failed or
+ * was aborted; the KV cache is put back as before the fill. fail: answers
+ * the failure of llama_decode status rc and ends the task. cancel: answers
+ * CANCELLED and ends it. */
+int submit_start(engine *e, task *t);
+int submit_unit(engine *e, task *t);
+int submit_want(engine *e, task *t);
+int submit_fill(engine *e, task *t, int budget);
+void submit_decoded(engine *e, task *t);
+void submit_undo(engine *e, task *t);
+void submit_fail(engine *e, task *t, int rc);
+void submit_free(engine *e, task *t);
+
+int score_start(engine *e, task *t);
+int score_unit(engine *e, task *t);
+int score_want(engine *e, task *t);
+int score_fill(engine *e, task *t, int budget, int seq_budget);
+void score_decoded(engine *e, task *t);
+void score_undo(engine *e, task *t);
+void score_fail(engine *e, task *t, int rc);
+void score_free(engine *e, task *t);
 
 #endif

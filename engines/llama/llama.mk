@@ -6,6 +6,7 @@
 #                                          machine without network, then build there with
 #                                          LLAMA_SRC=DIR)
 #   make -C engines llama-libs             only llama.cpp's libraries
+#   make -C engines llama-server [CUDA=1]  stock llama-server from the same sdist (the benchmarks' peer)
 #
 # llama.cpp comes from the PyPI sdist of llama-cpp-python (it vendors llama.cpp); no llama.cpp
 # source is committed. The sdist, the extracted subset and each build live in
@@ -127,24 +128,43 @@ $(BIN)/serveproto-llama: $(LLAMA_ENGINE_SRCS) $(LLAMA_ENGINE_HDRS) $(COMMON_LIB)
 $(BIN)/llama-prefill-ref: llama/bench/prefill_ref.c $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
 	$(CC) $(LLAMA_CFLAGS) -o $@ $< $(LLAMA_LDLIBS)
 
-# llama-server from the same sdist, stock (no patches): the peer bench/repeat.py measures against.
-# Not part of `all`: `make -C engines llama-server` (a few minutes the first time).
-LLAMA_FULL         := $(LLAMA_CACHE)/full
-LLAMA_SERVER_BUILD := $(LLAMA_CACHE)/build-server
+# llama-server from the same sdist, stock (no patches): the peer bench/repeat.py and bench/load.py
+# measure against. Not part of `all`: `make -C engines llama-server` (a few minutes the first time).
+# CUDA=1 builds it with the CUDA backend, without flash-attention kernels (the engine's GPU default
+# reads without them, and they are most of the build's time). Where there is no network, LLAMA_FULL=DIR
+# names a carried copy of the sdist's llama.cpp (bench/gpu/prepare.sh carries one).
+LLAMA_FULL         ?= $(LLAMA_CACHE)/full
+LLAMA_SERVER_BUILD := $(LLAMA_CACHE)/build-server$(if $(filter 1,$(CUDA)),-cuda)
+LLAMA_SERVER_CUDA  := $(if $(filter 1,$(CUDA)),-DGGML_CUDA=ON -DGGML_CUDA_NCCL=OFF -DGGML_CUDA_FA=OFF \
+  -DCMAKE_CUDA_ARCHITECTURES=$(or $(CUDA_ARCH),90))
+ifeq ($(LLAMA_FULL),$(LLAMA_CACHE)/full)
 $(LLAMA_FULL)/.extracted: | $(LLAMA_SDIST)
 	t=$$(mktemp -d $(LLAMA_FULL).tmp.XXXXXX) && \
 	  tar -xzf $(LLAMA_SDIST) -C $$t --strip-components=3 llama_cpp_python-$(LLAMA_PY_VERSION)/vendor/llama.cpp/ && \
 	  touch $$t/.extracted && { mv -T $$t $(LLAMA_FULL) 2>/dev/null || rm -rf $$t; }
+else
+$(LLAMA_FULL)/.extracted:
+	test -f $(LLAMA_FULL)/tools/server/CMakeLists.txt || { echo "LLAMA_FULL=$(LLAMA_FULL) has no llama.cpp server source" >&2; exit 1; }
+	touch $@
+endif
 
 $(BIN)/llama-server: $(LLAMA_FULL)/.extracted | $(BIN)
 	cmake -S $(LLAMA_FULL) -B $(LLAMA_SERVER_BUILD) $(if $(shell command -v ninja),-G Ninja) -DCMAKE_BUILD_TYPE=Release \
 	  -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
-	  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=OFF
+	  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=OFF \
+	  $(LLAMA_SERVER_CUDA)
 	cmake --build $(LLAMA_SERVER_BUILD) --target llama-server -j$(LLAMA_JOBS)
 	cp $(LLAMA_SERVER_BUILD)/bin/llama-server $@
 
-.PHONY: llama-server
+.PHONY: llama-server llama-server-src
 llama-server: $(BIN)/llama-server
+
+# What llama-server's build reads of the sdist's llama.cpp (about 10 MB as tgz), copied to DEST:
+# bench/gpu/prepare.sh carries it, to build there with LLAMA_FULL=DIR.
+LLAMA_SERVER_SUBSET := CMakeLists.txt cmake common ggml src include vendor tools app licenses LICENSE
+llama-server-src: $(LLAMA_FULL)/.extracted
+	test -n "$(DEST)" || { echo "usage: make -C engines llama-server-src DEST=DIR" >&2; exit 1; }
+	mkdir -p $(DEST) && cd $(LLAMA_FULL) && cp -a $(LLAMA_SERVER_SUBSET) $(abspath $(DEST))/
 
 # serveproto-quantize: llama.cpp's own quantizer (llama_model_quantize, already in libllama.a) to F32,
 # for `serveproto serve --precision f32` (gateway/engine/precision.py). Its source is outside llama/*.c, the

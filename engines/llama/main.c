@@ -2,9 +2,10 @@
  *
  * Reads top to bottom: options, model load (LOAD_FAIL with its kind), the
  * handshake (READY, CAPS, STAT), then the request loop: frames are read from
- * stdin and queued, requests run one at a time, and while one runs, llama.cpp's
- * abort callback reads stdin between the graph nodes of each llama_decode, so
- * STOP / CANCEL / PING are served within one ubatch (engine_decode_abort).
+ * stdin and become tasks, the scheduler (sched.c) fills each llama_decode
+ * from all of them, and while a decode runs, llama.cpp's abort callback reads
+ * stdin between its graph nodes, so STOP / CANCEL / PING are served within one
+ * ubatch (engine_decode_abort).
  * stdout carries only protocol frames; llama.cpp's logs go to stderr.
  */
 #include <errno.h>
@@ -26,6 +27,7 @@ typedef struct options {
     const char *model;
     int slots, ctx, pins, threads, score_seqs;
     int ubatch;         /* --ubatch: llama.cpp's physical batch, the cancellation grain */
+    int chunk;          /* --chunk: a request's rows in a shared decode */
     int score_cache_mb; /* --score-cache-mb: SCORE results kept between requests */
     uint32_t seed;
     int kv_f16;     /* --kv-type f16: half the KV memory, logprobs off by ~1e-3 */
@@ -41,7 +43,7 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: serveproto-llama --model PATH [--slots N] [--ctx N] [--pin-slots N]\n"
-            "                        [--threads N] [--score-seqs N] [--ubatch N] [--seed N] [--kv-type f32|f16]\n"
+            "                        [--threads N] [--score-seqs N] [--ubatch N] [--chunk N] [--seed N] [--kv-type f32|f16]\n"
             "                        [--numerics invariant|fast] [--score-cache-mb N] [--flash-attn]\n"
             "                        [--float-digits 9..17] [--splice-check] [--verbose]\n"
             "                        [--split-mode none|layer|row] [--tensor-split A,B,...] [--main-gpu N]\n"
@@ -65,8 +67,8 @@ static int parse_int_arg(const char *name, const char *v, int lo, int hi, int *o
 static int parse_options(int argc, char **argv, options *o)
 {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    *o = (options){ .slots = ENGINE_DEFAULT_SLOTS, .pins = ENGINE_DEFAULT_PINS, .threads = ncpu > 0 ? (int)ncpu : 1,
-                    .score_seqs = ENGINE_SCORE_SEQS, .ubatch = ENGINE_UBATCH, .seed = 42, .score_cache_mb = ENGINE_SCORE_CACHE_MB };
+    *o = (options){ .slots = 0, .pins = ENGINE_DEFAULT_PINS, .threads = ncpu > 0 ? (int)ncpu : 1,
+                    .score_seqs = ENGINE_SCORE_SEQS, .ubatch = ENGINE_UBATCH, .chunk = ENGINE_CHUNK, .seed = 42, .score_cache_mb = ENGINE_SCORE_CACHE_MB };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -105,6 +107,8 @@ static int parse_options(int argc, char **argv, options *o)
             rc = parse_int_arg(a, v, 1, 255, &o->score_seqs);
         else if (!strcmp(a, "--ubatch"))
             rc = parse_int_arg(a, v, 1, 2048, &o->ubatch);
+        else if (!strcmp(a, "--chunk"))
+            rc = parse_int_arg(a, v, 1, 2048, &o->chunk);
         else if (!strcmp(a, "--kv-type")) {
             if (strcmp(v, "f32") && strcmp(v, "f16")) {
                 fprintf(stderr, "serveproto-llama: --kv-type must be f32 or f16, got '%s'\n", v);
@@ -148,6 +152,11 @@ static int parse_options(int argc, char **argv, options *o)
 static char g_log_tail[4096];
 static int g_log_verbose;
 static int g_log_aborting; /* a decode is being aborted: its warnings are expected, not shown */
+
+void engine_log_aborting(int on)
+{
+    g_log_aborting = on;
+}
 
 static void log_cb(enum ggml_log_level level, const char *text, void *ud)
 {
@@ -216,6 +225,36 @@ static void model_name(const char *path, char *out, size_t cap)
         snprintf(out, cap, "model");
 }
 
+/* --slots unset: as many slots as the KV cache of n_ctx cells each (plus
+ * SCORE's scratch share) fits in 1/ENGINE_AUTO_KV_SHARE of the memory free now
+ * (the host's; a GPU build's first GPU's), at least 1, at most
+ * ENGINE_AUTO_SLOTS_MAX. A slot's cells: n_layer * (K + V) widths * the KV
+ * type's bytes (an estimate from the model's shape: n_embd / n_head per head). */
+static int auto_slots(engine *e, const options *o)
+{
+    int n_layer = llama_model_n_layer(e->model), n_head = llama_model_n_head(e->model);
+    int n_head_kv = llama_model_n_head_kv(e->model), n_embd = llama_model_n_embd(e->model);
+    double per_token = (double)n_layer * 2.0 * (n_head > 0 ? (double)n_embd / n_head : 0.0) * n_head_kv *
+                       (o->kv_f16 ? 2.0 : 4.0);
+    double per_slot = per_token * e->n_ctx;
+    double avail = (double)model_mem_available();
+    if (llama_supports_gpu_offload()) {
+        for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+            ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+            if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_GPU) {
+                size_t free_b = 0, total_b = 0;
+                ggml_backend_dev_memory(dev, &free_b, &total_b);
+                avail = (double)free_b;
+                break;
+            }
+        }
+    }
+    if (per_slot <= 0 || avail <= 0)
+        return 1;
+    int n = (int)(avail / ENGINE_AUTO_KV_SHARE / per_slot) - 1; /* one share is SCORE's scratch */
+    return n < 1 ? 1 : n > ENGINE_AUTO_SLOTS_MAX ? ENGINE_AUTO_SLOTS_MAX : n;
+}
+
 static int load(engine *e, options *o)
 {
     /* io / format are told apart before llama.cpp sees the file. */
@@ -256,6 +295,10 @@ static int load(engine *e, options *o)
         mp.use_extra_bufts = false;
         /* read when llama.cpp creates the CPU backend (llama/patches/0001) */
         setenv("GGML_CPU_USE_REF", "1", 1);
+        /* a sequence's new cells above its old ones (llama/patches/0003), so
+         * its cells lie in position order whatever other slots freed; a value
+         * the user set is kept (LLAMA_KV_CELLS_IN_ORDER=0 shows what it buys) */
+        setenv("LLAMA_KV_CELLS_IN_ORDER", "1", 0);
     }
     g_log_tail[0] = '\0';
     e->model = llama_model_load_from_file(o->model, mp);
@@ -270,13 +313,14 @@ static int load(engine *e, options *o)
     e->n_vocab = llama_vocab_n_tokens(e->vocab);
     int train = llama_model_n_ctx_train(e->model);
     e->n_ctx = o->ctx ? o->ctx : (train > 0 && train < ENGINE_DEFAULT_CTX ? train : ENGINE_DEFAULT_CTX);
-    e->n_slots = o->slots;
+    e->slots_auto = o->slots == 0;
+    e->n_slots = o->slots ? o->slots : auto_slots(e, o);
     e->n_pins = o->pins;
     e->n_score_seqs = o->score_seqs < 256 - o->slots ? o->score_seqs : 256 - o->slots;
     e->n_batch = e->n_ctx < 2048 ? e->n_ctx : 2048;
 
     e->n_ubatch = e->n_batch < o->ubatch ? e->n_batch : o->ubatch;
-    e->n_chunk = e->n_ubatch;
+    e->n_chunk = o->chunk < e->n_ubatch ? o->chunk : e->n_ubatch;
     e->seed = o->seed;
     e->splice_check = o->splice_check;
     model_name(o->model, e->model_name, sizeof e->model_name);
@@ -321,9 +365,8 @@ static int load(engine *e, options *o)
 
     e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
     e->snaps = calloc((size_t)e->n_pins, sizeof *e->snaps);
-    e->pred_buf = malloc((size_t)e->n_vocab * sizeof *e->pred_buf);
     e->cand = malloc((size_t)e->n_vocab * sizeof *e->cand);
-    int ok = e->slots && e->snaps && e->pred_buf && e->cand;
+    int ok = e->slots && e->snaps && e->cand;
     for (int s = 0; ok && s < e->n_slots; s++)
         ok = (e->slots[s].tokens = malloc((size_t)e->n_ctx * sizeof(llama_token))) != NULL;
     if (!ok)
@@ -354,7 +397,6 @@ static void engine_free(engine *e)
         }
     free(e->slots);
     free(e->snaps);
-    free(e->pred_buf);
     free(e->cand);
     free(e->echo_rows);
     free(e->echo_lse);
@@ -372,8 +414,9 @@ static void engine_free(engine *e)
         llama_free(e->ctx);
     if (e->model)
         llama_model_free(e->model);
-    for (int i = 0; i < e->n_queue; i++)
-        sp_request_free(&e->queue[i].rq);
+    for (int i = 0; i < ENGINE_QUEUE_MAX; i++)
+        if (e->tasks[i].used)
+            task_end(e, &e->tasks[i]);
     sp_reader_free(&e->rd);
     sp_writer_free(&e->w);
 }
@@ -382,9 +425,10 @@ static void handshake(engine *e)
 {
     char caps[2048];
     snprintf(caps, sizeof caps,
-             "chat=1 slots=%d n_ctx=%d n_vocab=%d model=%s pin_slots=%d max_logprobs=%d x_score=1 x_counters=1 x_health=1 x_numerics=%s%s",
-             e->n_slots, e->n_ctx, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS, e->numerics,
-             e->devices_caps);
+             "chat=1 slots=%d n_ctx=%d n_vocab=%d model=%s pin_slots=%d max_logprobs=%d x_score=1 x_counters=1 x_health=1 "
+             "x_numerics=%s x_batched=1 n_ubatch=%d n_chunk=%d%s",
+             e->n_slots, e->n_ctx, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS, e->numerics, e->n_ubatch,
+             e->n_chunk, e->devices_caps);
     sp_write_ready(&e->w);
     sp_write_caps(&e->w, caps);
     double stat[4] = { 0.0, 0.0, 0.0, rss_gb() };
@@ -393,26 +437,19 @@ static void handshake(engine *e)
 
 /* ---- frames in ---- */
 
-static int find_queued(engine *e, uint64_t id)
+static task *find_task(engine *e, uint64_t id)
 {
-    for (int i = 0; i < e->n_queue; i++)
-        if (e->queue[i].rq.id == id)
-            return i;
-    return -1;
-}
-
-static void remove_queued(engine *e, int i)
-{
-    sp_request_free(&e->queue[i].rq);
-    memmove(&e->queue[i], &e->queue[i + 1], (size_t)(e->n_queue - i - 1) * sizeof e->queue[0]);
-    e->n_queue--;
+    for (int i = 0; i < ENGINE_QUEUE_MAX; i++)
+        if (e->tasks[i].used && e->tasks[i].rq.id == id)
+            return &e->tasks[i];
+    return NULL;
 }
 
 /* Takes one parsed request frame: control frames are answered now, work is
- * queued (or refused). Takes ownership of *rq. */
+ * made a task (or refused). Takes ownership of *rq. */
 static void dispatch(engine *e, sp_request *rq)
 {
-    int i = find_queued(e, rq->id);
+    task *t = find_task(e, rq->id);
     switch (rq->kind) {
     case SP_SUBMIT:
     case SP_SCORE:
@@ -420,7 +457,7 @@ static void dispatch(engine *e, sp_request *rq)
             e->skip_submit_id = 0; /* its IMAGE was already refused */
             break;
         }
-        if (i >= 0) {
+        if (t) {
             sp_write_error(&e->w, rq->id, "DUPLICATE_ID", "id %llu is in flight", (unsigned long long)rq->id);
             break;
         }
@@ -429,19 +466,26 @@ static void dispatch(engine *e, sp_request *rq)
                            (unsigned long long)rq->slot, e->n_slots - 1);
             break;
         }
-        for (int j = 0; j < e->n_queue; j++)
-            if (e->queue[j].rq.slot == rq->slot) {
+        for (int j = 0; j < ENGINE_QUEUE_MAX; j++)
+            if (e->tasks[j].used && e->tasks[j].rq.slot == rq->slot) {
                 sp_write_error(&e->w, rq->id, "SLOT_BUSY", "slot %llu is serving request %llu",
-                               (unsigned long long)rq->slot, (unsigned long long)e->queue[j].rq.id);
+                               (unsigned long long)rq->slot, (unsigned long long)e->tasks[j].rq.id);
                 goto done;
             }
-        if (e->n_queue == ENGINE_QUEUE_MAX) {
+        for (int j = 0; j < ENGINE_QUEUE_MAX; j++)
+            if (!e->tasks[j].used) {
+                t = &e->tasks[j];
+                break;
+            }
+        if (!t) {
             sp_write_error(&e->w, rq->id, "BAD_REQUEST", "too many requests in flight (%d)", ENGINE_QUEUE_MAX);
             break;
         }
-        e->queue[e->n_queue].rq = *rq;
-        e->queue[e->n_queue].stop = 0;
-        e->n_queue++;
+        memset(t, 0, sizeof *t);
+        t->used = 1;
+        t->rq = *rq;
+        t->arrival = ++e->arrivals;
+        e->n_tasks++;
         memset(rq, 0, sizeof *rq);
         return;
     case SP_IMAGE:
@@ -452,27 +496,32 @@ static void dispatch(engine *e, sp_request *rq)
         sp_write_error(&e->w, rq->id, "NOT_SUPPORTED", "this engine has no decision mode (decide=0)");
         break;
     case SP_STOP:
-        if (i < 0)
+        if (!t)
             sp_write_error(&e->w, rq->id, "NOT_FOUND", "no request %llu in flight", (unsigned long long)rq->id);
         else
-            e->queue[i].stop = 1;
+            t->stop = 1;
         break;
     case SP_CANCEL:
-        if (i < 0)
+        if (!t) {
             sp_write_error(&e->w, rq->id, "NOT_FOUND", "no request %llu in flight", (unsigned long long)rq->id);
-        else if (i == 0 && e->running)
-            e->cancel_running = 1;
-        else {
+        } else if (!t->started) {
+            /* holds nothing yet: answered at once, even inside a decode */
             sp_write_error(&e->w, rq->id, "CANCELLED", "cancelled before it ran");
-            remove_queued(e, i);
+            task_end(e, t);
+        } else {
+            /* answered by the scheduler between decodes; a decode that has
+             * its rows aborts now (the others in it retry their chunks) */
+            t->cancel = 1;
+            if (e->in_decode && t->rows > 0)
+                e->abort_decode = 1;
         }
         break;
     case SP_PING:
-        if (i >= 0) {
+        if (t) {
             sp_write_error(&e->w, rq->id, "DUPLICATE_ID", "id %llu is in flight", (unsigned long long)rq->id);
         } else {
             char f[64];
-            snprintf(f, sizeof f, "active=%d", e->n_queue);
+            snprintf(f, sizeof f, "active=%d", e->n_tasks);
             sp_write_pong(&e->w, rq->id, f);
         }
         break;
@@ -538,26 +587,26 @@ static uint64_t now_us(void)
 /* llama.cpp's abort callback (llama_set_abort_callback). The CPU backend calls
  * it on the calling thread after every node of the graph it computes, so
  * within one ubatch: here stdin is read without blocking (at most every
- * ENGINE_POLL_US), PING answered, STOP recorded, and a CANCEL of the running
- * request aborts the decode. llama_decode then returns 2 after removing the
- * aborted ubatch's positions from each sequence of its tokens' first seq id;
- * ubatches already computed stay in the cache, and the request's own code
- * puts the slot and the scratch sequences right (submit.c, score.c). A GPU
+ * ENGINE_POLL_US), PING answered, STOP recorded, and a CANCEL of a task with
+ * rows in the running decode aborts it. llama_decode then returns 2 after
+ * removing the aborted ubatch's positions from each sequence of its tokens'
+ * first seq id; ubatches already computed stay in the cache, and each task of
+ * the decode puts its slot and scratch sequences right (sched.c: undo). A GPU
  * backend does not call it: there the checks between decodes remain. */
 bool engine_decode_abort(void *data)
 {
     engine *e = data;
-    if (!e->running)
+    if (!e->in_decode)
         return false;
-    if (!e->cancel_running) {
+    if (!e->abort_decode) {
         uint64_t t = now_us();
         if (t - e->polled_us < ENGINE_POLL_US)
             return false;
         e->polled_us = t;
         engine_poll(e);
     }
-    g_log_aborting = e->cancel_running;
-    return e->cancel_running != 0;
+    g_log_aborting = e->abort_decode;
+    return e->abort_decode != 0;
 }
 
 int main(int argc, char **argv)
@@ -583,25 +632,24 @@ int main(int argc, char **argv)
     }
     handshake(&e);
     while (!e.w.failed) {
-        if (e.n_queue > 0) {
-            e.running = 1;
-            e.cancel_running = 0;
-            if (e.queue[0].rq.kind == SP_SCORE)
-                serve_score(&e, &e.queue[0]);
-            else
-                serve_submit(&e, &e.queue[0]);
-            e.running = 0;
-            e.cancel_running = 0;
-            g_log_aborting = 0;
-            remove_queued(&e, 0);
+        engine_poll(&e);
+        if (sched_step(&e))
+            continue;
+        if (e.n_tasks > 0) {
+            /* tasks that cannot run are a bug: answer them rather than spin */
+            for (int i = 0; i < ENGINE_QUEUE_MAX; i++)
+                if (e.tasks[i].used) {
+                    fprintf(stderr, "serveproto-llama: request %llu cannot make progress\n",
+                            (unsigned long long)e.tasks[i].rq.id);
+                    sp_write_error(&e.w, e.tasks[i].rq.id, "BAD_REQUEST", "the engine could not schedule it");
+                    task_end(&e, &e.tasks[i]);
+                }
             continue;
         }
-        drain(&e);
-        if (e.n_queue > 0)
-            continue;
         if (e.in_eof)
             break;
         fill(&e);
+        drain(&e);
     }
     int rc = e.w.failed ? 1 : 0;
     if (e.w.failed)

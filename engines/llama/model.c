@@ -166,7 +166,7 @@ void batch_add(struct llama_batch *b, llama_token tok, int pos, const int *seqs,
 
 /* Runs the engine's batch through llama_decode. Returns 0, or -1 with
  * *err_code set to llama_decode's status (1: no room in the KV cache for the
- * batch, MODEL_DECODE_CANCELLED: the running request was cancelled, < 0: an
+ * batch, MODEL_DECODE_CANCELLED: a request in the batch was cancelled, < 0: an
  * error), failures logged to stderr. */
 int model_decode(engine *e, int *err_code)
 {
@@ -174,7 +174,7 @@ int model_decode(engine *e, int *err_code)
     if (rc == 0)
         return 0;
     *err_code = rc;
-    if (rc == MODEL_DECODE_CANCELLED && e->cancel_running)
+    if (rc == MODEL_DECODE_CANCELLED && e->abort_decode)
         return -1;
     fprintf(stderr, "serveproto-llama: llama_decode of %d tokens failed (%d)\n", e->batch.n_tokens, rc);
     return -1;
@@ -192,4 +192,20 @@ double rss_gb(void)
     if (!ok)
         return 0.0;
     return (double)res * (double)sysconf(_SC_PAGESIZE) / 1e9;
+}
+
+/* Memory available to new allocations in bytes (MemAvailable of
+ * /proc/meminfo); 0 when unknown. */
+uint64_t model_mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+            break;
+    fclose(f);
+    return (uint64_t)kb * 1024u;
 }

@@ -15,6 +15,11 @@
  * one token cost no position beyond their stem (the stem's last logits hold
  * them). More options than scratch sequences, or more nodes than one batch,
  * spill into further chunks, each one llama_decode.
+ *
+ * A SCORE is a task of the scheduler (sched.c): its trunk is prefilled in
+ * chunks like a SUBMIT's prompt, then each trie chunk is one fill of the
+ * batch, its nodes after the other tasks' rows and its scratch sequences
+ * those the batch has not given to another SCORE.
  */
 #include <math.h>
 #include <stdio.h>
@@ -173,147 +178,6 @@ out:
     return rc;
 }
 
-/* Brings the trunk into the slot's sequence and the logits of its last
- * position into e->pred_buf (when trunk > 0). Returns the positions computed,
- * or -1 after answering an ERROR. */
-static int load_trunk(engine *e, uint64_t id, int slot, const option_tokens *o0, int trunk, reuse_info *ri)
-{
-    int stale = 0, base;
-    const llama_token *toks = o0->toks;
-    ri->snapshot = "none";
-    ri->reused = 0;
-    if (trunk == 0) {
-        slot_truncate(e, slot, 0);
-        return 0;
-    }
-    snapshot *snap = snapshot_find(e, toks, trunk, trunk, &stale);
-    ri->snapshot = snap ? "hit" : stale ? "stale" : "none";
-    if (snap && snap->n == trunk) {
-        slot_restore(e, slot, snap);
-        memcpy(e->pred_buf, snap->logits, (size_t)e->n_vocab * sizeof(float));
-        ri->reused = trunk;
-        return 0;
-    }
-    /* the live rows have no logits: the trunk's last position is recomputed */
-    base = slot_resume(e, slot, toks, trunk, snap);
-    ri->reused = base;
-    for (int a = base; a < trunk;) {
-        int b = a + e->n_chunk < trunk ? a + e->n_chunk : trunk;
-        batch_clear(&e->batch);
-        for (int i = a; i < b; i++)
-            batch_add(&e->batch, toks[i], i, &slot, 1, i == trunk - 1);
-        int rc;
-        if (model_decode(e, &rc) != 0) {
-            if (rc == MODEL_DECODE_CANCELLED && e->cancel_running) {
-                /* one ubatch per decode: llama.cpp dropped its rows, the slot
-                 * keeps the positions computed before it */
-                llama_memory_seq_rm(llama_get_memory(e->ctx), slot, e->slots[slot].n, -1);
-                sp_write_error(&e->w, id, "CANCELLED", "cancelled");
-                return -1;
-            }
-            slot_truncate(e, slot, 0);
-            sp_write_error(&e->w, id, "BAD_REQUEST", "llama_decode of the prefix failed (%d)", rc);
-            return -1;
-        }
-        slot_append(e, slot, toks + a, b - a);
-        if (b == trunk)
-            memcpy(e->pred_buf, llama_get_logits_ith(e->ctx, b - 1 - a), (size_t)e->n_vocab * sizeof(float));
-        a = b;
-    }
-    return trunk - base;
-}
-
-/* Scores options idx[first .. last) of the job in one llama_decode, keeping
- * their logprobs in ot->lps (and in the score cache). trie is scratch of
- * n_batch entries. Returns the positions computed, or -1 after answering an
- * ERROR. */
-static int run_chunk(engine *e, uint64_t id, int slot, score_job *job, const int *idx, int first, int last,
-                     trie_node *trie, double pred_lse)
-{
-    llama_memory_t mem = llama_get_memory(e->ctx);
-    struct llama_batch *b = &e->batch;
-    const int trunk = job->trunk;
-    batch_clear(b);
-    for (int q = 0; q < last - first; q++) {
-        option_tokens *ot = &job->opts[idx[first + q]];
-        int seq = e->n_slots + q, cur = -1;
-        /* the option's last token predicts nothing: it is never computed, so a
-         * one-token option costs no position at all */
-        for (int p = trunk; p < ot->n - 1; p++) {
-            int node = cur < 0 ? -1 : trie[cur].first_child;
-            if (cur < 0) {
-                /* roots: nodes at position trunk */
-                for (int i = 0; i < b->n_tokens && node < 0; i++)
-                    if (b->pos[i] == trunk && b->token[i] == ot->toks[p])
-                        node = i;
-            } else {
-                while (node >= 0 && b->token[node] != ot->toks[p])
-                    node = trie[node].next_sibling;
-            }
-            if (node < 0) {
-                node = b->n_tokens;
-                batch_add(b, ot->toks[p], p, &seq, 1, 0);
-                trie[node].first_child = -1;
-                trie[node].next_sibling = cur < 0 ? -1 : trie[cur].first_child;
-                trie[node].lse = NAN;
-                if (cur >= 0)
-                    trie[cur].first_child = node;
-            } else {
-                b->seq_id[node][b->n_seq_id[node]++] = seq;
-            }
-            if (p >= ot->ctx - 1 && p <= ot->n - 2)
-                b->logits[node] = 1;
-            ot->path[p - trunk] = node;
-            cur = node;
-        }
-    }
-    int computed = b->n_tokens, rc = 0;
-    for (int q = 0; computed > 0 && q < last - first; q++) {
-        llama_memory_seq_rm(mem, e->n_slots + q, -1, -1);
-        if (trunk > 0)
-            llama_memory_seq_cp(mem, slot, e->n_slots + q, 0, trunk);
-    }
-    if (computed > 0 && model_decode(e, &rc) != 0) {
-        /* the trie's rows live in the scratch sequences only (the slot's
-         * sequence is never in this batch): dropping them whole undoes a
-         * failed or cancelled decode, the ubatches it finished included */
-        for (int q = 0; q < last - first; q++)
-            llama_memory_seq_rm(mem, e->n_slots + q, -1, -1);
-        if (rc == MODEL_DECODE_CANCELLED && e->cancel_running)
-            sp_write_error(&e->w, id, "CANCELLED", "cancelled");
-        else
-            sp_write_error(&e->w, id, "BAD_REQUEST", rc == 1 ? "the KV cache has no room for the options"
-                                                              : "llama_decode of the options failed");
-        return -1;
-    }
-    for (int j = first; j < last; j++) {
-        option_tokens *ot = &job->opts[idx[j]];
-        double *lps = ot->lps;
-        int n = 0;
-        for (int p = ot->ctx; p < ot->n; p++) {
-            int prev = p - 1;
-            const float *logits;
-            double lse;
-            if (prev == trunk - 1) {
-                logits = e->pred_buf;
-                lse = pred_lse;
-            } else {
-                int node = ot->path[prev - trunk];
-                logits = llama_get_logits_ith(e->ctx, node);
-                if (isnan(trie[node].lse))
-                    trie[node].lse = model_logsumexp(logits, e->n_vocab);
-                lse = trie[node].lse;
-            }
-            lps[n++] = (double)logits[ot->toks[p]] - lse;
-        }
-        ot->n_lps = n;
-        score_cache_put(&e->scores, &ot->key, ot->ctx, lps, n);
-    }
-    for (int q = 0; q < last - first; q++)
-        llama_memory_seq_rm(mem, e->n_slots + q, -1, -1);
-    return computed;
-}
-
 /* Nodes option idx[j] would add to a trie already holding options
  * idx[first .. j): its positions up to its last but one (the last is never
  * computed) after the longest prefix it shares with the nodes already there. */
@@ -332,114 +196,368 @@ static int new_nodes(const score_job *job, const int *idx, int first, int j)
     return ot->n - 1 > shared ? ot->n - 1 - shared : 0;
 }
 
-void serve_score(engine *e, pending *p)
-{
-    sp_request *rq = &p->rq;
-    const int slot = (int)rq->slot;
+typedef struct score_state {
     score_job job;
-    int pin = 0;
-    char msg[SP_REASON_MAX];
-    if (job_parse(e, rq, &job, &pin, msg, sizeof msg) != 0) {
-        sp_write_error(&e->w, rq->id, "BAD_REQUEST", "%s", msg);
+    int pin;
+    int *todo, *cached;  /* options to compute, options answered from the score cache */
+    int n_todo, n_cached;
+    trie_node *trie;     /* n_batch entries: the trie of the chunk in the running decode */
+    float *pred;         /* n_vocab: the logits of the trunk's last position */
+    double pred_lse;
+    int trunk_a;         /* the next trunk position to compute; job.trunk: loaded */
+    int trunk_b;         /* the end of the trunk chunk in the running decode */
+    int first, last;     /* todo[first .. last): the trie chunk in the running decode */
+    int seq0;            /* its options' scratch sequences: seq0 + q */
+    reuse_info ri;
+    int stale;
+    int computed, reused_nodes;
+} score_state;
+
+void score_free(engine *e, task *t)
+{
+    (void)e;
+    score_state *st = t->st;
+    if (!st)
         return;
+    free(st->trie);
+    free(st->todo);
+    free(st->cached);
+    free(st->pred);
+    job_free(&st->job);
+    free(st);
+    t->st = NULL;
+}
+
+/* One SCORED per option in request order (spec 9.1), DONE; ends the task. */
+static void finish(engine *e, task *t)
+{
+    score_state *st = t->st;
+    for (int j = 0; j < st->job.n_opts; j++) {
+        const option_tokens *ot = &st->job.opts[j];
+        sp_write_scored(&e->w, t->rq.id, (uint64_t)ot->group, (uint64_t)ot->index, (uint64_t)ot->ctx, ot->n_lps, ot->lps);
+    }
+    sp_done d = { 0 };
+    d.prompt_tokens = (uint64_t)st->job.longest;
+    d.rss_gb = rss_gb();
+    d.has_counters = 1;
+    d.computed = (uint64_t)st->computed;
+    d.reused = (uint64_t)(st->ri.reused + st->reused_nodes);
+    d.snapshot = st->ri.snapshot;
+    sp_write_done(&e->w, t->rq.id, &d);
+    task_end(e, t);
+}
+
+/* The trunk is in the slot and its last logits in st->pred: the pin's
+ * snapshot, the trie's turn (or the end when every option was cached). */
+static void trunk_loaded(engine *e, task *t)
+{
+    score_state *st = t->st;
+    const int trunk = st->job.trunk;
+    st->trunk_a = trunk;
+    if (st->pin && trunk > 0)
+        snapshot_take(e, (int)t->rq.slot, st->job.opts[0].toks, trunk, st->pred);
+    st->pred_lse = trunk > 0 && st->n_todo > 0 ? model_logsumexp(st->pred, e->n_vocab) : NAN;
+}
+
+int score_start(engine *e, task *t)
+{
+    sp_request *rq = &t->rq;
+    const int slot = (int)rq->slot;
+    char msg[SP_REASON_MAX];
+    score_state *st = calloc(1, sizeof *st);
+    if (!st) {
+        sp_write_error(&e->w, rq->id, "BAD_REQUEST", "out of memory");
+        return -1;
+    }
+    t->st = st;
+    score_job *job = &st->job;
+    if (job_parse(e, rq, job, &st->pin, msg, sizeof msg) != 0) {
+        sp_write_error(&e->w, rq->id, "BAD_REQUEST", "%s", msg);
+        return -1;
     }
     const int cap_nodes = e->n_batch < e->n_ctx ? e->n_batch : e->n_ctx;
-    /* options to compute, and options answered from the score cache */
-    int *todo = malloc((size_t)job.n_opts * sizeof *todo), *cached = malloc((size_t)job.n_opts * sizeof *cached);
-    trie_node *trie = malloc((size_t)e->n_batch * sizeof *trie);
-    if (!todo || !cached || !trie) {
+    st->todo = malloc((size_t)job->n_opts * sizeof *st->todo);
+    st->cached = malloc((size_t)job->n_opts * sizeof *st->cached);
+    st->trie = malloc((size_t)e->n_batch * sizeof *st->trie);
+    st->pred = malloc((size_t)e->n_vocab * sizeof *st->pred);
+    if (!st->todo || !st->cached || !st->trie || !st->pred) {
         sp_write_error(&e->w, rq->id, "BAD_REQUEST", "out of memory");
-        goto out;
+        return -1;
     }
     /* every option's key continues the trunk's hash: the trunk is hashed once */
     score_key trunk_key;
     score_key_init(&trunk_key);
-    score_key_add(&trunk_key, job.opts[0].toks, job.trunk);
-    int n_todo = 0, n_cached = 0;
-    for (int j = 0; j < job.n_opts; j++) {
-        option_tokens *ot = &job.opts[j];
-        if (ot->n - job.trunk > cap_nodes) {
+    score_key_add(&trunk_key, job->opts[0].toks, job->trunk);
+    for (int j = 0; j < job->n_opts; j++) {
+        option_tokens *ot = &job->opts[j];
+        if (ot->n - job->trunk > cap_nodes) {
             sp_write_error(&e->w, rq->id, "BAD_REQUEST", "groups[%d].options[%d]: the text does not fit one batch of %d",
                            ot->group, ot->index, cap_nodes);
-            goto out;
+            return -1;
         }
-        ot->path = malloc((size_t)(ot->n - job.trunk + 1) * sizeof(int));
+        ot->path = malloc((size_t)(ot->n - job->trunk + 1) * sizeof(int));
         ot->lps = malloc(ENGINE_MAX_SCORED * sizeof(double));
         if (!ot->path || !ot->lps) {
             sp_write_error(&e->w, rq->id, "BAD_REQUEST", "out of memory");
-            goto out;
+            return -1;
         }
         ot->key = trunk_key;
-        score_key_add(&ot->key, ot->toks + job.trunk, ot->n - job.trunk);
+        score_key_add(&ot->key, ot->toks + job->trunk, ot->n - job->trunk);
         ot->n_lps = score_cache_get(&e->scores, &ot->key, ot->ctx, ot->lps, ENGINE_MAX_SCORED);
         if (ot->n_lps >= 0)
-            cached[n_cached++] = j;
+            st->cached[st->n_cached++] = j;
         else
-            todo[n_todo++] = j;
+            st->todo[st->n_todo++] = j;
     }
-    sp_write_accept(&e->w, rq->id, (uint64_t)job.longest);
+    sp_write_accept(&e->w, rq->id, (uint64_t)job->longest);
 
     /* the positions the cached options would have needed count as reused */
-    int reused_nodes = 0;
-    for (int j = 0; j < n_cached; j++)
-        reused_nodes += new_nodes(&job, cached, 0, j);
+    for (int j = 0; j < st->n_cached; j++)
+        st->reused_nodes += new_nodes(job, st->cached, 0, j);
 
-    reuse_info ri = { 0, "none" };
-    int computed = 0, stale = 0;
+    const int trunk = job->trunk;
     const snapshot *pinned = NULL;
-    if (n_todo == 0 && job.trunk > 0)
-        pinned = snapshot_find(e, job.opts[0].toks, job.trunk, job.trunk, &stale);
-    if (n_todo > 0 || (pin && job.trunk > 0 && !(pinned && pinned->n == job.trunk))) {
-        computed = load_trunk(e, rq->id, slot, &job.opts[0], job.trunk, &ri);
-        if (computed < 0)
-            goto out;
-        if (stale && !strcmp(ri.snapshot, "none"))
-            ri.snapshot = "stale"; /* released by the lookup above */
-        if (pin && job.trunk > 0)
-            snapshot_take(e, slot, job.opts[0].toks, job.trunk, e->pred_buf);
-    } else {
+    st->ri.snapshot = "none";
+    if (st->n_todo == 0 && trunk > 0)
+        pinned = snapshot_find(e, job->opts[0].toks, trunk, trunk, &st->stale);
+    if (!(st->n_todo > 0 || (st->pin && trunk > 0 && !(pinned && pinned->n == trunk)))) {
         /* every option answered from the cache: the trunk is not touched */
-        ri.reused = job.trunk;
-        ri.snapshot = pinned ? "hit" : stale ? "stale" : "none";
+        st->ri.reused = trunk;
+        st->ri.snapshot = pinned ? "hit" : st->stale ? "stale" : "none";
+        finish(e, t);
+        return 0;
     }
-    double pred_lse = job.trunk > 0 && n_todo > 0 ? model_logsumexp(e->pred_buf, e->n_vocab) : NAN;
+    /* the trunk: from a snapshot of exactly it, else the slot's live prefix
+     * or a shallower snapshot and the rest computed (the live rows have no
+     * logits: the trunk's last position is always recomputed) */
+    int stale = 0;
+    if (trunk == 0) {
+        slot_truncate(e, slot, 0);
+        trunk_loaded(e, t);
+    } else {
+        snapshot *snap = snapshot_find(e, job->opts[0].toks, trunk, trunk, &stale);
+        st->ri.snapshot = snap ? "hit" : stale ? "stale" : "none";
+        if (snap && snap->n == trunk) {
+            slot_restore(e, slot, snap);
+            memcpy(st->pred, snap->logits, (size_t)e->n_vocab * sizeof(float));
+            st->ri.reused = trunk;
+            trunk_loaded(e, t);
+        } else {
+            st->trunk_a = slot_resume(e, slot, job->opts[0].toks, trunk, snap);
+            st->ri.reused = st->trunk_a;
+        }
+    }
+    if (st->stale && !strcmp(st->ri.snapshot, "none"))
+        st->ri.snapshot = "stale"; /* released by the lookup above */
+    if (st->trunk_a == trunk && st->n_todo == 0)
+        finish(e, t);
+    return 0;
+}
 
-    for (int first = 0; first < n_todo;) {
-        int last = first, nodes = 0;
-        while (last < n_todo && last - first < e->n_score_seqs) {
-            int add = new_nodes(&job, todo, first, last);
-            if (nodes + add > cap_nodes)
-                break;
-            nodes += add;
-            last++;
+/* Options todo[first .. last) that fit `budget` nodes and `seqs` scratch
+ * sequences; *nodes: their nodes. A chunk cut by the budget ends at a
+ * question's end when it holds a whole question: the next chunk would
+ * compute the cut question's stem again. */
+static int pack(const score_state *st, int budget, int seqs, int *nodes)
+{
+    const score_job *job = &st->job;
+    int last = st->first, sum = 0, cut = -1, sum_cut = 0;
+    while (last < st->n_todo && last - st->first < seqs) {
+        int add = new_nodes(job, st->todo, st->first, last);
+        if (sum + add > budget)
+            break;
+        if (last > st->first && job->opts[st->todo[last]].group != job->opts[st->todo[last - 1]].group) {
+            cut = last;
+            sum_cut = sum;
         }
-        int c = run_chunk(e, rq->id, slot, &job, todo, first, last, trie, pred_lse);
-        if (c < 0)
-            goto out;
-        computed += c;
-        first = last;
-        engine_poll(e);
-        if (e->cancel_running) {
-            sp_write_error(&e->w, rq->id, "CANCELLED", "cancelled");
-            goto out;
+        sum += add;
+        last++;
+    }
+    if (last < st->n_todo && cut > st->first &&
+        job->opts[st->todo[last]].group == job->opts[st->todo[last - 1]].group) {
+        last = cut;
+        sum = sum_cut;
+    }
+    *nodes = sum;
+    return last;
+}
+
+int score_unit(engine *e, task *t)
+{
+    score_state *st = t->st;
+    if (st->trunk_a < st->job.trunk)
+        return 1;
+    int nodes;
+    (void)e;
+    pack(st, 1 << 30, 1, &nodes);
+    return nodes > 0 ? nodes : 1;
+}
+
+int score_want(engine *e, task *t)
+{
+    score_state *st = t->st;
+    if (st->trunk_a < st->job.trunk)
+        return st->job.trunk - st->trunk_a;
+    int nodes;
+    pack(st, e->n_ubatch, e->n_score_seqs, &nodes);
+    return nodes > 0 ? nodes : 1;
+}
+
+/* Adds a trunk chunk, or the trie of the next options that fit. */
+int score_fill(engine *e, task *t, int budget, int seqs)
+{
+    score_state *st = t->st;
+    score_job *job = &st->job;
+    int slot = (int)t->rq.slot;
+    struct llama_batch *b = &e->batch;
+    const int trunk = job->trunk;
+    if (st->trunk_a < trunk) {
+        st->trunk_b = st->trunk_a + budget < trunk ? st->trunk_a + budget : trunk;
+        for (int i = st->trunk_a; i < st->trunk_b; i++)
+            batch_add(b, job->opts[0].toks[i], i, &slot, 1, i == trunk - 1);
+        return st->trunk_b - st->trunk_a;
+    }
+    if (seqs < 1)
+        return 0;
+    int nodes;
+    st->last = pack(st, budget, seqs, &nodes);
+    if (st->last == st->first)
+        return 0;
+    st->seq0 = e->n_slots + e->scratch_used;
+    e->scratch_used += st->last - st->first;
+    const int row0 = b->n_tokens;
+    trie_node *trie = st->trie;
+    for (int q = 0; q < st->last - st->first; q++) {
+        option_tokens *ot = &job->opts[st->todo[st->first + q]];
+        int seq = st->seq0 + q, cur = -1;
+        /* the option's last token predicts nothing: it is never computed, so a
+         * one-token option costs no position at all */
+        for (int p = trunk; p < ot->n - 1; p++) {
+            int node = cur < 0 ? -1 : trie[cur].first_child;
+            if (cur < 0) {
+                /* roots: this chunk's nodes at position trunk */
+                for (int i = 0; i < b->n_tokens - row0 && node < 0; i++)
+                    if (b->pos[row0 + i] == trunk && b->token[row0 + i] == ot->toks[p])
+                        node = i;
+            } else {
+                while (node >= 0 && b->token[row0 + node] != ot->toks[p])
+                    node = trie[node].next_sibling;
+            }
+            if (node < 0) {
+                node = b->n_tokens - row0;
+                batch_add(b, ot->toks[p], p, &seq, 1, 0);
+                trie[node].first_child = -1;
+                trie[node].next_sibling = cur < 0 ? -1 : trie[cur].first_child;
+                trie[node].lse = NAN;
+                if (cur >= 0)
+                    trie[cur].first_child = node;
+            } else {
+                b->seq_id[row0 + node][b->n_seq_id[row0 + node]++] = seq;
+            }
+            if (p >= ot->ctx - 1 && p <= ot->n - 2)
+                b->logits[row0 + node] = 1;
+            ot->path[p - trunk] = node;
+            cur = node;
         }
     }
-    /* one SCORED per option in request order (spec 9.1) */
-    for (int j = 0; j < job.n_opts; j++) {
-        const option_tokens *ot = &job.opts[j];
-        sp_write_scored(&e->w, rq->id, (uint64_t)ot->group, (uint64_t)ot->index, (uint64_t)ot->ctx, ot->n_lps, ot->lps);
+    llama_memory_t mem = llama_get_memory(e->ctx);
+    for (int q = 0; q < st->last - st->first; q++) {
+        llama_memory_seq_rm(mem, st->seq0 + q, -1, -1);
+        if (trunk > 0)
+            llama_memory_seq_cp(mem, slot, st->seq0 + q, 0, trunk);
     }
-    sp_done d = { 0 };
-    d.prompt_tokens = (uint64_t)job.longest;
-    d.rss_gb = rss_gb();
-    d.has_counters = 1;
-    d.computed = (uint64_t)computed;
-    d.reused = (uint64_t)(ri.reused + reused_nodes);
-    d.snapshot = ri.snapshot;
-    sp_write_done(&e->w, rq->id, &d);
-out:
-    free(trie);
-    free(todo);
-    free(cached);
-    job_free(&job);
+    int rows = b->n_tokens - row0;
+    if (rows == 0) {
+        /* every option of the chunk is one token after the trunk: nothing to
+         * compute, their logprobs come from the trunk's logits */
+        score_decoded(e, t);
+        return 0;
+    }
+    return rows;
+}
+
+/* Drops the chunk's scratch sequences whole: the trie's rows live there only. */
+static void drop_scratch(engine *e, score_state *st)
+{
+    llama_memory_t mem = llama_get_memory(e->ctx);
+    for (int q = 0; q < st->last - st->first; q++)
+        llama_memory_seq_rm(mem, st->seq0 + q, -1, -1);
+}
+
+void score_decoded(engine *e, task *t)
+{
+    score_state *st = t->st;
+    score_job *job = &st->job;
+    const int trunk = job->trunk;
+    if (st->trunk_a < trunk) {
+        int slot = (int)t->rq.slot;
+        slot_append(e, slot, job->opts[0].toks + st->trunk_a, st->trunk_b - st->trunk_a);
+        st->computed += st->trunk_b - st->trunk_a;
+        if (st->trunk_b == trunk) {
+            memcpy(st->pred, llama_get_logits_ith(e->ctx, t->row0 + trunk - 1 - st->trunk_a),
+                   (size_t)e->n_vocab * sizeof(float));
+            trunk_loaded(e, t);
+            if (st->n_todo == 0)
+                finish(e, t);
+        } else {
+            st->trunk_a = st->trunk_b;
+        }
+        return;
+    }
+    trie_node *trie = st->trie;
+    for (int j = st->first; j < st->last; j++) {
+        option_tokens *ot = &job->opts[st->todo[j]];
+        double *lps = ot->lps;
+        int n = 0;
+        for (int p = ot->ctx; p < ot->n; p++) {
+            int prev = p - 1;
+            const float *logits;
+            double lse;
+            if (prev == trunk - 1) {
+                logits = st->pred;
+                lse = st->pred_lse;
+            } else {
+                int node = ot->path[prev - trunk];
+                logits = llama_get_logits_ith(e->ctx, t->row0 + node);
+                if (isnan(trie[node].lse))
+                    trie[node].lse = model_logsumexp(logits, e->n_vocab);
+                lse = trie[node].lse;
+            }
+            lps[n++] = (double)logits[ot->toks[p]] - lse;
+        }
+        ot->n_lps = n;
+        score_cache_put(&e->scores, &ot->key, ot->ctx, lps, n);
+    }
+    drop_scratch(e, st);
+    /* rows of this chunk: the nodes the fill added (trie indices 0 .. rows-1) */
+    st->computed += t->rows;
+    st->first = st->last;
+    if (st->first == st->n_todo)
+        finish(e, t);
+}
+
+/* The trunk's rows: as a SUBMIT's prefill (submit.c, submit_undo); the
+ * trie's: dropped with their scratch sequences, the finished ubatches of the
+ * decode included, so the chunk is computed again whole. */
+void score_undo(engine *e, task *t)
+{
+    score_state *st = t->st;
+    if (st->trunk_a < st->job.trunk) {
+        int slot = (int)t->rq.slot;
+        llama_memory_seq_rm(llama_get_memory(e->ctx), slot, e->slots[slot].n, -1);
+        return;
+    }
+    drop_scratch(e, st);
+}
+
+void score_fail(engine *e, task *t, int rc)
+{
+    score_state *st = t->st;
+    if (st->trunk_a < st->job.trunk) {
+        slot_truncate(e, (int)t->rq.slot, 0);
+        sp_write_error(&e->w, t->rq.id, "BAD_REQUEST", "llama_decode of the prefix failed (%d)", rc);
+        return;
+    }
+    sp_write_error(&e->w, t->rq.id, "BAD_REQUEST", rc == 1 ? "the KV cache has no room for the options"
+                                                           : "llama_decode of the options failed");
 }

@@ -1,7 +1,8 @@
-/* submit.c: one SUBMIT (spec sections 4-6): tokenize, reuse the slot's prefix
- * or a snapshot, prefill (with ECHO read-out when logprobs > 0), snapshot on
- * pin=1, then generate (greedy, or temperature + top-p) until max_tokens, an
- * end-of-generation token, the context end, STOP or CANCEL. */
+/* submit.c: one SUBMIT (spec sections 4-6) as a task of the scheduler
+ * (sched.c): tokenize, reuse the slot's prefix or a snapshot (submit_start),
+ * prefill in chunks (with ECHO read-out when logprobs > 0), snapshot on pin=1,
+ * then generate one token per decode (greedy, or temperature + top-p) until
+ * max_tokens, an end-of-generation token, the context end, STOP or CANCEL. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,13 +100,13 @@ static void write_echo(engine *e, uint64_t id, int pos, llama_token tok, const f
 }
 
 /* ECHO of positions a+1 .. a+rows, predicted by the batch's logits rows
- * 0 .. rows-1. The full-vocabulary log-softmax of each row (about 0.3 ms on a
+ * row0 .. row0+rows-1. The full-vocabulary log-softmax of each row (about 0.3 ms on a
  * 49k vocabulary) is spread over the engine's threads; frames go out in order. */
-static void echo_rows(engine *e, uint64_t id, const llama_token *toks, int a, int rows, int k)
+static void echo_rows(engine *e, uint64_t id, const llama_token *toks, int a, int row0, int rows, int k)
 {
     /* llama_get_logits_ith may reorder outputs on first use: not from threads */
     for (int r = 0; r < rows; r++)
-        e->echo_rows[r] = llama_get_logits_ith(e->ctx, r);
+        e->echo_rows[r] = llama_get_logits_ith(e->ctx, row0 + r);
     #pragma omp parallel for num_threads(e->n_threads) schedule(static)
     for (int r = 0; r < rows; r++) {
         e->echo_lse[r] = model_logsumexp(e->echo_rows[r], e->n_vocab);
@@ -145,157 +146,214 @@ static llama_token sample(engine *e, struct llama_sampler *smpl, const float *lo
     return arr.data[arr.selected].id;
 }
 
-/* A llama_decode that did not finish. Cancelled (the abort callback): llama.cpp
- * dropped the aborted ubatch's rows, and the batch is never more than one
- * ubatch here (n_chunk positions, or one generation step), so the slot keeps
- * exactly the rows slot_append recorded; the call below only makes sure of it.
- * Any other failure leaves the slot's rows in doubt: drop them. */
-static void decode_failed(engine *e, uint64_t id, int slot, int rc)
+typedef struct submit_state {
+    llama_token *toks;   /* the prompt, owned, n entries */
+    int n;
+    int base;            /* positions reused */
+    int a;               /* the next prompt position to compute; n: prefilled */
+    int b;               /* the end of the chunk in the running decode */
+    int readout;
+    struct llama_sampler *smpl; /* generation has begun (NULL: prefill) */
+    llama_token next;    /* generation: the token the next decode reads */
+    sp_done d;
+    double t0;           /* generation's start (tok_s) */
+} submit_state;
+
+void submit_free(engine *e, task *t)
 {
-    if (rc == MODEL_DECODE_CANCELLED && e->cancel_running) {
-        llama_memory_seq_rm(llama_get_memory(e->ctx), slot, e->slots[slot].n, -1);
-        sp_write_error(&e->w, id, "CANCELLED", "cancelled");
+    (void)e;
+    submit_state *st = t->st;
+    if (!st)
+        return;
+    if (st->smpl)
+        llama_sampler_free(st->smpl);
+    free(st->toks);
+    free(st);
+    t->st = NULL;
+}
+
+/* Answers DONE and ends the task. */
+static void finish(engine *e, task *t)
+{
+    submit_state *st = t->st;
+    if (st->smpl) {
+        double dt = now_s() - st->t0;
+        st->d.tok_s = dt > 0 && st->d.emitted > 0 ? (double)st->d.emitted / dt : 0.0;
+    }
+    st->d.rss_gb = rss_gb();
+    sp_write_done(&e->w, t->rq.id, &st->d);
+    task_end(e, t);
+}
+
+/* One generation step from `logits` (the prediction of the slot's next
+ * position): sample, write DATA, and either end the task or keep the token
+ * for the next decode. */
+static void gen_step(engine *e, task *t, const float *logits)
+{
+    submit_state *st = t->st;
+    sp_request *rq = &t->rq;
+    if (t->stop) {
+        finish(e, t);
         return;
     }
-    slot_truncate(e, slot, 0);
-    e->slots[slot].n = 0;
-    sp_write_error(&e->w, id, "BAD_REQUEST", rc == 1 ? "the KV cache has no room for the batch" : "llama_decode failed (%d)", rc);
+    llama_token tok = sample(e, st->smpl, logits);
+    if (llama_vocab_is_eog(e->vocab, tok)) {
+        finish(e, t);
+        return;
+    }
+    char piece[256];
+    int len = model_piece(e, tok, piece, sizeof piece);
+    if (st->readout) {
+        sp_alt top[ENGINE_MAX_LOGPROBS];
+        double lse = model_logsumexp(logits, e->n_vocab);
+        int m = model_top_k(e, logits, lse, rq->logprobs, top);
+        sp_write_data(&e->w, rq->id, piece, (size_t)len, 1, (double)logits[tok] - lse, m, top);
+    } else {
+        sp_write_data(&e->w, rq->id, piece, (size_t)len, 0, 0.0, 0, NULL);
+    }
+    st->d.emitted++;
+    if (st->d.emitted >= rq->max_tokens || e->slots[rq->slot].n >= e->n_ctx) {
+        st->d.length_limited = 1;
+        finish(e, t);
+        return;
+    }
+    st->next = tok;
 }
 
-/* Polls stdin; answers CANCELLED and returns 1 when the request was cancelled. */
-static int cancelled(engine *e, uint64_t id)
+int submit_start(engine *e, task *t)
 {
-    engine_poll(e);
-    if (!e->cancel_running)
-        return 0;
-    sp_write_error(&e->w, id, "CANCELLED", "cancelled");
-    return 1;
-}
-
-void serve_submit(engine *e, pending *p)
-{
-    sp_request *rq = &p->rq;
+    sp_request *rq = &t->rq;
     const int slot = (int)rq->slot;
     llama_token *toks = NULL;
     int n = 0;
     if (rq->grammar_len > 0) {
         sp_write_error(&e->w, rq->id, "NOT_SUPPORTED", "constraint grammars are not supported");
-        return;
+        return -1;
     }
     if (prompt_tokens(e, rq, &toks, &n) != 0)
-        return;
+        return -1;
+    submit_state *st = calloc(1, sizeof *st);
+    if (!st) {
+        free(toks);
+        sp_write_error(&e->w, rq->id, "BAD_REQUEST", "out of memory");
+        return -1;
+    }
+    t->st = st;
+    st->toks = toks;
+    st->n = n;
 
     /* Prefix reuse (section 6): read-out resumes only from a snapshot, whose
      * saved logits predict its first fresh position; plain generation also
      * keeps the slot's live common prefix. At least the last position is
      * computed, its logits drive generation. */
-    const int readout = rq->logprobs > 0;
-    int stale = 0, base;
+    st->readout = rq->logprobs > 0;
+    int stale = 0;
     snapshot *snap = snapshot_find(e, toks, n, n - 1, &stale);
     const float *pred = NULL;
-    if (readout) {
+    if (st->readout) {
         if (snap) {
             slot_restore(e, slot, snap);
-            base = snap->n;
-            memcpy(e->pred_buf, snap->logits, (size_t)e->n_vocab * sizeof(float));
-            pred = e->pred_buf;
+            st->base = snap->n;
+            pred = snap->logits;
         } else {
             slot_truncate(e, slot, 0);
-            base = 0;
+            st->base = 0;
         }
     } else {
-        base = slot_resume(e, slot, toks, n, snap);
+        st->base = slot_resume(e, slot, toks, n, snap);
     }
-    const char *snap_state = snap ? "hit" : stale ? "stale" : "none";
+    st->a = st->base;
+    st->d.prompt_tokens = (uint64_t)n;
+    st->d.has_counters = rq->counters;
+    st->d.computed = (uint64_t)(n - st->base);
+    st->d.reused = (uint64_t)st->base;
+    st->d.snapshot = snap ? "hit" : stale ? "stale" : "none";
 
     sp_write_accept(&e->w, rq->id, (uint64_t)n);
-    if (readout)
-        write_echo(e, rq->id, base, toks[base], base == 0 ? NULL : pred, rq->logprobs);
+    if (st->readout)
+        write_echo(e, rq->id, st->base, toks[st->base], st->base == 0 ? NULL : pred, rq->logprobs);
+    return 0;
+}
 
-    /* Prefill in chunks of one ubatch; with read-out every row is kept, its
-     * logits predict the next prompt position. */
-    const float *last = NULL;
-    for (int a = base; a < n;) {
-        int b = a + e->n_chunk < n ? a + e->n_chunk : n;
-        batch_clear(&e->batch);
-        for (int i = a; i < b; i++)
-            batch_add(&e->batch, toks[i], i, &slot, 1, readout || i == n - 1);
-        int rc;
-        if (model_decode(e, &rc) != 0) {
-            decode_failed(e, rq->id, slot, rc);
-            free(toks);
-            return;
-        }
-        slot_append(e, slot, toks + a, b - a);
-        if (readout)
-            echo_rows(e, rq->id, toks, a, (b < n ? b : n - 1) - a, rq->logprobs);
-        if (b == n)
-            last = llama_get_logits_ith(e->ctx, n - 1 - a);
-        a = b;
-        if (a < n && cancelled(e, rq->id)) {
-            free(toks);
-            return;
-        }
+int submit_unit(engine *e, task *t)
+{
+    (void)e;
+    (void)t;
+    return 1;
+}
+
+int submit_want(engine *e, task *t)
+{
+    submit_state *st = t->st;
+    if (!st->smpl)
+        return st->n - st->a;
+    if (t->stop) {
+        finish(e, t);
+        return 0;
     }
-    memcpy(e->pred_buf, last, (size_t)e->n_vocab * sizeof(float));
+    return 1;
+}
+
+/* Prefill: positions a .. b-1 (every row's logits kept with read-out, else
+ * the last prompt position's only); generation: the sampled token. */
+int submit_fill(engine *e, task *t, int budget)
+{
+    submit_state *st = t->st;
+    int slot = (int)t->rq.slot;
+    if (st->smpl) {
+        batch_add(&e->batch, st->next, e->slots[slot].n, &slot, 1, 1);
+        return 1;
+    }
+    st->b = st->a + budget < st->n ? st->a + budget : st->n;
+    for (int i = st->a; i < st->b; i++)
+        batch_add(&e->batch, st->toks[i], i, &slot, 1, st->readout || i == st->n - 1);
+    return st->b - st->a;
+}
+
+void submit_decoded(engine *e, task *t)
+{
+    submit_state *st = t->st;
+    sp_request *rq = &t->rq;
+    const int slot = (int)rq->slot;
+    if (st->smpl) {
+        slot_append(e, slot, &st->next, 1);
+        gen_step(e, t, llama_get_logits_ith(e->ctx, t->row0));
+        return;
+    }
+    int a = st->a, b = st->b, n = st->n;
+    slot_append(e, slot, st->toks + a, b - a);
+    if (st->readout)
+        echo_rows(e, rq->id, st->toks, a, t->row0, (b < n ? b : n - 1) - a, rq->logprobs);
+    st->a = b;
+    if (b < n)
+        return;
+    const float *last = llama_get_logits_ith(e->ctx, t->row0 + n - 1 - a);
     if (rq->pin)
-        snapshot_take(e, slot, toks, n, e->pred_buf);
-
-    /* Generation. */
-    sp_done d = { 0 };
-    d.prompt_tokens = (uint64_t)n;
-    d.has_counters = rq->counters;
-    d.computed = (uint64_t)(n - base);
-    d.reused = (uint64_t)base;
-    d.snapshot = snap_state;
-    if (rq->max_tokens > 0) {
-        struct llama_sampler *smpl = make_sampler(e, rq);
-        const float *logits = e->pred_buf;
-        double t0 = now_s();
-        slot_state *sl = &e->slots[slot];
-        for (;;) {
-            if (p->stop)
-                break;
-            llama_token tok = sample(e, smpl, logits);
-            if (llama_vocab_is_eog(e->vocab, tok))
-                break;
-            char piece[256];
-            int len = model_piece(e, tok, piece, sizeof piece);
-            if (readout) {
-                sp_alt top[ENGINE_MAX_LOGPROBS];
-                double lse = model_logsumexp(logits, e->n_vocab);
-                int m = model_top_k(e, logits, lse, rq->logprobs, top);
-                sp_write_data(&e->w, rq->id, piece, (size_t)len, 1, (double)logits[tok] - lse, m, top);
-            } else {
-                sp_write_data(&e->w, rq->id, piece, (size_t)len, 0, 0.0, 0, NULL);
-            }
-            d.emitted++;
-            if (d.emitted >= rq->max_tokens || sl->n >= e->n_ctx) {
-                d.length_limited = 1;
-                break;
-            }
-            batch_clear(&e->batch);
-            batch_add(&e->batch, tok, sl->n, &slot, 1, 1);
-            int rc;
-            if (model_decode(e, &rc) != 0) {
-                llama_sampler_free(smpl);
-                decode_failed(e, rq->id, slot, rc);
-                free(toks);
-                return;
-            }
-            slot_append(e, slot, &tok, 1);
-            logits = llama_get_logits_ith(e->ctx, 0);
-            if (cancelled(e, rq->id)) {
-                llama_sampler_free(smpl);
-                free(toks);
-                return;
-            }
-        }
-        double dt = now_s() - t0;
-        d.tok_s = dt > 0 && d.emitted > 0 ? (double)d.emitted / dt : 0.0;
-        llama_sampler_free(smpl);
+        snapshot_take(e, slot, st->toks, n, last);
+    if (rq->max_tokens == 0) {
+        finish(e, t);
+        return;
     }
-    d.rss_gb = rss_gb();
-    sp_write_done(&e->w, rq->id, &d);
-    free(toks);
+    st->smpl = make_sampler(e, rq);
+    st->t0 = now_s();
+    gen_step(e, t, last);
+}
+
+/* The decode did not finish: llama.cpp dropped the aborted ubatch's rows of
+ * the slot's sequence, the only one this task's rows are in, and a failed
+ * one never placed them; the slot's token list was not extended, so removing
+ * whatever the sequence holds past it makes the two equal again. */
+void submit_undo(engine *e, task *t)
+{
+    int slot = (int)t->rq.slot;
+    llama_memory_seq_rm(llama_get_memory(e->ctx), slot, e->slots[slot].n, -1);
+}
+
+/* Any failure other than a cancellation leaves the slot's rows in doubt: drop them. */
+void submit_fail(engine *e, task *t, int rc)
+{
+    int slot = (int)t->rq.slot;
+    slot_truncate(e, slot, 0);
+    e->slots[slot].n = 0;
+    sp_write_error(&e->w, t->rq.id, "BAD_REQUEST", rc == 1 ? "the KV cache has no room for the batch" : "llama_decode failed (%d)", rc);
 }

@@ -107,7 +107,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument("--api-key", default=None, help=f"required bearer key (default ${API_KEY_ENV}; none: any key passes)")
-    p.add_argument("--slots", type=int, default=None, help="KV slots of the llama engine")
+    p.add_argument("--slots", type=_positive_int, default=None,
+                   help="KV slots of the llama engine: requests served at once, each llama_decode shared by "
+                        "all of them (default: the engine sizes them from the context and the memory free at "
+                        "start, 1 to 4; spec/llama-engine.md)")
     p.add_argument("--ctx", type=int, default=None, help="context size per slot of the llama engine")
     p.add_argument("--threads", type=_positive_int, default=None,
                    help=f"CPU threads of each llama engine (default ${THREADS_ENV}, else the number of cores "

@@ -1,0 +1,225 @@
+/* sched.c: many requests in one llama_decode, fairly (spec/llama-engine.md,
+ * "Many requests at once").
+ *
+ * Every request in flight is a task (engine.h). Each step starts the tasks
+ * that arrived, answers the cancelled ones, then fills one llama_decode from
+ * every runnable task (a prefill chunk, a generation step, a SCORE trunk
+ * chunk or trie chunk): at most one ubatch of rows in all, each task at most
+ * its share of it (n_ubatch / runnable tasks, and at most --chunk rows while
+ * others run too), least recently served first. So a runnable task waits at
+ * most one decode of one ubatch for its next chunk (with few tasks, one of
+ * a few chunks), and a CANCEL aborts the decode its task is
+ * in within one ubatch: the other tasks of that decode put their rows back
+ * (undo) and take the same chunk again in the next one.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+static int is_score(const task *t)
+{
+    return t->rq.kind == SP_SCORE;
+}
+
+/* Frees the task's state and its entry (its DONE or ERROR is written). */
+void task_end(engine *e, task *t)
+{
+    if (t->started) {
+        if (is_score(t))
+            score_free(e, t);
+        else
+            submit_free(e, t);
+    }
+    sp_request_free(&t->rq);
+    memset(t, 0, sizeof *t);
+    e->n_tasks--;
+}
+
+typedef struct turn {
+    task *t;
+    int unit, want, give;
+} turn;
+
+/* Least recently served first, then first arrived. */
+static int by_turn(const void *pa, const void *pb)
+{
+    const task *a = ((const turn *)pa)->t, *b = ((const turn *)pb)->t;
+    if (a->served != b->served)
+        return a->served < b->served ? -1 : 1;
+    return a->arrival < b->arrival ? -1 : a->arrival > b->arrival;
+}
+
+static int by_arrival(const void *pa, const void *pb)
+{
+    const task *a = *(task *const *)pa, *b = *(task *const *)pb;
+    return a->arrival < b->arrival ? -1 : a->arrival > b->arrival;
+}
+
+/* Starts the tasks that arrived since the last step, in arrival order. */
+static int start_new(engine *e)
+{
+    task *list[ENGINE_QUEUE_MAX];
+    int n = 0;
+    for (int i = 0; i < ENGINE_QUEUE_MAX; i++)
+        if (e->tasks[i].used && !e->tasks[i].started)
+            list[n++] = &e->tasks[i];
+    qsort(list, (size_t)n, sizeof *list, by_arrival);
+    for (int i = 0; i < n; i++) {
+        task *t = list[i];
+        t->started = 1;
+        int rc = is_score(t) ? score_start(e, t) : submit_start(e, t);
+        if (rc != 0 && t->used)
+            task_end(e, t);
+    }
+    return n > 0;
+}
+
+/* Rows the batch gives each runnable task. Alone, a task takes up to the
+ * whole budget (one ubatch). Shared, each takes its share (budget / tasks,
+ * at most n_chunk) and then what the others left, still at most n_chunk,
+ * in turn order: a decode shared with others is short, so the next chunk of
+ * every task comes soon. A task always gets at least its unit if it gets
+ * anything, and the first one always does, even past the budget (one SCORE
+ * option longer than a ubatch then runs in a decode of its own). */
+static void allot(turn *tu, int n, int budget, int chunk)
+{
+    int cap = n == 1 ? budget : chunk;
+    int left = budget, share = budget / n > 0 ? budget / n : 1;
+    if (share > cap)
+        share = cap;
+    for (int i = 0; i < n; i++) {
+        int g = tu[i].want < share ? tu[i].want : share;
+        if (g < tu[i].unit)
+            g = tu[i].unit;
+        if (g > left)
+            g = left >= tu[i].unit ? left : i == 0 ? tu[i].unit : 0;
+        tu[i].give = g;
+        left = left > g ? left - g : 0;
+    }
+    for (int i = 0; i < n && left > 0; i++) {
+        if (tu[i].give == 0 || tu[i].give >= cap)
+            continue;
+        int more = (tu[i].want < cap ? tu[i].want : cap) - tu[i].give;
+        if (more > left)
+            more = left;
+        if (more > 0) {
+            tu[i].give += more;
+            left -= more;
+        }
+    }
+}
+
+/* One step: new tasks started, cancelled ones answered, one llama_decode
+ * filled from the runnable tasks and its rows read. Returns 1 when anything
+ * happened (0: no task, or none can run). */
+int sched_step(engine *e)
+{
+    int worked = start_new(e);
+    for (int i = 0; i < ENGINE_QUEUE_MAX; i++) {
+        task *t = &e->tasks[i];
+        if (t->used && t->cancel) {
+            sp_write_error(&e->w, t->rq.id, "CANCELLED", "cancelled");
+            task_end(e, t);
+            worked = 1;
+        }
+    }
+
+    turn tu[ENGINE_QUEUE_MAX];
+    int n = 0, n_score = 0;
+    for (int i = 0; i < ENGINE_QUEUE_MAX; i++) {
+        task *t = &e->tasks[i];
+        if (!t->used)
+            continue;
+        int w = is_score(t) ? score_want(e, t) : submit_want(e, t);
+        if (!t->used) { /* want ended it (STOP, or nothing left to compute) */
+            worked = 1;
+            continue;
+        }
+        if (w <= 0)
+            continue;
+        tu[n].t = t;
+        tu[n].want = w;
+        tu[n].unit = is_score(t) ? score_unit(e, t) : submit_unit(e, t);
+        n_score += is_score(t);
+        n++;
+    }
+    if (n == 0)
+        return worked;
+    qsort(tu, (size_t)n, sizeof *tu, by_turn);
+    if (e->solo)
+        n = 1;
+    allot(tu, n, e->n_ubatch, e->n_chunk);
+
+    /* scratch sequences: a share each, like the rows */
+    int seq_share = n_score > 0 ? e->n_score_seqs / n_score : e->n_score_seqs;
+    if (seq_share < 1)
+        seq_share = 1;
+    batch_clear(&e->batch);
+    e->scratch_used = 0;
+    task *in[ENGINE_QUEUE_MAX];
+    int n_in = 0;
+    for (int i = 0; i < n; i++) {
+        task *t = tu[i].t;
+        if (tu[i].give <= 0)
+            continue;
+        worked = 1; /* a fill may finish a task without rows (a SCORE chunk of one-token options) */
+        int seqs = e->n_score_seqs - e->scratch_used;
+        if (seqs > seq_share)
+            seqs = seq_share;
+        t->row0 = e->batch.n_tokens;
+        t->rows = is_score(t) ? score_fill(e, t, tu[i].give, seqs) : submit_fill(e, t, tu[i].give);
+        if (t->rows > 0)
+            in[n_in++] = t;
+    }
+    if (n_in == 0)
+        return worked;
+
+    e->in_decode = 1;
+    e->abort_decode = 0;
+    int rc = llama_decode(e->ctx, e->batch);
+    e->in_decode = 0;
+    e->decodes++;
+    if (rc == 0) {
+        e->solo = 0;
+        for (int i = 0; i < n_in; i++) {
+            task *t = in[i];
+            t->served = e->decodes;
+            if (is_score(t))
+                score_decoded(e, t);
+            else
+                submit_decoded(e, t);
+            if (t->used)
+                t->rows = 0;
+        }
+    } else {
+        for (int i = 0; i < n_in; i++) {
+            if (is_score(in[i]))
+                score_undo(e, in[i]);
+            else
+                submit_undo(e, in[i]);
+            in[i]->rows = 0;
+        }
+        if (rc == MODEL_DECODE_CANCELLED && e->abort_decode) {
+            /* the cancelled task is answered next step; the others retry */
+        } else if (rc == 1 && n_in > 1) {
+            /* no KV room for them together: one at a time until one fits */
+            e->solo = 1;
+        } else {
+            fprintf(stderr, "serveproto-llama: llama_decode of %d tokens failed (%d)\n", e->batch.n_tokens, rc);
+            for (int i = 0; i < n_in; i++) {
+                if (is_score(in[i]))
+                    score_fail(e, in[i], rc);
+                else
+                    submit_fail(e, in[i], rc);
+                if (in[i]->used)
+                    task_end(e, in[i]);
+            }
+            e->solo = 0;
+        }
+    }
+    e->abort_decode = 0;
+    engine_log_aborting(0);
+    return 1;
+}
