@@ -161,7 +161,7 @@ llama-server: $(BIN)/llama-server
 
 # What llama-server's build reads of the sdist's llama.cpp (about 10 MB as tgz), copied to DEST:
 # bench/gpu/prepare.sh carries it, to build there with LLAMA_FULL=DIR.
-LLAMA_SERVER_SUBSET := CMakeLists.txt cmake common ggml src include vendor tools app licenses LICENSE
+LLAMA_SERVER_SUBSET := CMakeLists.txt cmake common ggml src include vendor tools app licenses scripts LICENSE
 llama-server-src: $(LLAMA_FULL)/.extracted
 	test -n "$(DEST)" || { echo "usage: make -C engines llama-server-src DEST=DIR" >&2; exit 1; }
 	mkdir -p $(DEST) && cd $(LLAMA_FULL) && cp -a $(LLAMA_SERVER_SUBSET) $(abspath $(DEST))/
