@@ -455,6 +455,15 @@ def _terminated(signum, frame):
     raise KeyboardInterrupt
 
 
+def _interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` is the interrupt :func:`_terminated` raised, bare or wrapped by a task group
+    (anyio gathers a child task's KeyboardInterrupt into a BaseExceptionGroup, depending on which
+    task the signal lands in)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(KeyboardInterrupt)[1] is None
+    return isinstance(exc, KeyboardInterrupt)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from gateway.cli.serve import default_threads
@@ -471,9 +480,12 @@ def main(argv=None) -> int:
     try:
         targets, n_settings = start(args, threads, model, servers)
         measure(args, targets, n_settings, loads, cells)
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        if not _interrupted(exc):
+            raise
         cut = True
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the closing short
         for s in servers:
             s.close()
     names = {c.target for cs in cells.values() for c in cs}

@@ -106,9 +106,10 @@ def test_sigterm_prints_the_cells_so_far():
     first = proc.stderr.readline()      # the first cell's line: 1 client, 1 slow request
     assert first.startswith("  tickets, 1 clients, this tree (none): 1 answered, 0 errors"), first
     proc.terminate()                    # during the 2-client cell
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 1
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
     lines = out.splitlines()
+    assert lines, err
     assert "CUT SHORT (SIGTERM or ^C): the cells measured so far" in lines[0]
     rows = [line for line in lines if line.startswith("| this tree |")]
     assert len(rows) == 1 and rows[0].startswith("| this tree | none | 1 | 1 | 0 |")
