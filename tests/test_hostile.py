@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from gateway.http import HTTPServer, Request, Response
-from test_routes_support import TICKET, FakeEngine, make_app
+from test_routes_support import TICKET, FakeEngine, make_app, serving
 
 pytestmark = pytest.mark.anyio
 
@@ -195,7 +195,6 @@ async def test_a_bad_key_is_401_not_413_for_a_body_over_the_bound():
 
 # --- an engine that stalls, stops or keeps dying -------------------------------------------------
 
-import contextlib  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
@@ -204,21 +203,7 @@ import time  # noqa: E402
 
 import httpx2  # noqa: E402
 
-from gateway.cli import build_parser  # noqa: E402
-from gateway.cli.serve import serve  # noqa: E402
 from gateway.paths import ROOT  # noqa: E402
-
-
-@contextlib.asynccontextmanager
-async def serving(*argv: str):
-    """``serveproto serve`` in-process on a free port with ``argv``; yields the base URL."""
-    args = build_parser().parse_args(["serve", "--port", "0", "--log-level", "WARNING", *argv])
-    async with anyio.create_task_group() as tg:
-        port = await tg.start(lambda task_status: serve(args, task_status=task_status))
-        try:
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            tg.cancel_scope.cancel()
 
 
 def first_start_only(fixture, tmp_path, monkeypatch, faults: str) -> list[str]:

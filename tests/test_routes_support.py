@@ -137,6 +137,21 @@ def make_app(engine=None, *, api_key=None, template=None, **kw) -> App:
 
 
 @contextlib.asynccontextmanager
+async def serving(*argv: str):
+    """``serveproto serve`` in-process on a free port with ``argv`` (WARNING logs); yields the base URL."""
+    from gateway.cli import build_parser
+    from gateway.cli.serve import serve
+
+    args = build_parser().parse_args(["serve", "--port", "0", "--log-level", "WARNING", *argv])
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(lambda task_status: serve(args, task_status=task_status))
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            tg.cancel_scope.cancel()
+
+
+@contextlib.asynccontextmanager
 async def running(app: App):
     """Serve ``app`` on a free loopback port; yields the base URL."""
     async with anyio.create_task_group() as tg:

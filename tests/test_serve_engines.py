@@ -3,7 +3,6 @@ routing by state affinity then load, the routing key header, ``/health`` / ``/me
 per engine. Fixture engines here; two llama engines in ``test_serve_engines_llama.py``."""
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -16,28 +15,16 @@ import pytest
 from typesafe_sdk import TypeSafeClient
 
 from gateway.cli import build_parser
-from gateway.cli.serve import parse_model_arg, plan_engines, serve
+from gateway.cli.serve import parse_model_arg, plan_engines
 from gateway.engine.pool import EngineSpec, Pool
 from gateway.http import HTTPServer
 from gateway.server.app import App, ModelInfo
 from gateway.server.fleet import Served
 from gateway.server.routing import HEADER, routing_key
 from test_server_e2e import check_against_oracle
-from test_routes_support import TICKET
+from test_routes_support import TICKET, serving
 
 pytestmark = pytest.mark.anyio
-
-
-@contextlib.asynccontextmanager
-async def serving(*argv: str):
-    """``serveproto serve`` in-process on a free port with ``argv``; yields the base URL."""
-    args = build_parser().parse_args(["serve", "--port", "0", "--log-level", "WARNING", *argv])
-    async with anyio.create_task_group() as tg:
-        port = await tg.start(lambda task_status: serve(args, task_status=task_status))
-        try:
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            tg.cancel_scope.cancel()
 
 
 def metric(text: str, name: str, **labels: str) -> float:

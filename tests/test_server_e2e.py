@@ -8,7 +8,6 @@ and the ``openai`` client on the chat and completions routes.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import subprocess
@@ -26,22 +25,14 @@ from gateway.cli import build_parser
 from gateway.cli.serve import serve
 from gateway.paths import ROOT
 from gateway.decision.prompts import PromptBuilder
-from test_routes_support import TICKET
+from test_routes_support import TICKET, serving as serve_in_process
 
 pytestmark = pytest.mark.anyio
 
 
-@contextlib.asynccontextmanager
-async def serving(fixture_engine, *engine_args, timeout: float = 10.0):
+def serving(fixture_engine, *engine_args, timeout: float = 10.0):
     """``serveproto serve`` in-process on a free port, over the fixture engine; yields the base URL."""
-    args = build_parser().parse_args(["serve", "--port", "0", "--request-timeout", str(timeout), "--log-level", "WARNING",
-                                      "--engine", str(fixture_engine), *engine_args])
-    async with anyio.create_task_group() as tg:
-        port = await tg.start(lambda task_status: serve(args, task_status=task_status))
-        try:
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            tg.cancel_scope.cancel()
+    return serve_in_process("--request-timeout", str(timeout), "--engine", str(fixture_engine), *engine_args)
 
 
 def toy_option_logprobs(text_before: str, option: str) -> list[float]:

@@ -9,7 +9,6 @@ the longest common token prefix (spec 9.1), their logprobs from
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 
@@ -22,10 +21,9 @@ from typesafe_sdk import TypeSafeClient
 from fixtures import oracle, tiny_gguf, vocab
 from gateway.decision import debias, jev
 from gateway.decision.chat_template import ChatTemplate
-from gateway.cli import build_parser
-from gateway.cli.serve import serve
 from gateway.paths import default_model_path, engine_bin
 from gateway.decision.prompts import PromptBuilder
+from test_routes_support import serving as serve_in_process
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -45,15 +43,9 @@ def tiny():
     return tiny_gguf.ensure()
 
 
-@contextlib.asynccontextmanager
-async def serving(*argv):
-    args = build_parser().parse_args(["serve", "--port", "0", "--log-level", "WARNING", "--threads", "2", *argv])
-    async with anyio.create_task_group() as tg:
-        port = await tg.start(lambda task_status: serve(args, task_status=task_status))
-        try:
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            tg.cancel_scope.cancel()
+def serving(*argv):
+    """``serveproto serve`` in-process with 2 engine threads and ``argv``; yields the base URL."""
+    return serve_in_process("--threads", "2", *argv)
 
 
 async def post(client, path, body):
