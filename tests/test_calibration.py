@@ -175,3 +175,14 @@ async def test_answers_carry_their_calibration():
     assert after == pytest.approx(c.maps["choice"].apply(before), abs=2e-6)
     assert {a["x_calibration"] for a in other["answers"].values()} == {"identity"}  # read under another x_debias
     assert decisions["answers"][0]["x_calibration"].startswith(c.id)
+
+
+def test_sha256_file_is_remembered_until_the_file_changes(tmp_path):
+    import hashlib
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"first weights")
+    assert cal.sha256_file(model) == hashlib.sha256(b"first weights").hexdigest()
+    model.write_bytes(b"the second, longer weights")   # another size: read again, not the remembered one
+    assert cal.sha256_file(model) == hashlib.sha256(b"the second, longer weights").hexdigest()
+    assert cal.sha256_file(str(model)) == cal.sha256_file(tmp_path / "." / "m.gguf")

@@ -591,7 +591,7 @@ async def serve(args, *, task_status=None) -> None:
         if decisions is not None:
             app.decision_log = decisions
             for plan, s in zip(plans, served.values()):
-                s.model_sha256 = await anyio.to_thread.run_sync(_model_sha256, s.calibration, plan.path)
+                s.model_sha256 = await anyio.to_thread.run_sync(_model_sha256, plan.path)
         limits = Limits(max_body_bytes=args.max_body, max_decoded_bytes=max(args.max_body, 64 << 20))
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, tg.cancel_scope)
@@ -622,12 +622,11 @@ async def serve(args, *, task_status=None) -> None:
         raise EngineGaveUp(gave_up[0])
 
 
-def _model_sha256(cal, model_path: str | None) -> str | None:
-    """The model file's sha256 for the decision log: the calibration's (already computed) or the file's."""
+def _model_sha256(model_path: str | None) -> str | None:
+    """The model file's sha256 for the decision log (None when serve was not given its path); the
+    calibration lookup has hashed it already, and sha256_file remembers."""
     from gateway.decision import calibration
 
-    if cal is not None:
-        return cal.model_sha256
     return calibration.sha256_file(model_path) if model_path and Path(model_path).exists() else None
 
 

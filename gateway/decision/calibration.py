@@ -229,16 +229,23 @@ def fit(answers: Sequence[tuple[str, Sequence[float], int, str]], k: int = 5, se
 
 # --- the file ------------------------------------------------------------------------------
 
+#: sha256_file's results by (resolved path, size, mtime in ns).
+_SHA256: dict[tuple[str, int, int], str] = {}
+
+
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    """The hex sha256 of a file (the model's key)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(chunk)
-            if not b:
-                break
-            h.update(b)
-    return h.hexdigest()
+    """The hex sha256 of a file (the model's key). Remembered while the file's path, size and mtime
+    stay the same, so that a server reads a multi-GB model once however many of its parts ask
+    (the calibration lookup, the decision log). Raises ``OSError`` as reading does."""
+    st = Path(path).stat()
+    key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _SHA256:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while b := f.read(chunk):
+                h.update(b)
+        _SHA256[key] = h.hexdigest()
+    return _SHA256[key]
 
 
 @attrs.frozen
