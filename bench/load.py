@@ -40,7 +40,7 @@ one unmeasured request of it (the document's snapshot, the questions' content-fr
 llama-server the document's once per slot (``id_slot``), each slot holding its own copy.
 
     .venv/bin/python bench/load.py [--clients 1,4,16,64] [--seconds 5] [--requests 1000]
-        [--workloads tickets,document] [--debias default,none] [--threads N] [--model PATH]
+        [--workloads tickets,document] [--debias default,none] [--threads N|auto] [--peer-threads N] [--model PATH]
         [--baseline-tree DIR] [--np N] [--no-llama-server] [--json PATH] [--engine CMD ...]
 """
 from __future__ import annotations
@@ -361,8 +361,11 @@ def parse_args(argv):
                     help="this tree's (and the baseline's) rows: default (no x_debias sent), none, or any x_debias value, "
                          "comma-separated (default: default,none)")
     ap.add_argument("--seed", type=int, default=15, help="the tickets' seed (default 15)")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="engine threads of every server (default: serve's default, the cores minus one)")
+    ap.add_argument("--threads", default=None,
+                    help="engine threads (N or auto) of this tree and the baseline (default: each tree's own "
+                         "serve default; this tree's is auto)")
+    ap.add_argument("--peer-threads", type=int, default=os.cpu_count() or 1,
+                    help="llama-server's -t and -tb (default: the cores)")
     ap.add_argument("--model", type=Path, default=None, help="GGUF (default: the default model, served without --model)")
     ap.add_argument("--serve-args", default="", help="more `serve` flags for this tree and the baseline, one string")
     ap.add_argument("--baseline-tree", type=Path, default=None, help="another source tree (its engines built) served beside")
@@ -389,7 +392,7 @@ def parse_args(argv):
     return args
 
 
-def serve_argv(args, threads: int | None) -> list[str]:
+def serve_argv(args, threads: str | None) -> list[str]:
     argv = (["--threads", str(threads)] if threads else []) + (["--model", str(args.model)] if args.model else [])
     argv += shlex.split(args.serve_args)
     return argv + (["--engine", *args.engine] if args.engine is not None else [])
@@ -413,7 +416,7 @@ async def warm_up(targets: list[Target], workload: Workload, timeout: float) -> 
                 tg.start_soon(one, slot)
 
 
-def start(args, threads: int | None, model: Path | None, servers: list) -> tuple[list[Target], int]:
+def start(args, threads: str | None, model: Path | None, servers: list) -> tuple[list[Target], int]:
     """Start the servers (appended to ``servers`` as they start, for the caller to close); returns the
     targets and how many settings (ticket number ranges) they use."""
     targets: list[Target] = []
@@ -425,7 +428,7 @@ def start(args, threads: int | None, model: Path | None, servers: list) -> tuple
         targets += [Target(name, srv.base, None if d == "default" else d, k) for k, d in enumerate(args.debias)]
     if not args.no_llama_server:
         slots = args.np or max(args.clients)
-        peer = LlamaServer(args.llama_server, model, threads, slots=slots, ctx=slots * args.peer_ctx,
+        peer = LlamaServer(args.llama_server, model, args.peer_threads, slots=slots, ctx=slots * args.peer_ctx,
                            extra=tuple(shlex.split(args.peer_args)))
         servers.append(peer)
         targets.append(Target("llama-server", peer.base, "none", settings.index("none"), peer=PeerPrompts(model, slots)))
@@ -466,11 +469,9 @@ def _interrupted(exc: BaseException) -> bool:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from gateway.cli.serve import default_threads
-
     # `timeout` (bench/gpu/run.sh) sends SIGTERM: the servers are closed and the cells so far printed
     signal.signal(signal.SIGTERM, _terminated)
-    threads = args.threads if args.threads is not None else (None if args.engine is not None else default_threads(None))
+    threads = args.threads
     model = args.model or (None if args.engine is not None else default_model_path())
     loads = {name: w for name, w in workloads(args.seed).items() if name in args.workloads}
     load0 = os.getloadavg()[0]
@@ -493,7 +494,7 @@ def main(argv=None) -> int:
     print(f"`{shlex.join(['bench/load.py', *(argv if argv is not None else sys.argv[1:])])}`  "
           f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, load average "
           f"{load0:.1f} before, {os.getloadavg()[0]:.1f} after; model {Path(model).name if model else 'of the engine'}; "
-          f"engine threads {threads or 'default'}; cells of {args.seconds:g} s or {args.requests} requests)"
+          f"engine threads {threads or 'each tree default'}, llama-server's {args.peer_threads}; cells of {args.seconds:g} s or {args.requests} requests)"
           + ("; CUT SHORT (SIGTERM or ^C): the cells measured so far" if cut else ""))
     if peer is not None:
         print(f"llama-server: `{shlex.join(['llama-server', '-m', Path(peer.argv[2]).name, *peer.argv[7:]])}`")

@@ -143,7 +143,7 @@ def behind(eng: Driver, slots: int, n: int) -> tuple[float, float]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", default="1", help="engine threads: a number, or auto (default 1)")
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--slots", default="1,0", help="comma-separated --slots values (0: the engine's default)")
     ap.add_argument("--engine", action="append", default=[], help="another engine binary (its default slots)")

@@ -201,9 +201,18 @@ def test_handshake_announces_caps(tiny):
             "chat": "1", "slots": "2", "n_ctx": "256", "n_vocab": str(len(Vocab(tiny))),
             "model": "tiny-v1", "pin_slots": "3", "max_logprobs": "32",
             "x_score": "1", "x_counters": "1", "x_health": "1", "x_numerics": "invariant",
-            "x_batched": "1", "n_ubatch": "256", "n_chunk": "128"}
+            "x_batched": "1", "n_ubatch": "256", "n_chunk": "128", "x_threads": "1"}
         stat = eng.handshake[-1]
         assert isinstance(stat, Stat) and stat.fields[:3] == (0.0, 0.0, 0.0) and stat.fields[3] > 0
+    finally:
+        assert eng.close() == 0
+
+
+def test_threads_auto_starts_on_every_core_the_engine_may_use(tiny):
+    import os
+    eng = Engine(tiny, "--threads", "auto")   # after the fixture's --threads 1: the last one wins
+    try:
+        assert eng.caps.values["x_threads"] == f"auto:{len(os.sched_getaffinity(0))}"
     finally:
         assert eng.close() == 0
 

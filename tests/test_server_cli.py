@@ -55,20 +55,21 @@ def llama_argv(tmp_path, monkeypatch, *argv: str, env: str | None = None, cores:
     return cli_serve.engine_argv(args)[0]
 
 
-def threads_of(argv: list[str]) -> int:
-    return int(argv[argv.index("--threads") + 1])
+def threads_of(argv: list[str]) -> str:
+    return argv[argv.index("--threads") + 1]
 
 
-def test_default_threads_leave_one_core(tmp_path, monkeypatch):
-    assert threads_of(llama_argv(tmp_path, monkeypatch, cores=2)) == 1
-    assert threads_of(llama_argv(tmp_path, monkeypatch, cores=16)) == 15
-    assert threads_of(llama_argv(tmp_path, monkeypatch, cores=1)) == 1
+def test_default_threads_are_the_engines_own_choice(tmp_path, monkeypatch):
+    # the engine adapts between 1 thread and every core (engines/llama/threads.c)
+    for cores in (1, 2, 16):
+        assert threads_of(llama_argv(tmp_path, monkeypatch, cores=cores)) == "auto"
 
 
 def test_threads_flag_then_environment(tmp_path, monkeypatch):
-    assert threads_of(llama_argv(tmp_path, monkeypatch, "--threads", "3", env="5", cores=16)) == 3
-    assert threads_of(llama_argv(tmp_path, monkeypatch, env="5", cores=16)) == 5
-    assert threads_of(llama_argv(tmp_path, monkeypatch, env="", cores=16)) == 15
+    assert threads_of(llama_argv(tmp_path, monkeypatch, "--threads", "3", env="5", cores=16)) == "3"
+    assert threads_of(llama_argv(tmp_path, monkeypatch, "--threads", "auto", env="5", cores=16)) == "auto"
+    assert threads_of(llama_argv(tmp_path, monkeypatch, env="5", cores=16)) == "5"
+    assert threads_of(llama_argv(tmp_path, monkeypatch, env="", cores=16)) == "auto"
 
 
 def test_bad_threads_environment_names_the_variable(tmp_path, monkeypatch):

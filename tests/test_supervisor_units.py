@@ -85,9 +85,76 @@ def test_router_prefers_the_slot_sharing_a_long_prefix():
     # A shared prefix under MIN_SHARED_BYTES, or under half the key, does not count:
     # the least loaded, least recently used slot wins.
     assert r.route(b"S" * (MIN_SHARED_BYTES - 1)) == 2
-    assert r.route(b"S" * 200 + b"y" * 300) == 2
+    # Not affine (200 shared bytes are under half of this key), but slot 0 keeps 200 bytes and drops 9:
+    # among free slots, the one that keeps the most and drops the least wins.
+    assert r.route(b"S" * 200 + b"y" * 300) == 0
     with pytest.raises(ValueError, match="slots"):
         SlotRouter(0)
+
+
+DOC = b"D" * 1000
+TICKET = b"T" * 500
+
+
+async def test_router_a_state_waits_for_its_slot_until_it_is_ready_then_takes_any():
+    r = SlotRouter(3)
+    first = await r.acquire(key=DOC)            # slot 0 now holds the document
+    assert first.slot == 0
+    assert r.route(DOC) is None                 # no snapshot yet: it would wait for slot 0
+    got = []
+    async with anyio.create_task_group() as tg:
+        async def second():
+            lease = await r.acquire(key=DOC, pin=True)
+            got.append(lease.slot)
+            lease.begin()
+            lease.close()
+            await anyio.sleep(0.01)
+            lease.end(ok=True)                  # its DONE: the document's snapshot exists
+        tg.start_soon(second)
+        await anyio.wait_all_tasks_blocked()
+        assert r.waiting() == 1 and got == []   # slots 1 and 2 are free, yet it waits
+        first.close()
+    assert got == [0] and r.is_ready(DOC)
+    a, b, c = [await r.acquire(key=DOC) for _ in range(3)]
+    assert sorted((a.slot, b.slot, c.slot)) == [0, 1, 2]   # ready: every slot serves it at once
+
+
+async def test_router_a_pinned_request_that_failed_does_not_make_its_state_ready():
+    r = SlotRouter(2)
+    lease = await r.acquire(key=DOC, pin=True)
+    lease.begin()
+    lease.close()
+    lease.end(ok=False)
+    assert not r.is_ready(DOC) and r.route(DOC) == 0
+
+
+async def test_router_a_prefix_of_a_document_goes_to_an_empty_slot_not_the_documents():
+    r = SlotRouter(2)
+    (await r.acquire(key=b"H" * 100 + DOC)).close()        # slot 0: the template head + the document
+    assert r.route(b"H" * 100) == 1     # the head alone (a content-free reading) would truncate it
+    assert r.route(b"H" * 100 + DOC + b"q") == 0
+
+
+async def test_router_a_waiter_that_cannot_use_the_freed_slot_does_not_hold_back_one_that_can():
+    r = SlotRouter(2)
+    doc = await r.acquire(key=DOC)
+    ticket = await r.acquire(key=TICKET)
+    assert (doc.slot, ticket.slot) == (0, 1)
+    order = []
+    async with anyio.create_task_group() as tg:
+        async def wait(key, tag):
+            lease = await r.acquire(key=key)
+            order.append((tag, lease.slot))
+            lease.close()
+        tg.start_soon(wait, DOC, "doc")          # first in the queue, but only slot 0 will do
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(wait, b"U" * 500, "other")  # no affine slot: any will do
+        await anyio.wait_all_tasks_blocked()
+        ticket.close()                           # slot 1 frees: the second waiter takes it
+        await anyio.wait_all_tasks_blocked()
+        assert order == [("other", 1)]
+        doc.close()
+    assert order == [("other", 1), ("doc", 0)]
 
 
 async def test_router_queues_fifo_and_hands_over_on_close():

@@ -21,6 +21,8 @@
 
 #define ENGINE_MAX_LOGPROBS   SP_MAX_LOGPROBS /* CAPS max_logprobs */
 #define ENGINE_AUTO_SLOTS_MAX 4               /* --slots unset: at most this many, sized from memory (main.c) */
+#define ENGINE_AUTO_SLOTS_GPU 16              /* the same on a GPU, where a decode of many requests' rows costs
+                                                 little more than one of a few: batching pays */
 #define ENGINE_AUTO_KV_SHARE  8               /* --slots unset: the KV cache takes at most 1/this of free memory */
 #define ENGINE_DEFAULT_CTX    4096            /* tokens per slot, capped by the model's n_ctx_train */
 #define ENGINE_DEFAULT_PINS   4               /* snapshots kept (CAPS pin_slots) */
@@ -141,7 +143,16 @@ typedef struct engine {
 
     struct llama_batch batch;   /* n_batch tokens, up to n_score_seqs seq ids each */
     llama_token_data *cand;     /* n_vocab candidates for the sampler */
-    int n_threads;
+    int n_threads;              /* the decodes' CPU threads now */
+    int threads_auto;           /* --threads auto: n_threads moves between 1 and threads_max (threads.c) */
+    int threads_max;
+    double thr_wall0, thr_cpu0; /* the running decode's start: monotonic and process CPU seconds */
+    double thr_share;           /* CPU time got over n_threads x wall, averaged over the last decodes */
+    int thr_samples;            /* decodes measured since the last change */
+    double thr_changed;         /* when n_threads last changed (monotonic s) */
+    double thr_probe_s;         /* seconds after a change before trying one more thread */
+    int thr_trying;             /* the last change added a thread, not yet found to hold */
+    uint64_t thr_changes;
     /* read-out of one batch: per row, its logits, logsumexp, top-k */
     const float **echo_rows;    /* n_batch */
     double *echo_lse;           /* n_batch */
@@ -192,7 +203,7 @@ void devices_caps(const device_options *d, char *out, size_t cap);
 
 /* slots.c: prefix reuse and snapshots */
 int lcp(const llama_token *a, int na, const llama_token *b, int nb);
-int snapshot_valid(engine *e, const snapshot *s);
+int snapshot_valid(engine *e, snapshot *s);
 snapshot *snapshot_find(engine *e, const llama_token *toks, int n, int max_len, int *stale);
 void snapshot_take(engine *e, int slot, const llama_token *toks, int n, const float *logits);
 void slot_truncate(engine *e, int slot, int keep);
@@ -218,6 +229,11 @@ void score_cache_free(score_cache *c);
 void engine_poll(engine *e);
 bool engine_decode_abort(void *data);
 void engine_log_aborting(int on);
+
+/* threads.c: --threads auto */
+int threads_cores(void);
+void threads_before(engine *e);
+void threads_after(engine *e);
 
 /* sched.c: tasks and the decode loop */
 int sched_step(engine *e);

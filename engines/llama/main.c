@@ -25,7 +25,7 @@
 
 typedef struct options {
     const char *model;
-    int slots, ctx, pins, threads, score_seqs;
+    int slots, ctx, pins, threads, threads_auto, score_seqs;
     int ubatch;         /* --ubatch: llama.cpp's physical batch, the cancellation grain */
     int chunk;          /* --chunk: a request's rows in a shared decode */
     int score_cache_mb; /* --score-cache-mb: SCORE results kept between requests */
@@ -43,7 +43,7 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: serveproto-llama --model PATH [--slots N] [--ctx N] [--pin-slots N]\n"
-            "                        [--threads N] [--score-seqs N] [--ubatch N] [--chunk N] [--seed N] [--kv-type f32|f16]\n"
+            "                        [--threads N|auto] [--score-seqs N] [--ubatch N] [--chunk N] [--seed N] [--kv-type f32|f16]\n"
             "                        [--numerics invariant|fast] [--score-cache-mb N] [--flash-attn]\n"
             "                        [--float-digits 9..17] [--splice-check] [--verbose]\n"
             "                        [--split-mode none|layer|row] [--tensor-split A,B,...] [--main-gpu N]\n"
@@ -101,7 +101,10 @@ static int parse_options(int argc, char **argv, options *o)
             rc = parse_int_arg(a, v, 8, 1 << 20, &o->ctx);
         else if (!strcmp(a, "--pin-slots"))
             rc = parse_int_arg(a, v, 1, 1024, &o->pins);
-        else if (!strcmp(a, "--threads"))
+        else if (!strcmp(a, "--threads") && v && !strcmp(v, "auto")) {
+            o->threads_auto = 1;
+            o->threads = threads_cores();
+        } else if (!strcmp(a, "--threads"))
             rc = parse_int_arg(a, v, 1, 1024, &o->threads);
         else if (!strcmp(a, "--score-seqs"))
             rc = parse_int_arg(a, v, 1, 255, &o->score_seqs);
@@ -228,7 +231,7 @@ static void model_name(const char *path, char *out, size_t cap)
 /* --slots unset: as many slots as the KV cache of n_ctx cells each (plus
  * SCORE's scratch share) fits in 1/ENGINE_AUTO_KV_SHARE of the memory free now
  * (the host's; a GPU build's first GPU's), at least 1, at most
- * ENGINE_AUTO_SLOTS_MAX. A slot's cells: n_layer * (K + V) widths * the KV
+ * ENGINE_AUTO_SLOTS_MAX (on a GPU ENGINE_AUTO_SLOTS_GPU). A slot's cells: n_layer * (K + V) widths * the KV
  * type's bytes (an estimate from the model's shape: n_embd / n_head per head). */
 static int auto_slots(engine *e, const options *o)
 {
@@ -238,6 +241,7 @@ static int auto_slots(engine *e, const options *o)
                        (o->kv_f16 ? 2.0 : 4.0);
     double per_slot = per_token * e->n_ctx;
     double avail = (double)model_mem_available();
+    int cap = ENGINE_AUTO_SLOTS_MAX;
     if (llama_supports_gpu_offload()) {
         for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
             ggml_backend_dev_t dev = ggml_backend_dev_get(i);
@@ -245,6 +249,7 @@ static int auto_slots(engine *e, const options *o)
                 size_t free_b = 0, total_b = 0;
                 ggml_backend_dev_memory(dev, &free_b, &total_b);
                 avail = (double)free_b;
+                cap = ENGINE_AUTO_SLOTS_GPU;
                 break;
             }
         }
@@ -252,7 +257,7 @@ static int auto_slots(engine *e, const options *o)
     if (per_slot <= 0 || avail <= 0)
         return 1;
     int n = (int)(avail / ENGINE_AUTO_KV_SHARE / per_slot) - 1; /* one share is SCORE's scratch */
-    return n < 1 ? 1 : n > ENGINE_AUTO_SLOTS_MAX ? ENGINE_AUTO_SLOTS_MAX : n;
+    return n < 1 ? 1 : n > cap ? cap : n;
 }
 
 static int load(engine *e, options *o)
@@ -372,6 +377,9 @@ static int load(engine *e, options *o)
     if (!ok)
         return load_fail(e, "nomem", "allocating the engine's buffers failed");
     e->n_threads = o->threads;
+    e->threads_max = o->threads;
+    /* on a GPU the CPU threads wait for the device: nothing to adapt */
+    e->threads_auto = o->threads_auto && !devices_local_gpu() && o->dev.n_rpc == 0;
     e->echo_rows = malloc((size_t)e->n_batch * sizeof *e->echo_rows);
     e->echo_lse = malloc((size_t)e->n_batch * sizeof *e->echo_lse);
     e->echo_k = malloc((size_t)e->n_batch * sizeof *e->echo_k);
@@ -426,9 +434,9 @@ static void handshake(engine *e)
     char caps[2048];
     snprintf(caps, sizeof caps,
              "chat=1 slots=%d n_ctx=%d n_vocab=%d model=%s pin_slots=%d max_logprobs=%d x_score=1 x_counters=1 x_health=1 "
-             "x_numerics=%s x_batched=1 n_ubatch=%d n_chunk=%d%s",
+             "x_numerics=%s x_batched=1 n_ubatch=%d n_chunk=%d x_threads=%s%d%s",
              e->n_slots, e->n_ctx, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS, e->numerics, e->n_ubatch,
-             e->n_chunk, e->devices_caps);
+             e->n_chunk, e->threads_auto ? "auto:" : "", e->threads_max, e->devices_caps);
     sp_write_ready(&e->w);
     sp_write_caps(&e->w, caps);
     double stat[4] = { 0.0, 0.0, 0.0, rss_gb() };

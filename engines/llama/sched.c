@@ -178,7 +178,9 @@ int sched_step(engine *e)
 
     e->in_decode = 1;
     e->abort_decode = 0;
+    threads_before(e);
     int rc = llama_decode(e->ctx, e->batch);
+    threads_after(e);
     e->in_decode = 0;
     e->decodes++;
     if (rc == 0) {

@@ -4,8 +4,9 @@
  * A llama-architecture model keeps nothing but attention rows indexed by
  * position, so a snapshot holds only token ids and the logits of its last
  * position; its rows stay in its slot's sequence. A snapshot is valid while
- * that slot still holds its tokens as a prefix; once another prompt truncated
- * the slot below them, the rows were rewritten and the snapshot is stale. */
+ * a slot still holds its tokens as a prefix (its own, or another that a
+ * restore copied them to); once prompts truncated every such slot below them,
+ * the rows were rewritten and the snapshot is stale. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,10 +22,25 @@ int lcp(const llama_token *a, int na, const llama_token *b, int nb)
     return i;
 }
 
-int snapshot_valid(engine *e, const snapshot *s)
+static int slot_holds(const engine *e, int slot, const snapshot *s)
 {
-    const slot_state *sl = &e->slots[s->slot];
+    const slot_state *sl = &e->slots[slot];
     return sl->n >= s->n && lcp(sl->tokens, sl->n, s->tokens, s->n) == s->n;
+}
+
+/* A snapshot is valid while some slot holds its tokens as a prefix: its own
+ * slot, else another one (a restore copied its cells there, or a request
+ * computed the same tokens there), which becomes its slot. */
+int snapshot_valid(engine *e, snapshot *s)
+{
+    if (slot_holds(e, s->slot, s))
+        return 1;
+    for (int u = 0; u < e->n_slots; u++)
+        if (u != s->slot && slot_holds(e, u, s)) {
+            s->slot = u;
+            return 1;
+        }
+    return 0;
 }
 
 static void snapshot_release(snapshot *s)

@@ -112,11 +112,11 @@ def add_parsers(sub) -> None:
                         "all of them (default: the engine sizes them from the context and the memory free at "
                         "start, 1 to 4; spec/llama-engine.md)")
     p.add_argument("--ctx", type=int, default=None, help="context size per slot of the llama engine")
-    p.add_argument("--threads", type=_positive_int, default=None,
-                   help=f"CPU threads of each llama engine (default ${THREADS_ENV}, else the number of cores "
-                        "minus one, at least 1: llama.cpp's all-cores default slows down sharply when the "
-                        "gateway or anything else shares the cores; with several engines that default is "
-                        "divided among them)")
+    p.add_argument("--threads", type=_threads, default=None, metavar="N|auto",
+                   help=f"CPU threads of each llama engine (default ${THREADS_ENV}, else auto: every core, "
+                        "one fewer while the decodes find the cores shared with the gateway or anything else, "
+                        "since llama.cpp's threads wait for each other and slow down sharply then; with "
+                        "several engines the cores are divided among them)")
     p.add_argument("--precision", type=_precision, default="native", metavar="{native,f32}",
                    help="the llama engine's weights: native (the GGUF's own types, default) or f32 (the GGUF "
                         "transcoded once to F32 by llama.cpp's quantizer into the cache, then reused: logprobs "
@@ -354,9 +354,16 @@ def load_calibration(choice: str | None, model_path: str | None):
     return cal
 
 
-def default_threads(threads: int | None, environ=os.environ, cpu_count: int | None = None) -> int:
-    """The llama engine's thread count: ``threads`` when given, else ``$SERVEPROTO_THREADS``, else
-    ``max(1, cores - 1)`` (``cores`` = ``os.cpu_count()``, 1 when unknown), leaving a core to the gateway.
+def _threads(value: str) -> int | str:
+    """``--threads``: an integer >= 1, or ``auto``."""
+    return "auto" if value == "auto" else _positive_int(value)
+
+
+def default_threads(threads: int | str | None, environ=os.environ) -> int | str:
+    """The llama engine's threads: ``threads`` when given, else ``$SERVEPROTO_THREADS``, else ``"auto"``:
+    the engine starts on every core it may run on and drops a thread while its decodes get less CPU
+    time than their threads x wall time, something else wanting the cores, then tries one more
+    again (engines/llama/threads.c; spec/llama-engine.md, "Threads").
 
     Raises ``SystemExit`` naming ``SERVEPROTO_THREADS`` when it is set but not an integer >= 1.
     """
@@ -368,11 +375,10 @@ def default_threads(threads: int | None, environ=os.environ, cpu_count: int | No
             return _positive_int(env)
         except argparse.ArgumentTypeError as exc:
             raise SystemExit(f"serveproto serve: {THREADS_ENV}: {exc}") from None
-    cores = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
-    return max(1, cores - 1)
+    return "auto"
 
 
-def engine_argv(args, model: str | None = None, threads: int | None = None) -> tuple[list[str], str | None]:
+def engine_argv(args, model: str | None = None, threads: int | str | None = None) -> tuple[list[str], str | None]:
     """The engine's argv and the GGUF whose chat template the prompts use (None: ChatML): the llama
     engine on ``model`` (default ``args.model``, else the default model) with ``threads`` (default
     :func:`default_threads` of ``args.threads``), or ``--engine``'s command."""
@@ -466,8 +472,8 @@ def plan_engines(args, environ=os.environ, cpu_count: int | None = None) -> list
     options empty but ``env``), the first model the default.
 
     Engines are named ``<model>-<i>`` (one engine alone: the binary's name, as before); each llama engine
-    gets ``--threads`` when given, else :func:`default_threads` divided among all the engines (at least
-    1); with :func:`gpu_devices`, engine ``i`` (counted over every model) gets ``CUDA_VISIBLE_DEVICES``
+    gets ``--threads`` when given, else :func:`default_threads` (``auto`` for one engine alone; with
+    several, ``$SERVEPROTO_THREADS`` or the cores divided among them, at least 1); with :func:`gpu_devices`, engine ``i`` (counted over every model) gets ``CUDA_VISIBLE_DEVICES``
     = ``devices[i mod n]``. Raises ``SystemExit`` for several models with ``--engine`` and for a
     missing model or engine (:func:`engine_argv`).
     """
@@ -479,7 +485,10 @@ def plan_engines(args, environ=os.environ, cpu_count: int | None = None) -> list
                          "with --engine, give one --model (its chat template) and your engine its model")
     n = getattr(args, "engines", 1) or 1
     total = n * len(models)
-    threads = args.threads if args.threads is not None else max(1, default_threads(None, environ, cpu_count) // total)
+    threads = default_threads(args.threads, environ)
+    if args.threads is None and total > 1:
+        pool = (cpu_count or os.cpu_count() or 1) if threads == "auto" else int(threads)
+        threads = max(1, pool // total)
     plans, i, devices = [], 0, None
     for name, path in models:
         argv, model_path = engine_argv(args, model=path, threads=threads)
@@ -498,12 +507,13 @@ def plan_engines(args, environ=os.environ, cpu_count: int | None = None) -> list
     return plans
 
 
-def _f32_argv(argv: list[str], threads: int | None) -> list[str]:
+def _f32_argv(argv: list[str], threads: int | str | None) -> list[str]:
     """``argv`` with its ``--model`` replaced by the model's F32 transcode (made once: ``gateway.engine.precision``)."""
     from gateway.engine.precision import ensure_f32
 
     i = argv.index("--model") + 1
-    return argv[:i] + [str(ensure_f32(argv[i], threads=default_threads(threads)))] + argv[i + 1:]
+    n = default_threads(threads)
+    return argv[:i] + [str(ensure_f32(argv[i], threads=n if isinstance(n, int) else os.cpu_count() or 1))] + argv[i + 1:]
 
 
 def load_calibrations(choice: str | None, paths: list[str | None]) -> list:

@@ -286,12 +286,15 @@ class Engine:
     # ------------------------------------------------------------ requests
 
     def request(self, make, *, slot: int | None = None, route: Text | None = None,
-                timeout: float | None = None, slotless: bool = False) -> RequestStream:
+                timeout: float | None = None, slotless: bool = False, pin: bool = False) -> RequestStream:
         """Low level: send the request ``make(id, slot)`` builds, stream its replies.
 
         ``make`` gets a fresh id and the KV slot chosen (explicit ``slot``, or
         routed by ``route``) and returns a ``serveproto`` request event.
-        ``slotless`` (PING) takes no slot. See :class:`RequestStream`.
+        ``slotless`` (PING) takes no slot. ``pin``: the request pins ``route``'s
+        state; once it has ended with DONE, later requests on that state may
+        take any free slot (:class:`gateway.engine.slots.SlotRouter`).
+        See :class:`RequestStream`.
         """
         key = _bytes(route, "route") if route is not None else b""
         timeout = self.request_timeout if timeout is None else timeout
@@ -300,7 +303,7 @@ class Engine:
             proc = await self._sup.instance()
             if slotless:
                 return proc, await proc.begin(make, None)
-            lease = await self._acquire(proc, slot, key)
+            lease = await self._acquire(proc, slot, key, pin)
             try:
                 return proc, await proc.begin(make, lease)
             finally:
@@ -308,12 +311,12 @@ class Engine:
 
         return RequestStream(start, timeout=timeout, name=self.name)
 
-    async def _acquire(self, proc: EngineProcess, slot: int | None, key: bytes) -> SlotLease:
+    async def _acquire(self, proc: EngineProcess, slot: int | None, key: bytes, pin: bool = False) -> SlotLease:
         waiting = proc.router.waiting() if proc.router is not None else 0
         if self.max_waiting is not None and waiting >= self.max_waiting:
             raise EngineBusy(f"engine {self.name!r} is busy: {waiting} request(s) already "
                              f"wait for a slot", name=self.name, waiting=waiting)
-        return await proc.acquire(slot, key)
+        return await proc.acquire(slot, key, pin)
 
     def _on_lease(self, proc: EngineProcess, lease: SlotLease, make) -> RequestStream:
         async def start():
@@ -353,7 +356,7 @@ class Engine:
                           counters=bool(counters and x_counters))
 
         return self.request(make, slot=slot, route=route if route is not None else prompt_b,
-                            timeout=timeout)
+                            timeout=timeout, pin=pin)
 
     async def read_out(self, prompt: Text, *, logprobs: int = 5, pin: bool = False,
                        slot: int | None = None, counters: bool = True, ids: bool = False,
@@ -420,7 +423,7 @@ class Engine:
         table: dict[tuple[int, int], OptionScore] = {}
         done = None
         stream = self.request(lambda rid, s: Score(id=rid, slot=s, payload=payload),
-                              slot=slot, route=key, timeout=None)
+                              slot=slot, route=key, timeout=None, pin=pin)
         async with stream:
             async for ev in stream:
                 if isinstance(ev, Scored):
@@ -446,7 +449,7 @@ class Engine:
         for gi, (stem, options) in enumerate(groups):
             proc = await self._sup.instance()
             # Only the first group may be refused as busy: a score once begun finishes.
-            lease = await (self._acquire(proc, slot, key) if gi == 0 else proc.acquire(slot, key))
+            lease = await (self._acquire(proc, slot, key, pin) if gi == 0 else proc.acquire(slot, key))
             slot = lease.slot   # every group on the slot that holds the snapshots
             try:
                 if gi == 0 and prefix and stem and (pin or len(groups) > 1):

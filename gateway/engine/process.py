@@ -422,7 +422,7 @@ class EngineProcess:
             del self._inflight[rid]
             req.send.close()
             if req.lease is not None:
-                req.lease.end()
+                req.lease.end(isinstance(ev, Done))
 
     async def _watchdog(self) -> None:
         """PING the engine every ``health_interval`` s, busy or idle (it answers between its own
@@ -507,10 +507,10 @@ class EngineProcess:
         if self._closing:
             raise EngineUnavailable(f"engine {self.name!r} is shutting down", name=self.name)
 
-    async def acquire(self, slot: int | None = None, key: bytes = b"") -> SlotLease:
+    async def acquire(self, slot: int | None = None, key: bytes = b"", pin: bool = False) -> SlotLease:
         """Wait for a slot (FIFO) and return its lease; see :class:`SlotRouter`."""
         self._check_open()
-        return await self.router.acquire(slot, key)
+        return await self.router.acquire(slot, key, pin)
 
     async def begin(self, make: Callable[[int, int], object], lease: SlotLease | None, *,
                     shield: bool = True) -> Inflight:

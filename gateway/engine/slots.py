@@ -1,17 +1,36 @@
 """KV slots of one engine process: who runs on which slot, and who waits.
 
 An engine runs one request per slot at a time (``SLOT_BUSY`` otherwise, spec
-section 6). Each slot has a FIFO queue, so waiting clients are served in
-arrival order; a caller holds a slot through a :class:`SlotLease` for one
-*window* of requests (one request, or a scoring group) and the next waiter gets
-the slot between windows. Requests without an explicit slot are routed to the
-slot whose last routing key shares the longest prefix with theirs, so requests
-over the same state or prefix meet their snapshot again.
+section 6), and runs the requests of different slots in the same decodes
+(spec/llama-engine.md, "Many requests at once"). A caller holds a slot through
+a :class:`SlotLease` for one *window* of requests (one request, or a scoring
+group); waiters form one queue, served first come first served among those
+that can use the slot that frees.
+
+Which slot a request may use, when it names none, follows from its routing
+key (its state's text):
+
+* a slot whose last key shares at least half of both keys (and at least
+  ``MIN_SHARED_BYTES``) holds the request's state: an *affine* slot;
+* while the state has no snapshot on the engine, the request waits for an
+  affine slot, where its rows are (another slot would compute the state
+  again);
+* once a request that pins the state has ended well, the engine holds a
+  snapshot of it, which any slot restores by sharing its cells (a copy in the
+  unified KV cache, nothing recomputed): the state is *ready*, and its
+  requests take any free slot, affine ones first. So one popular document is
+  served from every slot at once instead of queueing on one;
+* a request with no affine slot takes any free slot.
+
+Among the free slots a request may use it takes the one that keeps the most
+and drops the least of what the slots hold (shared prefix minus the rest of
+the slot's key, in bytes), then the least recently used: a short prompt that
+is a prefix of a long document's (the content-free reading's) goes to an
+empty slot rather than truncating the document's.
 """
 from __future__ import annotations
 
-import os
-from collections import deque
+from collections import OrderedDict, deque
 
 import anyio
 
@@ -20,25 +39,50 @@ import anyio
 #: template's fixed system turn, do not pin unrelated states to one slot).
 MIN_SHARED_BYTES = 64
 
+#: Routing keys remembered as ready (their snapshot taken), least recently used forgotten first.
+READY_KEYS = 64
+
 
 def _shared_prefix(a: bytes, b: bytes) -> int:
-    """Length in bytes of the longest common prefix of ``a`` and ``b``."""
-    return len(os.path.commonprefix([a, b]))
+    """Length in bytes of the longest common prefix of ``a`` and ``b``.
+
+    A binary search over slice comparisons (each a memcmp): keys are whole
+    documents, and a byte-by-byte loop in Python would cost a millisecond each.
+    """
+    n = min(len(a), len(b))
+    va, vb = memoryview(a), memoryview(b)
+    if va[:n] == vb[:n]:
+        return n
+    lo, hi = 0, n  # va[:lo] == vb[:lo] and va[:hi] != vb[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if va[:mid] == vb[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class _Slot:
-    """One slot's state: busy or not, its FIFO of waiters, its last key."""
+    """One slot's state: busy or not, its last key, when it was last granted."""
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.busy = False
-        self.waiters: deque[anyio.Event] = deque()
         self.key = b""
         self.last_used = 0
 
-    @property
-    def load(self) -> int:
-        return int(self.busy) + len(self.waiters)
+
+class _Waiter:
+    """A caller waiting for a slot: its key, its explicit slot, the slot granted."""
+
+    __slots__ = ("key", "slot", "event", "granted")
+
+    def __init__(self, key: bytes, slot: int | None) -> None:
+        self.key = key
+        self.slot = slot
+        self.event = anyio.Event()
+        self.granted: int | None = None
 
 
 class SlotLease:
@@ -50,9 +94,11 @@ class SlotLease:
     so the next request never meets ``SLOT_BUSY``.
     """
 
-    def __init__(self, router: SlotRouter, slot: int) -> None:
+    def __init__(self, router: SlotRouter, slot: int, key: bytes = b"", pin: bool = False) -> None:
         self._router = router
         self.slot = slot
+        self.key = key
+        self.pin = pin
         self._pending = 0
         self._closed = False
         self._returned = False
@@ -61,9 +107,14 @@ class SlotLease:
         """A request was sent on this slot (call once per request)."""
         self._pending += 1
 
-    def end(self) -> None:
-        """A request begun under this lease ended (its terminal frame, or the engine died)."""
+    def end(self, ok: bool = False) -> None:
+        """A request begun under this lease ended (its terminal frame, or the engine died).
+
+        ``ok``: it ended with DONE; a pinning lease's key is then ready (its snapshot exists).
+        """
         self._pending -= 1
+        if ok and self.pin and self.key:
+            self._router.mark_ready(self.key)
         self._maybe_return()
 
     def close(self) -> None:
@@ -78,7 +129,7 @@ class SlotLease:
 
 
 class SlotRouter:
-    """FIFO slot queues and prefix-affinity routing for ``n_slots`` KV slots.
+    """One queue of waiters and state-affinity routing for ``n_slots`` KV slots.
 
     Raises :class:`ValueError` for an explicit slot outside ``0 .. n_slots-1``.
     After :meth:`close` every waiter and every later :meth:`acquire` raises the
@@ -89,6 +140,8 @@ class SlotRouter:
         if n_slots < 1:
             raise ValueError(f"slots must be at least 1, got {n_slots}")
         self._slots = [_Slot(i) for i in range(n_slots)]
+        self._waiters: deque[_Waiter] = deque()
+        self._ready: OrderedDict[bytes, None] = OrderedDict()
         self._closed: BaseException | None = None
         self._clock = 0
 
@@ -102,71 +155,100 @@ class SlotRouter:
 
     def waiting(self) -> int:
         """How many callers wait for a slot."""
-        return sum(len(s.waiters) for s in self._slots)
+        return len(self._waiters)
 
-    def route(self, key: bytes) -> int:
-        """The slot a request with routing ``key`` should queue on.
+    def mark_ready(self, key: bytes) -> None:
+        """The engine holds a snapshot of ``key``'s state: its requests may take any slot."""
+        self._ready[key] = None
+        self._ready.move_to_end(key)
+        while len(self._ready) > READY_KEYS:
+            self._ready.popitem(last=False)
 
-        The slot whose last key shares the longest prefix with ``key`` wins when
-        that prefix is at least ``MIN_SHARED_BYTES`` and half of ``key``;
-        otherwise the least loaded slot (busy + waiting), least recently used first.
-        """
-        best, best_len = None, 0
-        for s in self._slots:
-            n = _shared_prefix(key, s.key)
-            if n > best_len:
-                best, best_len = s, n
-        if best is not None and best_len >= MIN_SHARED_BYTES and 2 * best_len >= len(key):
-            return best.index
-        return min(self._slots, key=lambda s: (s.load, s.last_used)).index
+    def is_ready(self, key: bytes) -> bool:
+        return key in self._ready
 
-    async def acquire(self, slot: int | None = None, key: bytes = b"") -> SlotLease:
-        """Wait (FIFO) for a slot and return its lease.
+    def _affine(self, key: bytes, s: _Slot) -> bool:
+        n = _shared_prefix(key, s.key)
+        return n >= MIN_SHARED_BYTES and 2 * n >= len(key) and 2 * n >= len(s.key)
+
+    def _gain(self, key: bytes, s: _Slot) -> int:
+        n = _shared_prefix(key, s.key)
+        return n - (len(s.key) - n)
+
+    def _usable(self, w: _Waiter) -> list[_Slot]:
+        """The free slots ``w`` may take now, best first."""
+        if w.slot is not None:
+            s = self._slots[w.slot]
+            return [] if s.busy else [s]
+        free = [s for s in self._slots if not s.busy]
+        if not free:
+            return []
+        affine = [s for s in self._slots if w.key and self._affine(w.key, s)]
+        if affine and not self.is_ready(w.key):
+            free = [s for s in free if s in affine]
+        return sorted(free, key=lambda s: (-self._gain(w.key, s), s.last_used, s.index))
+
+    def route(self, key: bytes) -> int | None:
+        """The free slot a request with routing ``key`` would take now, or ``None`` (it would wait)."""
+        usable = self._usable(_Waiter(key, None))
+        return usable[0].index if usable else None
+
+    def _grant(self, w: _Waiter, s: _Slot) -> None:
+        s.busy = True
+        self._clock += 1
+        s.last_used = self._clock
+        if w.key:
+            s.key = w.key
+        w.granted = s.index
+
+    async def acquire(self, slot: int | None = None, key: bytes = b"", pin: bool = False) -> SlotLease:
+        """Wait for a slot and return its lease.
 
         ``slot``: an explicit slot (overrides routing), or ``None`` to route by
-        ``key``. Cancellation while waiting leaves the queue cleanly.
+        ``key`` (module docstring). ``pin``: the requests of this window pin
+        ``key``'s state; one that ends with DONE makes the key ready.
+        Cancellation while waiting leaves the queue cleanly.
         """
         if self._closed is not None:
             raise self._closed
-        if slot is None:
-            slot = self.route(key)
-        elif not 0 <= slot < len(self._slots):
+        if slot is not None and not 0 <= slot < len(self._slots):
             raise ValueError(f"slot: {slot} is out of range 0..{len(self._slots) - 1}")
-        s = self._slots[slot]
-        if not s.busy and not s.waiters:
-            s.busy = True
+        w = _Waiter(key, slot)
+        usable = self._usable(w)
+        if usable:
+            self._grant(w, usable[0])
         else:
-            ev = anyio.Event()
-            s.waiters.append(ev)
+            self._waiters.append(w)
             try:
-                await ev.wait()
+                await w.event.wait()
             except BaseException:
-                if ev in s.waiters:
-                    s.waiters.remove(ev)
+                if w.granted is None:
+                    if w in self._waiters:
+                        self._waiters.remove(w)
                 elif self._closed is None:
                     # The slot was handed to us as we were cancelled: pass it on.
-                    self._release(slot)
+                    self._release(w.granted)
                 raise
             if self._closed is not None:
                 raise self._closed
-        self._clock += 1
-        s.last_used = self._clock
-        if key:
-            s.key = key
-        return SlotLease(self, slot)
+        assert w.granted is not None
+        return SlotLease(self, w.granted, key, pin)
 
     def _release(self, slot: int) -> None:
         s = self._slots[slot]
-        if s.waiters:
-            s.waiters.popleft().set()   # ownership passes; the slot stays busy
-        else:
-            s.busy = False
+        s.busy = False
+        # first come first served among the waiters that may take this slot
+        for w in self._waiters:
+            if (w.slot is None or w.slot == slot) and s in self._usable(w):
+                self._waiters.remove(w)
+                self._grant(w, s)
+                w.event.set()
+                return
 
     def close(self, exc: BaseException) -> None:
         """Fail every waiter and every later acquire with ``exc``."""
         if self._closed is not None:
             return
         self._closed = exc
-        for s in self._slots:
-            while s.waiters:
-                s.waiters.popleft().set()
+        while self._waiters:
+            self._waiters.popleft().event.set()
