@@ -30,6 +30,7 @@ empty slot rather than truncating the document's.
 """
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict, deque
 
 import anyio
@@ -43,11 +44,14 @@ MIN_SHARED_BYTES = 64
 READY_KEYS = 64
 
 
+@functools.lru_cache(maxsize=8192)
 def _shared_prefix(a: bytes, b: bytes) -> int:
     """Length in bytes of the longest common prefix of ``a`` and ``b``.
 
     A binary search over slice comparisons (each a memcmp): keys are whole
     documents, and a byte-by-byte loop in Python would cost a millisecond each.
+    Remembered: a release asks it for every waiter and slot, mostly of the same
+    key objects again (a bytes object keeps its hash, so a lookup is cheap).
     """
     n = min(len(a), len(b))
     va, vb = memoryview(a), memoryview(b)
@@ -175,17 +179,19 @@ class SlotRouter:
         n = _shared_prefix(key, s.key)
         return n - (len(s.key) - n)
 
+    def _may_take(self, w: _Waiter, s: _Slot) -> bool:
+        """Whether ``w`` may take slot ``s`` now (module docstring)."""
+        if s.busy:
+            return False
+        if w.slot is not None:
+            return w.slot == s.index
+        if not w.key or self.is_ready(w.key) or self._affine(w.key, s):
+            return True
+        return not any(self._affine(w.key, t) for t in self._slots)
+
     def _usable(self, w: _Waiter) -> list[_Slot]:
         """The free slots ``w`` may take now, best first."""
-        if w.slot is not None:
-            s = self._slots[w.slot]
-            return [] if s.busy else [s]
-        free = [s for s in self._slots if not s.busy]
-        if not free:
-            return []
-        affine = [s for s in self._slots if w.key and self._affine(w.key, s)]
-        if affine and not self.is_ready(w.key):
-            free = [s for s in free if s in affine]
+        free = [s for s in self._slots if self._may_take(w, s)]
         return sorted(free, key=lambda s: (-self._gain(w.key, s), s.last_used, s.index))
 
     def route(self, key: bytes) -> int | None:
@@ -239,7 +245,7 @@ class SlotRouter:
         s.busy = False
         # first come first served among the waiters that may take this slot
         for w in self._waiters:
-            if (w.slot is None or w.slot == slot) and s in self._usable(w):
+            if self._may_take(w, s):
                 self._waiters.remove(w)
                 self._grant(w, s)
                 w.event.set()
