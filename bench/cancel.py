@@ -13,6 +13,7 @@ its end first). Score cache off, so a repeat computes again.
     .venv/bin/python bench/cancel.py [--ubatch 64,128,256,512] [--rounds 2] [--threads 1]
                                      [--engine BIN[,BIN2]] [--model PATH]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,15 +27,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine import Engine  # noqa: E402
-from gateway.paths import default_model_path, engine_bin  # noqa: E402
-from serveproto import Accept, Cancel, Done, Error, Score, Submit  # noqa: E402
+from engine import Engine
+from gateway.paths import default_model_path, engine_bin
+from serveproto import Accept, Cancel, Done, Error, Score, Submit
 
 TICK = os.sysconf("SC_CLK_TCK")
 WORDS = "the quick brown fox jumps over the lazy dog while a customer writes about billing trouble".split()
 PREFIX = "Ticket: " + " ".join(WORDS[i % len(WORDS)] for i in range(500)) + "\n"
-GROUPS = [{"stem": f"Question {g}: is the {WORDS[g % len(WORDS)]} part of item {g} relevant here? Answer:",
-           "options": [" yes", " no", f" it depends on item {g}"]} for g in range(16)]
+GROUPS = [
+    {
+        "stem": f"Question {g}: is the {WORDS[g % len(WORDS)]} part of item {g} relevant here? Answer:",
+        "options": [" yes", " no", f" it depends on item {g}"],
+    }
+    for g in range(16)
+]
 
 
 class Proc(Engine):
@@ -57,7 +63,6 @@ class Proc(Engine):
         return (int(f[11]) + int(f[12])) / TICK
 
 
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ubatch", default="64,128,256,512")
@@ -66,9 +71,11 @@ def main() -> None:
     ap.add_argument("--engine", default=str(engine_bin("serveproto-llama")))
     ap.add_argument("--model", default=str(default_model_path()))
     a = ap.parse_args()
-    engines = {(b, u): Proc([b, "--model", a.model, "--threads", str(a.threads), "--score-cache-mb", "0",
-                             "--ubatch", u])
-               for b in a.engine.split(",") for u in a.ubatch.split(",")}
+    engines = {
+        (b, u): Proc([b, "--model", a.model, "--threads", str(a.threads), "--score-cache-mb", "0", "--ubatch", u])
+        for b in a.engine.split(",")
+        for u in a.ubatch.split(",")
+    }
     got = {k: {"prefill": [], "score": [], "gen": [], "cancel": []} for k in engines}
     rid = 0
 
@@ -79,17 +86,30 @@ def main() -> None:
         got[key][what].append((time.perf_counter() - t, e.cpu_s() - c))
 
     for r in range(a.rounds):
-        prompt = f"{r} {PREFIX}"   # a new prompt each round: cold
+        prompt = f"{r} {PREFIX}"  # a new prompt each round: cold
         for key, e in engines.items():
             rid += 4
-            timed(e, "prefill", key, Submit(id=rid, slot=0, prompt=prompt.encode(), max_tokens=1,
-                                            temperature=0.0, top_p=1.0))
-            timed(e, "score", key, Score(id=rid + 1, slot=0,
-                                         payload=json.dumps({"prefix": prompt, "groups": GROUPS}).encode()))
-            timed(e, "gen", key, Submit(id=rid + 2, slot=0, prompt=b"Write a story:", max_tokens=64,
-                                        temperature=0.0, top_p=1.0))
-            e.send(Submit(id=rid + 3, slot=0, prompt=("y " + PREFIX).encode(), max_tokens=1,
-                          temperature=0.0, top_p=1.0))
+            timed(
+                e,
+                "prefill",
+                key,
+                Submit(id=rid, slot=0, prompt=prompt.encode(), max_tokens=1, temperature=0.0, top_p=1.0),
+            )
+            timed(
+                e,
+                "score",
+                key,
+                Score(id=rid + 1, slot=0, payload=json.dumps({"prefix": prompt, "groups": GROUPS}).encode()),
+            )
+            timed(
+                e,
+                "gen",
+                key,
+                Submit(id=rid + 2, slot=0, prompt=b"Write a story:", max_tokens=64, temperature=0.0, top_p=1.0),
+            )
+            e.send(
+                Submit(id=rid + 3, slot=0, prompt=("y " + PREFIX).encode(), max_tokens=1, temperature=0.0, top_p=1.0)
+            )
             assert isinstance(e.next_event(), Accept)
             time.sleep(0.2)
             t = time.perf_counter()
@@ -103,13 +123,17 @@ def main() -> None:
         return sorted(x[i] for x in v)[len(v) // 2]
 
     print(f"threads {a.threads}, {a.rounds} rounds, medians; wall s / engine CPU s")
-    print(f"{'engine':>28} {'ubatch':>6} | {'prefill ~510 tok':>16} | {'warm SCORE 16x3':>16} | "
-          f"{'64 tokens':>14} | CANCEL ms (max) ended")
+    print(
+        f"{'engine':>28} {'ubatch':>6} | {'prefill ~510 tok':>16} | {'warm SCORE 16x3':>16} | "
+        f"{'64 tokens':>14} | CANCEL ms (max) ended"
+    )
     for (b, u), v in got.items():
-        print(f"{b[-28:]:>28} {u:>6} | {med(v['prefill'], 0):7.2f} {med(v['prefill'], 1):7.2f}  | "
-              f"{med(v['score'], 0):7.2f} {med(v['score'], 1):7.2f}  | {med(v['gen'], 0):6.2f} {med(v['gen'], 1):6.2f} "
-              f" | {med(v['cancel'], 0) * 1e3:7.1f} ({max(x[0] for x in v['cancel']) * 1e3:.1f}) "
-              f"{','.join(sorted({x[1] for x in v['cancel']}))}")
+        print(
+            f"{b[-28:]:>28} {u:>6} | {med(v['prefill'], 0):7.2f} {med(v['prefill'], 1):7.2f}  | "
+            f"{med(v['score'], 0):7.2f} {med(v['score'], 1):7.2f}  | {med(v['gen'], 0):6.2f} {med(v['gen'], 1):6.2f} "
+            f" | {med(v['cancel'], 0) * 1e3:7.1f} ({max(x[0] for x in v['cancel']) * 1e3:.1f}) "
+            f"{','.join(sorted({x[1] for x in v['cancel']}))}"
+        )
 
 
 if __name__ == "__main__":

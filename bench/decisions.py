@@ -21,6 +21,7 @@ On the fixture engine (``--mode decide``, the DECIDE path; no model needed):
      connections, requests/s, p50/p99, errors, the server's RSS before and after.
 Each server runs as its own process (``python -m gateway.cli serve``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,41 +43,75 @@ sys.path.insert(0, str(ROOT))
 
 from gateway.paths import default_model_path, engine_bin  # noqa: E402
 
-TICKET = ("Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing. "
-          "I am losing sales. Please help ASAP. I already reinstalled the plugin twice and checked the API keys, "
-          "the dashboard says the webhook endpoint returns 500 since Monday. Our shop runs on WooCommerce.")
+TICKET = (
+    "Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing. "
+    "I am losing sales. Please help ASAP. I already reinstalled the plugin twice and checked the API keys, "
+    "the dashboard says the webhook endpoint returns 500 since Monday. Our shop runs on WooCommerce."
+)
 
 QUESTIONS_16 = {
     "urgency": {"type": "noul", "instructions": "Does this message express urgency?"},
-    "department": {"type": "choice", "instructions": "Which team should handle this?",
-                   "criteria": {"billing": "payments, invoices, Stripe payouts", "technical": "bugs, outages, integration errors",
-                                "sales": "pricing, plans, upgrades"}},
-    "severity": {"type": "score", "instructions": "How severe is the customer impact?",
-                 "criteria": ["no impact", "minor inconvenience", "blocked on one task", "losing money", "business down"]},
-    "sentiment": {"type": "choice", "instructions": "What is the customer's mood?",
-                  "criteria": {"calm": None, "frustrated": None, "angry": None}},
+    "department": {
+        "type": "choice",
+        "instructions": "Which team should handle this?",
+        "criteria": {
+            "billing": "payments, invoices, Stripe payouts",
+            "technical": "bugs, outages, integration errors",
+            "sales": "pricing, plans, upgrades",
+        },
+    },
+    "severity": {
+        "type": "score",
+        "instructions": "How severe is the customer impact?",
+        "criteria": ["no impact", "minor inconvenience", "blocked on one task", "losing money", "business down"],
+    },
+    "sentiment": {
+        "type": "choice",
+        "instructions": "What is the customer's mood?",
+        "criteria": {"calm": None, "frustrated": None, "angry": None},
+    },
     "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
     "churn": {"type": "noul", "instructions": "Does the customer threaten to leave?"},
-    "platform": {"type": "choice", "instructions": "Which shop platform is it?",
-                 "criteria": {"Shopify": None, "WooCommerce": None, "Magento": None, "unknown": None}},
+    "platform": {
+        "type": "choice",
+        "instructions": "Which shop platform is it?",
+        "criteria": {"Shopify": None, "WooCommerce": None, "Magento": None, "unknown": None},
+    },
     "tried": {"type": "noul", "instructions": "Has the customer already tried to fix it?"},
-    "channel": {"type": "choice", "instructions": "What failed?",
-                "criteria": {"webhook": None, "login": None, "checkout page": None}},
-    "priority": {"type": "score", "instructions": "What priority should the ticket get?", "criteria": ["low", "normal", "high", "urgent"]},
-    "language": {"type": "choice", "instructions": "Which language is the message in?",
-                 "criteria": {"English": None, "German": None, "French": None}},
+    "channel": {
+        "type": "choice",
+        "instructions": "What failed?",
+        "criteria": {"webhook": None, "login": None, "checkout page": None},
+    },
+    "priority": {
+        "type": "score",
+        "instructions": "What priority should the ticket get?",
+        "criteria": ["low", "normal", "high", "urgent"],
+    },
+    "language": {
+        "type": "choice",
+        "instructions": "Which language is the message in?",
+        "criteria": {"English": None, "German": None, "French": None},
+    },
     "polite": {"type": "noul", "instructions": "Is the message polite?"},
     "bug": {"type": "noul", "instructions": "Is this likely a bug on our side?"},
-    "next": {"type": "choice", "instructions": "What should the agent do first?",
-             "criteria": {"ask for logs": None, "escalate": None, "send docs": None, "close": None}},
-    "effort": {"type": "score", "instructions": "How much work will this take?", "criteria": ["minutes", "hours", "days"]},
+    "next": {
+        "type": "choice",
+        "instructions": "What should the agent do first?",
+        "criteria": {"ask for logs": None, "escalate": None, "send docs": None, "close": None},
+    },
+    "effort": {
+        "type": "score",
+        "instructions": "How much work will this take?",
+        "criteria": ["minutes", "hours", "days"],
+    },
     "duration": {"type": "noul", "instructions": "Has the problem lasted more than a day?"},
 }
 
 
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]  # noqa: RUF046  (kept as written)
 
 
 class Server:
@@ -85,8 +120,13 @@ class Server:
     def __init__(self, *argv: str, tree: Path = ROOT, log_level: str = "WARNING") -> None:
         """``tree``: the source tree whose ``gateway`` serves (another commit's, exported, for a before/after);
         ``log_level``: INFO writes the access log (one JSON line a request, to /dev/null here)."""
-        self.proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--log-level", log_level, *argv],
-                                     cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--log-level", log_level, *argv],
+            cwd=tree,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         line = self.proc.stdout.readline()
         if " on http://" not in line:
             self.proc.kill()
@@ -122,12 +162,17 @@ class Server:
 DEBIASED = ["cyclic", "content_free"]
 
 
-def systemone(client: httpx2.Client, state: str, questions: dict, debias: str | list[str] = "none") -> tuple[float, dict]:
+def systemone(
+    client: httpx2.Client, state: str, questions: dict, debias: str | list[str] = "none"
+) -> tuple[float, dict]:
     """One ``/v1/systemone`` request; returns (seconds, reply). ``debias``: its ``x_debias`` (sent always,
     so that the figures do not depend on the server's default)."""
     t = time.perf_counter()
-    r = client.post("/v1/systemone", content=orjson.dumps({"state": state, "questions": questions, "x_debias": debias}),
-                    headers={"content-type": "application/json"})
+    r = client.post(
+        "/v1/systemone",
+        content=orjson.dumps({"state": state, "questions": questions, "x_debias": debias}),
+        headers={"content-type": "application/json"},
+    )
     dt = time.perf_counter() - t
     r.raise_for_status()
     return dt, r.json()
@@ -136,15 +181,24 @@ def systemone(client: httpx2.Client, state: str, questions: dict, debias: str | 
 def chat(client: httpx2.Client, user: str, max_tokens: int, temperature: float, system: str | None = None) -> dict:
     """One whole (not streamed) chat completion; returns the response body."""
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
-    r = client.post("/v1/chat/completions", content=orjson.dumps({
-        "messages": messages, "max_tokens": max_tokens, "temperature": temperature}),
-        headers={"content-type": "application/json"})
+    r = client.post(
+        "/v1/chat/completions",
+        content=orjson.dumps({"messages": messages, "max_tokens": max_tokens, "temperature": temperature}),
+        headers={"content-type": "application/json"},
+    )
     r.raise_for_status()
     return r.json()
 
 
-def by_generation(client: httpx2.Client, state: str, questions: dict, gen_tokens: int, samples: int = 1,
-                  temperature: float = 0.0, reread: bool = False) -> tuple[float, int, dict[str, list[str]], int]:
+def by_generation(
+    client: httpx2.Client,
+    state: str,
+    questions: dict,
+    gen_tokens: int,
+    samples: int = 1,
+    temperature: float = 0.0,
+    reread: bool = False,
+) -> tuple[float, int, dict[str, list[str]], int]:
     """Each question as ``samples`` chat completions on the prompt System One scores (same template, same text).
 
     ``reread``: each request starts with a new number (``Request <n>.`` before the system text), so
@@ -214,7 +268,11 @@ def systemone_probabilities(question: dict, answer: dict) -> list[float]:
     if question["type"] == "noul":
         return [1.0 - answer["noul"], answer["noul"]]
     probs = answer["probabilities"]
-    keys = list(question["criteria"]) if question["type"] == "choice" else [str(i) for i in range(len(question["criteria"]))]
+    keys = (
+        list(question["criteria"])
+        if question["type"] == "choice"
+        else [str(i) for i in range(len(question["criteria"]))]
+    )
     return [probs[k] for k in keys]
 
 
@@ -226,7 +284,7 @@ def expected_sampling_error(p: list[float], k: int) -> float:
     """
     out = 0.0
     for pi in p:
-        out += sum(math.comb(k, c) * pi ** c * (1 - pi) ** (k - c) * abs(c / k - pi) for c in range(k + 1))
+        out += sum(math.comb(k, c) * pi**c * (1 - pi) ** (k - c) * abs(c / k - pi) for c in range(k + 1))
     return out / len(p)
 
 
@@ -268,10 +326,9 @@ def bench_llm(args) -> None:
     processes on the machine falls on both alike; every figure is the median over the rounds."""
     model = args.model or str(default_model_path())
     # the score cache off: a repeated request here measures computing it (bench/repeat.py: the cache)
-    srv = Server("--model", model, "--threads", str(args.threads), "--request-timeout", "600",
-                 "--score-cache-mb", "0")
+    srv = Server("--model", model, "--threads", str(args.threads), "--request-timeout", "600", "--score-cache-mb", "0")
     med = statistics.median
-    names = list(QUESTIONS_16)[:args.questions]
+    names = list(QUESTIONS_16)[: args.questions]
     questions = {k: QUESTIONS_16[k] for k in names}
     nq = len(questions)
     try:
@@ -297,7 +354,7 @@ def bench_llm(args) -> None:
         # k sampled answers a question, on the state generation has warmed (the last round's), against
         # System One on the same state (the first request reads it and is the reference for the greedy
         # and the sampled answers; the second, on the sampled questions only, is timed warm)
-        sq = {k: questions[k] for k in names[:args.sample_questions]}
+        sq = {k: questions[k] for k in names[: args.sample_questions]}
         t_samp, n_samp, sampled, _ = by_generation(client, state_gen, sq, args.gen_tokens, args.samples, 1.0)
         _, ref = systemone(client, state_gen, questions)  # the reference: System One on generation's own state
         t_s1_sq, _ = systemone(client, state_gen, sq)
@@ -324,37 +381,57 @@ def bench_llm(args) -> None:
             opts = options_of(q)
             p = systemone_probabilities(q, ref["answers"][qid])
             agree += parse_answer(greedy[qid][0], opts) == max(range(len(p)), key=lambda i: (p[i], -i))
-        print(f"\n## default model ({Path(model).name}, {args.threads} threads): System One vs generation, "
-              f"{nq} questions on one state (median of {args.rounds} interleaved rounds)\n")
+        print(
+            f"\n## default model ({Path(model).name}, {args.threads} threads): System One vs generation, "
+            f"{nq} questions on one state (median of {args.rounds} interleaved rounds)\n"
+        )
         print("| | System One | greedy generation, one answer a question | ratio |")
         print("|---|---|---|---|")
         print(f"| {nq} questions, cold state | {c1:.2f} s | {c2:.2f} s | {c2 / c1:.1f}x |")
         print(f"| {nq} questions, warm state | {w1:.2f} s | {w2:.2f} s | {w2 / w1:.1f}x |")
-        print(f"| {nq} questions, generation re-reading the state for each (no prefix cache, the seed's baseline) | "
-              f"{w1:.2f} s (warm) | {r2:.2f} s | {r2 / w1:.1f}x |")
-        print(f"| {nq} questions, warm state, System One debiased as served on the default model (x_debias cyclic + "
-              f"content_free), its first request (the questions' content-free readings included) | {d1:.2f} s | "
-              f"{w2:.2f} s | {w2 / d1:.1f}x |")
-        print(f"| {nq} questions, warm state, System One debiased, the next request | {dw:.2f} s | {w2:.2f} s | {w2 / dw:.1f}x |")
-        print(f"| {nq} questions, warm, System One debiased, generation re-reading the state | {dw:.2f} s | {r2:.2f} s | "
-              f"{r2 / dw:.1f}x |")
-        print(f"| per question, warm | {w1 / nq * 1e3:.0f} ms ({dw / nq * 1e3:.0f} ms debiased) | {w2 / nq * 1e3:.0f} ms | |")
-        print(f"| tokens | {body['usage']['output_tokens']} option tokens read, 0 generated | "
-              f"{n_gen} generated (at most {args.gen_tokens} a question) | |")
+        print(
+            f"| {nq} questions, generation re-reading the state for each (no prefix cache, the seed's baseline) | "
+            f"{w1:.2f} s (warm) | {r2:.2f} s | {r2 / w1:.1f}x |"
+        )
+        print(
+            f"| {nq} questions, warm state, System One debiased as served on the default model (x_debias cyclic + "
+            f"content_free), its first request (the questions' content-free readings included) | {d1:.2f} s | "
+            f"{w2:.2f} s | {w2 / d1:.1f}x |"
+        )
+        print(
+            f"| {nq} questions, warm state, System One debiased, the next request | {dw:.2f} s | {w2:.2f} s | {w2 / dw:.1f}x |"
+        )
+        print(
+            f"| {nq} questions, warm, System One debiased, generation re-reading the state | {dw:.2f} s | {r2:.2f} s | "
+            f"{r2 / dw:.1f}x |"
+        )
+        print(
+            f"| per question, warm | {w1 / nq * 1e3:.0f} ms ({dw / nq * 1e3:.0f} ms debiased) | {w2 / nq * 1e3:.0f} ms | |"
+        )
+        print(
+            f"| tokens | {body['usage']['output_tokens']} option tokens read, 0 generated | "
+            f"{n_gen} generated (at most {args.gen_tokens} a question) | |"
+        )
         pw_raw, pw_db = (warm_body.get("x_positions") or {}), (db_warm_body.get("x_positions") or {})
         print(f"| positions computed, warm | {pw_raw.get('computed')} ({pw_db.get('computed')} debiased) | | |")
-        print(f"| what comes back | a probability per option | one label; it is System One's most likely option "
-              f"in {agree}/{nq} questions | |")
+        print(
+            f"| what comes back | a probability per option | one label; it is System One's most likely option "
+            f"in {agree}/{nq} questions | |"
+        )
         ns = len(sq)
-        print(f"\n| the same information: a probability per option, warm | System One | "
-              f"generation, {args.samples} answers a question at temperature 1, counted | ratio |")
+        print(
+            f"\n| the same information: a probability per option, warm | System One | "
+            f"generation, {args.samples} answers a question at temperature 1, counted | ratio |"
+        )
         print("|---|---|---|---|")
         print(f"| {ns} questions ({', '.join(sq)}) | {t_s1_sq:.2f} s | {t_samp:.2f} s | {t_samp / t_s1_sq:.1f}x |")
         print(f"| the same, System One debiased | {t_db_sq:.2f} s | {t_samp:.2f} s | {t_samp / t_db_sq:.1f}x |")
         print(f"| tokens generated | 0 | {n_samp} ({n_samp / (ns * args.samples):.1f} an answer) | |")
         print(f"| answers naming no option (left out of the counts) | | {unparsed}/{ns * args.samples} | |")
-        print(f"| mean abs(p_sampled - p) over options, against System One's p | 0 (exact) | {statistics.fmean(errs):.3f} "
-              f"(floor for {args.samples} samples drawn from p itself: {statistics.fmean(floors):.3f}) | |")
+        print(
+            f"| mean abs(p_sampled - p) over options, against System One's p | 0 (exact) | {statistics.fmean(errs):.3f} "
+            f"(floor for {args.samples} samples drawn from p itself: {statistics.fmean(floors):.3f}) | |"
+        )
         print(f"| the same against System One's debiased p | | {statistics.fmean(errs_db):.3f} | |")
 
         pos = warm_body.get("x_positions") or {}
@@ -364,23 +441,33 @@ def bench_llm(args) -> None:
         greedy_bound = (q_tokens * prefill_ms + g * decode_ms) / (q_tokens * prefill_ms)
         reread_bound = (prompt_tokens * prefill_ms + g * decode_ms) / (q_tokens * prefill_ms)
         sample_bound = (q_tokens * prefill_ms + args.samples * g_s * decode_ms) / (q_tokens * prefill_ms)
-        print(f"\n## why the ratio is what it is (same server, same run)\n")
+        print("\n## why the ratio is what it is (same server, same run)\n")
         print("| | measured |")
         print("|---|---|")
         print(f"| prefill, per prompt token | {prefill_ms:.2f} ms |")
         print(f"| decode, per generated token | {decode_ms:.2f} ms ({decode_ms / prefill_ms:.1f}x a prefill token) |")
-        print(f"| positions System One computes per warm question (stem + options) | {q_tokens:.0f} "
-              f"({w1 / nq * 1e3 / max(q_tokens, 1):.2f} ms each, warm) |")
+        print(
+            f"| positions System One computes per warm question (stem + options) | {q_tokens:.0f} "
+            f"({w1 / nq * 1e3 / max(q_tokens, 1):.2f} ms each, warm) |"
+        )
         print(f"| greedy: tokens written per question | {g:.1f} |")
-        print(f"| bound, greedy: (q x prefill + g x decode) / (q x prefill) | {greedy_bound:.1f}x (measured {w2 / w1:.1f}x) |")
-        print(f"| bound, greedy re-reading the state: (P x prefill + g x decode) / (q x prefill), P = {prompt_tokens} "
-              f"prompt tokens | {reread_bound:.1f}x (measured {r2 / w1:.1f}x) |")
-        print(f"| bound, {args.samples} samples: (q x prefill + k x g x decode) / (q x prefill) | {sample_bound:.1f}x "
-              f"(measured {t_samp / t_s1_sq:.1f}x) |")
+        print(
+            f"| bound, greedy: (q x prefill + g x decode) / (q x prefill) | {greedy_bound:.1f}x (measured {w2 / w1:.1f}x) |"
+        )
+        print(
+            f"| bound, greedy re-reading the state: (P x prefill + g x decode) / (q x prefill), P = {prompt_tokens} "
+            f"prompt tokens | {reread_bound:.1f}x (measured {r2 / w1:.1f}x) |"
+        )
+        print(
+            f"| bound, {args.samples} samples: (q x prefill + k x g x decode) / (q x prefill) | {sample_bound:.1f}x "
+            f"(measured {t_samp / t_s1_sq:.1f}x) |"
+        )
 
         if args.share_questions:
-            print(f"\n## per-question cost as questions share one state (cold: a new state; warm: the same request again; "
-                  f"median of {args.rounds})\n")
+            print(
+                f"\n## per-question cost as questions share one state (cold: a new state; warm: the same request again; "
+                f"median of {args.rounds})\n"
+            )
             print("| questions | cold | warm | per question, warm | computed positions cold / warm |")
             print("|---|---|---|---|---|")
             for n in (1, 4, 16):
@@ -395,8 +482,10 @@ def bench_llm(args) -> None:
                     colds.append(cold)
                     warms.append(warm)
                 pc, pw = b_cold.get("x_positions", {}), b_warm.get("x_positions", {})
-                print(f"| {n} | {med(colds) * 1e3:.0f} ms | {med(warms) * 1e3:.0f} ms | {med(warms) / n * 1e3:.0f} ms | "
-                      f"{pc.get('computed')} / {pw.get('computed')} |")
+                print(
+                    f"| {n} | {med(colds) * 1e3:.0f} ms | {med(warms) * 1e3:.0f} ms | {med(warms) / n * 1e3:.0f} ms | "
+                    f"{pc.get('computed')} / {pw.get('computed')} |"
+                )
         client.close()
     finally:
         srv.close()
@@ -406,8 +495,10 @@ def bench_llm(args) -> None:
 
 
 def raw_request(body: bytes) -> bytes:
-    return (b"POST /v1/systemone HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return (
+        b"POST /v1/systemone HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
 
 
 async def read_response(stream, buf: bytearray) -> int:
@@ -441,8 +532,9 @@ async def sequential(port: int, request: bytes, n: int) -> list[float]:
     return out
 
 
-async def interleaved(servers: dict[str, "Server"], record: bytes, request: bytes, n: int,
-                      chunk: int = 100) -> tuple[dict[str, list[float]], dict[str, float]]:
+async def interleaved(
+    servers: dict[str, Server], record: bytes, request: bytes, n: int, chunk: int = 100
+) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Latencies of ``n`` keep-alive requests to each server and of ``n`` DECIDEs sent straight to a
     fixture engine through the supervisor (key ``"direct"``), taken in turns of ``chunk`` so that load
     from elsewhere on the machine falls on all of them alike; and each server's CPU seconds per
@@ -516,7 +608,10 @@ def metrics_mean_ms(base: str, route: str) -> float:
 
 #: Where a sampled frame belongs, by the start of its file's path as py-spy prints it (first match wins).
 #: The kernel's part is the time spent inside the calls that enter it (no Python frame below them).
-KERNEL_CALLS = {("asyncio/selector_events.py", "_SelectorSocketTransport.write"), ("asyncio/unix_events.py", "_UnixWritePipeTransport.write")}
+KERNEL_CALLS = {
+    ("asyncio/selector_events.py", "_SelectorSocketTransport.write"),
+    ("asyncio/unix_events.py", "_UnixWritePipeTransport.write"),
+}
 #: The event loop's wait: py-spy cannot always tell waiting from working there, so it is counted apart.
 EPOLL_WAIT = ("selectors.py", "EpollSelector.select")
 CPU_PARTS = (
@@ -524,10 +619,23 @@ CPU_PARTS = (
     ("anyio", ("anyio/", "sniffio/")),
     ("asyncio scheduling", ("asyncio/", "selectors.py", "contextlib.py")),
     ("gateway/http and gateway/server/app", ("gateway/http/", "gateway/server/app.py", "gateway/server/auth.py")),
-    ("the route: Jev, the DECIDE record, scoring, metrics", (
-        "gateway/server/routes_jev.py", "gateway/decision/jev.py", "gateway/decision/pipeline.py", "gateway/decision/scoring.py",
-        "gateway/engine/score.py", "gateway/decision/readings.py", "gateway/decision/record.py", "gateway/server/metrics.py",
-        "gateway/decision/debias.py", "gateway/decision/prompts.py", "json/", "prometheus_client/")),
+    (
+        "the route: Jev, the DECIDE record, scoring, metrics",
+        (
+            "gateway/server/routes_jev.py",
+            "gateway/decision/jev.py",
+            "gateway/decision/pipeline.py",
+            "gateway/decision/scoring.py",
+            "gateway/engine/score.py",
+            "gateway/decision/readings.py",
+            "gateway/decision/record.py",
+            "gateway/server/metrics.py",
+            "gateway/decision/debias.py",
+            "gateway/decision/prompts.py",
+            "json/",
+            "prometheus_client/",
+        ),
+    ),
     ("the supervisor and serveproto", ("gateway/engine/", "serveproto/")),
 )
 
@@ -562,15 +670,18 @@ def cpu_parts(raw: str) -> dict[str, float]:
     return shares
 
 
-def profile_server(py_spy: str, srv: "Server", request: bytes, n: int) -> dict[str, float]:
+def profile_server(py_spy: str, srv: Server, request: bytes, n: int) -> dict[str, float]:
     """Sample ``srv`` with py-spy (500 Hz, its own binary: not a dependency) while ``n`` keep-alive requests run."""
     import signal
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "spy.txt"
-        spy = subprocess.Popen([py_spy, "record", "-p", str(srv.proc.pid), "-o", str(out), "-f", "raw", "-r", "500",
-                                "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        spy = subprocess.Popen(
+            [py_spy, "record", "-p", str(srv.proc.pid), "-o", str(out), "-f", "raw", "-r", "500", "--nonblocking"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(1.0)  # attached
         anyio.run(sequential, srv.port, request, n)
         spy.send_signal(signal.SIGINT)
@@ -579,7 +690,8 @@ def profile_server(py_spy: str, srv: "Server", request: bytes, n: int) -> dict[s
 
 
 def bench_fixture(args) -> None:
-    from gateway.decision import record as decision_record, jev
+    from gateway.decision import jev
+    from gateway.decision import record as decision_record
 
     questions = {k: QUESTIONS_16[k] for k in ("urgency", "department", "severity")}
     body = orjson.dumps({"state": TICKET, "questions": questions, "model": "jev-latest"})
@@ -599,8 +711,10 @@ def bench_fixture(args) -> None:
         r = httpx2.post(srv.base + "/v1/systemone", content=body, headers={"content-type": "application/json"})
         engine_ms = float(r.headers["x-serveproto-engine-ms"])
         handler_ms = metrics_mean_ms(srv.base, "/v1/systemone")
-        print(f"\n## the gateway's own share per request (fixture engine, DECIDE path, 3 questions, keep-alive client, "
-              f"{len(direct)} requests each, taken in turns)\n")
+        print(
+            f"\n## the gateway's own share per request (fixture engine, DECIDE path, 3 questions, keep-alive client, "
+            f"{len(direct)} requests each, taken in turns)\n"
+        )
         print("| | p50 | p99 | the gateway's share: p50 minus the supervisor's p50 | server CPU per request |")
         print("|---|---|---|---|---|")
         d50 = pct(direct, 50)
@@ -608,18 +722,28 @@ def bench_fixture(args) -> None:
         for name in servers:
             xs = lat[name]
             shares[name] = pct(xs, 50) - d50
-            print(f"| HTTP request at the client, {name} | {pct(xs, 50) * 1e3:.3f} ms | {pct(xs, 99) * 1e3:.3f} ms | "
-                  f"{shares[name] * 1e3:.3f} ms | {cpu[name] * 1e3:.3f} ms |")
-        print(f"| the same DECIDE through the supervisor, no HTTP | {d50 * 1e3:.3f} ms | {pct(direct, 99) * 1e3:.3f} ms | | |")
-        print(f"| (server side: mean time in the handler, from /metrics, engine call included) | {handler_ms:.3f} ms | | | |")
+            print(
+                f"| HTTP request at the client, {name} | {pct(xs, 50) * 1e3:.3f} ms | {pct(xs, 99) * 1e3:.3f} ms | "
+                f"{shares[name] * 1e3:.3f} ms | {cpu[name] * 1e3:.3f} ms |"
+            )
+        print(
+            f"| the same DECIDE through the supervisor, no HTTP | {d50 * 1e3:.3f} ms | {pct(direct, 99) * 1e3:.3f} ms | | |"
+        )
+        print(
+            f"| (server side: mean time in the handler, from /metrics, engine call included) | {handler_ms:.3f} ms | | | |"
+        )
         for name in servers:
             if name != "this tree":
-                print(f"\nthis tree / {name}: share {shares['this tree'] / shares[name]:.2f}, "
-                      f"server CPU per request {cpu['this tree'] / cpu[name]:.2f}")
+                print(
+                    f"\nthis tree / {name}: share {shares['this tree'] / shares[name]:.2f}, "
+                    f"server CPU per request {cpu['this tree'] / cpu[name]:.2f}"
+                )
         print(f"\n(the fixture's own compute, DECISION engine_ms: {engine_ms:.3f} ms)")
         if args.py_spy:
             parts = profile_server(args.py_spy, srv, request, args.share_n)
-            print(f"\n## where this tree's server spends its CPU (py-spy, {args.share_n} keep-alive requests, innermost frame)\n")
+            print(
+                f"\n## where this tree's server spends its CPU (py-spy, {args.share_n} keep-alive requests, innermost frame)\n"
+            )
             print("| part | share of the samples out of the epoll wait |")
             print("|---|---|")
             for name, share in parts.items():
@@ -631,11 +755,15 @@ def bench_fixture(args) -> None:
         rss1 = srv.rss_mb()
         seconds, lat, errors = anyio.run(load, srv.port, request, args.load, args.concurrency)
         rss2 = srv.rss_mb()
-        print(f"\n## load on loopback: {args.load} requests at {args.concurrency} concurrent connections (fixture engine, DECIDE path)\n")
+        print(
+            f"\n## load on loopback: {args.load} requests at {args.concurrency} concurrent connections (fixture engine, DECIDE path)\n"
+        )
         print(f"| requests/s | p50 | p99 | errors | server RSS: start / after {warmup:,} warm-up / after the run |")
         print("|---|---|---|---|---|")
-        print(f"| {len(lat) / seconds:.0f} | {pct(lat, 50) * 1e3:.1f} ms | {pct(lat, 99) * 1e3:.1f} ms | {errors} | "
-              f"{rss0:.1f} / {rss1:.1f} / {rss2:.1f} MB |")
+        print(
+            f"| {len(lat) / seconds:.0f} | {pct(lat, 50) * 1e3:.1f} ms | {pct(lat, 99) * 1e3:.1f} ms | {errors} | "
+            f"{rss0:.1f} / {rss1:.1f} / {rss2:.1f} MB |"
+        )
     finally:
         srv.close()
         for s in others.values():
@@ -646,25 +774,52 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--gen-tokens", type=int, default=16, help="tokens a generated answer may take, greedy, ending at EOS (default 16)")
+    p.add_argument(
+        "--gen-tokens",
+        type=int,
+        default=16,
+        help="tokens a generated answer may take, greedy, ending at EOS (default 16)",
+    )
     p.add_argument("--rounds", type=int, default=1, help="interleaved rounds on the default model (medians)")
-    p.add_argument("--questions", type=int, default=16, help="questions on one state, System One vs generation (1..16, default 16)")
+    p.add_argument(
+        "--questions", type=int, default=16, help="questions on one state, System One vs generation (1..16, default 16)"
+    )
     p.add_argument("--samples", type=int, default=20, help="sampled answers a question at temperature 1 (default 20)")
-    p.add_argument("--sample-questions", type=int, default=4, help="questions answered by sampling (the first N; default 4)")
-    p.add_argument("--no-growth", dest="share_questions", action="store_false",
-                   help="skip the table of 1, 4 and 16 questions on one state")
+    p.add_argument(
+        "--sample-questions", type=int, default=4, help="questions answered by sampling (the first N; default 4)"
+    )
+    p.add_argument(
+        "--no-growth",
+        dest="share_questions",
+        action="store_false",
+        help="skip the table of 1, 4 and 16 questions on one state",
+    )
     p.add_argument("--load", type=int, default=10_000)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--share-n", type=int, default=2000, help="sequential requests for the gateway-share measurement")
-    p.add_argument("--baseline-tree", default=None,
-                   help="also serve from this source tree (e.g. `git archive <commit> gateway serveproto | tar -x -C DIR`) "
-                        "and print its share beside this tree's")
-    p.add_argument("--py-spy", default=None, metavar="BINARY",
-                   help="a py-spy binary (e.g. `pip install --target /tmp/spy py-spy`): also profile this tree's server")
-    p.add_argument("--skip-llm", "--fixture-only", action="store_true", help="skip the default-model part (only the fixture engine is needed)")
+    p.add_argument(
+        "--baseline-tree",
+        default=None,
+        help="also serve from this source tree (e.g. `git archive <commit> gateway serveproto | tar -x -C DIR`) "
+        "and print its share beside this tree's",
+    )
+    p.add_argument(
+        "--py-spy",
+        default=None,
+        metavar="BINARY",
+        help="a py-spy binary (e.g. `pip install --target /tmp/spy py-spy`): also profile this tree's server",
+    )
+    p.add_argument(
+        "--skip-llm",
+        "--fixture-only",
+        action="store_true",
+        help="skip the default-model part (only the fixture engine is needed)",
+    )
     p.add_argument("--skip-fixture", action="store_true")
     args = p.parse_args(argv)
-    print(f"# bench/decisions.py  ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f})")
+    print(
+        f"# bench/decisions.py  ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f})"
+    )
     if not args.skip_fixture:
         bench_fixture(args)
     if not args.skip_llm:

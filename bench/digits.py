@@ -13,6 +13,7 @@ which cells move and by how much::
 Output: one line per cell, its largest difference from the read-out (nats), and whether its
 bits are equal.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,11 +24,13 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.engine import Engine  # noqa: E402
-from gateway.paths import default_model_path, engine_bin  # noqa: E402
+from gateway.engine import Engine
+from gateway.paths import default_model_path, engine_bin
 
-STATE = ("<|im_start|>user\nI have been trying to connect my Stripe account for 3 days and the "
-         "integration keeps failing. I am losing sales.")
+STATE = (
+    "<|im_start|>user\nI have been trying to connect my Stripe account for 3 days and the "
+    "integration keeps failing. I am losing sales."
+)
 GROUPS = [
     ("\nQ: Which team handles this? Options: billing, technical, sales. A:", [" billing", " technical", " sales"]),
     ("\nQ: Is this urgent? Answer yes or no. A:", [" yes", " no"]),
@@ -40,8 +43,18 @@ FILLER = [(f"\nQ: Filler question {i}? A:", [" a", " b c", " maybe not"]) for i 
 
 def spawn(model, *args: str, threads: int = 1):
     """The llama engine on ``model`` printing 17 digits; an async context manager (:class:`Engine`)."""
-    return Engine.spawn([str(engine_bin("serveproto-llama")), "--model", str(model), "--threads", str(threads),
-                         "--float-digits", "17", *args])
+    return Engine.spawn(
+        [
+            str(engine_bin("serveproto-llama")),
+            "--model",
+            str(model),
+            "--threads",
+            str(threads),
+            "--float-digits",
+            "17",
+            *args,
+        ]
+    )
 
 
 def numbers(result) -> list[list[float]]:
@@ -85,8 +98,10 @@ async def the_matrix(model, *args: str, threads: int = 1) -> dict[str, list[list
             if i % 2:
                 await eng.read_out(f"Unrelated text number {i} about the weather and the sea.", logprobs=2)
             else:
-                await eng.score(f"Another customer, case {i}, writes about a late parcel.",
-                                [("\nQ: Late? A:", [" yes", " no"]), ("\nQ: Angry? A:", [" very much", " no"])])
+                await eng.score(
+                    f"Another customer, case {i}, writes about a late parcel.",
+                    [("\nQ: Late? A:", [" yes", " no"]), ("\nQ: Angry? A:", [" very much", " no"])],
+                )
         cells["after 20 unrelated requests"] = numbers(await eng.score(STATE, GROUPS))
     async with spawn(model, "--score-cache-mb", "0", *args, threads=threads) as eng:
         # the state reached in three pieces: each SCORE extends the last one's rows
@@ -100,8 +115,10 @@ async def the_matrix(model, *args: str, threads: int = 1) -> dict[str, list[list
 def differences(cells: dict[str, list[list[float]]]) -> dict[str, float]:
     """Each cell's largest |difference| from the plain read-out, nats (0.0 only when the bits are equal)."""
     ref = cells["read-out"]
-    return {name: (0.0 if v == ref else max(abs(a - b) for ra, rb in zip(v, ref) for a, b in zip(ra, rb)))
-            for name, v in cells.items()}
+    return {
+        name: (0.0 if v == ref else max(abs(a - b) for ra, rb in zip(v, ref) for a, b in zip(ra, rb)))
+        for name, v in cells.items()
+    }
 
 
 def main(argv=None) -> int:
@@ -111,8 +128,7 @@ def main(argv=None) -> int:
     ap.add_argument("--engine-arg", action="append", default=[], help="an engine argument (repeatable)")
     args = ap.parse_args(argv)
     cells = anyio.run(lambda: the_matrix(args.model, *args.engine_arg, threads=args.threads))
-    print(f"digits matrix: {Path(args.model).name}, engine args {args.engine_arg or 'default'}, "
-          f"{args.threads} threads")
+    print(f"digits matrix: {Path(args.model).name}, engine args {args.engine_arg or 'default'}, {args.threads} threads")
     for name, d in differences(cells).items():
         print(f"  {name:30s} max |d| {d:.3e}  {'equal bits' if cells[name] == cells['read-out'] else 'DIFFERENT'}")
     return 0

@@ -34,6 +34,7 @@ least disturbed). Usage::
    llama.cpp's own kernel choices (``--numerics fast``) and any ``--engine`` binary: prefill, SCORE
    per option, 16 questions warm; see :func:`bench_numerics`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,24 +49,37 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.paths import default_model_path, engine_bin  # noqa: E402
-from serveproto import (  # noqa: E402
-    NEED_DATA, Done, Error, GatewayConnection, Score, Scored, Stat, Submit,
+from gateway.paths import default_model_path, engine_bin
+from serveproto import (
+    NEED_DATA,
+    Done,
+    Error,
+    GatewayConnection,
+    Score,
+    Stat,
+    Submit,
 )
 
 SENTENCE = "The quick brown fox jumps over the lazy dog while the farmer counts his sheep. "
 COLOURS = [" red", " blue", " green", " yellow", " black", " white", " purple", " orange"]
 #: Options of several tokens each: SCORE computes all but the last token of each.
-SHADES = [" dark cherry red", " pale sky blue", " deep forest green", " lemon chiffon yellow",
-          " jet coal black", " fresh snow white", " royal violet purple", " burnt amber orange"]
+SHADES = [
+    " dark cherry red",
+    " pale sky blue",
+    " deep forest green",
+    " lemon chiffon yellow",
+    " jet coal black",
+    " fresh snow white",
+    " royal violet purple",
+    " burnt amber orange",
+]
 
 
 class Engine:
     """A serveproto-llama process, driven synchronously through GatewayConnection."""
 
     def __init__(self, argv: list[str]):
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.proc.stdout, selectors.EVENT_READ)
         self.conn = GatewayConnection()
@@ -110,11 +124,25 @@ class Engine:
         self.proc.wait(60)
 
 
-def reference(model: Path, prompt_file: Path, ctx: int, threads: int, reps: int, all_logits: bool) -> tuple[int, list[float]]:
-    argv = [str(engine_bin("llama-prefill-ref")), "--model", str(model), "--prompt-file", str(prompt_file),
-            "--ctx", str(ctx), "--threads", str(threads), "--reps", str(reps)]
-    out = subprocess.run(argv + (["--all-logits"] if all_logits else []), check=True,
-                         capture_output=True, text=True).stdout
+def reference(
+    model: Path, prompt_file: Path, ctx: int, threads: int, reps: int, all_logits: bool
+) -> tuple[int, list[float]]:
+    argv = [
+        str(engine_bin("llama-prefill-ref")),
+        "--model",
+        str(model),
+        "--prompt-file",
+        str(prompt_file),
+        "--ctx",
+        str(ctx),
+        "--threads",
+        str(threads),
+        "--reps",
+        str(reps),
+    ]
+    out = subprocess.run(
+        argv + (["--all-logits"] if all_logits else []), check=True, capture_output=True, text=True
+    ).stdout
     rows = [dict(kv.split("=") for kv in line.split()) for line in out.splitlines()]
     return int(rows[0]["tokens"]), [float(r["seconds"]) for r in rows]
 
@@ -130,8 +158,10 @@ def bench_prefill(args, eng: Engine) -> None:
     prompt_file = Path(f.name)
     try:
         print(f"prefill: {args.model.name}, {args.threads} threads, best of {args.reps}")
-        for label, all_logits, kw in (("last logit", False, dict(max_tokens=1)),
-                                      ("every logit (read-out)", True, dict(max_tokens=0, logprobs=1))):
+        for label, all_logits, kw in (
+            ("last logit", False, dict(max_tokens=1)),
+            ("every logit (read-out)", True, dict(max_tokens=0, logprobs=1)),
+        ):
             # interleaved, one of each per round, so both see the same machine load
             t_engine, t_ref = [], []
             for _ in range(args.reps):
@@ -144,9 +174,11 @@ def bench_prefill(args, eng: Engine) -> None:
                 assert done.computed == done.prompt_tokens == n_ref, (done, n_ref)
                 t_engine.append(dt)
             te, tr = min(t_engine), min(t_ref)
-            print(f"  {label:24s} {n_ref} tokens: engine {te * 1e3:8.1f} ms ({n_ref / te:7.1f} tok/s)"
-                  f"   llama.cpp {tr * 1e3:8.1f} ms ({n_ref / tr:7.1f} tok/s)"
-                  f"   ratio {tr / te:.3f}")
+            print(
+                f"  {label:24s} {n_ref} tokens: engine {te * 1e3:8.1f} ms ({n_ref / te:7.1f} tok/s)"
+                f"   llama.cpp {tr * 1e3:8.1f} ms ({n_ref / tr:7.1f} tok/s)"
+                f"   ratio {tr / te:.3f}"
+            )
     finally:
         prompt_file.unlink()
 
@@ -184,27 +216,45 @@ def bench_options(args, eng: Engine, label: str, options: list[str]) -> None:
                 c_one += ev[-1].computed
             t_one.append(total)
         rows[k] = (min(t_score), min(t_one))
-        print(f"  {k:2d} {rows[k][0] * 1e3:9.1f} {c_score:9d} {rows[k][1] * 1e3:14.1f} {c_one:9d}"
-              f" {rows[k][1] / rows[k][0]:7.2f}")
+        print(
+            f"  {k:2d} {rows[k][0] * 1e3:9.1f} {c_score:9d} {rows[k][1] * 1e3:14.1f} {c_one:9d}"
+            f" {rows[k][1] / rows[k][0]:7.2f}"
+        )
     k_max = ks[-1]
     m_score = (rows[k_max][0] - rows[1][0]) / (k_max - 1)
     m_one = (rows[k_max][1] - rows[1][1]) / (k_max - 1)
-    ratio = (f"one-by-one / SCORE = {m_one / m_score:.1f}x" if m_score > 1e-4
-             else "SCORE's is within the noise of zero")
-    print(f"  marginal cost per option (K=1..{k_max}): SCORE {m_score * 1e3:.2f} ms,"
-          f" one-by-one {m_one * 1e3:.2f} ms; {ratio}")
+    ratio = f"one-by-one / SCORE = {m_one / m_score:.1f}x" if m_score > 1e-4 else "SCORE's is within the noise of zero"
+    print(
+        f"  marginal cost per option (K=1..{k_max}): SCORE {m_score * 1e3:.2f} ms,"
+        f" one-by-one {m_one * 1e3:.2f} ms; {ratio}"
+    )
 
 
 #: Words the long states are drawn from (seeded): varied text, not one sentence repeated.
-STATE_WORDS = ("the customer says their order arrived late and the box was damaged so they want a refund "
-               "or a replacement before Friday; support replied that the warehouse in Lyon ships 1,250 "
-               "parcels a day and apologised twice, asking for photos of the label and the invoice number "
-               "while the manager checked the courier's tracking history").split()
-QUESTIONS = ["Is the customer angry?", "Does the customer want a refund?", "Was the box damaged?",
-             "Is Friday mentioned?", "Did support apologise?", "Is a photo requested?", "Is the tone polite?",
-             "Is the order late?", "Is Lyon the warehouse?", "Is a manager involved?", "Is the invoice asked for?",
-             "Is this resolved?", "Should we escalate?", "Is a courier mentioned?", "Is it urgent?",
-             "Is the customer a business?"]
+STATE_WORDS = (
+    "the customer says their order arrived late and the box was damaged so they want a refund "
+    "or a replacement before Friday; support replied that the warehouse in Lyon ships 1,250 "
+    "parcels a day and apologised twice, asking for photos of the label and the invoice number "
+    "while the manager checked the courier's tracking history"
+).split()
+QUESTIONS = [
+    "Is the customer angry?",
+    "Does the customer want a refund?",
+    "Was the box damaged?",
+    "Is Friday mentioned?",
+    "Did support apologise?",
+    "Is a photo requested?",
+    "Is the tone polite?",
+    "Is the order late?",
+    "Is Lyon the warehouse?",
+    "Is a manager involved?",
+    "Is the invoice asked for?",
+    "Is this resolved?",
+    "Should we escalate?",
+    "Is a courier mentioned?",
+    "Is it urgent?",
+    "Is the customer a business?",
+]
 
 
 def state_text(rng, n_words: int) -> str:
@@ -221,6 +271,7 @@ def state_text(rng, n_words: int) -> str:
 
 def bench_long_state(args) -> None:
     import random
+
     engines = args.engine or [engine_bin("serveproto-llama")]
     rng = random.Random(0)
     short, long_ = state_text(rng, 260), state_text(rng, 10_800)
@@ -230,16 +281,19 @@ def bench_long_state(args) -> None:
         groups = [{"stem": f"Q: {q}\nA:", "options": [" yes", " no", " unsure"]} for q in qs]
         return json.dumps({"prefix": state + tail, "groups": groups, "pin": pin}).encode()
 
-    print(f"warm SCORE, 16 questions x 3 options, {args.model.name}, {args.threads} threads, best of {args.reps}"
-          " (the engines interleaved, one SCORE each per round)")
+    print(
+        f"warm SCORE, 16 questions x 3 options, {args.model.name}, {args.threads} threads, best of {args.reps}"
+        " (the engines interleaved, one SCORE each per round)"
+    )
     print(f"  {'engine':40s} {'state (reused)':>14s} {'SCORE ms':>9s} {'computed':>9s}")
     results = {}
-    procs = [Engine([str(p), "--model", str(args.model), "--threads", str(args.threads), "--ctx", "16384"])
-             for p in engines]
+    procs = [
+        Engine([str(p), "--model", str(args.model), "--threads", str(args.threads), "--ctx", "16384"]) for p in engines
+    ]
     try:
         for state in (short, long_):
             times, n_state, computed = {p: [] for p in engines}, {}, {}
-            for path, eng in zip(engines, procs):
+            for path, eng in zip(engines, procs):  # noqa: B007  (kept as written)
                 # the state pinned by a SCORE of other questions, then the timed ones through it
                 eng.run(lambda rid: Score(id=rid, slot=0, payload=job(state, ["Is it?"], pin=True)))
             for _ in range(args.reps):
@@ -261,8 +315,10 @@ def bench_long_state(args) -> None:
     if len(engines) > 1:
         base = results[(str(engines[0]), True)]
         for path in engines[1:]:
-            print(f"  at the long state: {str(engines[0])[-30:]} / {str(path)[-30:]} = "
-                  f"{base / results[(str(path), True)]:.2f}")
+            print(
+                f"  at the long state: {str(engines[0])[-30:]} / {str(path)[-30:]} = "
+                f"{base / results[(str(path), True)]:.2f}"
+            )
 
 
 def bench_numerics(args) -> None:
@@ -278,8 +334,10 @@ def bench_numerics(args) -> None:
     binary = str(engine_bin("serveproto-llama"))
     common = ["--model", str(args.model), "--threads", str(args.threads), "--ctx", str(args.ctx)]
     configs = [(f"tree {p.parent.parent.parent.name}", [str(p), *common]) for p in (args.engine or [])]
-    configs += [("fast", [binary, *common, "--numerics", "fast"]),
-                ("invariant", [binary, *common, "--numerics", "invariant", "--score-cache-mb", "0"])]
+    configs += [
+        ("fast", [binary, *common, "--numerics", "fast"]),
+        ("invariant", [binary, *common, "--numerics", "invariant", "--score-cache-mb", "0"]),
+    ]
     text = (SENTENCE * (args.tokens // 14 + 1)).encode()
     prefix = SENTENCE * 20
     stem = "Question: which colour is the fox? Answer:"
@@ -297,10 +355,12 @@ def bench_numerics(args) -> None:
         text = text[: max(1, len(text) * args.tokens // n_full)]
         for _ in range(args.reps):
             for (label, _), eng in zip(configs, engines):
+
                 def timed(metric, fn):
                     dt, ev = fn()
                     best[(label, metric)] = min(best.get((label, metric), dt), dt)
                     return ev
+
                 eng.submit(b"x", max_tokens=1)
                 ev = timed("read-out", lambda: eng.submit(text, max_tokens=0, logprobs=1))
                 n_tokens = ev[-1].computed
@@ -316,10 +376,14 @@ def bench_numerics(args) -> None:
         for eng in engines:
             eng.close()
     labels = [label for label, _ in configs]
-    print(f"invariant numerics vs the others: {args.model.name}, {args.threads} threads, best of {args.reps}, "
-          "interleaved")
-    print(f"  {'measurement':34s}" + "".join(f"{lab[-14:]:>15s}" for lab in labels)
-          + "".join(f"{'inv/' + lab[-10:]:>15s}" for lab in labels[:-1]))
+    print(
+        f"invariant numerics vs the others: {args.model.name}, {args.threads} threads, best of {args.reps}, interleaved"
+    )
+    print(
+        f"  {'measurement':34s}"
+        + "".join(f"{lab[-14:]:>15s}" for lab in labels)
+        + "".join(f"{'inv/' + lab[-10:]:>15s}" for lab in labels[:-1])
+    )
 
     def row(name, values):
         cells = "".join(f"{v:15.2f}" for v in values)
@@ -329,8 +393,10 @@ def bench_numerics(args) -> None:
     for metric in ("read-out", "last logit"):
         row(f"prefill {metric}, tok/s ({n_tokens} tokens)", [n_tokens / best[(lab, metric)] for lab in labels])
     for kind in ("one-token", "multi-token"):
-        row(f"SCORE ms per {kind} option", [(best[(lab, f"{kind} K=8")] - best[(lab, f"{kind} K=1")]) / 7 * 1e3
-                                             for lab in labels])
+        row(
+            f"SCORE ms per {kind} option",
+            [(best[(lab, f"{kind} K=8")] - best[(lab, f"{kind} K=1")]) / 7 * 1e3 for lab in labels],
+        )
     row("SCORE 16 questions x 3, ms (warm)", [best[(lab, "16 questions")] * 1e3 for lab in labels])
     print("  (tok/s: higher is faster, inv/x > 1 means invariant is faster; ms: inv/x > 1 means slower)")
 
@@ -344,12 +410,22 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--skip-prefill", action="store_true")
     ap.add_argument("--skip-scoring", action="store_true")
-    ap.add_argument("--long-state", action="store_true",
-                    help="only the warm SCORE at a ~370- and a ~13,500-token state (default model: the tiny fixture)")
-    ap.add_argument("--engine", type=Path, action="append",
-                    help="with --long-state: an engine binary to time (repeatable; default the built one)")
-    ap.add_argument("--numerics", action="store_true",
-                    help="only invariant numerics against --numerics fast (and each --engine), interleaved")
+    ap.add_argument(
+        "--long-state",
+        action="store_true",
+        help="only the warm SCORE at a ~370- and a ~13,500-token state (default model: the tiny fixture)",
+    )
+    ap.add_argument(
+        "--engine",
+        type=Path,
+        action="append",
+        help="with --long-state: an engine binary to time (repeatable; default the built one)",
+    )
+    ap.add_argument(
+        "--numerics",
+        action="store_true",
+        help="only invariant numerics against --numerics fast (and each --engine), interleaved",
+    )
     args = ap.parse_args(argv)
     if args.numerics:
         bench_numerics(args)
@@ -357,6 +433,7 @@ def main(argv=None) -> int:
     if args.long_state:
         if "--model" not in (argv if argv is not None else sys.argv):
             from fixtures import tiny_gguf
+
             args.model = tiny_gguf.ensure()
         bench_long_state(args)
         return 0
@@ -364,8 +441,17 @@ def main(argv=None) -> int:
         if not Path(need).exists():
             print(f"missing {need}: run make -C engines all / make model", file=sys.stderr)
             return 2
-    eng = Engine([str(engine_bin("serveproto-llama")), "--model", str(args.model), "--threads", str(args.threads),
-                  "--ctx", str(args.ctx)])
+    eng = Engine(
+        [
+            str(engine_bin("serveproto-llama")),
+            "--model",
+            str(args.model),
+            "--threads",
+            str(args.threads),
+            "--ctx",
+            str(args.ctx),
+        ]
+    )
     try:
         if not args.skip_prefill:
             bench_prefill(args, eng)

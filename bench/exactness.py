@@ -21,6 +21,7 @@ Usage::
 
     .venv/bin/python bench/exactness.py [--model PATH] [--threads 2] [--reps 5] [--numerics fast]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,30 +35,36 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fixtures import oracle  # noqa: E402
-from fixtures.compare import read_out  # noqa: E402
-from fixtures.sync_engine import SyncEngine  # noqa: E402
-from gateway.paths import default_model_path, engine_bin  # noqa: E402
-from gateway.engine.precision import ensure_f32  # noqa: E402
+from fixtures import oracle
+from fixtures.compare import read_out
+from fixtures.sync_engine import SyncEngine
+from gateway.engine.precision import ensure_f32
+from gateway.paths import default_model_path, engine_bin
 
-CHAT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-        "<|im_start|>user\nI have been trying to connect my Stripe account for 3 days and the integration keeps "
-        "failing. I am losing sales.\n\nDoes this message express urgency? Answer yes or no.<|im_end|>\n"
-        "<|im_start|>assistant\nyes")
-PARAGRAPH = ("Support ticket 4471. The customer writes that the November invoice shows the same annual plan twice, "
-             "once on the 3rd and again on the 4th, and that her bank has already taken both payments. She has "
-             "attached a screenshot of the statement and asks for the duplicate to be refunded to the original card "
-             "rather than kept as credit, because the company closes its books at the end of the month. An agent "
-             "replied on Tuesday that the billing system retried a payment that had timed out, apologised for the "
-             "trouble, and promised an answer within two working days. The customer answered that two days is too "
-             "long, that she has been a subscriber since 2019, and that she will cancel if the money is not back by "
-             "Friday. The account shows three seats, an active integration with the accounting software, and no "
-             "earlier refunds. The team lead must decide whether to refund at once, escalate to finance, or offer a "
-             "discount on the next renewal instead.")
+CHAT = (
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    "<|im_start|>user\nI have been trying to connect my Stripe account for 3 days and the integration keeps "
+    "failing. I am losing sales.\n\nDoes this message express urgency? Answer yes or no.<|im_end|>\n"
+    "<|im_start|>assistant\nyes"
+)
+PARAGRAPH = (
+    "Support ticket 4471. The customer writes that the November invoice shows the same annual plan twice, "
+    "once on the 3rd and again on the 4th, and that her bank has already taken both payments. She has "
+    "attached a screenshot of the statement and asks for the duplicate to be refunded to the original card "
+    "rather than kept as credit, because the company closes its books at the end of the month. An agent "
+    "replied on Tuesday that the billing system retried a payment that had timed out, apologised for the "
+    "trouble, and promised an answer within two working days. The customer answered that two days is too "
+    "long, that she has been a subscriber since 2019, and that she will cancel if the money is not back by "
+    "Friday. The account shows three seats, an active integration with the accounting software, and no "
+    "earlier refunds. The team lead must decide whether to refund at once, escalate to finance, or offer a "
+    "discount on the next renewal instead."
+)
 #: (label, text) of the prompts read out; the first is the one of shared/notes/numerics.md.
 PROMPTS = [
-    ("invoice sentence", "The quarterly invoice was charged twice, and the customer asked for a refund of the "
-                         "duplicate payment."),
+    (
+        "invoice sentence",
+        "The quarterly invoice was charged twice, and the customer asked for a refund of the duplicate payment.",
+    ),
     ("France", "The capital of France is Paris"),
     ("ChatML question", CHAT),
     ("ticket paragraph", PARAGRAPH),
@@ -80,7 +87,7 @@ def q41_mins(path: Path) -> dict[str, np.ndarray]:
                 n_in, n_out = info.ne[0], info.ne[1]
                 raw = f.tensor_bytes(name, n_out * n_in // 32 * 20).reshape(-1, 20)
                 out[name] = raw[:, 2:4].copy().view("<f2").astype(np.float64).reshape(n_out, n_in // 32)
-                del raw   # the file's map closes only once no view is left
+                del raw  # the file's map closes only once no view is left
     return out
 
 
@@ -110,6 +117,7 @@ def q8_matmul(types: dict[str, int], mins: dict[str, np.ndarray]):
     no rounding. ``types``: tensor name -> ggml type (``oracle.Model.types``; a tied head has
     token_embd's). Not modelled: ggml's float32 sums, so this shows the size of the rounding and does
     not reproduce the engine's digits."""
+
     def mm(x: np.ndarray, w: np.ndarray, name: str) -> np.ndarray:
         t = types.get(name, types.get("token_embd.weight") if name == "output.weight" else 0)
         if t == 0:
@@ -117,10 +125,11 @@ def q8_matmul(types: dict[str, int], mins: dict[str, np.ndarray]):
         q, d, d16 = _q8(x)
         out = (q * d16).reshape(x.shape) @ w.T
         if name in mins:
-            sq = q.sum(axis=-1)                                          # (n, n_in / 32)
+            sq = q.sum(axis=-1)  # (n, n_in / 32)
             s16 = (d[..., 0] * sq.astype(np.float32)).astype(np.float16).astype(np.float64)
             out += (s16 - d16[..., 0] * sq) @ mins[name].T
         return out
+
     return mm
 
 
@@ -128,9 +137,11 @@ def exactness(engines: dict[str, SyncEngine], q41: Path) -> None:
     """Prints the per-prompt table of |engine - oracle| for each engine (the first one tokenizes the
     text), and of the oracle with activations rounded to Q8 (``q8_matmul``, "Q8 sim") against it."""
     names = list(engines)
-    print("exactness: |logprob - float64 oracle| over positions 1..n-1 (nats); oracle on the Q4_1 file's "
-          "dequantized weights; 'Q8 sim' = that oracle with activations rounded to Q8_1 blocks before each "
-          "quantized matmul as ggml stores them, nothing else (q8_matmul)")
+    print(
+        "exactness: |logprob - float64 oracle| over positions 1..n-1 (nats); oracle on the Q4_1 file's "
+        "dequantized weights; 'Q8 sim' = that oracle with activations rounded to Q8_1 blocks before each "
+        "quantized matmul as ggml stores them, nothing else (q8_matmul)"
+    )
     model = oracle.load(q41)
     sim_mm = q8_matmul(model.types, q41_mins(q41))
     cols = names + ["Q8 sim"]
@@ -174,16 +185,21 @@ def speed(engines: dict[str, SyncEngine], reps: int, n_tokens: int) -> None:
     names = list(engines)
     first = engines[names[0]]
     text = (PARAGRAPH + " ") * 4
-    n_full = _timed(first, Submit(id=first.new_id(), slot=0, prompt=text.encode(), max_tokens=1, temperature=0.0,
-                                  top_p=1.0, counters=True))[1][-1].prompt_tokens
+    n_full = _timed(
+        first,
+        Submit(
+            id=first.new_id(), slot=0, prompt=text.encode(), max_tokens=1, temperature=0.0, top_p=1.0, counters=True
+        ),
+    )[1][-1].prompt_tokens
     text = text[: len(text) * n_tokens // n_full].encode()
 
     def prefill(eng, readout):
         # another prompt first, so that the slot keeps nothing of the text (no prefix reuse)
         _timed(eng, Submit(id=eng.new_id(), slot=0, prompt=b"x", max_tokens=1, temperature=0.0, top_p=1.0))
         kw = dict(max_tokens=0, logprobs=1) if readout else dict(max_tokens=1)
-        dt, evs = _timed(eng, Submit(id=eng.new_id(), slot=0, prompt=text, temperature=0.0, top_p=1.0,
-                                     counters=True, **kw))
+        dt, evs = _timed(
+            eng, Submit(id=eng.new_id(), slot=0, prompt=text, temperature=0.0, top_p=1.0, counters=True, **kw)
+        )
         done = evs[-1]
         assert done.computed == done.prompt_tokens, done
         return dt, done.prompt_tokens
@@ -197,17 +213,31 @@ def speed(engines: dict[str, SyncEngine], reps: int, n_tokens: int) -> None:
     def generate(eng):
         # a short prompt the slot does not hold, then 32 greedy tokens: decode-bound (weights read per token)
         _timed(eng, Submit(id=eng.new_id(), slot=0, prompt=b"x", max_tokens=1, temperature=0.0, top_p=1.0))
-        dt, evs = _timed(eng, Submit(id=eng.new_id(), slot=0, prompt=b"Once upon a time, in a small village,",
-                                     max_tokens=32, temperature=0.0, top_p=1.0, counters=True))
+        dt, evs = _timed(
+            eng,
+            Submit(
+                id=eng.new_id(),
+                slot=0,
+                prompt=b"Once upon a time, in a small village,",
+                max_tokens=32,
+                temperature=0.0,
+                top_p=1.0,
+                counters=True,
+            ),
+        )
         return dt, evs[-1].emitted
 
-    rows = [("prefill, read-out (tok/s)", lambda e: prefill(e, True), True),
-            ("prefill, last logit (tok/s)", lambda e: prefill(e, False), True),
-            ("SCORE 4 one-token (ms)", lambda e: score(e, ONE_TOKEN), False),
-            ("SCORE 4 multi-token (ms)", lambda e: score(e, MULTI_TOKEN), False),
-            ("generation, 32 tokens (tok/s)", generate, True)]
-    print(f"speed: best of {reps}, the engines interleaved; prefill of {n_tokens} tokens from cold, "
-          "SCORE warm on a pinned prefix")
+    rows = [
+        ("prefill, read-out (tok/s)", lambda e: prefill(e, True), True),
+        ("prefill, last logit (tok/s)", lambda e: prefill(e, False), True),
+        ("SCORE 4 one-token (ms)", lambda e: score(e, ONE_TOKEN), False),
+        ("SCORE 4 multi-token (ms)", lambda e: score(e, MULTI_TOKEN), False),
+        ("generation, 32 tokens (tok/s)", generate, True),
+    ]
+    print(
+        f"speed: best of {reps}, the engines interleaved; prefill of {n_tokens} tokens from cold, "
+        "SCORE warm on a pinned prefix"
+    )
     print(f"  {'':28s}" + "".join(f" {n:>12s}" for n in names) + f" {names[-1] + '/' + names[0] + ' time':>18s}")
     for label, run, rate in rows:
         best = {n: None for n in names}
@@ -217,8 +247,10 @@ def speed(engines: dict[str, SyncEngine], reps: int, n_tokens: int) -> None:
                 if best[n] is None or dt < best[n][0]:
                     best[n] = (dt, count)
         vals = "".join(f" {(best[n][1] / best[n][0] if rate else best[n][0] * 1e3):12.1f}" for n in names)
-        print(f"  {label:28s}{vals} {best[names[-1]][0] / best[names[0]][0]:18.2f}"
-              + ("" if rate else f"   (computed {best[names[0]][1]})"))
+        print(
+            f"  {label:28s}{vals} {best[names[-1]][0] / best[names[0]][0]:18.2f}"
+            + ("" if rate else f"   (computed {best[names[0]][1]})")
+        )
 
 
 def main(argv=None) -> int:
@@ -235,15 +267,19 @@ def main(argv=None) -> int:
         print(f"missing {binary} or {args.model}: run make engines model", file=sys.stderr)
         return 2
     f32 = ensure_f32(args.model, threads=args.threads)
-    print(f"engine {binary.name}, {args.threads} threads, numerics {args.numerics or 'default'}; "
-          f"Q4_1 = {args.model.name}, F32 = {f32.name}")
+    print(
+        f"engine {binary.name}, {args.threads} threads, numerics {args.numerics or 'default'}; "
+        f"Q4_1 = {args.model.name}, F32 = {f32.name}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         # no score cache: a repeated SCORE must compute its positions to be timed
         common = ["--threads", str(args.threads), "--slots", "1", "--ctx", "2048", "--score-cache-mb", "0"]
         if args.numerics:
             common += ["--numerics", args.numerics]
-        with SyncEngine([str(binary), "--model", str(args.model), *common], Path(tmp) / "q41.log") as q, \
-                SyncEngine([str(binary), "--model", str(f32), *common], Path(tmp) / "f32.log") as f:
+        with (
+            SyncEngine([str(binary), "--model", str(args.model), *common], Path(tmp) / "q41.log") as q,
+            SyncEngine([str(binary), "--model", str(f32), *common], Path(tmp) / "f32.log") as f,
+        ):
             engines = {"Q4_1": q, "F32": f}
             exactness(engines, args.model)
             if args.reps > 0:

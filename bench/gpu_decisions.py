@@ -34,6 +34,7 @@ question, the same prompt, greedy, ``--gen-tokens`` tokens), cold and warm.
 Prints markdown tables; with ``--out-dir`` also writes them (``<tag>.md``)
 and every number (``<tag>.json``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,12 +55,16 @@ sys.path.insert(0, str(ROOT))
 from fixtures.sync_engine import SyncEngine  # noqa: E402
 from serveproto import Done, Echo, Score, Scored, Submit  # noqa: E402
 
-TICKET = ("Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing. "
-          "I am losing sales. Please help ASAP. I already reinstalled the plugin twice and checked the API keys, "
-          "the dashboard says the webhook endpoint returns 500 since Monday. Our shop runs on WooCommerce.")
-REPLIES = ("Agent: thanks, could you send the webhook log of the last failed delivery? ",
-           "Customer: here it is, the signature check fails and then the request times out. ",
-           "Agent: we see the same on our side, the certificate of the endpoint expired on Sunday. ")
+TICKET = (
+    "Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing. "
+    "I am losing sales. Please help ASAP. I already reinstalled the plugin twice and checked the API keys, "
+    "the dashboard says the webhook endpoint returns 500 since Monday. Our shop runs on WooCommerce."
+)
+REPLIES = (
+    "Agent: thanks, could you send the webhook log of the last failed delivery? ",
+    "Customer: here it is, the signature check fails and then the request times out. ",
+    "Agent: we see the same on our side, the certificate of the endpoint expired on Sunday. ",
+)
 
 #: 16 questions of 3 options each (choice: the labels are the scored options).
 QUESTIONS = {
@@ -84,8 +89,10 @@ QUESTIONS = {
 
 def jev_questions(n: int) -> dict:
     """The first ``n`` questions in Jev's shape (``choice`` with 3 labels, no descriptions)."""
-    return {k: {"type": "choice", "instructions": ins, "criteria": {lab: None for lab in labels}}
-            for k, (ins, labels) in list(QUESTIONS.items())[:n]}
+    return {
+        k: {"type": "choice", "instructions": ins, "criteria": {lab: None for lab in labels}}
+        for k, (ins, labels) in list(QUESTIONS.items())[:n]
+    }
 
 
 def state_body(n_chars: int) -> str:
@@ -120,11 +127,13 @@ class Engine(SyncEngine):
             raise RuntimeError(f"SUBMIT answered {ev[-1]}")
         return dt, ev
 
-    def score(self, prefix: str, groups: list[tuple[str, list[str]]], pin: bool = False,
-              timeout: float = 600.0) -> tuple[float, list, Done]:
+    def score(
+        self, prefix: str, groups: list[tuple[str, list[str]]], pin: bool = False, timeout: float = 600.0
+    ) -> tuple[float, list, Done]:
         """(seconds, SCORED events in order, DONE) of one SCORE."""
-        payload = json.dumps({"prefix": prefix, "groups": [{"stem": s, "options": o} for s, o in groups],
-                              "pin": pin}).encode()
+        payload = json.dumps(
+            {"prefix": prefix, "groups": [{"stem": s, "options": o} for s, o in groups], "pin": pin}
+        ).encode()
         t0 = time.perf_counter()
         ev = self.request(Score(id=self.new_id(), slot=0, payload=payload), timeout=timeout)
         dt = time.perf_counter() - t0
@@ -158,9 +167,24 @@ def reference_reps(ref_bin: str, model: str, text: str, ctx: int, threads: int, 
     with tempfile.NamedTemporaryFile("wb", suffix=".txt", delete=False) as f:
         f.write(text.encode())
     try:
-        out = subprocess.run([ref_bin, "--model", model, "--prompt-file", f.name, "--ctx", str(ctx),
-                              "--threads", str(threads), "--reps", str(reps)],
-                             check=True, capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [
+                ref_bin,
+                "--model",
+                model,
+                "--prompt-file",
+                f.name,
+                "--ctx",
+                str(ctx),
+                "--threads",
+                str(threads),
+                "--reps",
+                str(reps),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
     finally:
         os.unlink(f.name)
     rows = [dict(kv.split("=") for kv in line.split()) for line in out.splitlines() if line.startswith("tokens=")]
@@ -174,12 +198,14 @@ def reference(ref_bin: str, model: str, text: str, ctx: int, threads: int, reps:
 
 
 def bench_engine(args, argv: list[str], prompts, bodies: dict[int, str], eng: Engine, res: dict, md: list) -> None:
-    md.append(f"\n### Prefill: engine vs llama.cpp's own batched decode (best of {args.reps}, "
-              "last logit, same context parameters)\n")
+    md.append(
+        f"\n### Prefill: engine vs llama.cpp's own batched decode (best of {args.reps}, "
+        "last logit, same context parameters)\n"
+    )
     md.append("| state tokens | engine ms | engine tok/s | llama.cpp ms | llama.cpp tok/s | ratio |")
     md.append("|---|---|---|---|---|---|")
     res["prefill"] = []
-    for n, body in bodies.items():
+    for n, body in bodies.items():  # noqa: B007  (kept as written)
         text = state_text(0, body)
         ref = reference(args.ref_bin, args.model, text, args.ctx, args.threads, args.reps) if args.ref_bin else None
         times = []
@@ -194,17 +220,23 @@ def bench_engine(args, argv: list[str], prompts, bodies: dict[int, str], eng: En
             row["llama_tokens"] = ref[0]  # the same tokenization: equal to n_tok
             row["llama_s"] = ref[1]
             row["ratio"] = row["llama_s"] / row["engine_s"]
-            md.append(f"| {n_tok} | {row['engine_s'] * 1e3:.1f} | {n_tok / row['engine_s']:.0f} | "
-                      f"{row['llama_s'] * 1e3:.1f} | {n_tok / row['llama_s']:.0f} | {row['ratio']:.3f} |")
+            md.append(
+                f"| {n_tok} | {row['engine_s'] * 1e3:.1f} | {n_tok / row['engine_s']:.0f} | "
+                f"{row['llama_s'] * 1e3:.1f} | {n_tok / row['llama_s']:.0f} | {row['ratio']:.3f} |"
+            )
         else:
             md.append(f"| {n_tok} | {row['engine_s'] * 1e3:.1f} | {n_tok / row['engine_s']:.0f} | - | - | - |")
         res["prefill"].append(row)
         print(md[-1], flush=True)
 
-    md.append(f"\n### Scoring on a held state: one SCORE vs one-by-one snapshot scoring (warm, best of {args.reps}); "
-              "baseline: one SUBMIT of the stems and options in a row on the same snapshot\n")
-    md.append("| state tokens | questions | SCORE ms | computed | one-by-one ms | computed | one-by-one / SCORE "
-              "| max abs logprob diff | one sequence ms | computed |")
+    md.append(
+        f"\n### Scoring on a held state: one SCORE vs one-by-one snapshot scoring (warm, best of {args.reps}); "
+        "baseline: one SUBMIT of the stems and options in a row on the same snapshot\n"
+    )
+    md.append(
+        "| state tokens | questions | SCORE ms | computed | one-by-one ms | computed | one-by-one / SCORE "
+        "| max abs logprob diff | one sequence ms | computed |"
+    )
     md.append("|---|---|---|---|---|---|---|---|---|---|")
     res["scoring"] = []
     for n, body in bodies.items():
@@ -245,13 +277,24 @@ def bench_engine(args, argv: list[str], prompts, bodies: dict[int, str], eng: En
                 t_one.append(total)
                 # the one-by-one pins pushed the prefix snapshot towards eviction: take it again
                 eng.score(prefix, groups[:1], pin=True)
-            row = {"tokens": n, "questions": nq, "score_s": min(t_score), "score_computed": c_score,
-                   "one_s": min(t_one), "one_computed": c_one, "max_diff": diff,
-                   "snapshot_misses": misses, "seq_s": min(t_seq), "seq_computed": c_seq}
+            row = {
+                "tokens": n,
+                "questions": nq,
+                "score_s": min(t_score),
+                "score_computed": c_score,
+                "one_s": min(t_one),
+                "one_computed": c_one,
+                "max_diff": diff,
+                "snapshot_misses": misses,
+                "seq_s": min(t_seq),
+                "seq_computed": c_seq,
+            }
             res["scoring"].append(row)
-            md.append(f"| {n} | {nq} | {row['score_s'] * 1e3:.1f} | {c_score} | {row['one_s'] * 1e3:.1f} | {c_one} | "
-                      f"{row['one_s'] / row['score_s']:.1f}x | {diff:.2g} | {row['seq_s'] * 1e3:.1f} | {c_seq} |"
-                      + (f" ({misses} snapshot misses)" if misses else ""))
+            md.append(
+                f"| {n} | {nq} | {row['score_s'] * 1e3:.1f} | {c_score} | {row['one_s'] * 1e3:.1f} | {c_one} | "
+                f"{row['one_s'] / row['score_s']:.1f}x | {diff:.2g} | {row['seq_s'] * 1e3:.1f} | {c_seq} |"
+                + (f" ({misses} snapshot misses)" if misses else "")
+            )
             print(md[-1], flush=True)
 
 
@@ -264,10 +307,29 @@ class Server:
     def __init__(self, model: str, engine_argv: list[str], log: Path, timeout: float = 600.0) -> None:
         self.log = open(log, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--log-level", "INFO",
-             "--request-timeout", str(timeout), "--handshake-timeout", "600", "--model", model,
-             "--engine", *engine_argv],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=self.log, text=True)
+            [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "serve",
+                "--port",
+                "0",
+                "--log-level",
+                "INFO",
+                "--request-timeout",
+                str(timeout),
+                "--handshake-timeout",
+                "600",
+                "--model",
+                model,
+                "--engine",
+                *engine_argv,
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+        )
         line = self.proc.stdout.readline()
         if " on http://" not in line:
             self.close()
@@ -305,9 +367,13 @@ def bench_server(args, argv: list[str], bodies: dict[int, str], res: dict, md: l
     try:
         srv.post("/v1/systemone", {"state": state_text(next(tag), "warm-up"), "questions": jev_questions(1)})
         if "systemone" in args.server_parts:
-            md.append(f"\n### System One through the server: cold (a new state) and warm (the same request again, "
-                      f"median of {args.reps})\n")
-            md.append("| state tokens | questions | cold | warm | per question, warm | computed cold / warm | input tokens |")
+            md.append(
+                f"\n### System One through the server: cold (a new state) and warm (the same request again, "
+                f"median of {args.reps})\n"
+            )
+            md.append(
+                "| state tokens | questions | cold | warm | per question, warm | computed cold / warm | input tokens |"
+            )
             md.append("|---|---|---|---|---|---|---|")
             res["systemone"] = []
             for n, body in bodies.items():
@@ -317,18 +383,28 @@ def bench_server(args, argv: list[str], bodies: dict[int, str], res: dict, md: l
                     warm_runs = [srv.post("/v1/systemone", req) for _ in range(args.reps)]
                     warm = statistics.median(r[0] for r in warm_runs)
                     pc, pw = b_cold.get("x_positions", {}), warm_runs[-1][1].get("x_positions", {})
-                    row = {"tokens": n, "questions": nq, "cold_s": cold, "warm_s": warm,
-                           "computed_cold": pc.get("computed"), "computed_warm": pw.get("computed"),
-                           "input_tokens": b_cold.get("usage", {}).get("input_tokens")}
+                    row = {
+                        "tokens": n,
+                        "questions": nq,
+                        "cold_s": cold,
+                        "warm_s": warm,
+                        "computed_cold": pc.get("computed"),
+                        "computed_warm": pw.get("computed"),
+                        "input_tokens": b_cold.get("usage", {}).get("input_tokens"),
+                    }
                     res["systemone"].append(row)
-                    md.append(f"| {n} | {nq} | {cold * 1e3:.0f} ms | {warm * 1e3:.0f} ms | {warm / nq * 1e3:.1f} ms | "
-                              f"{row['computed_cold']} / {row['computed_warm']} | {row['input_tokens']} |")
+                    md.append(
+                        f"| {n} | {nq} | {cold * 1e3:.0f} ms | {warm * 1e3:.0f} ms | {warm / nq * 1e3:.1f} ms | "
+                        f"{row['computed_cold']} / {row['computed_warm']} | {row['input_tokens']} |"
+                    )
                     print(md[-1], flush=True)
 
         if "generation" in args.server_parts:
             nq = max(args.questions)
-            md.append(f"\n### System One vs generating the answers ({nq} questions, generation: one chat completion "
-                      f"per question, same prompt, greedy, {args.gen_tokens} tokens)\n")
+            md.append(
+                f"\n### System One vs generating the answers ({nq} questions, generation: one chat completion "
+                f"per question, same prompt, greedy, {args.gen_tokens} tokens)\n"
+            )
             md.append("| state tokens | | System One | generation | generation / System One |")
             md.append("|---|---|---|---|---|")
             res["generation"] = []
@@ -338,10 +414,17 @@ def bench_server(args, argv: list[str], bodies: dict[int, str], res: dict, md: l
                 t, gen = 0.0, 0
                 for q in questions.values():
                     text, _ = question_text(q["type"], q["instructions"], q["criteria"])
-                    dt, body = srv.post("/v1/chat/completions", {
-                        "messages": [{"role": "system", "content": SYSTEM},
-                                     {"role": "user", "content": f"{state}\n\n{text}"}],
-                        "max_tokens": args.gen_tokens, "temperature": 0})
+                    dt, body = srv.post(
+                        "/v1/chat/completions",
+                        {
+                            "messages": [
+                                {"role": "system", "content": SYSTEM},
+                                {"role": "user", "content": f"{state}\n\n{text}"},
+                            ],
+                            "max_tokens": args.gen_tokens,
+                            "temperature": 0,
+                        },
+                    )
                     t += dt
                     gen += body["usage"]["completion_tokens"]
                 return t, gen
@@ -353,8 +436,15 @@ def bench_server(args, argv: list[str], bodies: dict[int, str], res: dict, md: l
                 s1_warm = statistics.median(srv.post("/v1/systemone", req)[0] for _ in range(args.reps))
                 g_cold, n_gen = generate(gen_state)
                 g_warm = statistics.median(generate(gen_state)[0] for _ in range(args.reps))
-                row = {"tokens": n, "questions": nq, "s1_cold_s": s1_cold, "s1_warm_s": s1_warm,
-                       "gen_cold_s": g_cold, "gen_warm_s": g_warm, "generated_tokens": n_gen}
+                row = {
+                    "tokens": n,
+                    "questions": nq,
+                    "s1_cold_s": s1_cold,
+                    "s1_warm_s": s1_warm,
+                    "gen_cold_s": g_cold,
+                    "gen_warm_s": g_warm,
+                    "generated_tokens": n_gen,
+                }
                 res["generation"].append(row)
                 md.append(f"| {n} | cold | {s1_cold * 1e3:.0f} ms | {g_cold * 1e3:.0f} ms | {g_cold / s1_cold:.1f}x |")
                 md.append(f"| {n} | warm | {s1_warm * 1e3:.0f} ms | {g_warm * 1e3:.0f} ms | {g_warm / s1_warm:.1f}x |")
@@ -367,8 +457,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="the GGUF to serve")
     ap.add_argument("--engine-bin", default=str(ROOT / "engines/bin/serveproto-llama"))
-    ap.add_argument("--ref-bin", default=str(ROOT / "engines/bin/llama-prefill-ref"),
-                    help="llama.cpp's prefill reference ('' to skip the comparison)")
+    ap.add_argument(
+        "--ref-bin",
+        default=str(ROOT / "engines/bin/llama-prefill-ref"),
+        help="llama.cpp's prefill reference ('' to skip the comparison)",
+    )
     ap.add_argument("--ctx", type=int, default=16384, help="context per slot, tokens (engine --ctx)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads (engine and reference)")
     ap.add_argument("--states", default="370,13500", help="state sizes in tokens, comma-separated")
@@ -377,9 +470,12 @@ def main(argv=None) -> int:
     ap.add_argument("--gen-tokens", type=int, default=3, help="tokens generated per question (generation)")
     ap.add_argument("--engine-flags", default="", help="extra engine options, e.g. '--flash-attn --kv-type f16'")
     ap.add_argument("--only", choices=("engine", "server"), default=None)
-    ap.add_argument("--server-parts", default="systemone,generation",
-                    help="parts of the server benchmark, comma-separated: systemone (the cold / warm table), "
-                         "generation (System One against generating the answers)")
+    ap.add_argument(
+        "--server-parts",
+        default="systemone,generation",
+        help="parts of the server benchmark, comma-separated: systemone (the cold / warm table), "
+        "generation (System One against generating the answers)",
+    )
     ap.add_argument("--out-dir", default=None, help="write <tag>.md and <tag>.json here")
     ap.add_argument("--tag", default="gpu_decisions", help="name of the output files")
     args = ap.parse_args(argv)
@@ -393,16 +489,30 @@ def main(argv=None) -> int:
     if args.ref_bin and not Path(args.ref_bin).exists():
         ap.error(f"--ref-bin {args.ref_bin} does not exist (build it, or pass --ref-bin '')")
     # the score cache off: every timed SCORE computes (a repeat would otherwise compute nothing)
-    argv_eng = [args.engine_bin, "--model", args.model, "--ctx", str(args.ctx), "--slots", "1",
-                "--threads", str(args.threads), "--score-cache-mb", "0", *shlex.split(args.engine_flags)]
+    argv_eng = [
+        args.engine_bin,
+        "--model",
+        args.model,
+        "--ctx",
+        str(args.ctx),
+        "--slots",
+        "1",
+        "--threads",
+        str(args.threads),
+        "--score-cache-mb",
+        "0",
+        *shlex.split(args.engine_flags),
+    ]
 
     from gateway.decision.chat_template import ChatTemplate
     from gateway.decision.prompts import PromptBuilder
 
     prompts = PromptBuilder(ChatTemplate.from_gguf(args.model))
     res: dict = {"model": Path(args.model).name, "engine_argv": argv_eng, "reps": args.reps}
-    md = [f"## {Path(args.model).name}: engine flags `{args.engine_flags or '(defaults)'}`, --ctx {args.ctx}, "
-          f"3 options per question"]
+    md = [
+        f"## {Path(args.model).name}: engine flags `{args.engine_flags or '(defaults)'}`, --ctx {args.ctx}, "
+        f"3 options per question"
+    ]
     print(md[0], flush=True)
     if args.out_dir:
         Path(args.out_dir).mkdir(parents=True, exist_ok=True)

@@ -43,6 +43,7 @@ llama-server the document's once per slot (``id_slot``), each slot holding its o
         [--workloads tickets,document] [--debias default,none] [--threads N|auto] [--peer-threads N] [--model PATH]
         [--baseline-tree DIR] [--np N] [--no-llama-server] [--json PATH] [--engine CMD ...]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,10 +66,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from decisions import QUESTIONS_16, TICKET, Server, pct  # noqa: E402
-from repeat import LlamaServer  # noqa: E402
-
 from gateway.decision import evalset  # noqa: E402
 from gateway.paths import default_model_path, engine_bin  # noqa: E402
+from repeat import LlamaServer  # noqa: E402
 
 #: The three questions of a ticket (ids of ``gateway.decision.evalset``'s ticket questions): a choice, a noul, a score.
 TICKET_QUESTIONS = ("department", "refund", "severity")
@@ -85,7 +85,8 @@ DOCUMENT = TICKET + (
     "settings. Please compare the secret in the plugin with the one in your Stripe dashboard."
     "\n\nCustomer: They differ. I pasted the new one and sent a test event, and it still fails with the same "
     "error. This is the third day without orders being confirmed. If this is not solved today we will "
-    "have to look at another payment provider.")
+    "have to look at another payment provider."
+)
 
 #: Request numbers of one cell start at ``(cell * settings + setting + 1) * SERIALS`` (``setting``: the
 #: index of the ``x_debias`` sent): every cell and setting gets its own tickets and questions, and the
@@ -102,6 +103,7 @@ class BadReply(Exception):
 
 # --- the workloads -------------------------------------------------------------------------------
 
+
 @attrs.frozen
 class Workload:
     """``name``, its line in the table's heading, ``body(serial)``: the Jev body (no ``x_debias``) of the
@@ -116,7 +118,7 @@ class Workload:
 def ticket_body(serial: int, seed: int) -> dict:
     """A new ticket (``evalset.generate`` seeded with ``seed * SERIALS**2 + serial``), its text opened by
     ``Ticket <serial>.``, with :data:`TICKET_QUESTIONS`. A JSON ticket gets its number as the first key."""
-    item = evalset.generate(seed * SERIALS ** 2 + serial, {"ticket": 1})[0]
+    item = evalset.generate(seed * SERIALS**2 + serial, {"ticket": 1})[0]
     state = item.body["state"]
     state = {"ticket": serial, **state} if isinstance(state, dict) else f"Ticket {serial}. {state}"
     return {"state": state, "questions": {q: item.body["questions"][q] for q in TICKET_QUESTIONS}}
@@ -131,14 +133,23 @@ def document_body(serial: int) -> dict:
 
 def workloads(seed: int) -> dict[str, Workload]:
     return {
-        "tickets": Workload("tickets", "a stream of new tickets, 3 questions each (a choice of 4, a noul, a score of 4)",
-                            lambda serial: ticket_body(serial, seed), shared=False),
-        "document": Workload("document", "one document asked one new question per request (a shared snapshot)",
-                             document_body, shared=True),
+        "tickets": Workload(
+            "tickets",
+            "a stream of new tickets, 3 questions each (a choice of 4, a noul, a score of 4)",
+            lambda serial: ticket_body(serial, seed),
+            shared=False,
+        ),
+        "document": Workload(
+            "document",
+            "one document asked one new question per request (a shared snapshot)",
+            document_body,
+            shared=True,
+        ),
     }
 
 
 # --- the servers -----------------------------------------------------------------------------------
+
 
 @attrs.define
 class Target:
@@ -152,7 +163,7 @@ class Target:
     base: str
     debias: str | None
     setting: int
-    peer: "PeerPrompts | None" = None
+    peer: PeerPrompts | None = None
     applied: str = ""  # the x_debias the replies report (ours), filled by the warm-up
 
     @property
@@ -198,9 +209,17 @@ class PeerPrompts:
         computed = read = options = 0
         for q in body["questions"].values():
             qp = self.builder.question(q["type"], q.get("instructions"), q.get("criteria"))
-            payload = {"prompt": prefix + qp.stem, "n_predict": 1, "n_probs": N_PROBS, "temperature": 0,
-                       "cache_prompt": True, **({"id_slot": slot} if slot is not None else {})}
-            r = await http.post("/completion", content=orjson.dumps(payload), headers={"content-type": "application/json"})
+            payload = {
+                "prompt": prefix + qp.stem,
+                "n_predict": 1,
+                "n_probs": N_PROBS,
+                "temperature": 0,
+                "cache_prompt": True,
+                **({"id_slot": slot} if slot is not None else {}),
+            }
+            r = await http.post(
+                "/completion", content=orjson.dumps(payload), headers={"content-type": "application/json"}
+            )
             if r.status_code != 200:
                 raise BadReply(f"HTTP {r.status_code}: {r.content[:200]!r}")
             reply = orjson.loads(r.content)
@@ -223,6 +242,7 @@ def first_token_logprob(top: list[dict], option: str) -> float | None:
 
 
 # --- a cell ----------------------------------------------------------------------------------------
+
 
 @attrs.define
 class Cell:
@@ -247,12 +267,23 @@ class Cell:
 
     def row(self) -> dict:
         lat = self.latencies
-        return {"workload": self.workload, "server": self.target, "x_debias": self.debias, "clients": self.clients,
-                "requests": len(lat), "errors": self.errors, "first_error": self.first_error, "wall_s": self.wall,
-                "requests_per_s": self.rps, "questions_per_s": self.questions / self.wall if self.wall > 0 else 0.0,
-                "p50_s": pct(lat, 50) if lat else None, "p99_s": pct(lat, 99) if lat else None,
-                "computed_per_request": self.computed / len(lat) if lat else None, "options_read": self.options_read,
-                "options": self.options}
+        return {
+            "workload": self.workload,
+            "server": self.target,
+            "x_debias": self.debias,
+            "clients": self.clients,
+            "requests": len(lat),
+            "errors": self.errors,
+            "first_error": self.first_error,
+            "wall_s": self.wall,
+            "requests_per_s": self.rps,
+            "questions_per_s": self.questions / self.wall if self.wall > 0 else 0.0,
+            "p50_s": pct(lat, 50) if lat else None,
+            "p99_s": pct(lat, 99) if lat else None,
+            "computed_per_request": self.computed / len(lat) if lat else None,
+            "options_read": self.options_read,
+            "options": self.options,
+        }
 
 
 def http_client(base: str, timeout: float) -> httpx2.AsyncClient:
@@ -264,8 +295,15 @@ def http_client(base: str, timeout: float) -> httpx2.AsyncClient:
 _SSL = ssl.create_default_context()
 
 
-async def run_cell(target: Target, workload: Workload, clients: int, first_serial: int, seconds: float,
-                   max_requests: int, timeout: float) -> Cell:
+async def run_cell(
+    target: Target,
+    workload: Workload,
+    clients: int,
+    first_serial: int,
+    seconds: float,
+    max_requests: int,
+    timeout: float,
+) -> Cell:
     """``clients`` connections sending ``workload``'s requests numbered from ``first_serial`` to ``target``
     until ``seconds`` have passed or ``max_requests`` were started; the clients are made before the clock
     starts."""
@@ -306,6 +344,7 @@ async def run_cell(target: Target, workload: Workload, clients: int, first_seria
 
 # --- the table -------------------------------------------------------------------------------------
 
+
 def fmt_s(x: float | None) -> str:
     if x is None:
         return "-"
@@ -317,8 +356,19 @@ def table(cells: list[Cell], workload: Workload, peer: str | None, baseline: str
     compare requests/s with llama-server's and the baseline's (same x_debias) in the same cell."""
     by = {(c.clients, c.target, c.debias): c for c in cells}
     peer_rps = {c.clients: c.rps for c in cells if c.target == peer}
-    cols = ["server", "x_debias", "clients", "requests", "errors", "requests/s", "questions/s", "p50", "p99",
-            "p99 / p50", "computed a request"]
+    cols = [
+        "server",
+        "x_debias",
+        "clients",
+        "requests",
+        "errors",
+        "requests/s",
+        "questions/s",
+        "p50",
+        "p99",
+        "p99 / p50",
+        "computed a request",
+    ]
     if peer:
         cols.append("requests/s / llama-server's")
     if baseline:
@@ -327,9 +377,19 @@ def table(cells: list[Cell], workload: Workload, peer: str | None, baseline: str
     for c in cells:
         r = c.row()
         p50, p99 = r["p50_s"], r["p99_s"]
-        vals = [c.target, c.debias, str(c.clients), str(r["requests"]), str(c.errors), f"{c.rps:.2f}",
-                f"{r['questions_per_s']:.2f}", fmt_s(p50), fmt_s(p99), f"{p99 / p50:.2f}" if p50 else "-",
-                f"{r['computed_per_request']:.0f}" if r["computed_per_request"] is not None else "-"]
+        vals = [
+            c.target,
+            c.debias,
+            str(c.clients),
+            str(r["requests"]),
+            str(c.errors),
+            f"{c.rps:.2f}",
+            f"{r['questions_per_s']:.2f}",
+            fmt_s(p50),
+            fmt_s(p99),
+            f"{p99 / p50:.2f}" if p50 else "-",
+            f"{r['computed_per_request']:.0f}" if r["computed_per_request"] is not None else "-",
+        ]
         if peer:
             vals.append(f"{c.rps / peer_rps[c.clients]:.2f}" if peer_rps.get(c.clients) and c.target != peer else "")
         if baseline:
@@ -340,6 +400,7 @@ def table(cells: list[Cell], workload: Workload, peer: str | None, baseline: str
 
 
 # --- main ------------------------------------------------------------------------------------------
+
 
 def client_counts(text: str) -> list[int]:
     try:
@@ -353,22 +414,37 @@ def client_counts(text: str) -> list[int]:
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--clients", type=client_counts, default=[1, 4, 16, 64], help="concurrent clients (default 1,4,16,64)")
+    ap.add_argument(
+        "--clients", type=client_counts, default=[1, 4, 16, 64], help="concurrent clients (default 1,4,16,64)"
+    )
     ap.add_argument("--seconds", type=float, default=5.0, help="a cell starts no request after this (default 5)")
-    ap.add_argument("--requests", type=int, default=1000, help="a cell starts at most this many requests (default 1000)")
+    ap.add_argument(
+        "--requests", type=int, default=1000, help="a cell starts at most this many requests (default 1000)"
+    )
     ap.add_argument("--workloads", default="tickets,document", help="tickets, document or both (default both)")
-    ap.add_argument("--debias", default="default,none",
-                    help="this tree's (and the baseline's) rows: default (no x_debias sent), none, or any x_debias value, "
-                         "comma-separated (default: default,none)")
+    ap.add_argument(
+        "--debias",
+        default="default,none",
+        help="this tree's (and the baseline's) rows: default (no x_debias sent), none, or any x_debias value, "
+        "comma-separated (default: default,none)",
+    )
     ap.add_argument("--seed", type=int, default=15, help="the tickets' seed (default 15)")
-    ap.add_argument("--threads", default=None,
-                    help="engine threads (N or auto) of this tree and the baseline (default: each tree's own "
-                         "serve default; this tree's is auto)")
-    ap.add_argument("--peer-threads", type=int, default=os.cpu_count() or 1,
-                    help="llama-server's -t and -tb (default: the cores)")
-    ap.add_argument("--model", type=Path, default=None, help="GGUF (default: the default model, served without --model)")
+    ap.add_argument(
+        "--threads",
+        default=None,
+        help="engine threads (N or auto) of this tree and the baseline (default: each tree's own "
+        "serve default; this tree's is auto)",
+    )
+    ap.add_argument(
+        "--peer-threads", type=int, default=os.cpu_count() or 1, help="llama-server's -t and -tb (default: the cores)"
+    )
+    ap.add_argument(
+        "--model", type=Path, default=None, help="GGUF (default: the default model, served without --model)"
+    )
     ap.add_argument("--serve-args", default="", help="more `serve` flags for this tree and the baseline, one string")
-    ap.add_argument("--baseline-tree", type=Path, default=None, help="another source tree (its engines built) served beside")
+    ap.add_argument(
+        "--baseline-tree", type=Path, default=None, help="another source tree (its engines built) served beside"
+    )
     ap.add_argument("--llama-server", type=Path, default=engine_bin("llama-server"))
     ap.add_argument("--no-llama-server", action="store_true", help="do not run llama-server")
     ap.add_argument("--np", type=int, default=None, help="llama-server's slots (default: the largest --clients)")
@@ -376,8 +452,12 @@ def parse_args(argv):
     ap.add_argument("--peer-args", default="", help="more llama-server flags, one string (e.g. '-fa on')")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds a request may take (default 600)")
     ap.add_argument("--json", type=Path, default=None, help="also write every cell's numbers here")
-    ap.add_argument("--engine", nargs=argparse.REMAINDER, default=None,
-                    help="serve --engine CMD... instead of the llama engine (e.g. the fixture engine); no llama-server")
+    ap.add_argument(
+        "--engine",
+        nargs=argparse.REMAINDER,
+        default=None,
+        help="serve --engine CMD... instead of the llama engine (e.g. the fixture engine); no llama-server",
+    )
     args = ap.parse_args(argv)
     args.workloads = args.workloads.split(",")
     if not set(args.workloads) <= {"tickets", "document"} or not args.workloads:
@@ -428,14 +508,24 @@ def start(args, threads: str | None, model: Path | None, servers: list) -> tuple
         targets += [Target(name, srv.base, None if d == "default" else d, k) for k, d in enumerate(args.debias)]
     if not args.no_llama_server:
         slots = args.np or max(args.clients)
-        peer = LlamaServer(args.llama_server, model, args.peer_threads, slots=slots, ctx=slots * args.peer_ctx,
-                           extra=tuple(shlex.split(args.peer_args)))
+        peer = LlamaServer(
+            args.llama_server,
+            model,
+            args.peer_threads,
+            slots=slots,
+            ctx=slots * args.peer_ctx,
+            extra=tuple(shlex.split(args.peer_args)),
+        )
         servers.append(peer)
-        targets.append(Target("llama-server", peer.base, "none", settings.index("none"), peer=PeerPrompts(model, slots)))
+        targets.append(
+            Target("llama-server", peer.base, "none", settings.index("none"), peer=PeerPrompts(model, slots))
+        )
     return targets, len(settings)
 
 
-def measure(args, targets: list[Target], n_settings: int, loads: dict[str, Workload], cells: dict[str, list[Cell]]) -> None:
+def measure(
+    args, targets: list[Target], n_settings: int, loads: dict[str, Workload], cells: dict[str, list[Cell]]
+) -> None:
     """Every cell, workload by workload, client count by client count, the targets in turn; appended to
     ``cells`` as they end, each also reported on stderr."""
     for w in loads.values():
@@ -450,8 +540,12 @@ def measure(args, targets: list[Target], n_settings: int, loads: dict[str, Workl
                 first = (k * n_settings + t.setting + 1) * SERIALS
                 cell = anyio.run(run_cell, t, w, clients, first, args.seconds, args.requests, args.timeout)
                 cells[w.name].append(cell)
-                print(f"  {w.name}, {clients} clients, {t.name} ({t.label}): {len(cell.latencies)} answered, "
-                      f"{cell.errors} errors, {cell.rps:.2f} requests/s", file=sys.stderr, flush=True)
+                print(
+                    f"  {w.name}, {clients} clients, {t.name} ({t.label}): {len(cell.latencies)} answered, "
+                    f"{cell.errors} errors, {cell.rps:.2f} requests/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
 
 def _terminated(signum, frame):
@@ -491,11 +585,13 @@ def main(argv=None) -> int:
             s.close()
     names = {c.target for cs in cells.values() for c in cs}
     peer = next((s for s in servers if isinstance(s, LlamaServer)), None)
-    print(f"`{shlex.join(['bench/load.py', *(argv if argv is not None else sys.argv[1:])])}`  "
-          f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, load average "
-          f"{load0:.1f} before, {os.getloadavg()[0]:.1f} after; model {Path(model).name if model else 'of the engine'}; "
-          f"engine threads {threads or 'each tree default'}, llama-server's {args.peer_threads}; cells of {args.seconds:g} s or {args.requests} requests)"
-          + ("; CUT SHORT (SIGTERM or ^C): the cells measured so far" if cut else ""))
+    print(
+        f"`{shlex.join(['bench/load.py', *(argv if argv is not None else sys.argv[1:])])}`  "
+        f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, load average "
+        f"{load0:.1f} before, {os.getloadavg()[0]:.1f} after; model {Path(model).name if model else 'of the engine'}; "
+        f"engine threads {threads or 'each tree default'}, llama-server's {args.peer_threads}; cells of {args.seconds:g} s or {args.requests} requests)"
+        + ("; CUT SHORT (SIGTERM or ^C): the cells measured so far" if cut else "")
+    )
     if peer is not None:
         print(f"llama-server: `{shlex.join(['llama-server', '-m', Path(peer.argv[2]).name, *peer.argv[7:]])}`")
     print()
@@ -504,16 +600,29 @@ def main(argv=None) -> int:
         peer_cells = [c for c in cells[name] if c.target == "llama-server"]
         if peer_cells:
             read, options = sum(c.options_read for c in peer_cells), sum(c.options for c in peer_cells)
-            print(f"\nllama-server's first-token read-out: {read} of {options} options had a token in its "
-                  f"replies' top {N_PROBS}.")
+            print(
+                f"\nllama-server's first-token read-out: {read} of {options} options had a token in its "
+                f"replies' top {N_PROBS}."
+            )
         print()
     failed = [c for cs in cells.values() for c in cs if c.errors]
     for c in failed:
-        print(f"errors: {c.workload}, {c.clients} clients, {c.target} ({c.debias}): {c.errors}, the first: {c.first_error}")
+        print(
+            f"errors: {c.workload}, {c.clients} clients, {c.target} ({c.debias}): {c.errors}, the first: {c.first_error}"
+        )
     if args.json:
-        args.json.write_text(orjson.dumps({"argv": sys.argv, "threads": threads, "model": str(model), "cut_short": cut,
-                                           "cells": [c.row() for cs in cells.values() for c in cs]},
-                                          option=orjson.OPT_INDENT_2).decode())
+        args.json.write_text(
+            orjson.dumps(
+                {
+                    "argv": sys.argv,
+                    "threads": threads,
+                    "model": str(model),
+                    "cut_short": cut,
+                    "cells": [c.row() for cs in cells.values() for c in cs],
+                },
+                option=orjson.OPT_INDENT_2,
+            ).decode()
+        )
     return 1 if failed or cut else 0
 
 

@@ -20,6 +20,7 @@ debias setting (:mod:`gateway.decision.debias`), and prints per setting:
 ``--debias`` takes ``none``, ``cyclic``, ``content_free`` or
 ``cyclic,content_free`` (repeat to compare; default: all four).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,9 +32,9 @@ import anyio
 
 from gateway.decision import debias, pipeline
 from gateway.decision.chat_template import read_gguf
+from gateway.decision.jev import parse_request
 from gateway.decision.prompts import PromptBuilder
 from gateway.engine import Engine
-from gateway.decision.jev import parse_request
 from gateway.paths import default_model_path, engine_bin
 
 TEAMS = {"billing": "payments, invoices", "technical": "bugs, integration errors", "sales": "pricing, plans"}
@@ -41,8 +42,11 @@ INSTRUCTIONS = "Which team should handle this?"
 
 #: (ticket, the labelled answer): four of each team.
 CASES = [
-    ("I have been trying to connect my Stripe account for 3 days and the integration keeps failing. "
-     "I am losing sales.", "technical"),
+    (
+        "I have been trying to connect my Stripe account for 3 days and the integration keeps failing. "
+        "I am losing sales.",
+        "technical",
+    ),
     ("I was charged twice for my subscription this month, please refund one payment.", "billing"),
     ("Do you offer a discount on the annual plan for teams of 50?", "sales"),
     ("The app crashes every time I open the settings page since the last update.", "technical"),
@@ -75,8 +79,18 @@ async def measure(model: str, threads: int, settings: list[tuple[str, ...]]) -> 
             for state, gold in CASES:
                 by_order = []
                 for order in itertools.permutations(TEAMS):
-                    request = parse_request({"state": state, "questions": {"team": {
-                        "type": "choice", "instructions": INSTRUCTIONS, "criteria": {k: TEAMS[k] for k in order}}}})
+                    request = parse_request(
+                        {
+                            "state": state,
+                            "questions": {
+                                "team": {
+                                    "type": "choice",
+                                    "instructions": INSTRUCTIONS,
+                                    "criteria": {k: TEAMS[k] for k in order},
+                                }
+                            },
+                        }
+                    )
                     t0 = time.perf_counter()
                     decided = await pipeline.decide(request, eng, decision, memory)
                     engine_ms += (time.perf_counter() - t0) * 1e3
@@ -91,20 +105,36 @@ async def measure(model: str, threads: int, settings: list[tuple[str, ...]]) -> 
                     by_order.append(probs)
                 spread += max(total_variation(p, q) for p, q in itertools.combinations(by_order, 2))
             name = ",".join(methods) or "none"
-            row = dict(debias=name, first=first, asked=asked, chance=chance / asked, spread=spread / len(CASES),
-                       gold=gold_wins, gold_mass=gold_mass / asked, ms=engine_ms / asked, computed=computed / asked)
-            print(f"{name:<22} first-listed wins {first}/{asked} = {first / asked:.2f} (chance {chance / asked:.2f}); "
-                  f"order moves the answer by {row['spread']:.3f} (TV); labelled answer wins {gold_wins}/{asked} = "
-                  f"{gold_wins / asked:.2f}, mean p {row['gold_mass']:.3f}; {row['ms']:.0f} ms, "
-                  f"{row['computed']:.0f} positions a request", flush=True)
+            row = dict(
+                debias=name,
+                first=first,
+                asked=asked,
+                chance=chance / asked,
+                spread=spread / len(CASES),
+                gold=gold_wins,
+                gold_mass=gold_mass / asked,
+                ms=engine_ms / asked,
+                computed=computed / asked,
+            )
+            print(
+                f"{name:<22} first-listed wins {first}/{asked} = {first / asked:.2f} (chance {chance / asked:.2f}); "
+                f"order moves the answer by {row['spread']:.3f} (TV); labelled answer wins {gold_wins}/{asked} = "
+                f"{gold_wins / asked:.2f}, mean p {row['gold_mass']:.3f}; {row['ms']:.0f} ms, "
+                f"{row['computed']:.0f} positions a request",
+                flush=True,
+            )
             rows.append(row)
-    print("\n| x_debias | first-listed label wins | chance | order moves the answer (TV) | labelled answer wins "
-          "| its mean probability | engine ms a request | positions computed a request |")
+    print(
+        "\n| x_debias | first-listed label wins | chance | order moves the answer (TV) | labelled answer wins "
+        "| its mean probability | engine ms a request | positions computed a request |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['debias']} | {r['first']}/{r['asked']} = {r['first'] / r['asked']:.2f} | {r['chance']:.2f} "
-              f"| {r['spread']:.3f} | {r['gold']}/{r['asked']} = {r['gold'] / r['asked']:.2f} | {r['gold_mass']:.3f} "
-              f"| {r['ms']:.0f} | {r['computed']:.0f} |")
+        print(
+            f"| {r['debias']} | {r['first']}/{r['asked']} = {r['first'] / r['asked']:.2f} | {r['chance']:.2f} "
+            f"| {r['spread']:.3f} | {r['gold']}/{r['asked']} = {r['gold'] / r['asked']:.2f} | {r['gold_mass']:.3f} "
+            f"| {r['ms']:.0f} | {r['computed']:.0f} |"
+        )
     return rows
 
 
@@ -112,8 +142,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=str(default_model_path()), help="GGUF (default: the default model)")
     parser.add_argument("--threads", type=int, default=1, help="engine CPU threads (default 1)")
-    parser.add_argument("--debias", action="append", default=None,
-                        help="none, cyclic, content_free or cyclic,content_free (repeat; default: all four)")
+    parser.add_argument(
+        "--debias",
+        action="append",
+        default=None,
+        help="none, cyclic, content_free or cyclic,content_free (repeat; default: all four)",
+    )
     args = parser.parse_args()
     texts = args.debias or ["none", "cyclic", "content_free", "cyclic,content_free"]
     settings = [debias.parse("none" if t == "none" else t.split(",")) for t in texts]

@@ -24,12 +24,18 @@ import time
 
 import serveproto as sp
 
-CAPS = {"slots": "4", "n_ctx": "2048", "n_vocab": "49152", "model": "bench",
-        "x_score": "1", "x_counters": "1", "x_health": "1"}
+CAPS = {
+    "slots": "4",
+    "n_ctx": "2048",
+    "n_vocab": "49152",
+    "model": "bench",
+    "x_score": "1",
+    "x_counters": "1",
+    "x_health": "1",
+}
 
 
-def transcript(requests: int, positions: int, k: int,
-               seed: int = 0) -> tuple[list[sp.Submit], bytes, bytes]:
+def transcript(requests: int, positions: int, k: int, seed: int = 0) -> tuple[list[sp.Submit], bytes, bytes]:
     """Return the requests, the engine's handshake and its replies, written by EngineConnection."""
     rng = random.Random(seed)
     eng = sp.EngineConnection()
@@ -69,7 +75,7 @@ def parse(subs: list[sp.Submit], hs: bytes, data: bytes, chunk: int) -> int:
     n = 0
     next_event, NEED_DATA = conn.next_event, sp.NEED_DATA
     for off in range(0, len(data), chunk):
-        conn.receive_data(data[off:off + chunk])
+        conn.receive_data(data[off : off + chunk])
         while next_event() is not NEED_DATA:
             n += 1
     assert not conn.in_flight
@@ -108,21 +114,24 @@ def main() -> None:
     echoes = a.requests * a.positions
     frames = parse(subs, hs, data, a.chunk)
     assert frames == a.requests * (a.positions + 2), frames
-    t_sp, t_base = best_of_interleaved([lambda: parse(subs, hs, data, a.chunk),
-                                        lambda: baseline(data)], a.repeat)
+    t_sp, t_base = best_of_interleaved([lambda: parse(subs, hs, data, a.chunk), lambda: baseline(data)], a.repeat)
     mb = len(data) / 1e6
-    print(f"transcript: {a.requests} requests x {a.positions} positions, k={a.k}: "
-          f"{frames} frames ({echoes} ECHO), {mb:.2f} MB, fed in {a.chunk}-byte chunks; "
-          f"best of {a.repeat}, interleaved")
-    print(f"python {sys.version.split()[0]}, load average {os.getloadavg()[0]:.2f} "
-          f"on {os.cpu_count()} cores")
-    print(f"serveproto GatewayConnection: {frames / t_sp:12,.0f} frames/s  "
-          f"{echoes / t_sp:12,.0f} ECHO/s  {mb / t_sp:7.1f} MB/s")
-    print(f"bytes.split line baseline   : {frames / t_base:12,.0f} frames/s  "
-          f"{'':>19}  {mb / t_base:7.1f} MB/s")
+    print(
+        f"transcript: {a.requests} requests x {a.positions} positions, k={a.k}: "
+        f"{frames} frames ({echoes} ECHO), {mb:.2f} MB, fed in {a.chunk}-byte chunks; "
+        f"best of {a.repeat}, interleaved"
+    )
+    print(f"python {sys.version.split()[0]}, load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    print(
+        f"serveproto GatewayConnection: {frames / t_sp:12,.0f} frames/s  "
+        f"{echoes / t_sp:12,.0f} ECHO/s  {mb / t_sp:7.1f} MB/s"
+    )
+    print(f"bytes.split line baseline   : {frames / t_base:12,.0f} frames/s  {'':>19}  {mb / t_base:7.1f} MB/s")
     print(f"ratio serveproto / baseline : {t_base / t_sp:.3f} (time ratio {t_sp / t_base:.1f}x)")
-    print(f"per frame: {t_sp / frames * 1e6:.2f} us parsed (a read-out position on the default "
-          f"model costs about 2400 us: notes/llama-cpp.md, 410 tok/s)")
+    print(
+        f"per frame: {t_sp / frames * 1e6:.2f} us parsed (a read-out position on the default "
+        f"model costs about 2400 us: notes/llama-cpp.md, 410 tok/s)"
+    )
     goal = 250_000
     print(f"goal {goal:,} ECHO frames/s: {'met' if echoes / t_sp >= goal else 'NOT met'}")
 

@@ -40,6 +40,7 @@ those rotations) and divides it out of the others' single read.
 
 Positions are exact; seconds move with the machine's load.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,9 +58,9 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.decision import debias, evalset, evaluation, jev, pipeline, readings, scoring  # noqa: E402
-from gateway.decision.readings import Method  # noqa: E402
-from gateway.engine.score import softmax  # noqa: E402
+from gateway.decision import debias, evalset, evaluation, jev, pipeline, readings, scoring
+from gateway.decision.readings import Method
+from gateway.engine.score import softmax
 
 #: (name, method, stateful correction or None). The first row is the letter read-out of
 #: llama-server-based System One servers; "listed" is today's prompt.
@@ -96,6 +97,7 @@ README_END = "<!-- bench/quality.py table: end -->"
 
 # --- the questions under each order ----------------------------------------------------------------
 
+
 def is_rotation(a: tuple, b: tuple) -> bool:
     """Whether order ``b`` is a cyclic rotation of order ``a``."""
     n = len(a)
@@ -123,8 +125,11 @@ def orders(labels: list[str], rng: random.Random, k: int = PASSES) -> list[list[
 def task_key(item: evalset.Labelled, qid: str) -> str:
     """The task of a question, with its criteria: requests of one task share its corrections."""
     q = item.body["questions"][qid]
-    return item.tasks[qid] + "\x00" + orjson.dumps([q.get("type"), q.get("instructions"), q.get("criteria")],
-                                                  option=orjson.OPT_SORT_KEYS).decode()
+    return (
+        item.tasks[qid]
+        + "\x00"
+        + orjson.dumps([q.get("type"), q.get("instructions"), q.get("criteria")], option=orjson.OPT_SORT_KEYS).decode()
+    )
 
 
 def pass_bodies(items: list[evalset.Labelled], seed: int) -> tuple[list[list[dict]], list[list[dict[str, int]]]]:
@@ -158,6 +163,7 @@ def pass_bodies(items: list[evalset.Labelled], seed: int) -> tuple[list[list[dic
 
 # --- reading ----------------------------------------------------------------------------------
 
+
 class Reader:
     """Every distinct read (prefix, stem, scored texts) made once through ``Engine.score``; kept in ``cache``."""
 
@@ -176,8 +182,15 @@ class Reader:
         for q in request.questions:
             reads = readings.plan(q.type, q.instructions, q.criteria, q.n_options, method)
             real = tuple((prefix, self.prompts.stem(rd.text), rd.scored) for rd in reads)
-            free = [(cf_prefix, s + self.prompts.stem(rd.text), rd.scored)
-                    for s in debias.CONTENT_FREE_STATES for rd in reads] if method.content_free else []
+            free = (
+                [
+                    (cf_prefix, s + self.prompts.stem(rd.text), rd.scored)
+                    for s in debias.CONTENT_FREE_STATES
+                    for rd in reads
+                ]
+                if method.content_free
+                else []
+            )
             out.append((real, free))
         return out
 
@@ -190,7 +203,7 @@ class Reader:
             by_prefix.setdefault(k[0], []).append(k)
         for prefix, ks in by_prefix.items():
             for i in range(0, len(ks), chunk):
-                part = ks[i:i + chunk]
+                part = ks[i : i + chunk]
                 t0 = time.perf_counter()
                 result = await self.engine.score(prefix, [(stem, list(scored)) for _, stem, scored in part], pin=True)
                 self.seconds += time.perf_counter() - t0
@@ -209,12 +222,14 @@ def probabilities(method: Method, q: jev.Question, keys: tuple, lookup) -> list[
     per_read = [readings.log_probs(rd.owner, lookup(k)) for rd, k in zip(reads, real)]
     cf = None
     if free:
-        cf = readings.mean_log_probs([readings.log_probs(rd.owner, lookup(k))
-                                      for k, rd in zip(free, itertools.cycle(reads))])
+        cf = readings.mean_log_probs(
+            [readings.log_probs(rd.owner, lookup(k)) for k, rd in zip(free, itertools.cycle(reads))]
+        )
     return softmax(readings.combine(per_read, cf))
 
 
 # --- the run ------------------------------------------------------------------------------------
+
 
 def domain_of(item: evalset.Labelled) -> str:
     return item.id.rsplit("-", 1)[0] if "-" in item.id else "all"
@@ -222,9 +237,9 @@ def domain_of(item: evalset.Labelled) -> str:
 
 async def run(args) -> dict:
     from gateway.decision.chat_template import read_gguf
+    from gateway.decision.prompts import PromptBuilder
     from gateway.engine import Engine
     from gateway.paths import engine_bin
-    from gateway.decision.prompts import PromptBuilder
 
     if args.configs:
         wanted = [c.strip() for c in args.configs.split(";")]
@@ -236,7 +251,7 @@ async def run(args) -> dict:
         by_dom: dict[str, list] = {}
         for it in items:
             by_dom.setdefault(domain_of(it), []).append(it)
-        items = [it for its in by_dom.values() for it in its[:args.subset]]
+        items = [it for its in by_dom.values() for it in its[: args.subset]]
     bodies, golds = pass_bodies(items, args.seed)
     requests = [[jev.parse_request(b) for b in bodies[p]] for p in range(PASSES)]
     n_q = sum(len(g) for g in golds[0])
@@ -258,8 +273,12 @@ async def run(args) -> dict:
         template, _ = await anyio.to_thread.run_sync(read_gguf, Path(args.model))
         prompts = PromptBuilder(template)
         reader = Reader(eng, prompts, cache)
-        methods = list(dict.fromkeys([m for _, m, _ in CONFIGS] + [Method(m.format, m.canonical, True, False)
-                                                                   for _, m, s in CONFIGS if s == "pride"]))
+        methods = list(
+            dict.fromkeys(
+                [m for _, m, _ in CONFIGS]
+                + [Method(m.format, m.canonical, True, False) for _, m, s in CONFIGS if s == "pride"]
+            )
+        )
         # keys[method][p][i] = per question (real keys, content-free keys)
         keys = {m: [[reader.keys(r, m) for r in requests[p]] for p in range(PASSES)] for m in methods}
         free = [k for m in methods for p in range(PASSES) for per_req in keys[m][p] for _, f in per_req for k in f]
@@ -270,17 +289,23 @@ async def run(args) -> dict:
             ks = [k for m in methods for p in range(PASSES) for real, _ in keys[m][p][i] for k in real]
             await reader.read(ks)
             if (i + 1) % 10 == 0 or i + 1 == len(items):
-                print(f"  {i + 1}/{len(items)} requests read: {len(reader.cache)} reads, {reader.computed} positions, "
-                      f"{time.perf_counter() - t0:.0f} s", flush=True)
+                print(
+                    f"  {i + 1}/{len(items)} requests read: {len(reader.cache)} reads, {reader.computed} positions, "
+                    f"{time.perf_counter() - t0:.0f} s",
+                    flush=True,
+                )
         if cache_file:
-            cache_file.write_bytes(orjson.dumps({"model": ident, "reads": [[p, s, list(sc), lp] for (p, s, sc), lp
-                                                                           in reader.cache.items()]}))
+            cache_file.write_bytes(
+                orjson.dumps(
+                    {"model": ident, "reads": [[p, s, list(sc), lp] for (p, s, sc), lp in reader.cache.items()]}
+                )
+            )
         out["read_positions"] = reader.computed
         out["read_seconds"] = reader.seconds
 
         # question order: every E-th request, its questions reversed, read afresh
         reversed_reads: dict[int, dict] = {}
-        for i in (range(0, len(items), args.qorder_every) if not reused else ()):
+        for i in range(0, len(items), args.qorder_every) if not reused else ():
             body = bodies[0][i]
             rev = {**body, "questions": dict(reversed(list(body["questions"].items())))}
             r = jev.parse_request(rev)
@@ -289,8 +314,10 @@ async def run(args) -> dict:
         print(f"question order: {len(reversed_reads)} requests read again with their questions reversed", flush=True)
 
         rows = evaluate(items, requests, golds, keys, reader, reversed_reads)
-        if all(m in keys for m in (Method(), Method(content_free=True), Method(cyclic=True),
-                                   Method(cyclic=True, content_free=True))):
+        if all(
+            m in keys
+            for m in (Method(), Method(content_free=True), Method(cyclic=True), Method(cyclic=True, content_free=True))
+        ):
             out["noul_check"] = noul_check(items, requests, golds, keys, reader)
 
         # cost, and a check against the served path
@@ -316,18 +343,31 @@ def evaluate(items, requests, golds, keys, reader, reversed_reads) -> list[dict]
     rows = []
     for name, method, state in CONFIGS:
         # probs[p][i][qid]: unrounded probabilities, reply order of pass p's body
-        probs = [[{q.id: probabilities(method, q, k, lookup) for q, k in zip(r.questions, keys[method][p][i])}
-                  for i, r in enumerate(requests[p])] for p in range(PASSES)]
-        rev = {i: {q.id: probabilities(method, q, k, lambda key, rr=rr: rr[key] if key in rr else lookup(key))
-                   for q, k in zip(requests[0][i].questions, keys[method][0][i])} for i, rr in reversed_reads.items()}
+        probs = [
+            [
+                {q.id: probabilities(method, q, k, lookup) for q, k in zip(r.questions, keys[method][p][i])}
+                for i, r in enumerate(requests[p])
+            ]
+            for p in range(PASSES)
+        ]
+        rev = {
+            i: {
+                q.id: probabilities(method, q, k, lambda key, rr=rr: rr[key] if key in rr else lookup(key))
+                for q, k in zip(requests[0][i].questions, keys[method][0][i])
+            }
+            for i, rr in reversed_reads.items()
+        }
         if state is not None:
             cyc = Method(method.format, method.canonical, True, False)
             probs, rev = stateful(state, method, cyc, items, requests, keys, lookup, probs, rev, reversed_reads)
         rows.append(metrics(name, method, state, items, requests, golds, probs, rev))
         r = rows[-1]
-        print(f"{name:<52} acc {r['accuracy']:.3f} (noul {r['acc_noul']:.3f} choice {r['acc_choice']:.3f} "
-              f"score {r['acc_score']:.3f}) F1 {r['macro_f1']:.3f} ECE {r['ece']:.3f} (floor {r['ece_floor']:.3f}) "
-              f"flips {r['flips']:.3f} JSD {r['jsd']:.4f}", flush=True)
+        print(
+            f"{name:<52} acc {r['accuracy']:.3f} (noul {r['acc_noul']:.3f} choice {r['acc_choice']:.3f} "
+            f"score {r['acc_score']:.3f}) F1 {r['macro_f1']:.3f} ECE {r['ece']:.3f} (floor {r['ece_floor']:.3f}) "
+            f"flips {r['flips']:.3f} JSD {r['jsd']:.4f}",
+            flush=True,
+        )
     return rows
 
 
@@ -336,8 +376,12 @@ def noul_check(items, requests, golds, keys, reader) -> dict:
     it pushes answers to "yes". Per noul task (listed format): p(yes | "N/A"), the share answered yes
     raw and with content_free, and the gold share."""
     lookup = reader.cache.__getitem__
-    methods = {"raw": Method(), "cf": Method(content_free=True), "cyc": Method(cyclic=True),
-               "cyc_cf": Method(cyclic=True, content_free=True)}
+    methods = {
+        "raw": Method(),
+        "cf": Method(content_free=True),
+        "cyc": Method(cyclic=True),
+        "cyc_cf": Method(cyclic=True, content_free=True),
+    }
     out = {}
     for i, item in enumerate(items):
         for qi, q in enumerate(requests[0][i].questions):
@@ -352,12 +396,18 @@ def noul_check(items, requests, golds, keys, reader) -> dict:
                 t[f"yes_{k}"] += probabilities(m, q, keys[m][0][i][qi], lookup)[1] > 0.5
             t["gold_yes"] += golds[0][i][q.id] == 1
             t["n"] += 1
-    print("\nnouls, listed format: p(yes | N/A) with yes listed first, no listed first; questions answered yes "
-          "with none / content_free / cyclic / cyclic,content_free; gold yes; of n", flush=True)
+    print(
+        "\nnouls, listed format: p(yes | N/A) with yes listed first, no listed first; questions answered yes "
+        "with none / content_free / cyclic / cyclic,content_free; gold yes; of n",
+        flush=True,
+    )
     for task, t in out.items():
         a, b = t["p_yes_na"]
-        print(f"  {task:<20} {a:.3f}, {b:.3f}; {t['yes_raw']} / {t['yes_cf']} / {t['yes_cyc']} / {t['yes_cyc_cf']}; "
-              f"{t['gold_yes']}; of {t['n']}", flush=True)
+        print(
+            f"  {task:<20} {a:.3f}, {b:.3f}; {t['yes_raw']} / {t['yes_cf']} / {t['yes_cyc']} / {t['yes_cyc_cf']}; "
+            f"{t['gold_yes']}; of {t['n']}",
+            flush=True,
+        )
     return out
 
 
@@ -370,7 +420,7 @@ def stateful(state, method, cyc, items, requests, keys, lookup, probs, rev, reve
                 groups.setdefault((task_key(items[i], q.id), p), []).append((i, q))
     new = [[dict(d) for d in per_p] for per_p in probs]
     new_rev = {i: dict(d) for i, d in rev.items()}
-    for (task, p), members in groups.items():
+    for (task, p), members in groups.items():  # noqa: B007  (kept as written)
         if members[0][1].n_options < 2:
             continue
         if state == "batch":
@@ -391,11 +441,13 @@ def stateful(state, method, cyc, items, requests, keys, lookup, probs, rev, reve
             new[p][i][q.id] = softmax(readings.combine(per_rot, None))  # answered by its rotations
             if p == 0 and i in rev:
                 rr = reversed_reads[i]
-                new_rev[i][q.id] = softmax(readings.combine(
-                    [readings.log_probs(rd.owner, rr[key]) for rd, key in zip(reads, real)], None))
+                new_rev[i][q.id] = softmax(
+                    readings.combine([readings.log_probs(rd.owner, rr[key]) for rd, key in zip(reads, real)], None)
+                )
         prior = readings.pride_prior(samples)
-        places = readings.plan(members[0][1].type, members[0][1].instructions, members[0][1].criteria,
-                               members[0][1].n_options, method)[0].places
+        places = readings.plan(
+            members[0][1].type, members[0][1].instructions, members[0][1].criteria, members[0][1].n_options, method
+        )[0].places
         for i, q in members[k:]:
             new[p][i][q.id] = readings.divide(probs[p][i][q.id], prior, places)
             if p == 0 and i in rev:
@@ -415,7 +467,9 @@ def metrics(name, method, state, items, requests, golds, probs, rev) -> dict:
             if q.type == "choice":
                 distinct = []
                 for p in range(PASSES):
-                    order = list(requests[p][i].questions[[x.id for x in requests[p][i].questions].index(q.id)].criteria)
+                    order = list(
+                        requests[p][i].questions[[x.id for x in requests[p][i].questions].index(q.id)].criteria
+                    )
                     if order not in [d[0] for d in distinct]:
                         distinct.append((order, p))
                 for order, p in distinct:
@@ -452,18 +506,32 @@ def metrics(name, method, state, items, requests, golds, probs, rev) -> dict:
 
     def acc_of(kind):
         sel = [k for k, t in enumerate(rows_type) if t == kind]
-        return evaluation.accuracy([rows_p[k] for k in sel], [rows_g[k] for k in sel], [rows_w[k] for k in sel]) if sel else float("nan")
+        return (
+            evaluation.accuracy([rows_p[k] for k in sel], [rows_g[k] for k in sel], [rows_w[k] for k in sel])
+            if sel
+            else float("nan")
+        )
 
     return {
-        "name": name, "x_debias": ",".join(method.names) or "none", "state": state,
+        "name": name,
+        "x_debias": ",".join(method.names) or "none",
+        "state": state,
         "accuracy": evaluation.accuracy(rows_p, rows_g, rows_w),
-        "acc_noul": acc_of("noul"), "acc_choice": acc_of("choice"), "acc_score": acc_of("score"),
-        "noul_yes": yes / n_noul if n_noul else float("nan"), "gold_yes": gold_yes / n_noul if n_noul else float("nan"),
+        "acc_noul": acc_of("noul"),
+        "acc_choice": acc_of("choice"),
+        "acc_score": acc_of("score"),
+        "noul_yes": yes / n_noul if n_noul else float("nan"),
+        "gold_yes": gold_yes / n_noul if n_noul else float("nan"),
         "macro_f1": evaluation.macro_f1(pred_labels, gold_labels, [t for t, _ in rows_t], rows_w),
-        "ece": evaluation.ece(conf, correct, rows_w), "ece_floor": floor, "ece_floor95": floor95,
-        "brier": evaluation.brier(rows_p, rows_g, rows_w), "nll": evaluation.nll(rows_p, rows_g, rows_w),
-        "flips": flips / n_choice if n_choice else float("nan"), "jsd": jsds / n_choice if n_choice else float("nan"),
-        "qorder_changed": changed / n_rev if n_rev else float("nan"), "qorder_moved": moved / n_rev if n_rev else float("nan"),
+        "ece": evaluation.ece(conf, correct, rows_w),
+        "ece_floor": floor,
+        "ece_floor95": floor95,
+        "brier": evaluation.brier(rows_p, rows_g, rows_w),
+        "nll": evaluation.nll(rows_p, rows_g, rows_w),
+        "flips": flips / n_choice if n_choice else float("nan"),
+        "jsd": jsds / n_choice if n_choice else float("nan"),
+        "qorder_changed": changed / n_rev if n_rev else float("nan"),
+        "qorder_moved": moved / n_rev if n_rev else float("nan"),
         "qorder_n": n_rev,
     }
 
@@ -488,8 +556,12 @@ async def cost(eng, prompts, items, requests, keys, reader, per_domain):
     firsts = {min(i for i in picked if domain_of(items[i]) == d) for d in seen}
     lookup = reader.cache.__getitem__
     measured: dict[Method, dict] = {}
-    for method in list(dict.fromkeys([m for _, m, _ in CONFIGS] + [Method(m.format, m.canonical, True, False)
-                                                                   for _, m, s in CONFIGS if s == "pride"])):
+    for method in list(
+        dict.fromkeys(
+            [m for _, m, _ in CONFIGS]
+            + [Method(m.format, m.canonical, True, False) for _, m, s in CONFIGS if s == "pride"]
+        )
+    ):
         settings = pipeline.Settings(prompts, debias=method.names)
         memory = pipeline.Memory()
         steady, first, secs, diff = [], [], [], 0.0
@@ -502,14 +574,21 @@ async def cost(eng, prompts, items, requests, keys, reader, per_domain):
             for q, k in zip(r.questions, keys[method][0][i]):
                 composed = scoring.report(probabilities(method, q, k, lookup))
                 diff = max(diff, max(abs(a - b) for a, b in zip(composed, decided.probs[q.id])))
-        measured[method] = {"positions": sum(steady) / max(1, len(steady)), "first": sum(first) / max(1, len(first)),
-                            "seconds": sum(secs) / len(secs), "served_diff": diff}
-        print(f"  cost {','.join(method.names) or 'none':<32} {measured[method]['positions']:.0f} positions a request "
-              f"({measured[method]['first']:.0f} first), {measured[method]['seconds']:.2f} s; served vs composed "
-              f"max |dp| {diff:.6f}", flush=True)
+        measured[method] = {
+            "positions": sum(steady) / max(1, len(steady)),
+            "first": sum(first) / max(1, len(first)),
+            "seconds": sum(secs) / len(secs),
+            "served_diff": diff,
+        }
+        print(
+            f"  cost {','.join(method.names) or 'none':<32} {measured[method]['positions']:.0f} positions a request "
+            f"({measured[method]['first']:.0f} first), {measured[method]['seconds']:.2f} s; served vs composed "
+            f"max |dp| {diff:.6f}",
+            flush=True,
+        )
     # tasks' sizes, for PriDe's amortised cost
     n_task: dict[str, int] = {}
-    for i, item in enumerate(items):
+    for i, item in enumerate(items):  # noqa: B007  (kept as written)
         for qid in item.body["questions"]:
             n_task[task_key(item, qid)] = n_task.get(task_key(item, qid), 0) + 1
     mean_n = sum(n_task.values()) / len(n_task)
@@ -530,13 +609,16 @@ async def cost(eng, prompts, items, requests, keys, reader, per_domain):
 
 # --- the table --------------------------------------------------------------------------------
 
+
 def table(out: dict) -> str:
     rows = out["rows"]
     raw = next((r for r in rows if r["name"].startswith("listed (x_debias none)")), rows[0])
-    lines = ["| configuration (`x_debias`) | accuracy | noul / choice / score | nouls answered yes (gold) | macro-F1 "
-             "| ECE (noise floor) | Brier | NLL | order flips | order JSD (bits) | question order: changed, mean max dp "
-             "| positions a request (first) | x raw | s a request |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| configuration (`x_debias`) | accuracy | noul / choice / score | nouls answered yes (gold) | macro-F1 "
+        "| ECE (noise floor) | Brier | NLL | order flips | order JSD (bits) | question order: changed, mean max dp "
+        "| positions a request (first) | x raw | s a request |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         xd = r["x_debias"] + {"batch": " + batch", "pride": " + PriDe"}.get(r["state"], "")
         lines.append(
@@ -544,7 +626,8 @@ def table(out: dict) -> str:
             f"| {r['noul_yes']:.2f} ({r['gold_yes']:.2f}) | {r['macro_f1']:.3f} | {r['ece']:.3f} ({r['ece_floor']:.3f}) "
             f"| {r['brier']:.3f} | {r['nll']:.3f} | {r['flips']:.3f} | {r['jsd']:.4f} "
             f"| {r['qorder_changed']:.3f}, {r['qorder_moved']:.4f} | {r['positions']:.0f} ({r['first']:.0f}) "
-            f"| {r['positions'] / raw['positions']:.2f} | {r['seconds']:.2f} |")
+            f"| {r['positions'] / raw['positions']:.2f} | {r['seconds']:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -567,27 +650,39 @@ def main() -> None:
     parser.add_argument("--data", help="a labelled JSONL file (gateway.decision.evalset); default: the generated set")
     parser.add_argument("--seed", type=int, default=evalset.SEED, help="the generator's and the orders' seed")
     parser.add_argument("--subset", type=int, default=0, help="only the first N requests of each domain (quick runs)")
-    parser.add_argument("--qorder-every", type=int, default=4, help="re-ask every Nth request with its questions reversed")
+    parser.add_argument(
+        "--qorder-every", type=int, default=4, help="re-ask every Nth request with its questions reversed"
+    )
     parser.add_argument("--cost-requests", type=int, default=2, help="requests per domain served for the cost columns")
     parser.add_argument("--cache", help="a file keeping the reads between runs of the same model")
     parser.add_argument("--configs", help="only these rows, by name, separated by ';' (default: all)")
     parser.add_argument("--json", help="write the rows as JSON here")
-    parser.add_argument("--reuse", help="an earlier run's --json: take its cost and question-order columns "
-                                        "(with --cache, the rest is recomputed from the reads without the engine)")
+    parser.add_argument(
+        "--reuse",
+        help="an earlier run's --json: take its cost and question-order columns "
+        "(with --cache, the rest is recomputed from the reads without the engine)",
+    )
     parser.add_argument("--readme", action="store_true", help="write the table into bench/README.md")
     args = parser.parse_args()
     started = time.perf_counter()
     out = anyio.run(run, args)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                           cwd=Path(__file__).parent).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parent,
+    ).stdout.strip()
     text = table(out)
     print()
     print(text)
-    print(f"\n{out['items']} requests, {out['questions']} questions; reads: {out['read_positions']} positions in "
-          f"{out['read_seconds']:.0f} s; whole run {time.perf_counter() - started:.0f} s; commit {commit}"
-          f"{' (with local changes)' if dirty else ''}; load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"\n{out['items']} requests, {out['questions']} questions; reads: {out['read_positions']} positions in "
+        f"{out['read_seconds']:.0f} s; whole run {time.perf_counter() - started:.0f} s; commit {commit}"
+        f"{' (with local changes)' if dirty else ''}; load average {os.getloadavg()[0]:.1f}"
+    )
     if args.json:
         Path(args.json).write_bytes(orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY))
     if args.readme:

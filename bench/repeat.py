@@ -18,6 +18,7 @@ engine computed on a repeat (``x_positions``). Usage::
 
     .venv/bin/python bench/repeat.py [--threads 1] [--reps 30] [--baseline-tree DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,11 +38,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from decisions import Server  # noqa: E402
 from gateway.decision.chat_template import ChatTemplate  # noqa: E402
-from gateway.paths import default_model_path, engine_bin  # noqa: E402
 from gateway.decision.prompts import PromptBuilder  # noqa: E402
+from gateway.paths import default_model_path, engine_bin  # noqa: E402
 
-STATE = ("I have been trying to connect my Stripe account for 3 days and the integration keeps failing. "
-         "I am losing sales and my manager is asking when this will be fixed.")
+STATE = (
+    "I have been trying to connect my Stripe account for 3 days and the integration keeps failing. "
+    "I am losing sales and my manager is asking when this will be fixed."
+)
 QUESTION = {"type": "noul", "instructions": "Does this message express urgency?"}
 
 
@@ -60,12 +63,29 @@ class LlamaServer(Server):
     ``extra``: more of its flags. ``argv`` is the command line it was started with.
     """
 
-    def __init__(self, binary: Path, model: Path, threads: int, slots: int = 1, ctx: int = 4096,
-                 extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, binary: Path, model: Path, threads: int, slots: int = 1, ctx: int = 4096, extra: tuple[str, ...] = ()
+    ) -> None:
         port = free_port()
-        self.argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-                     "-t", str(threads), "-tb", str(threads), "-c", str(ctx), "-np", str(slots),
-                     "--no-webui", *extra]
+        self.argv = [
+            str(binary),
+            "-m",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-t",
+            str(threads),
+            "-tb",
+            str(threads),
+            "-c",
+            str(ctx),
+            "-np",
+            str(slots),
+            "--no-webui",
+            *extra,
+        ]
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
@@ -84,8 +104,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--baseline-tree", type=Path, default=None,
-                    help="another source tree (its engines built) served beside this one")
+    ap.add_argument(
+        "--baseline-tree",
+        type=Path,
+        default=None,
+        help="another source tree (its engines built) served beside this one",
+    )
     ap.add_argument("--llama-server", type=Path, default=engine_bin("llama-server"))
     args = ap.parse_args(argv)
     model = default_model_path()
@@ -95,12 +119,13 @@ def main(argv=None) -> int:
     builder = PromptBuilder(ChatTemplate.from_gguf(model))
     prompt = builder.prefix(STATE) + builder.question("noul", QUESTION["instructions"], None).stem
     body = orjson.dumps({"state": STATE, "questions": {"urgent": QUESTION}, "x_debias": "none"})
-    peer_body = orjson.dumps({"prompt": prompt, "n_predict": 1, "n_probs": 10, "temperature": 0,
-                              "cache_prompt": True})
+    peer_body = orjson.dumps({"prompt": prompt, "n_predict": 1, "n_probs": 10, "temperature": 0, "cache_prompt": True})
 
     servers: list[tuple[str, object, str, bytes]] = []
     try:
-        for label, tree in [("this tree", ROOT)] + ([("baseline tree", args.baseline_tree)] if args.baseline_tree else []):
+        for label, tree in [("this tree", ROOT)] + (
+            [("baseline tree", args.baseline_tree)] if args.baseline_tree else []
+        ):
             s = Server("--threads", str(args.threads), tree=tree)
             servers.append((label, s, "/v1/systemone", body))
         peer = LlamaServer(args.llama_server, model, args.threads)
@@ -122,14 +147,18 @@ def main(argv=None) -> int:
     finally:
         for _, server, *_ in servers:
             server.close()
-    print(f"a repeated 1-question request: default model, {args.threads} threads, {args.reps} repeats after a "
-          "cold one, the servers taking turns")
+    print(
+        f"a repeated 1-question request: default model, {args.threads} threads, {args.reps} repeats after a "
+        "cold one, the servers taking turns"
+    )
     peer_med = statistics.median(times["llama-server"])
     for label, ts in times.items():
         med, p90 = statistics.median(ts), sorted(ts)[int(0.9 * (len(ts) - 1))]
         extra = f"   positions on a repeat: {positions[label]}" if label in positions else ""
-        print(f"  {label:14s} median {med * 1e3:8.2f} ms  p90 {p90 * 1e3:8.2f} ms  / llama-server "
-              f"{med / peer_med:6.3f}{extra}")
+        print(
+            f"  {label:14s} median {med * 1e3:8.2f} ms  p90 {p90 * 1e3:8.2f} ms  / llama-server "
+            f"{med / peer_med:6.3f}{extra}"
+        )
     return 0
 
 

@@ -11,6 +11,7 @@ cost: graph and tensor transfers over loopback, one round trip per device and de
 
 ``rpc_servers`` is the context manager the tests use to start the servers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,8 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from digits import GROUPS, STATE, differences, spawn, the_matrix  # noqa: E402
-from gateway.paths import default_model_path, engine_bin  # noqa: E402
+from digits import GROUPS, STATE, differences, spawn, the_matrix
+from gateway.paths import default_model_path, engine_bin
 
 #: Seconds a started ggml-rpc-server may take to listen.
 LISTEN_TIMEOUT = 20.0
@@ -53,13 +54,14 @@ def _wait_listening(proc: subprocess.Popen, port: int) -> None:
                 return
         except OSError:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"ggml-rpc-server on port {port} not listening after {LISTEN_TIMEOUT} s")
+                raise TimeoutError(f"ggml-rpc-server on port {port} not listening after {LISTEN_TIMEOUT} s")  # noqa: B904  (implicit chaining kept as written)
             time.sleep(0.05)
 
 
 @dataclass(frozen=True)
 class RpcServer:
     """A started ``ggml-rpc-server``: its ``host:port`` and process id."""
+
     endpoint: str
     pid: int
 
@@ -85,9 +87,15 @@ def rpc_servers(n: int, *, use_ref: bool = True, threads: int = 1):
         ports = []
         for _ in range(n):
             port = free_port()
-            procs.append(subprocess.Popen([str(binary), "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)],
-                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL, env=env))
+            procs.append(
+                subprocess.Popen(
+                    [str(binary), "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    env=env,
+                )
+            )
             ports.append(port)
         for proc, port in zip(procs, ports):
             _wait_listening(proc, port)
@@ -132,16 +140,20 @@ def main(argv=None) -> int:
         remote = anyio.run(lambda: the_matrix(args.model, *rpc, threads=args.threads))
         t_local = anyio.run(lambda: timed_work(args.model, reps=args.reps, threads=args.threads))
         t_remote = anyio.run(lambda: timed_work(args.model, *rpc, reps=args.reps, threads=args.threads))
-    print(f"rpc: {Path(args.model).name}, {args.servers} servers{' without GGML_CPU_USE_REF' if args.no_ref else ''}, "
-          f"{args.threads} threads each")
+    print(
+        f"rpc: {Path(args.model).name}, {args.servers} servers{' without GGML_CPU_USE_REF' if args.no_ref else ''}, "
+        f"{args.threads} threads each"
+    )
     cells = {"local read-out": local["read-out"], **{f"rpc {k}": v for k, v in remote.items()}}
     cells["read-out"] = local["read-out"]
     for name, d in differences(cells).items():
         if name != "read-out":
             print(f"  {name:34s} max |d| {d:.3e}  {'equal bits' if cells[name] == local['read-out'] else 'DIFFERENT'}")
     for key in t_local:
-        print(f"  {key:10s} local {t_local[key] * 1e3:8.1f} ms   rpc {t_remote[key] * 1e3:8.1f} ms   "
-              f"ratio {t_remote[key] / t_local[key]:.2f}")
+        print(
+            f"  {key:10s} local {t_local[key] * 1e3:8.1f} ms   rpc {t_remote[key] * 1e3:8.1f} ms   "
+            f"ratio {t_remote[key] / t_local[key]:.2f}"
+        )
     return 0
 
 

@@ -26,6 +26,7 @@ the seconds from each one's write to its DONE.
 
 ``--slots 0`` is the engine's default (sized from memory; CAPS ``slots``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,12 +39,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import Engine  # noqa: E402  (bench/engine.py)
-from gateway.paths import default_model_path, engine_bin  # noqa: E402
-from serveproto import Done, Error, Score, Submit  # noqa: E402
+from engine import Engine
+from gateway.paths import default_model_path, engine_bin
+from serveproto import Done, Error, Score, Submit
 
-WORDS = ("the invoice for march was charged twice and the customer wants a refund of the duplicate "
-         "payment before the end of the week or she will close her account with us today").split()
+WORDS = (
+    "the invoice for march was charged twice and the customer wants a refund of the duplicate "
+    "payment before the end of the week or she will close her account with us today"
+).split()
 
 
 def words(n: int) -> str:
@@ -51,19 +54,30 @@ def words(n: int) -> str:
 
 
 def ticket(n: int) -> bytes:
-    payload = {"prefix": f"Ticket {n}: {words(n)}\n",
-               "groups": [{"stem": "Question: is the customer asking for a refund? Answer:",
-                           "options": [" yes", " no"]}]}
+    payload = {
+        "prefix": f"Ticket {n}: {words(n)}\n",
+        "groups": [{"stem": "Question: is the customer asking for a refund? Answer:", "options": [" yes", " no"]}],
+    }
     return json.dumps(payload).encode()
 
 
 #: The two workloads: (what one request is, how it is framed).
 WORKLOADS = {
-    "score": ("SCORE of a new ticket (~50 tokens), 1 question x 2 options",
-              lambda rid, slot, n: Score(id=rid, slot=slot, payload=ticket(n))),
-    "generate": ("SUBMIT of a new ticket (~50 tokens), 16 tokens generated greedily",
-                 lambda rid, slot, n: Submit(id=rid, slot=slot, prompt=f"Ticket {n}: {words(n)}\nReply:".encode(),
-                                             max_tokens=16, temperature=0.0, top_p=1.0)),
+    "score": (
+        "SCORE of a new ticket (~50 tokens), 1 question x 2 options",
+        lambda rid, slot, n: Score(id=rid, slot=slot, payload=ticket(n)),
+    ),
+    "generate": (
+        "SUBMIT of a new ticket (~50 tokens), 16 tokens generated greedily",
+        lambda rid, slot, n: Submit(
+            id=rid,
+            slot=slot,
+            prompt=f"Ticket {n}: {words(n)}\nReply:".encode(),
+            max_tokens=16,
+            temperature=0.0,
+            top_p=1.0,
+        ),
+    ),
 }
 
 
@@ -84,7 +98,7 @@ class Driver(Engine):
         """Seconds from the first write to the last DONE of ``make(id, slot, ticket)`` for every
         ticket; request i goes on slot i % n_slots."""
         queues = [[p for i, p in enumerate(tickets) if i % n_slots == s] for s in range(n_slots)]
-        running: dict[int, int] = {}   # id -> slot
+        running: dict[int, int] = {}  # id -> slot
 
         def send(slot: int) -> None:
             rid, self.next_id = self.next_id, self.next_id + 1
@@ -110,9 +124,16 @@ class Driver(Engine):
 
 def big_score(n: int) -> bytes:
     """16 questions x 3 options on one ticket: the request a small one must not wait for."""
-    payload = {"prefix": f"Ticket {n}: {words(n)}\n",
-               "groups": [{"stem": f"Question {g}: is item {g} of the ticket about {WORDS[g]}? Answer:",
-                           "options": [" yes", " no", " it depends"]} for g in range(16)]}
+    payload = {
+        "prefix": f"Ticket {n}: {words(n)}\n",
+        "groups": [
+            {
+                "stem": f"Question {g}: is item {g} of the ticket about {WORDS[g]}? Answer:",
+                "options": [" yes", " no", " it depends"],
+            }
+            for g in range(16)
+        ],
+    }
     return json.dumps(payload).encode()
 
 
@@ -148,9 +169,12 @@ def main(argv=None) -> int:
     ap.add_argument("--slots", default="1,0", help="comma-separated --slots values (0: the engine's default)")
     ap.add_argument("--engine", action="append", default=[], help="another engine binary (its default slots)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--workload", default="score",
-                    help="comma-separated: " + ", ".join(WORKLOADS) + "; or behind (a small request sent right "
-                         "after a big one: its latency)")
+    ap.add_argument(
+        "--workload",
+        default="score",
+        help="comma-separated: " + ", ".join(WORKLOADS) + "; or behind (a small request sent right "
+        "after a big one: its latency)",
+    )
     args = ap.parse_args(argv)
     model = args.model or str(default_model_path())
     configs = []
@@ -189,11 +213,13 @@ def main(argv=None) -> int:
         for _, eng, _ in engines:
             eng.close()
     for w in workloads:
-        print(f"{args.clients} concurrent requests, each a {WORKLOADS[w][0]}; default model, "
-              f"{args.threads} thread(s), best of {args.rounds} rounds")
+        print(
+            f"{args.clients} concurrent requests, each a {WORKLOADS[w][0]}; default model, "
+            f"{args.threads} thread(s), best of {args.rounds} rounds"
+        )
         print("| engine | slots | requests/s | engine CPU s per burst | one request alone: wall s | its CPU s |")
         print("|---|---|---|---|---|---|")
-        for label, eng, slots in engines:
+        for label, eng, slots in engines:  # noqa: B007  (kept as written)
             rps, one, cpu_burst, cpu_one = best[(w, label)]
             print(f"| {label} | {slots} | {rps:.2f} | {cpu_burst:.2f} | {one:.3f} | {cpu_one:.2f} |")
         print()
@@ -213,11 +239,13 @@ def main_behind(args, engines) -> int:
     finally:
         for _, eng, _ in engines:
             eng.close()
-    print(f"A SCORE of 16 questions x 3 options on a new ticket, and right after it a small SCORE (1 question "
-          f"x 2 options, another ticket); default model, {args.threads} thread(s), best of {args.rounds} rounds")
+    print(
+        f"A SCORE of 16 questions x 3 options on a new ticket, and right after it a small SCORE (1 question "
+        f"x 2 options, another ticket); default model, {args.threads} thread(s), best of {args.rounds} rounds"
+    )
     print("| engine | slots | small one: write to DONE, s | big one, s |")
     print("|---|---|---|---|")
-    for label, eng, slots in engines:
+    for label, eng, slots in engines:  # noqa: B007  (kept as written)
         small, big = best[label]
         print(f"| {label} | {slots} | {small:.2f} | {big:.2f} |")
     return 0

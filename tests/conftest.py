@@ -1,4 +1,5 @@
 """Shared pytest fixtures: the anyio backends, engine binaries, leak counters."""
+
 from __future__ import annotations
 
 import os
@@ -47,6 +48,7 @@ def tiny() -> Path:
     """The tiny F32 fixture GGUF, from the real cache: a test that points $SERVEPROTO_CACHE
     elsewhere takes it first (written there, it would fetch the default model for its tokenizer)."""
     from fixtures import tiny_gguf
+
     return tiny_gguf.ensure()
 
 
@@ -68,7 +70,7 @@ def child_pids() -> set[int]:
         except OSError:
             continue
         # Fields after the parenthesised command name: state, ppid, ...
-        fields = stat[stat.rfind(b")") + 2:].split()
+        fields = stat[stat.rfind(b")") + 2 :].split()
         if int(fields[1]) == me:
             out.add(int(entry))
     return out
@@ -78,4 +80,5 @@ def child_pids() -> set[int]:
 def probes():
     """Leak probes for tests: ``probes.open_fds()`` and ``probes.child_pids()``."""
     import types
+
     return types.SimpleNamespace(open_fds=open_fds, child_pids=child_pids)

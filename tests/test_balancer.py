@@ -1,5 +1,6 @@
 """docs/http-api.md's nginx configuration, run: two ``serve`` replicas behind nginx's consistent hash on
 ``x-serveproto-route-key``; every request on one state reaches one replica. Skipped without nginx."""
+
 from __future__ import annotations
 
 import contextlib
@@ -69,8 +70,10 @@ async def test_the_documented_nginx_config_keeps_a_state_on_one_replica(fixture_
     if shutil.which("nginx") is None:
         pytest.skip("nginx is not installed")
     block = docs_nginx_block()
-    async with serving("--engine", str(fixture_engine), "--model", "alpha") as a, \
-            serving("--engine", str(fixture_engine), "--model", "beta") as b:
+    async with (
+        serving("--engine", str(fixture_engine), "--model", "alpha") as a,
+        serving("--engine", str(fixture_engine), "--model", "beta") as b,
+    ):
         pass_through = [f"    server {u.removeprefix('http://')};" for u in (a, b)]
         port = free_port()
         ours = re.sub(r"( *server 10\.0\.0\.\d+:8000;\n)+", "\n".join(pass_through) + "\n", block)
@@ -92,10 +95,13 @@ async def test_the_documented_nginx_config_keeps_a_state_on_one_replica(fixture_
                     key = routing_key(state)
                     for _ in range(3):
                         body = {"state": state, "questions": {"q": {"type": "noul", "instructions": "Urgent?"}}}
-                        r = await c.post("/v1/systemone", content=orjson.dumps(body),
-                                         headers={"content-type": "application/json", HEADER: key})
+                        r = await c.post(
+                            "/v1/systemone",
+                            content=orjson.dumps(body),
+                            headers={"content-type": "application/json", HEADER: key},
+                        )
                         assert r.status_code == 200, r.text
                         assert r.headers[HEADER] == key
-                        where.setdefault(state, set()).add(r.json()["model"])   # the replica's fixture model
-    assert all(len(v) == 1 for v in where.values()), where           # a state stays on its replica
-    assert set().union(*where.values()) == {"alpha", "beta"}           # and the states spread over both
+                        where.setdefault(state, set()).add(r.json()["model"])  # the replica's fixture model
+    assert all(len(v) == 1 for v in where.values()), where  # a state stays on its replica
+    assert set().union(*where.values()) == {"alpha", "beta"}  # and the states spread over both

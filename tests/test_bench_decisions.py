@@ -2,6 +2,7 @@
 
 No timing is asserted; the fixture run only checks that every table is printed.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -14,20 +15,22 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 import decisions  # noqa: E402
-
 from gateway.paths import engine_bin  # noqa: E402
 
 
-@pytest.mark.parametrize("text, options, want", [
-    ("No, this message does not express urgency.", ("no", "yes"), 0),
-    ("Yes. The message asks for quick help", ("no", "yes"), 1),
-    ("The customer's mood is frustrated.", ("calm", "frustrated", "angry"), 1),
-    ("The team should be Technical, then billing", ("billing", "technical", "sales"), 1),  # the earliest wins
-    ("I know nothing", ("no", "yes"), None),                                              # whole words only
-    ("checkout page", ("checkout", "checkout page"), 1),                                  # longest at one position
-    ("Your customer impact score is 4.", ("1", "2", "3", "4", "5"), 3),
-    ("", ("no", "yes"), None),
-])
+@pytest.mark.parametrize(
+    "text, options, want",
+    [
+        ("No, this message does not express urgency.", ("no", "yes"), 0),
+        ("Yes. The message asks for quick help", ("no", "yes"), 1),
+        ("The customer's mood is frustrated.", ("calm", "frustrated", "angry"), 1),
+        ("The team should be Technical, then billing", ("billing", "technical", "sales"), 1),  # the earliest wins
+        ("I know nothing", ("no", "yes"), None),  # whole words only
+        ("checkout page", ("checkout", "checkout page"), 1),  # longest at one position
+        ("Your customer impact score is 4.", ("1", "2", "3", "4", "5"), 3),
+        ("", ("no", "yes"), None),
+    ],
+)
 def test_parse_answer(text, options, want):
     assert decisions.parse_answer(text, options) == want
 
@@ -56,11 +59,27 @@ def test_systemone_probabilities_in_option_order():
     assert decisions.options_of(score) == ("1", "2") and decisions.options_of(noul) == ("no", "yes")
 
 
-@pytest.mark.skipif(not engine_bin("serveproto-fixture").exists(), reason="the fixture engine is not built (make engines)")
+@pytest.mark.skipif(
+    not engine_bin("serveproto-fixture").exists(), reason="the fixture engine is not built (make engines)"
+)
 def test_fixture_part_runs_without_a_model():
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "decisions.py"), "--fixture-only", "--share-n", "100",
-                          "--load", "40", "--concurrency", "4"],
-                         capture_output=True, text=True, check=True, timeout=240).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "decisions.py"),
+            "--fixture-only",
+            "--share-n",
+            "100",
+            "--load",
+            "40",
+            "--concurrency",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=240,
+    ).stdout
     assert "## the gateway's own share per request" in out
     assert "| HTTP request at the client, this tree |" in out
     assert "| HTTP request at the client, this tree, access log on (--log-level INFO) |" in out
@@ -70,17 +89,19 @@ def test_fixture_part_runs_without_a_model():
 
 
 def test_cpu_parts_by_innermost_frame():
-    raw = "\n".join([
-        "main (cli.py:1);helper (tools/else.py:1) 5",                                          # none of the parts
-        "serve (gateway/http/server.py:9);write (asyncio/selector_events.py:1057) 3",          # no: not the transport's
-        "serve (gateway/http/server.py:9);_SelectorSocketTransport.write (asyncio/selector_events.py:1057) 2",
-        "main (cli.py:1);EpollSelector.select (selectors.py:468) 5",                           # the loop's wait: apart
-        "x (gateway/server/routes_jev.py:3);quantize (gateway/decision/scoring.py:75) 4",
-        "x (gateway/server/app.py:3);next_event (h11/_connection.py:1) 1",
-        "x (gateway/server/app.py:3);_read_head (gateway/http/server.py:200) 1",
-        "x (gateway/engine/api.py:3);begin (gateway/engine/process.py:482) 1",
-        "garbage line",
-    ])
+    raw = "\n".join(
+        [
+            "main (cli.py:1);helper (tools/else.py:1) 5",  # none of the parts
+            "serve (gateway/http/server.py:9);write (asyncio/selector_events.py:1057) 3",  # no: not the transport's
+            "serve (gateway/http/server.py:9);_SelectorSocketTransport.write (asyncio/selector_events.py:1057) 2",
+            "main (cli.py:1);EpollSelector.select (selectors.py:468) 5",  # the loop's wait: apart
+            "x (gateway/server/routes_jev.py:3);quantize (gateway/decision/scoring.py:75) 4",
+            "x (gateway/server/app.py:3);next_event (h11/_connection.py:1) 1",
+            "x (gateway/server/app.py:3);_read_head (gateway/http/server.py:200) 1",
+            "x (gateway/engine/api.py:3);begin (gateway/engine/process.py:482) 1",
+            "garbage line",
+        ]
+    )
     parts = decisions.cpu_parts(raw)
     assert parts == {
         "other": 5 / 17,

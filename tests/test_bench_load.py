@@ -2,6 +2,7 @@
 
 No timing is asserted: the run checks the tables' shape and that every request was answered.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -15,7 +16,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 import load  # noqa: E402
-
 from gateway.decision import jev  # noqa: E402
 from gateway.paths import engine_bin  # noqa: E402
 
@@ -45,12 +45,17 @@ def test_document_questions_are_new_and_share_the_document():
 
 
 def test_first_token_read_out():
-    top = [{"token": "No", "logprob": -0.5}, {"token": " tech", "logprob": -1.0}, {"token": "t", "logprob": -2.0},
-           {"token": " ", "logprob": -0.1}, {"token": "1", "logprob": -3.0}]
+    top = [
+        {"token": "No", "logprob": -0.5},
+        {"token": " tech", "logprob": -1.0},
+        {"token": "t", "logprob": -2.0},
+        {"token": " ", "logprob": -0.1},
+        {"token": "1", "logprob": -3.0},
+    ]
     assert load.first_token_logprob(top, "no") == -0.5
-    assert load.first_token_logprob(top, "technical") == -1.0   # the likelier of " tech" and "t"
+    assert load.first_token_logprob(top, "technical") == -1.0  # the likelier of " tech" and "t"
     assert load.first_token_logprob(top, "1") == -3.0
-    assert load.first_token_logprob(top, "yes") is None        # a bare space starts nothing
+    assert load.first_token_logprob(top, "yes") is None  # a bare space starts nothing
     assert load.first_token_logprob(top, "10") == -3.0
 
 
@@ -61,25 +66,51 @@ def test_client_counts_are_checked():
             load.client_counts(bad)
 
 
-@pytest.mark.skipif(not engine_bin("serveproto-fixture").exists(), reason="the fixture engine is not built (make engines)")
+@pytest.mark.skipif(
+    not engine_bin("serveproto-fixture").exists(), reason="the fixture engine is not built (make engines)"
+)
 def test_a_short_run_on_the_fixture_engine(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "load.py"), "--clients", "1,16", "--seconds", "0.3",
-                          "--debias", "default,cyclic", "--baseline-tree", str(ROOT), "--json", str(tmp_path / "cells.json"),
-                          "--engine", str(engine_bin("serveproto-fixture"))],
-                         capture_output=True, text=True, timeout=240)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "load.py"),
+            "--clients",
+            "1,16",
+            "--seconds",
+            "0.3",
+            "--debias",
+            "default,cyclic",
+            "--baseline-tree",
+            str(ROOT),
+            "--json",
+            str(tmp_path / "cells.json"),
+            "--engine",
+            str(engine_bin("serveproto-fixture")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith("`bench/load.py --clients 1,16 --seconds 0.3 ")
     for workload in ("tickets", "document"):
         head = next(i for i, line in enumerate(lines) if line.startswith(f"#### {workload}: "))
-        assert lines[head + 2] == ("| server | x_debias | clients | requests | errors | requests/s | questions/s | p50 | p99 "
-                                   "| p99 / p50 | computed a request | / baseline's |")
-        rows = [line.split(" | ") for line in lines[head + 4:head + 4 + 8]]
+        assert lines[head + 2] == (
+            "| server | x_debias | clients | requests | errors | requests/s | questions/s | p50 | p99 "
+            "| p99 / p50 | computed a request | / baseline's |"
+        )
+        rows = [line.split(" | ") for line in lines[head + 4 : head + 4 + 8]]
         assert [(r[0], r[1], r[2]) for r in rows] == [
-            ("| this tree", "default: none", "1"), ("| this tree", "cyclic", "1"),
-            ("| baseline", "default: none", "1"), ("| baseline", "cyclic", "1"),
-            ("| this tree", "default: none", "16"), ("| this tree", "cyclic", "16"),
-            ("| baseline", "default: none", "16"), ("| baseline", "cyclic", "16")]
+            ("| this tree", "default: none", "1"),
+            ("| this tree", "cyclic", "1"),
+            ("| baseline", "default: none", "1"),
+            ("| baseline", "cyclic", "1"),
+            ("| this tree", "default: none", "16"),
+            ("| this tree", "cyclic", "16"),
+            ("| baseline", "default: none", "16"),
+            ("| baseline", "cyclic", "16"),
+        ]
         assert lines[head + 4 + 8] == ""
         assert all(int(r[3]) >= int(r[2]) and r[4] == "0" for r in rows)  # every client answered, no errors
         assert all(float(r[-1].rstrip(" |")) > 0 for r in rows if r[0] == "| this tree")
@@ -92,20 +123,42 @@ def test_a_short_run_on_the_fixture_engine(tmp_path):
     assert all(c["p50_s"] <= c["p99_s"] for c in cells)
     # cyclic reads each question once per rotation: more positions than the default's one reading
     for w, cs in by_workload.items():
-        assert min(c["computed_per_request"] for c in cs if c["x_debias"] == "cyclic") > \
-            max(c["computed_per_request"] for c in cs if c["x_debias"] == "default: none"), w
+        assert min(c["computed_per_request"] for c in cs if c["x_debias"] == "cyclic") > max(
+            c["computed_per_request"] for c in cs if c["x_debias"] == "default: none"
+        ), w
 
 
-@pytest.mark.skipif(not engine_bin("serveproto-fixture").exists(), reason="the fixture engine is not built (make engines)")
+@pytest.mark.skipif(
+    not engine_bin("serveproto-fixture").exists(), reason="the fixture engine is not built (make engines)"
+)
 def test_sigterm_prints_the_cells_so_far():
     """bench/gpu/run.sh ends an over-long bench with `timeout` (SIGTERM): the cells measured so far are printed."""
-    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "load.py"), "--clients", "1,2", "--seconds", "0.3",
-                             "--workloads", "tickets", "--debias", "none", "--requests", "5",
-                             "--engine", str(engine_bin("serveproto-fixture")), "--score-delay-ms", "1000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    first = proc.stderr.readline()      # the first cell's line: 1 client, 1 slow request
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "load.py"),
+            "--clients",
+            "1,2",
+            "--seconds",
+            "0.3",
+            "--workloads",
+            "tickets",
+            "--debias",
+            "none",
+            "--requests",
+            "5",
+            "--engine",
+            str(engine_bin("serveproto-fixture")),
+            "--score-delay-ms",
+            "1000",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    first = proc.stderr.readline()  # the first cell's line: 1 client, 1 slow request
     assert first.startswith("  tickets, 1 clients, this tree (none): 1 answered, 0 errors"), first
-    proc.terminate()                    # during the 2-client cell
+    proc.terminate()  # during the 2-client cell
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1, err
     lines = out.splitlines()

@@ -1,5 +1,6 @@
 """bench/quality.py: the option orders it asks, the gold answers under them, the stateful corrections and the
 README table's markers (no engine, no timing)."""
+
 from __future__ import annotations
 
 import random
@@ -12,7 +13,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 import quality  # noqa: E402
-
 from gateway.decision import evalset  # noqa: E402
 
 

@@ -6,6 +6,7 @@ with the vector, refused frames must give the vector's code, request id and
 consumed byte count, and reply events are written by the C writer and compared
 byte for byte with the vector's frame (or its ``written`` form).
 """
+
 from __future__ import annotations
 
 import json
@@ -42,9 +43,7 @@ def _ext_args(vector: dict) -> list[str]:
 
 
 def _read(frame: bytes, *args: str) -> list[dict]:
-    out = subprocess.run(
-        [str(CODEC_CHECK), "read", *args], input=frame, capture_output=True, check=True, timeout=10
-    )
+    out = subprocess.run([str(CODEC_CHECK), "read", *args], input=frame, capture_output=True, check=True, timeout=10)
     return [json.loads(line) for line in out.stdout.decode().splitlines()]
 
 
@@ -128,8 +127,7 @@ def test_reader_goes_on_after_each_refused_frame():
 def test_reader_is_incremental(chunk):
     """Every vector, valid and invalid, back to back, handed over a few bytes
     at a time: the same events at the same consumed counts as all at once."""
-    vectors = [v for v in _load("requests") + ENGINE_SIDE_INVALID
-               if "caps" not in v and "limits" not in v]
+    vectors = [v for v in _load("requests") + ENGINE_SIDE_INVALID if "caps" not in v and "limits" not in v]
     stream = b"".join(_b(v["frame"]) for v in vectors)
     assert _read(stream, "--chunk", str(chunk)) == _read(stream)
     assert len(_read(stream)) > len(vectors)
@@ -150,9 +148,7 @@ REPLIES = [v for v in _load("replies") if v["event"] != "Telemetry"]
 @pytest.mark.parametrize("vector", REPLIES, ids=lambda v: v["name"])
 def test_reply_vector_written_byte_exact(vector):
     line = json.dumps(_hexify(vector["fields"], vector["event"])) + "\n"
-    out = subprocess.run(
-        [str(CODEC_CHECK), "write"], input=line.encode(), capture_output=True, check=True, timeout=10
-    )
+    out = subprocess.run([str(CODEC_CHECK), "write"], input=line.encode(), capture_output=True, check=True, timeout=10)
     assert out.stdout == _b(vector.get("written", vector["frame"]))
 
 
@@ -171,27 +167,28 @@ def test_reply_vector_written_byte_exact(vector):
 def test_float_printing_matches_python_format(value, printed):
     """%.9g with nan never signed; the same text as Python's format(x, '.9g')."""
     assert printed == (b"nan" if math.isnan(value) else format(value, ".9g").encode())
-    line = json.dumps({"event": "Scored", "id": 1, "group": 0, "option": 0,
-                       "context_tokens": 1, "logprobs": [repr(value)]}) + "\n"
-    out = subprocess.run([str(CODEC_CHECK), "write"], input=line.encode(),
-                         capture_output=True, check=True, timeout=10)
+    line = (
+        json.dumps(
+            {"event": "Scored", "id": 1, "group": 0, "option": 0, "context_tokens": 1, "logprobs": [repr(value)]}
+        )
+        + "\n"
+    )
+    out = subprocess.run([str(CODEC_CHECK), "write"], input=line.encode(), capture_output=True, check=True, timeout=10)
     assert out.stdout == b"SCORED 1 0 0 1 1 " + printed + b"\n"
 
 
 def test_error_reason_newline_flattened():
     line = json.dumps({"event": "Error", "id": 3, "code": "DECIDE_FAILED", "reason": "a\nb"}) + "\n"
-    out = subprocess.run([str(CODEC_CHECK), "write"], input=line.encode(),
-                         capture_output=True, check=True, timeout=10)
+    out = subprocess.run([str(CODEC_CHECK), "write"], input=line.encode(), capture_output=True, check=True, timeout=10)
     assert out.stdout == b"ERROR 3 DECIDE_FAILED a b\n"
 
 
 @pytest.mark.parametrize(
     "text, tree",
     [
-        (b'{"a": [1, 2.5, -3e2, true, false, null]}',
-         '{"61":[1,2.5,-300,true,false,null]}'),
+        (b'{"a": [1, 2.5, -3e2, true, false, null]}', '{"61":[1,2.5,-300,true,false,null]}'),
         ('"\\u00e9\\ud83d\\ude00\\n\u00e9"'.encode(), '"' + "é😀\né".encode().hex() + '"'),
-        (b'  []  ', "[]"),
+        (b"  []  ", "[]"),
     ],
 )
 def test_json_reader_accepts(text, tree):
@@ -203,20 +200,20 @@ def test_json_reader_accepts(text, tree):
 @pytest.mark.parametrize(
     "text",
     [
-        b'{"a": 1, "a": 2}',          # duplicate key
-        b'"\\ud83d"',                 # lone high surrogate
-        b'"\\ude00"',                 # lone low surrogate
-        b'"\xff"',                    # invalid UTF-8
-        b'"\xc0\xaf"',                # overlong UTF-8
-        b'"\xed\xa0\x80"',            # UTF-8-encoded surrogate
-        b'"a\nb"',                    # raw control byte
+        b'{"a": 1, "a": 2}',  # duplicate key
+        b'"\\ud83d"',  # lone high surrogate
+        b'"\\ude00"',  # lone low surrogate
+        b'"\xff"',  # invalid UTF-8
+        b'"\xc0\xaf"',  # overlong UTF-8
+        b'"\xed\xa0\x80"',  # UTF-8-encoded surrogate
+        b'"a\nb"',  # raw control byte
         b"[1,]",
         b"01",
         b"1.",
         b"-",
         b"nul",
         b"[1] x",
-        b"[" * 65 + b"]" * 65,        # deeper than SPJ_MAX_DEPTH
+        b"[" * 65 + b"]" * 65,  # deeper than SPJ_MAX_DEPTH
         b"",
     ],
 )
@@ -247,16 +244,23 @@ def _request_stream(draw) -> bytes:
         kind = draw(st.sampled_from(["SUBMIT", "SUBMIT_KEYS", "SUBMIT_G", "DECIDE", "SCORE", "PING", "IMAGE"]))
         payload = draw(st.binary(max_size=6))
         if kind.startswith("SUBMIT"):
-            line = f"SUBMIT {rid} {draw(st.integers(0, 3))} {len(payload)} {draw(st.sampled_from(['0', '1', '16']))} " \
-                   f"{draw(st.sampled_from(['0', '0.7', '1e-3']))} {draw(st.sampled_from(['1', '0.95']))}"
+            line = (
+                f"SUBMIT {rid} {draw(st.integers(0, 3))} {len(payload)} {draw(st.sampled_from(['0', '1', '16']))} "
+                f"{draw(st.sampled_from(['0', '0.7', '1e-3']))} {draw(st.sampled_from(['1', '0.95']))}"
+            )
             extra = b""
             if kind == "SUBMIT_G":
                 grammar = draw(st.binary(max_size=4))
                 line += f" {len(grammar)}"
                 extra = grammar + b"\n"
             if kind == "SUBMIT_KEYS":
-                keys = draw(st.lists(st.sampled_from(["logprobs=1", "logprobs=5", "pin=1", "counters=1", "pin=0"]),
-                                     max_size=3, unique=True))
+                keys = draw(
+                    st.lists(
+                        st.sampled_from(["logprobs=1", "logprobs=5", "pin=1", "counters=1", "pin=0"]),
+                        max_size=3,
+                        unique=True,
+                    )
+                )
                 line += "".join(" " + k for k in keys)
             frame = line.encode() + b"\n" + payload + b"\n" + extra
         elif kind in ("DECIDE", "SCORE"):
@@ -270,9 +274,9 @@ def _request_stream(draw) -> bytes:
             edit = draw(st.sampled_from(["replace", "delete", "insert"]))
             byte = draw(st.sampled_from(list(b" \n0=x-9.")))
             if edit == "replace":
-                frame = frame[:at] + bytes([byte]) + frame[at + 1:]
+                frame = frame[:at] + bytes([byte]) + frame[at + 1 :]
             elif edit == "delete":
-                frame = frame[:at] + frame[at + 1:]
+                frame = frame[:at] + frame[at + 1 :]
             else:
                 frame = frame[:at] + bytes([byte]) + frame[at:]
         frames.append(frame)

@@ -1,6 +1,7 @@
 """``serveproto calibrate`` then ``serveproto serve`` on the default model, end to end: the fit is written under
 the model's sha256, serve loads it without being told, every answer names it in ``x_calibration``, and its
 probabilities are the map applied to what the same server answers with ``--calibration none``."""
+
 from __future__ import annotations
 
 import os
@@ -10,8 +11,8 @@ import httpx2
 import orjson
 import pytest
 
-from gateway.decision import calibration, evalset
 from gateway.cli import main
+from gateway.decision import calibration, evalset
 from gateway.paths import DEFAULT_MODEL_NAME, default_model_path, engine_bin
 from test_server_llama import serving
 

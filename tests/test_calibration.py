@@ -1,5 +1,6 @@
 """``gateway.decision.calibration``: the maps by hand, fits with known optima, cross-validation, the file, and serve's
 loading (``--calibration``) and ``x_calibration`` on the routes' fake engine."""
+
 from __future__ import annotations
 
 import math
@@ -102,13 +103,21 @@ def test_file_round_trip_and_apply(tmp_path):
     assert doc2["id"] != doc["id"]
 
 
-@pytest.mark.parametrize("doc, message", [
-    ({"format": "other"}, "not a serveproto-calibration file"),
-    ({"format": "serveproto-calibration", "version": 2}, "calibration version 2, this server reads 1"),
-    ({"format": "serveproto-calibration", "version": 1, "maps": {"noul": {"kind": "spline"}}}, "maps.noul: unknown map 'spline'"),
-    ({"format": "serveproto-calibration", "version": 1, "maps": {"choice": {"kind": "temperature", "beta": 0}}},
-     "maps.choice: beta must be positive numbers"),
-])
+@pytest.mark.parametrize(
+    "doc, message",
+    [
+        ({"format": "other"}, "not a serveproto-calibration file"),
+        ({"format": "serveproto-calibration", "version": 2}, "calibration version 2, this server reads 1"),
+        (
+            {"format": "serveproto-calibration", "version": 1, "maps": {"noul": {"kind": "spline"}}},
+            "maps.noul: unknown map 'spline'",
+        ),
+        (
+            {"format": "serveproto-calibration", "version": 1, "maps": {"choice": {"kind": "temperature", "beta": 0}}},
+            "maps.choice: beta must be positive numbers",
+        ),
+    ],
+)
 def test_load_refuses_what_it_cannot_apply(tmp_path, doc, message):
     path = tmp_path / "c.json"
     path.write_bytes(orjson.dumps(doc))
@@ -121,9 +130,11 @@ def test_reliability_diagrams(tmp_path):
     probs = [[0.9, 0.1], [0.6, 0.4], [0.2, 0.8], [0.45, 0.55]]
     gold = [0, 1, 1, 1]
     text = cal.reliability_text(probs, gold, n_bins=2, width=10)
-    assert text.splitlines() == ["confidence  accuracy  n     (| = confidence, # = accuracy)",
-                                 "     0.575     0.500  2     ######|    ",
-                                 "     0.850     1.000  2     ########|##"]
+    assert text.splitlines() == [
+        "confidence  accuracy  n     (| = confidence, # = accuracy)",
+        "     0.575     0.500  2     ######|    ",
+        "     0.850     1.000  2     ########|##",
+    ]
     pytest.importorskip("matplotlib")
     png = tmp_path / "r.png"
     cal.reliability_png((probs, gold), (probs, gold), png, "t")
@@ -166,10 +177,15 @@ async def test_answers_carry_their_calibration():
             app.calibration = c
             calibrated = (await client.post("/v1/systemone", json=TICKET)).json()
             other = (await client.post("/v1/systemone", json={**TICKET, "x_debias": "cyclic"})).json()
-            decisions = (await client.post("/v1/decisions", json={"input": "x", "questions": [{"type": "predicate"}]})).json()
+            decisions = (
+                await client.post("/v1/decisions", json={"input": "x", "questions": [{"type": "predicate"}]})
+            ).json()
     assert {a["x_calibration"] for a in plain["answers"].values()} == {"identity"}
     assert {q: a["x_calibration"] for q, a in calibrated["answers"].items()} == {
-        "urgency": f"{c.id}:{c.maps['noul'].kind}", "department": f"{c.id}:temperature", "severity": f"{c.id}:temperature"}
+        "urgency": f"{c.id}:{c.maps['noul'].kind}",
+        "department": f"{c.id}:temperature",
+        "severity": f"{c.id}:temperature",
+    }
     before = list(plain["answers"]["department"]["probabilities"].values())
     after = list(calibrated["answers"]["department"]["probabilities"].values())
     assert after == pytest.approx(c.maps["choice"].apply(before), abs=2e-6)
@@ -183,6 +199,6 @@ def test_sha256_file_is_remembered_until_the_file_changes(tmp_path):
     model = tmp_path / "m.gguf"
     model.write_bytes(b"first weights")
     assert cal.sha256_file(model) == hashlib.sha256(b"first weights").hexdigest()
-    model.write_bytes(b"the second, longer weights")   # another size: read again, not the remembered one
+    model.write_bytes(b"the second, longer weights")  # another size: read again, not the remembered one
     assert cal.sha256_file(model) == hashlib.sha256(b"the second, longer weights").hexdigest()
     assert cal.sha256_file(str(model)) == cal.sha256_file(tmp_path / "." / "m.gguf")

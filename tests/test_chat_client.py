@@ -4,6 +4,7 @@ The fake server here is also used by test_chat_client_pty.py and test_page.py:
 it answers ``/v1/systemone`` and ``/v1/chat/completions`` with replies the test
 chooses, records every request, and serves ``gateway/server/static`` at ``/``.
 """
+
 from __future__ import annotations
 
 import json
@@ -70,14 +71,25 @@ class FakeServer:
             def do_GET(self):
                 server.requests.append(("GET", self.path, dict(self.headers), None))
                 if self.path == "/v1/models":
-                    return self._send(200, json.dumps({"object": "list", "data": [{"id": "fake-model"}],
-                                                       "models": [{"name": "fake-model", "description": "",
-                                                                   "release_date": "2026-11-30"}]}).encode())
+                    return self._send(
+                        200,
+                        json.dumps(
+                            {
+                                "object": "list",
+                                "data": [{"id": "fake-model"}],
+                                "models": [{"name": "fake-model", "description": "", "release_date": "2026-11-30"}],
+                            }
+                        ).encode(),
+                    )
                 path = "index.html" if self.path in ("/", "") else self.path.lstrip("/").split("?")[0]
                 f = (STATIC / path).resolve()
                 if STATIC.resolve() in f.parents and f.is_file():
-                    ctype = {".html": "text/html; charset=utf-8", ".js": "text/javascript",
-                             ".css": "text/css", ".svg": "image/svg+xml"}.get(f.suffix, "application/octet-stream")
+                    ctype = {
+                        ".html": "text/html; charset=utf-8",
+                        ".js": "text/javascript",
+                        ".css": "text/css",
+                        ".svg": "image/svg+xml",
+                    }.get(f.suffix, "application/octet-stream")
                     return self._send(200, f.read_bytes(), ctype)
                 self._send(404, b'{"detail": "not found"}')
 
@@ -87,8 +99,12 @@ class FakeServer:
                 body = json.loads(raw) if raw else None
                 server.requests.append(("POST", self.path, dict(self.headers), body))
                 if server.api_key and self.headers.get("Authorization") != f"Bearer {server.api_key}":
-                    return self._send(401, json.dumps({"detail": {"error_type": "authentication_error",
-                                                                  "message": "wrong or missing API key"}}).encode())
+                    return self._send(
+                        401,
+                        json.dumps(
+                            {"detail": {"error_type": "authentication_error", "message": "wrong or missing API key"}}
+                        ).encode(),
+                    )
                 if self.path == "/v1/systemone":
                     status, reply, *extra = server.decide(body)
                     return self._send(status, json.dumps(reply).encode(), headers=extra[0] if extra else None)
@@ -142,9 +158,14 @@ def choice_reply(probabilities: dict, input_tokens=131, output_tokens=4, qid="de
     peak = max(probabilities.values())
     return {
         "model": "fake-model",
-        "answers": {qid: {"type": "choice", "choice": max(probabilities, key=probabilities.get),
-                          "probabilities": probabilities,
-                          "confidence": 1.0 if n == 1 else (n * peak - 1) / (n - 1)}},
+        "answers": {
+            qid: {
+                "type": "choice",
+                "choice": max(probabilities, key=probabilities.get),
+                "probabilities": probabilities,
+                "confidence": 1.0 if n == 1 else (n * peak - 1) / (n - 1),
+            }
+        },
         "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
     }
 
@@ -154,8 +175,12 @@ def uniform_reply(body):
     answers = {}
     for qid, q in body["questions"].items():
         labels = list(q["criteria"])
-        answers[qid] = {"type": "choice", "choice": labels[0],
-                        "probabilities": {k: 1 / len(labels) for k in labels}, "confidence": 0.0}
+        answers[qid] = {
+            "type": "choice",
+            "choice": labels[0],
+            "probabilities": {k: 1 / len(labels) for k in labels},
+            "confidence": 0.0,
+        }
     return {"model": "fake-model", "answers": answers, "usage": {"input_tokens": 10, "output_tokens": len(answers)}}
 
 
@@ -175,29 +200,36 @@ def entropy_oracle(p):
 
 # -- pure helpers ------------------------------------------------------------
 
+
 def test_parse_options_splits_and_strips():
     assert parse_options("merge | request changes |close") == ("merge", "request changes", "close")
     assert parse_options("ja|nein") == ("ja", "nein")
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ("", "at least two"),
-    ("only", "at least two"),
-    ("a | | b", "empty option"),
-    ("a | b | a", "'a' is given twice"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("", "at least two"),
+        ("only", "at least two"),
+        ("a | | b", "empty option"),
+        ("a | b | a", "'a' is given twice"),
+    ],
+)
 def test_parse_options_refuses(text, fragment):
     with pytest.raises(ValueError, match=fragment):
         parse_options(text)
 
 
-@pytest.mark.parametrize("p", [
-    [0.936, 0.064, 0.0],
-    [0.5, 0.5, 0.0],
-    [0.2, 0.3, 0.5],
-    [0.059806, 0.939983, 0.000211],
-    [0.25] * 4,
-])
+@pytest.mark.parametrize(
+    "p",
+    [
+        [0.936, 0.064, 0.0],
+        [0.5, 0.5, 0.0],
+        [0.2, 0.3, 0.5],
+        [0.059806, 0.939983, 0.000211],
+        [0.25] * 4,
+    ],
+)
 def test_normalised_entropy_matches_numpy_oracle(p):
     assert normalised_entropy(p) == pytest.approx(entropy_oracle(p), abs=1e-12)
 
@@ -216,10 +248,18 @@ def test_normalised_entropy_refuses(bad):
         normalised_entropy(bad)
 
 
-@pytest.mark.parametrize("h, reading", [
-    (0.0, "sure"), (0.3999, "sure"), (0.4, "unsure"), (0.63, "unsure"),
-    (0.8, "unsure"), (0.8001, "does not know"), (1.0, "does not know"),
-])
+@pytest.mark.parametrize(
+    "h, reading",
+    [
+        (0.0, "sure"),
+        (0.3999, "sure"),
+        (0.4, "unsure"),
+        (0.63, "unsure"),
+        (0.8, "unsure"),
+        (0.8001, "does not know"),
+        (1.0, "does not know"),
+    ],
+)
 def test_entropy_reading_follows_the_seed_table(h, reading):
     assert entropy_reading(h) == reading
 
@@ -231,8 +271,9 @@ def test_conversation_text_and_choice_request():
     assert conversation_text([]) == ""
     assert choice_request(state, "What now?", ("merge", "close"), model="m") == {
         "state": "User: The PR has no tests.\nAssistant: Noted.",
-        "questions": {"decision": {"type": "choice", "instructions": "What now?",
-                                   "criteria": {"merge": None, "close": None}}},
+        "questions": {
+            "decision": {"type": "choice", "instructions": "What now?", "criteria": {"merge": None, "close": None}}
+        },
         "model": "m",
     }
 
@@ -253,8 +294,11 @@ def test_decision_from_reply_refuses_a_reply_without_the_label():
 
 
 def test_error_message_reads_the_known_envelopes():
-    jev422 = {"detail": [{"loc": ["body", "questions", "decision", "criteria"], "msg": "at least one label",
-                          "type": "value_error"}]}
+    jev422 = {
+        "detail": [
+            {"loc": ["body", "questions", "decision", "criteria"], "msg": "at least one label", "type": "value_error"}
+        ]
+    }
     assert error_message(422, json.dumps(jev422).encode()) == "body.questions.decision.criteria: at least one label"
     auth = {"detail": {"error_type": "authentication_error", "message": "bad key"}}
     assert error_message(401, json.dumps(auth).encode()) == "bad key"
@@ -270,16 +314,26 @@ def test_client_refuses_a_bad_url():
 
 # -- against the fake server -------------------------------------------------
 
+
 def test_decide_sends_one_choice_with_the_key_and_reads_the_reply():
     probs = {"merge": 0.064, "request changes": 0.936, "close": 0.0}
     with FakeServer(decide=lambda body: (200, choice_reply(probs)), api_key="k3y") as srv:
-        d = Client(srv.url, api_key="k3y").decide("User: hi", "What should we do?", ("merge", "request changes", "close"))
+        d = Client(srv.url, api_key="k3y").decide(
+            "User: hi", "What should we do?", ("merge", "request changes", "close")
+        )
         [(_, _, headers, body)] = srv.posts("/v1/systemone")
     assert headers["Authorization"] == "Bearer k3y"
     assert headers["Content-Type"] == "application/json"
-    assert body == {"state": "User: hi", "questions": {"decision": {
-        "type": "choice", "instructions": "What should we do?",
-        "criteria": {"merge": None, "request changes": None, "close": None}}}}
+    assert body == {
+        "state": "User: hi",
+        "questions": {
+            "decision": {
+                "type": "choice",
+                "instructions": "What should we do?",
+                "criteria": {"merge": None, "request changes": None, "close": None},
+            }
+        },
+    }
     assert list(body["questions"]["decision"]["criteria"]) == ["merge", "request changes", "close"]
     assert d.winner == "request changes" and d.probabilities == (0.064, 0.936, 0.0)
 
@@ -289,8 +343,12 @@ def test_chat_stream_yields_the_deltas_in_order():
         out = list(Client(srv.url).chat_stream([{"role": "user", "content": "hi"}], model="fake-model", max_tokens=8))
         [(_, _, _, body)] = srv.posts("/v1/chat/completions")
     assert out == ["Hel", "lo", " there", "."]
-    assert body == {"messages": [{"role": "user", "content": "hi"}], "stream": True, "model": "fake-model",
-                    "max_tokens": 8}
+    assert body == {
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "model": "fake-model",
+        "max_tokens": 8,
+    }
 
 
 def test_chat_without_streaming_support_reads_the_whole_reply():
@@ -315,7 +373,7 @@ def test_a_422_names_the_field():
 
 
 def test_no_server_is_unreachable():
-    with pytest.raises(ServerUnreachable, match="no server at http://127.0.0.1:"):
+    with pytest.raises(ServerUnreachable, match="no server at http://127.0.0.1:"):  # noqa: RUF043  (the dots also match themselves)
         Client(f"http://127.0.0.1:{free_port()}", timeout=5).model_ids()
 
 
@@ -327,13 +385,16 @@ def test_model_ids_reads_both_lists():
 BUSY = {"detail": {"error_type": "overloaded_error", "message": "the engine is restarting"}}
 
 
-@pytest.mark.parametrize("busy_replies, headers, posts, ok", [
-    (1, {"Retry-After": "0"}, 2, True),        # busy once, then answered
-    (5, {"Retry-After": "0"}, 3, False),       # busy throughout: 1 + MAX_RETRIES tries, then the 503
-    (1, {}, 1, False),                         # no Retry-After: no retry
-    (1, {"Retry-After": "60"}, 1, False),      # too long to wait in a terminal
-    (1, {"Retry-After": "Wed, 21 Oct 2026 07:28:00 GMT"}, 1, False),  # date form: not waited for
-])
+@pytest.mark.parametrize(
+    "busy_replies, headers, posts, ok",
+    [
+        (1, {"Retry-After": "0"}, 2, True),  # busy once, then answered
+        (5, {"Retry-After": "0"}, 3, False),  # busy throughout: 1 + MAX_RETRIES tries, then the 503
+        (1, {}, 1, False),  # no Retry-After: no retry
+        (1, {"Retry-After": "60"}, 1, False),  # too long to wait in a terminal
+        (1, {"Retry-After": "Wed, 21 Oct 2026 07:28:00 GMT"}, 1, False),  # date form: not waited for
+    ],
+)
 def test_busy_server_is_retried_after_retry_after(busy_replies, headers, posts, ok):
     calls = []
 
@@ -359,9 +420,26 @@ def _serve_with_key(fixture_engine, key: str):
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--api-key", key,
-                             "--log-level", "WARNING", "--engine", str(fixture_engine)],
-                            cwd=STATIC.parents[2], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--port",
+            "0",
+            "--api-key",
+            key,
+            "--log-level",
+            "WARNING",
+            "--engine",
+            str(fixture_engine),
+        ],
+        cwd=STATIC.parents[2],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     line = proc.stdout.readline()
     assert line.startswith("serveproto: serving fixture on "), line
     return proc, line.split(" on ")[1].strip()
@@ -373,8 +451,15 @@ def _chat_piped(url: str, text: str, *key_args: str):
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "SERVEPROTO_API_KEY"}
-    return subprocess.run([sys.executable, "-m", "gateway.cli", "chat", "--attach", url, *key_args],
-                          cwd=STATIC.parents[2], input=text, capture_output=True, text=True, timeout=60, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "chat", "--attach", url, *key_args],
+        cwd=STATIC.parents[2],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
 
 
 def test_piped_chat_without_the_key_prints_the_401_once_and_fails(fixture_engine):
@@ -402,4 +487,5 @@ def test_piped_session_with_a_failed_request_exits_1_with_no_empty_line():
         out = _chat_piped(srv.url, "hello\n")
     assert out.returncode == 1
     assert out.stdout.splitlines()[2:] == [
-        "  ✗ HTTP 401: wrong or missing API key (pass --api-key or set SERVEPROTO_API_KEY)"]
+        "  ✗ HTTP 401: wrong or missing API key (pass --api-key or set SERVEPROTO_API_KEY)"
+    ]

@@ -3,6 +3,7 @@
 The screen is read with the ANSI escapes stripped; the fake server records what
 the client sent so the requests are checked exactly, not only the screen.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,10 +29,17 @@ class Term:
     def __init__(self, *args: str):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SERVEPROTO_API_KEY", "NO_COLOR"))}
         env.update(TERM="xterm-256color", PROMPT_TOOLKIT_NO_CPR="1", COLUMNS="120", LINES="40")
-        self.child = pexpect.spawn(sys.executable, ["-m", "gateway.cli", "chat", *args], cwd=str(ROOT), env=env,
-                                   dimensions=(40, 120), encoding="utf-8", timeout=20)
+        self.child = pexpect.spawn(
+            sys.executable,
+            ["-m", "gateway.cli", "chat", *args],
+            cwd=str(ROOT),
+            env=env,
+            dimensions=(40, 120),
+            encoding="utf-8",
+            timeout=20,
+        )
         self.screen = ""  # everything shown since the last wait_for matched, escapes stripped
-        self.seen = ""    # everything shown, escapes stripped
+        self.seen = ""  # everything shown, escapes stripped
 
     def wait_for(self, text: str, timeout: float = 20.0) -> str:
         """Read until ``text`` appears; return what was shown up to and including it."""
@@ -82,8 +90,9 @@ PROBS = {"merge": 0.064, "request changes": 0.936, "close": 0.0}
 
 
 def test_chat_then_decide_draws_bars_and_entropy(term_factory):
-    with FakeServer(decide=lambda body: (200, choice_reply(PROBS)),
-                    chat=lambda body: (200, ["The PR ", "has no ", "tests."])) as srv:
+    with FakeServer(
+        decide=lambda body: (200, choice_reply(PROBS)), chat=lambda body: (200, ["The PR ", "has no ", "tests."])
+    ) as srv:
         t = term_factory("--attach", srv.url)
         t.wait_for("model fake-model")
         t.wait_for("›")
@@ -108,8 +117,13 @@ def test_chat_then_decide_draws_bars_and_entropy(term_factory):
     assert chat_body["messages"] == [{"role": "user", "content": "What about this PR?"}]
     assert chat_body["stream"] is True and chat_body["model"] == "fake-model"
     assert body["state"] == "User: What about this PR?\nAssistant: The PR has no tests."
-    assert body["questions"] == {"decision": {"type": "choice", "instructions": "What should we do?",
-                                              "criteria": {"merge": None, "request changes": None, "close": None}}}
+    assert body["questions"] == {
+        "decision": {
+            "type": "choice",
+            "instructions": "What should we do?",
+            "criteria": {"merge": None, "request changes": None, "close": None},
+        }
+    }
     # Bars, most likely first, each label padded to the longest.
     rows = [ln.strip() for ln in shown.splitlines() if "%" in ln]
     assert rows == [
@@ -125,6 +139,7 @@ def test_chat_then_decide_draws_bars_and_entropy(term_factory):
 
 def test_format_seconds():
     from gateway.cli.chat import format_seconds
+
     assert format_seconds(0.01234) == "12.3 ms"
     assert format_seconds(58.714) == "58.71s"
 
@@ -215,8 +230,11 @@ def test_server_down_is_a_clear_line_not_a_traceback(term_factory):
 
 
 def test_errors_from_the_server_are_one_line(term_factory):
-    body422 = {"detail": [{"loc": ["body", "questions", "decision", "criteria"], "msg": "too many labels",
-                           "type": "value_error"}]}
+    body422 = {
+        "detail": [
+            {"loc": ["body", "questions", "decision", "criteria"], "msg": "too many labels", "type": "value_error"}
+        ]
+    }
     with FakeServer(decide=lambda body: (422, body422), api_key="sekrit") as srv:
         t = term_factory("--attach", srv.url, "--api-key", "wrong")
         t.wait_for("›")
@@ -259,8 +277,10 @@ def test_help_clear_and_ctrl_d(term_factory):
         assert t.child.exitstatus == 0
         bodies = [b for (_, _, _, b) in srv.posts("/v1/chat/completions")]
     # After /clear the second turn goes alone.
-    assert [b["messages"] for b in bodies] == [[{"role": "user", "content": "first"}],
-                                               [{"role": "user", "content": "second"}]]
+    assert [b["messages"] for b in bodies] == [
+        [{"role": "user", "content": "first"}],
+        [{"role": "user", "content": "second"}],
+    ]
 
 
 def test_piped_input_runs_without_a_terminal():
@@ -268,9 +288,15 @@ def test_piped_input_runs_without_a_terminal():
 
     probs = {"yes": 0.8, "no": 0.2}
     with FakeServer(decide=lambda body: (200, choice_reply(probs, input_tokens=7, output_tokens=2))) as srv:
-        out = subprocess.run([sys.executable, "-m", "gateway.cli", "chat", "--attach", srv.url], cwd=ROOT,
-                             input="/decide yes | no\nIs it on?\n", capture_output=True, text=True, timeout=60,
-                             env={**os.environ, "COLUMNS": "100"})
+        out = subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "chat", "--attach", srv.url],
+            cwd=ROOT,
+            input="/decide yes | no\nIs it on?\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "COLUMNS": "100"},
+        )
         [(_, _, _, body)] = srv.posts("/v1/systemone")
     assert out.returncode == 0, out.stderr
     assert out.stderr == ""

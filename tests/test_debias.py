@@ -1,6 +1,7 @@
 """``gateway.decision.debias`` and the ``x_debias`` extension of ``/v1/systemone``: the arithmetic by hand, the
 prompts of each rotation, and what the scoring path asks the engine (over the routes' fake engine).
 The numbers on a real model are checked against the numpy oracle in ``test_server_llama.py``."""
+
 from __future__ import annotations
 
 import math
@@ -10,10 +11,10 @@ import httpx2
 import orjson
 import pytest
 
-from gateway.decision import debias, readings
-from gateway.engine.score import log_softmax
 from gateway.cli import build_parser
+from gateway.decision import debias, readings
 from gateway.decision.prompts import question_text
+from gateway.engine.score import log_softmax
 from test_routes_support import TICKET, FakeCaps, FakeEngine, make_app, running
 
 pytestmark = pytest.mark.anyio
@@ -24,13 +25,23 @@ def anyio_backend():
     return "asyncio"
 
 
-@pytest.mark.parametrize("value, methods", [
-    ("none", ()), ([], ()), (["none"], ()), ("cyclic", ("cyclic",)), ("content_free", ("content_free",)),
-    (["content_free", "cyclic"], ("cyclic", "content_free")), (["cyclic", "cyclic"], ("cyclic",)),
-    ("cyclic,content_free", ("cyclic", "content_free")), ("content_free, cyclic", ("cyclic", "content_free")),
-    ("content_free,canonical", ("canonical", "content_free")), (["content_free", "cloze"], ("cloze", "content_free")),
-    ("letters", ("letters",)),
-])
+@pytest.mark.parametrize(
+    "value, methods",
+    [
+        ("none", ()),
+        ([], ()),
+        (["none"], ()),
+        ("cyclic", ("cyclic",)),
+        ("content_free", ("content_free",)),
+        (["content_free", "cyclic"], ("cyclic", "content_free")),
+        (["cyclic", "cyclic"], ("cyclic",)),
+        ("cyclic,content_free", ("cyclic", "content_free")),
+        ("content_free, cyclic", ("cyclic", "content_free")),
+        ("content_free,canonical", ("canonical", "content_free")),
+        (["content_free", "cloze"], ("cloze", "content_free")),
+        ("letters", ("letters",)),
+    ],
+)
 def test_parse_accepts_names_lists_and_the_flags_form(value, methods):
     assert debias.parse(value) == methods
 
@@ -38,18 +49,21 @@ def test_parse_accepts_names_lists_and_the_flags_form(value, methods):
 UNKNOWN = "Unknown debias method {!r}: use 'none', 'cloze', 'letters', 'canonical', 'cyclic', 'content_free' or a list of those"
 
 
-@pytest.mark.parametrize("value, message", [
-    ("both", UNKNOWN.format("both")),
-    (["cyclic", "x"], UNKNOWN.format("x")),
-    (["none", "cyclic"], "'none' cannot be combined with a debias method"),
-    ("none,cyclic", "'none' cannot be combined with a debias method"),
-    ("cloze,letters", "'cloze' and 'letters' are two prompt formats: choose one"),
-    ("cloze,cyclic", "a 'cloze' prompt lists no options: 'cyclic' and 'canonical' do not apply to it"),
-    (["canonical", "cloze"], "a 'cloze' prompt lists no options: 'cyclic' and 'canonical' do not apply to it"),
-    (3, "Input should be 'none', 'cloze', 'letters', 'canonical', 'cyclic', 'content_free' or a list of those"),
-    ([1], "Input should be 'none', 'cloze', 'letters', 'canonical', 'cyclic', 'content_free' or a list of those"),
-    (None, "Input should be 'none', 'cloze', 'letters', 'canonical', 'cyclic', 'content_free' or a list of those"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("both", UNKNOWN.format("both")),
+        (["cyclic", "x"], UNKNOWN.format("x")),
+        (["none", "cyclic"], "'none' cannot be combined with a debias method"),
+        ("none,cyclic", "'none' cannot be combined with a debias method"),
+        ("cloze,letters", "'cloze' and 'letters' are two prompt formats: choose one"),
+        ("cloze,cyclic", "a 'cloze' prompt lists no options: 'cyclic' and 'canonical' do not apply to it"),
+        (["canonical", "cloze"], "a 'cloze' prompt lists no options: 'cyclic' and 'canonical' do not apply to it"),
+        (3, "Input should be 'none', 'cloze', 'letters', 'canonical', 'cyclic', 'content_free' or a list of those"),
+        ([1], "Input should be 'none', 'cloze', 'letters', 'canonical', 'cyclic', 'content_free' or a list of those"),
+        (None, "Input should be 'none', 'cloze', 'letters', 'canonical', 'cyclic', 'content_free' or a list of those"),
+    ],
+)
 def test_parse_refuses_anything_else(value, message):
     with pytest.raises(ValueError) as e:
         debias.parse(value)
@@ -69,8 +83,11 @@ def test_rotations_averaged_and_calibrated_by_hand():
     # rotation 0: scores (0, log 2, log 1) -> p = (1/4, 2/4, 1/4); rotation 1: (log 3, 0, 0) -> (3/5, 1/5, 1/5)
     per_rotation = [[0.0, math.log(2), 0.0], [math.log(3), 0.0, 0.0]]
     mean = readings.combine([log_softmax(r) for r in per_rotation], None)
-    want = [(math.log(1 / 4) + math.log(3 / 5)) / 2, (math.log(2 / 4) + math.log(1 / 5)) / 2,
-            (math.log(1 / 4) + math.log(1 / 5)) / 2]
+    want = [
+        (math.log(1 / 4) + math.log(3 / 5)) / 2,
+        (math.log(2 / 4) + math.log(1 / 5)) / 2,
+        (math.log(1 / 4) + math.log(1 / 5)) / 2,
+    ]
     assert mean == pytest.approx(want, abs=1e-15)
     # calibration divides by the content-free probabilities: p_i / p_cf_i, renormalised
     cf = [math.log(0.5), math.log(0.25), math.log(0.25)]
@@ -84,13 +101,22 @@ def test_rotations_averaged_and_calibrated_by_hand():
 def test_rotated_question_texts():
     crit = {"billing": "payments", "technical": None, "sales": "plans"}
     assert question_text("choice", "Who?", crit, 1) == (
-        "Who?\ntechnical\nsales: plans\nbilling: payments\nAnswer with one label.", ("billing", "technical", "sales"))
+        "Who?\ntechnical\nsales: plans\nbilling: payments\nAnswer with one label.",
+        ("billing", "technical", "sales"),
+    )
     assert question_text("choice", "Who?", crit, 3) == question_text("choice", "Who?", crit, 0)
     assert question_text("score", None, ["low", "mid", "high"], 2) == (
-        "Which level fits the text best?\n3: high\n1: low\n2: mid\nAnswer with the number.", ("1", "2", "3"))
-    assert question_text("noul", "Urgent?", {"true": "now"}, 1) == ("Urgent?\nyes: now\nAnswer no or yes.", ("no", "yes"))
+        "Which level fits the text best?\n3: high\n1: low\n2: mid\nAnswer with the number.",
+        ("1", "2", "3"),
+    )
+    assert question_text("noul", "Urgent?", {"true": "now"}, 1) == (
+        "Urgent?\nyes: now\nAnswer no or yes.",
+        ("no", "yes"),
+    )
     assert question_text("noul", "Urgent?", {"true": "now", "false": "later"}, 1) == (
-        "Urgent?\nno: later\nyes: now\nAnswer no or yes.", ("no", "yes"))
+        "Urgent?\nno: later\nyes: now\nAnswer no or yes.",
+        ("no", "yes"),
+    )
 
 
 async def post(base, body):
@@ -115,7 +141,11 @@ async def test_cyclic_and_content_free_reach_the_engine_once_per_rotation_and_qu
     assert [stem.split("\n")[0] for stem, _ in free[2]] == ["N/A"] * 10
     assert [stem[3:] for stem, _ in free[2]] == [stem for stem, _ in real[2]]
     stems = [stem for stem, _ in real[2][2:5]]
-    assert [s.split("\n")[3] for s in stems] == ["billing: payments, invoices", "technical: bugs, integration errors", "sales"]
+    assert [s.split("\n")[3] for s in stems] == [
+        "billing: payments, invoices",
+        "technical: bugs, integration errors",
+        "sales",
+    ]
     # the options are the same strings in every rotation, in the reply's order
     assert {tuple(opts) for _, opts in real[2][2:5]} == {("billing", "technical", "sales")}
     # the fake scores an option by its characters alone, so no correction changes its answer
@@ -139,9 +169,10 @@ async def test_a_bad_x_debias_is_a_422_naming_the_field():
         r = await post(base, {**TICKET, "x_debias": "both"})
     assert r.status_code == 422
     msg = UNKNOWN.format("both")
-    assert r.json() == {"detail": [{"loc": ["body", "x_debias"], "msg": msg, "type": "literal_error"}],
-                        "error": {"type": "invalid_request_error", "message": f"body.x_debias: {msg}",
-                                  "param": "x_debias"}}
+    assert r.json() == {
+        "detail": [{"loc": ["body", "x_debias"], "msg": msg, "type": "literal_error"}],
+        "error": {"type": "invalid_request_error", "message": f"body.x_debias: {msg}", "param": "x_debias"},
+    }
 
 
 async def test_a_decision_engine_ignores_x_debias_with_a_warning():
@@ -157,11 +188,17 @@ def test_serve_flag_and_its_default():
     from gateway.cli.serve import default_debias
 
     parse = build_parser().parse_args
-    assert default_debias(parse(["serve"])) == ("canonical", "content_free")  # the default model needs it (bench/quality.py)
+    assert default_debias(parse(["serve"])) == (
+        "canonical",
+        "content_free",
+    )  # the default model needs it (bench/quality.py)
     assert default_debias(parse(["serve", "--model", "m.gguf"])) == ()
     assert default_debias(parse(["serve", "--engine", "engines/bin/serveproto-fixture"])) == ()
     assert default_debias(parse(["serve", "--debias", "none"])) == ()
-    assert default_debias(parse(["serve", "--model", "m.gguf", "--debias", "cyclic,content_free"])) == ("cyclic", "content_free")
+    assert default_debias(parse(["serve", "--model", "m.gguf", "--debias", "cyclic,content_free"])) == (
+        "cyclic",
+        "content_free",
+    )
     assert default_debias(parse(["serve", "--debias", "content_free"])) == ("content_free",)
     with pytest.raises(SystemExit):
         parse(["serve", "--debias", "sideways"])
@@ -213,9 +250,17 @@ async def test_canonical_reads_the_same_prompt_whatever_the_label_order():
     eng = FakeEngine()
     crit = TICKET["questions"]["department"]["criteria"]
     swapped = {k: crit[k] for k in ("sales", "billing", "technical")}  # not a rotation of the request's order
-    bodies = [{**TICKET, "x_debias": "canonical"},
-              {**TICKET, "x_debias": "canonical", "questions": {**TICKET["questions"], "department": {
-                  **TICKET["questions"]["department"], "criteria": swapped}}}]
+    bodies = [
+        {**TICKET, "x_debias": "canonical"},
+        {
+            **TICKET,
+            "x_debias": "canonical",
+            "questions": {
+                **TICKET["questions"],
+                "department": {**TICKET["questions"]["department"], "criteria": swapped},
+            },
+        },
+    ]
     async with running(make_app(eng)) as base:
         a, b = [await post(base, body) for body in bodies]
     assert a.status_code == b.status_code == 200, a.text
@@ -223,8 +268,10 @@ async def test_canonical_reads_the_same_prompt_whatever_the_label_order():
     first, second = [c for c in eng.calls if c[0] == "score"]
     stems = [[stem for stem, _ in call[2]] for call in (first, second)]
     assert stems[0] == stems[1]
-    assert stems[0][1] == ("\n\nWhich team should handle this?\nbilling: payments, invoices\nsales\n"
-                           "technical: bugs, integration errors\nAnswer with one label." + CHATML_TAIL)
+    assert stems[0][1] == (
+        "\n\nWhich team should handle this?\nbilling: payments, invoices\nsales\n"
+        "technical: bugs, integration errors\nAnswer with one label." + CHATML_TAIL
+    )
     assert first[2] == second[2]  # the same bytes to the engine: stems and scored texts (in canonical order)
     assert first[2][1][1] == ["billing", "sales", "technical"]
     pa, pb = a.json()["answers"]["department"]["probabilities"], b.json()["answers"]["department"]["probabilities"]
@@ -240,18 +287,25 @@ async def test_letters_and_cloze_reach_the_engine_as_their_prompts():
     assert cloze.json()["x_debias"] == ["cloze", "content_free"]
     lett, free, clz = [c for c in eng.calls if c[0] == "score"]
     stem, options = lett[2][1]
-    assert stem == ("\n\nWhich team should handle this?\nA. billing: payments, invoices\nB. technical: bugs, "
-                    "integration errors\nC. sales\nAnswer with the letter." + CHATML_TAIL)
+    assert stem == (
+        "\n\nWhich team should handle this?\nA. billing: payments, invoices\nB. technical: bugs, "
+        "integration errors\nC. sales\nAnswer with the letter." + CHATML_TAIL
+    )
     assert options == ["A", " A", "a", " a", "B", " B", "b", " b", "C", " C", "c", " c"]
     assert lett[2][2][1] == [s for k in range(5) for s in (str(k), f" {k}")]  # a score's levels: digits
     # the content-free reading of the cloze prompts, then the state's
-    assert [g for g in clz[2]] == [("\n\nDoes this message express urgency?" + CHATML_TAIL, ["no", "yes"]),
-                                   ("\n\nWhich team should handle this?" + CHATML_TAIL, ["billing", "sales", "technical"]),
-                                   ("\n\nHow severe is the customer impact?" + CHATML_TAIL,
-                                    ["no impact", "minor", "blocked", "losing money", "business down"])]
+    assert [g for g in clz[2]] == [
+        ("\n\nDoes this message express urgency?" + CHATML_TAIL, ["no", "yes"]),
+        ("\n\nWhich team should handle this?" + CHATML_TAIL, ["billing", "sales", "technical"]),
+        (
+            "\n\nHow severe is the customer impact?" + CHATML_TAIL,
+            ["no impact", "minor", "blocked", "losing money", "business down"],
+        ),
+    ]
     assert [stem for stem, _ in free[2]] == ["N/A" + stem for stem, _ in clz[2]]
     # the fake scores a text by its characters: a letter's probability is the sum over its four spellings
     import math as m
+
     from test_routes_support import char_logprob
 
     def p(text):
@@ -268,5 +322,10 @@ async def test_a_format_that_cannot_ask_a_question_is_a_422():
     async with running(make_app(FakeEngine())) as base:
         r = await post(base, body)
     assert r.status_code == 422
-    assert r.json()["detail"] == [{"loc": ["body", "questions", "lvl", "criteria"], "type": "value_error",
-                                   "msg": "two options have the same text: the cloze format cannot tell them apart"}]
+    assert r.json()["detail"] == [
+        {
+            "loc": ["body", "questions", "lvl", "criteria"],
+            "type": "value_error",
+            "msg": "two options have the same text: the cloze format cannot tell them apart",
+        }
+    ]

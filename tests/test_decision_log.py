@@ -4,6 +4,7 @@ The lines are compared with the reply they log, field by field; the fit on a
 judged log is compared with :func:`gateway.decision.calibration.fit` on the same
 answers (the oracle), and every refusal names the line and the field.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -36,7 +37,9 @@ async def test_every_answer_is_logged_with_its_numbers_and_nothing_else(tmp_path
             plain = (await client.post("/v1/systemone", json=TICKET)).json()
             app.calibration = c
             calibrated = (await client.post("/v1/systemone", json=TICKET)).json()
-            openai = (await client.post("/v1/decisions", json={"input": "x", "questions": [{"type": "predicate"}]})).json()
+            openai = (
+                await client.post("/v1/decisions", json={"input": "x", "questions": [{"type": "predicate"}]})
+            ).json()
     app.decision_log.close()
     lines = _lines(log)
     assert len(lines) == 3 + 3 + 1
@@ -44,14 +47,26 @@ async def test_every_answer_is_logged_with_its_numbers_and_nothing_else(tmp_path
     for reply, block, ident in ((plain, lines[:3], None), (calibrated, lines[3:6], c.id)):
         for line, (qid, answer) in zip(block, reply["answers"].items()):
             q = TICKET["questions"][qid]
-            served = ([1 - answer["noul"], answer["noul"]] if q["type"] == "noul"
-                      else list(answer["probabilities"].values()))
-            options = (["no", "yes"] if q["type"] == "noul" else list(q["criteria"]) if q["type"] == "choice"
-                       else list(range(len(q["criteria"]))))
+            served = (
+                [1 - answer["noul"], answer["noul"]] if q["type"] == "noul" else list(answer["probabilities"].values())
+            )
+            options = (
+                ["no", "yes"]
+                if q["type"] == "noul"
+                else list(q["criteria"])
+                if q["type"] == "choice"
+                else list(range(len(q["criteria"])))
+            )
             assert line == {
-                "request_id": reply["x_request_id"], "question_id": qid, "type": q["type"], "options": options,
-                "probabilities": line["probabilities"], "uncalibrated": line["uncalibrated"],
-                "config": {**config, "x_calibration": answer.get("x_calibration", "identity")}, "answer": None}
+                "request_id": reply["x_request_id"],
+                "question_id": qid,
+                "type": q["type"],
+                "options": options,
+                "probabilities": line["probabilities"],
+                "uncalibrated": line["uncalibrated"],
+                "config": {**config, "x_calibration": answer.get("x_calibration", "identity")},
+                "answer": None,
+            }
             assert line["probabilities"] == pytest.approx(served, abs=1e-6)  # a noul's reply is rounded to 1e-6
             if ident is None:
                 assert line["uncalibrated"] == line["probabilities"]
@@ -67,14 +82,43 @@ def _judged_log(path, answers, config):
     """A decision log of ``answers`` ((type, p, gold, request id)), judged: every line's answer filled."""
     with open(path, "wb") as f:
         for k, (qtype, p, gold, rid) in enumerate(answers):
-            options = ["no", "yes"] if qtype == "noul" else [f"l{i}" for i in range(len(p))] if qtype == "choice" \
+            options = (
+                ["no", "yes"]
+                if qtype == "noul"
+                else [f"l{i}" for i in range(len(p))]
+                if qtype == "choice"
                 else list(range(len(p)))
+            )
             truth = [False, True][gold] if qtype == "noul" else options[gold]
-            f.write(orjson.dumps({"request_id": rid, "question_id": f"q{k}", "type": qtype, "options": options,
-                                  "probabilities": p, "uncalibrated": p,
-                                  "config": {**config, "x_calibration": "identity"}, "answer": truth}) + b"\n")
-            f.write(orjson.dumps({"request_id": rid, "question_id": f"u{k}", "type": qtype, "options": options,
-                                  "probabilities": p, "config": config, "answer": None}) + b"\n")   # not judged
+            f.write(
+                orjson.dumps(
+                    {
+                        "request_id": rid,
+                        "question_id": f"q{k}",
+                        "type": qtype,
+                        "options": options,
+                        "probabilities": p,
+                        "uncalibrated": p,
+                        "config": {**config, "x_calibration": "identity"},
+                        "answer": truth,
+                    }
+                )
+                + b"\n"
+            )
+            f.write(
+                orjson.dumps(
+                    {
+                        "request_id": rid,
+                        "question_id": f"u{k}",
+                        "type": qtype,
+                        "options": options,
+                        "probabilities": p,
+                        "config": config,
+                        "answer": None,
+                    }
+                )
+                + b"\n"
+            )  # not judged
 
 
 def test_read_answers_gives_fit_its_answers_back(tmp_path):
@@ -86,15 +130,26 @@ def test_read_answers_gives_fit_its_answers_back(tmp_path):
     assert conf == config
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda e: {**e, "answer": "maybe"}, r"log:1: answer: a noul's answer is true or false"),
-    (lambda e: {**e, "type": "box"}, r"log:1: type: expected one of noul, choice, score"),
-    (lambda e: {k: v for k, v in e.items() if k != "options"}, r"log:1: not a decision-log line"),
-    (lambda e: {**e, "uncalibrated": [0.5]}, r"log:1: uncalibrated: expected 2 probabilities"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda e: {**e, "answer": "maybe"}, r"log:1: answer: a noul's answer is true or false"),
+        (lambda e: {**e, "type": "box"}, r"log:1: type: expected one of noul, choice, score"),
+        (lambda e: {k: v for k, v in e.items() if k != "options"}, r"log:1: not a decision-log line"),
+        (lambda e: {**e, "uncalibrated": [0.5]}, r"log:1: uncalibrated: expected 2 probabilities"),
+    ],
+)
 def test_read_answers_names_the_line_and_the_field(tmp_path, edit, message):
-    entry = {"request_id": "r", "question_id": "q", "type": "noul", "options": ["no", "yes"],
-             "probabilities": [0.4, 0.6], "uncalibrated": [0.4, 0.6], "config": {"model_sha256": SHA}, "answer": True}
+    entry = {
+        "request_id": "r",
+        "question_id": "q",
+        "type": "noul",
+        "options": ["no", "yes"],
+        "probabilities": [0.4, 0.6],
+        "uncalibrated": [0.4, 0.6],
+        "config": {"model_sha256": SHA},
+        "answer": True,
+    }
     (tmp_path / "log").write_bytes(orjson.dumps(edit(entry)) + b"\n")
     with pytest.raises(DecisionLogError, match=message):
         read_answers(tmp_path / "log")
@@ -117,8 +172,23 @@ def test_calibrate_fits_a_judged_log_without_a_model(tmp_path):
     config = {"model": "m", "model_sha256": SHA, "x_debias": ["canonical", "content_free"], "normalize": "sum"}
     _judged_log(tmp_path / "log", answers, config)
     out = tmp_path / "cal.json"
-    r = subprocess.run([sys.executable, "-m", "gateway.cli", "calibrate", "--data", str(tmp_path / "log"),
-                        "--out", str(out), "--png", "none"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "calibrate",
+            "--data",
+            str(tmp_path / "log"),
+            "--out",
+            str(out),
+            "--png",
+            "none",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert "300 judged answers from the decision log" in r.stdout
     doc = orjson.loads(out.read_bytes())
@@ -129,12 +199,27 @@ def test_calibrate_fits_a_judged_log_without_a_model(tmp_path):
 
 
 def test_serve_refuses_a_log_it_cannot_open(tmp_path, fixture_engine):
-    r = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--port", "0",
-                        "--log-decisions", str(tmp_path / "no" / "such" / "dir.jsonl"), "--engine", str(fixture_engine)],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--port",
+            "0",
+            "--log-decisions",
+            str(tmp_path / "no" / "such" / "dir.jsonl"),
+            "--engine",
+            str(fixture_engine),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1
-    assert r.stderr.strip().endswith(f"serveproto serve: --log-decisions: cannot open {tmp_path}/no/such/dir.jsonl: "
-                                     "No such file or directory")
+    assert r.stderr.strip().endswith(
+        f"serveproto serve: --log-decisions: cannot open {tmp_path}/no/such/dir.jsonl: No such file or directory"
+    )
 
 
 @pytest.mark.anyio
@@ -146,8 +231,9 @@ async def test_serve_logs_to_the_file_it_is_given(tmp_path, fixture_engine):
 
     log = tmp_path / "d.jsonl"
     log.write_bytes(b'{"earlier": 1}\n')  # appended to, not truncated: an earlier line stays
-    args = build_parser().parse_args(["serve", "--port", "0", "--log-level", "WARNING", "--log-decisions", str(log),
-                                      "--engine", str(fixture_engine)])
+    args = build_parser().parse_args(
+        ["serve", "--port", "0", "--log-level", "WARNING", "--log-decisions", str(log), "--engine", str(fixture_engine)]
+    )
     async with anyio.create_task_group() as tg:
         port = await tg.start(lambda task_status: serve(args, task_status=task_status))
         async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
@@ -156,7 +242,14 @@ async def test_serve_logs_to_the_file_it_is_given(tmp_path, fixture_engine):
     lines = log.read_bytes().splitlines()
     assert lines[0] == b'{"earlier": 1}'
     logged = [orjson.loads(x) for x in lines[1:]]
-    assert [(x["request_id"], x["question_id"]) for x in logged] == [(reply["x_request_id"], q) for q in reply["answers"]]
+    assert [(x["request_id"], x["question_id"]) for x in logged] == [
+        (reply["x_request_id"], q) for q in reply["answers"]
+    ]
     assert logged[1]["probabilities"] == list(reply["answers"]["department"]["probabilities"].values())
-    assert logged[0]["config"] == {"model": reply["model"], "model_sha256": None, "x_debias": [], "normalize": "sum",
-                                   "x_calibration": "identity"}
+    assert logged[0]["config"] == {
+        "model": reply["model"],
+        "model_sha256": None,
+        "x_debias": [],
+        "normalize": "sum",
+        "x_calibration": "identity",
+    }

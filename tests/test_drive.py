@@ -1,4 +1,5 @@
 """``serveproto drive`` (stdin piped) and ``serveproto score`` on the fixture engine."""
+
 from __future__ import annotations
 
 import json
@@ -17,25 +18,31 @@ def toy_logprob(text: bytes, p: int) -> float:
 
 
 def serveproto(*args: str, stdin: str = "", timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], input=stdin,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *args], input=stdin, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_drive_short_commands_and_typed_frames(fixture_engine):
-    script = "\n".join([
-        "caps",
-        'readout "Hello" --logprobs 2',
-        'submit 0 "Hi" --max-tokens 2 --logprobs 1',
-        "SUBMIT 7 0 3 0 0 1 logprobs=1",
-        "abc",
-        "SUBMIT 8 0 3 0 0 1 logprobs=99",
-        "abc",
-        'readout ""',
-        "bogus",
-        "ping",
-        "quit",
-        "caps",            # never reached
-    ]) + "\n"
+    script = (
+        "\n".join(
+            [
+                "caps",
+                'readout "Hello" --logprobs 2',
+                'submit 0 "Hi" --max-tokens 2 --logprobs 1',
+                "SUBMIT 7 0 3 0 0 1 logprobs=1",
+                "abc",
+                "SUBMIT 8 0 3 0 0 1 logprobs=99",
+                "abc",
+                'readout ""',
+                "bogus",
+                "ping",
+                "quit",
+                "caps",  # never reached
+            ]
+        )
+        + "\n"
+    )
     run = serveproto("drive", "--", str(fixture_engine), stdin=script)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
@@ -49,8 +56,9 @@ def test_drive_short_commands_and_typed_frames(fixture_engine):
         "ECHO     id=1 pos=0 logprob=nan 'H'",
         f"ECHO     id=1 pos=1 logprob={tm.fmt(toy_logprob(text, 1))} 'e'  top: {top}",
     ]
-    assert lines[8] == ("DONE     id=1 emitted=0 tok_s=0 prompt_tokens=5 length_limited=0 "
-                        "rss_gb=0 computed=5 reused=0 snapshot=none")
+    assert lines[8] == (
+        "DONE     id=1 emitted=0 tok_s=0 prompt_tokens=5 length_limited=0 rss_gb=0 computed=5 reused=0 snapshot=none"
+    )
     # submit: ACCEPT, 2 ECHO, 2 DATA, DONE
     assert lines[9] == "ACCEPT   id=2 prompt_tokens=2"
     assert [ln.split()[0] for ln in lines[10:15]] == ["ECHO", "ECHO", "DATA", "DATA", "DONE"]
@@ -69,13 +77,18 @@ def test_drive_short_commands_and_typed_frames(fixture_engine):
 
 
 def test_drive_background_and_cancel(fixture_engine):
-    script = "\n".join([
-        'submit "a long one" --max-tokens 100000 &',
-        "status",
-        "cancel 1",
-        "wait",
-        'readout "ok" --logprobs 1',
-    ]) + "\n"
+    script = (
+        "\n".join(
+            [
+                'submit "a long one" --max-tokens 100000 &',
+                "status",
+                "cancel 1",
+                "wait",
+                'readout "ok" --logprobs 1',
+            ]
+        )
+        + "\n"
+    )
     run = serveproto("drive", "--", str(fixture_engine), "--token-delay-ms", "20", stdin=script)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
@@ -85,7 +98,7 @@ def test_drive_background_and_cancel(fixture_engine):
     end = lines.index("ERROR    id=1 CANCELLED closed by aclose() in another task")
     assert lines.index("cancelled 1") > end
     assert not any(ln.startswith("DATA     id=1") for ln in lines[end:])
-    after = lines.index("ACCEPT   id=2 prompt_tokens=2")      # the slot is free again
+    after = lines.index("ACCEPT   id=2 prompt_tokens=2")  # the slot is free again
     assert after > end
     assert lines[-1] == "closing engine serveproto-fixture (restarts: 0)"
 
@@ -121,6 +134,10 @@ def test_score_prints_tokens_logprob_and_softmax(fixture_engine, mode):
     rows = table.stdout.splitlines()
     assert rows[0].split() == ["option", "tokens", "context", "logprob", "p"]
     for row, g in zip(rows[1:4], got["options"]):
-        assert row.split()[-4:] == [str(g["tokens"]), str(len(prefix)),
-                                    f"{g['logprob']:.6f}", f"{g['probability']:.6f}"]
+        assert row.split()[-4:] == [
+            str(g["tokens"]),
+            str(len(prefix)),
+            f"{g['logprob']:.6f}",
+            f"{g['probability']:.6f}",
+        ]
     assert rows[4].startswith("(SCORE;" if mode == "chat" else "(pin + SUBMIT fallback;")

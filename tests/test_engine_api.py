@@ -4,6 +4,7 @@ Numbers are checked against fixtures/toy_model.py, the fixture's independent
 Python reference: a logprob the engine prints is ``float(fmt(x))`` of the
 reference's ``x``.
 """
+
 from __future__ import annotations
 
 import math
@@ -12,8 +13,7 @@ import anyio
 import pytest
 
 from fixtures import toy_model as tm
-from gateway.engine import (Engine, EngineUnavailable, ReadOut, RequestError, ScoreResult,
-                            softmax)
+from gateway.engine import Engine, EngineUnavailable, ReadOut, RequestError, ScoreResult, softmax
 from serveproto import Accept, Data, Done, Echo
 
 pytestmark = pytest.mark.anyio
@@ -46,7 +46,7 @@ async def test_caps_are_typed(fixture_engine):
         assert eng.caps.model == "fixture"
     assert not eng.healthy
     with pytest.raises(EngineUnavailable):
-        eng.caps
+        eng.caps  # noqa: B018  (reading the property is what raises)
 
 
 async def test_read_out_matches_the_reference(fixture_engine):
@@ -85,15 +85,14 @@ async def test_submit_streams_the_reference_frames(fixture_engine):
 async def test_counters_are_not_sent_to_an_engine_without_them(fixture_engine):
     async with Engine.spawn([fixture_engine, "--mode", "plain"]) as eng:
         assert not eng.caps.x_counters
-        r = await eng.read_out(b"abc", logprobs=1)   # counters=True is dropped, not refused
+        r = await eng.read_out(b"abc", logprobs=1)  # counters=True is dropped, not refused
     assert r.done.computed is None
 
 
 async def test_score_fast_and_fallback_agree_with_the_reference(fixture_engine):
     prefix, stem = b"Q: is it red? ", b"A:"
     options = [b" yes", b" no", b" maybe"]
-    async with Engine.spawn([fixture_engine]) as full, \
-            Engine.spawn([fixture_engine, "--mode", "plain"]) as plain:
+    async with Engine.spawn([fixture_engine]) as full, Engine.spawn([fixture_engine, "--mode", "plain"]) as plain:
         assert full.caps.x_score and not plain.caps.x_score
         fast = await full.score(prefix, [(stem, options)])
         forced = await full.score(prefix, [(stem, options)], fast=False)
@@ -108,7 +107,7 @@ async def test_score_fast_and_fallback_agree_with_the_reference(fixture_engine):
     # computed prefix+stem once, then each option's bytes on top of its snapshot.
     assert forced.computed == len(prefix + stem) + sum(len(o) for o in options)
     assert forced.reused == len(options) * len(prefix + stem)
-    assert fallback.computed is None      # plain mode has no counters
+    assert fallback.computed is None  # plain mode has no counters
     sums = [math.fsum(lps) for _, lps in want]
     assert fast.probabilities() == softmax(sums)
     assert math.isclose(sum(fast.probabilities()), 1.0, rel_tol=1e-12)
@@ -117,8 +116,7 @@ async def test_score_fast_and_fallback_agree_with_the_reference(fixture_engine):
 async def test_score_groups_and_flat_options(fixture_engine):
     prefix = b"The sky is"
     groups = [(b" very", [b" blue", b" grey"]), (b"", [b" green", b" red", b" x"])]
-    async with Engine.spawn([fixture_engine]) as full, \
-            Engine.spawn([fixture_engine, "--mode", "plain"]) as plain:
+    async with Engine.spawn([fixture_engine]) as full, Engine.spawn([fixture_engine, "--mode", "plain"]) as plain:
         a = await full.score(prefix, groups, pin=True)
         b = await plain.score(prefix, groups, pin=True)
         flat = await plain.score(prefix, [" blue", " grey"])
@@ -126,8 +124,10 @@ async def test_score_groups_and_flat_options(fixture_engine):
         want = [toy_option(prefix + stem, o) for o in options]
         assert [(o.context_tokens, o.logprobs) for o in a.groups[gi]] == want
         assert [(o.context_tokens, o.logprobs) for o in b.groups[gi]] == want
-    assert [(o.context_tokens, o.logprobs) for o in flat.groups[0]] == \
-        [toy_option(prefix, b" blue"), toy_option(prefix, b" grey")]
+    assert [(o.context_tokens, o.logprobs) for o in flat.groups[0]] == [
+        toy_option(prefix, b" blue"),
+        toy_option(prefix, b" grey"),
+    ]
 
 
 async def test_score_refuses_bad_groups_naming_the_field(fixture_engine):
@@ -136,10 +136,10 @@ async def test_score_refuses_bad_groups_naming_the_field(fixture_engine):
             await eng.score(b"p", [(b"s", [])])
         with pytest.raises(ValueError, match=r"groups\[0\]\.stem"):
             await eng.score(b"", [(b"", [b"a"])])
-        with pytest.raises(RequestError) as info:      # an option with no token of its own
+        with pytest.raises(RequestError) as info:  # an option with no token of its own
             await eng.score(b"abc", [(b"", [b"", b"d"])])
         assert info.value.code == "BAD_REQUEST" and "groups[0].options[0]" in info.value.reason
-        r = await eng.score(b"abc", [b"d", b"e"])       # the engine still serves
+        r = await eng.score(b"abc", [b"d", b"e"])  # the engine still serves
     assert r.groups[0][0].context_tokens == 3
 
 
@@ -155,10 +155,18 @@ async def test_engine_errors_become_request_errors(fixture_engine):
 
 
 async def test_decide_returns_the_reference_decision(fixture_engine):
-    record = {"state": "The invoice is overdue by 40 days.", "state_type": "string",
-              "questions": [{"id": "q1", "type": "choice", "instructions": "Which team?",
-                             "options": [{"label": "billing", "text": "money"},
-                                         {"label": "support", "text": None}]}]}
+    record = {
+        "state": "The invoice is overdue by 40 days.",
+        "state_type": "string",
+        "questions": [
+            {
+                "id": "q1",
+                "type": "choice",
+                "instructions": "Which team?",
+                "options": [{"label": "billing", "text": "money"}, {"label": "support", "text": None}],
+            }
+        ],
+    }
     async with Engine.spawn([fixture_engine, "--mode", "decide"]) as eng:
         decision, done = await eng.decide(record)
         with pytest.raises(RequestError) as info:
@@ -191,8 +199,10 @@ async def test_concurrent_requests_are_multiplexed_by_id(fixture_engine):
     async with Engine.spawn([fixture_engine, "--slots", "3"]) as eng:
         async with anyio.create_task_group() as tg:
             for i, t in enumerate(texts):
+
                 async def one(i=i, t=t):
                     results[i] = await eng.read_out(t, logprobs=1)
+
                 tg.start_soon(one)
         assert eng.in_flight == 0 and eng.waiting == 0
     for i, t in enumerate(texts):
@@ -239,7 +249,7 @@ async def test_one_slot_queues_fifo(fixture_engine):
             await until(lambda: eng.in_flight == 1)
             for i, tag in enumerate(("a", "b", "c")):
                 tg.start_soon(gen, tag, 1)
-                await until(lambda: eng.waiting == i + 1)
+                await until(lambda: eng.waiting == i + 1)  # noqa: B023  (awaited within the same iteration)
             long_scope.cancel()
         assert eng.in_flight == 0 and eng.waiting == 0
     assert order == ["long cancelled", "a", "b", "c"]
@@ -283,6 +293,7 @@ async def test_many_clients_with_random_cancellations(fixture_engine):
     random point. Nobody meets SLOT_BUSY or another client's frames, every
     finished answer is the reference's, and the engine ends idle, never restarted."""
     import random
+
     rng = random.Random(20261130)
     finished, cancelled = [], 0
     async with Engine.spawn([fixture_engine, "--slots", "3", "--token-delay-ms", "1"]) as eng:
@@ -295,8 +306,9 @@ async def test_many_clients_with_random_cancellations(fixture_engine):
 
                 async def client(text=text, kind=kind, slot=slot, deadline=deadline):
                     nonlocal cancelled
-                    with anyio.CancelScope(deadline=math.inf if deadline is None else
-                                           anyio.current_time() + deadline) as scope:
+                    with anyio.CancelScope(
+                        deadline=math.inf if deadline is None else anyio.current_time() + deadline
+                    ) as scope:
                         if kind == "read_out":
                             r = await eng.read_out(text, logprobs=1, slot=slot)
                             got = r.logprobs[1:]
@@ -308,8 +320,7 @@ async def test_many_clients_with_random_cancellations(fixture_engine):
                         elif kind == "ping":
                             got, want = [(await eng.ping())["active"].isdigit()], [True]
                         else:
-                            s = await eng.score(text, [b" yes", b" no"], slot=slot,
-                                                fast=kind == "score")
+                            s = await eng.score(text, [b" yes", b" no"], slot=slot, fast=kind == "score")
                             got = [(o.context_tokens, o.logprobs) for o in s.groups[0]]
                             want = [toy_option(text, o) for o in (b" yes", b" no")]
                         finished.append((kind, got == want))

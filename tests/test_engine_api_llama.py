@@ -1,4 +1,5 @@
 """The supervisor and drive-by-hand API on the real llama engine and the default model."""
+
 from __future__ import annotations
 
 import math
@@ -34,19 +35,18 @@ async def test_read_out_score_and_fallback_agree(llama_engine):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
     paris = fast.groups[0][0]
     assert paris.n_tokens == 1 and paris.logprobs[0] == pytest.approx(r.logprobs[-1], abs=1e-5)
-    assert slow.groups[0][0].logprobs[0] == r.logprobs[-1]     # both cold SUBMIT read-outs
-    assert fast.probabilities()[0] > 0.5        # the model knows this one
+    assert slow.groups[0][0].logprobs[0] == r.logprobs[-1]  # both cold SUBMIT read-outs
+    assert fast.probabilities()[0] > 0.5  # the model knows this one
     assert slow.computed == n_prefix + sum(o.n_tokens for o in slow.groups[0])
 
 
 async def test_killed_engine_is_restarted(llama_engine):
-    async with Engine.spawn(llama_engine, name="llama", handshake_timeout=120,
-                            backoff_initial=0.01) as eng:
+    async with Engine.spawn(llama_engine, name="llama", handshake_timeout=120, backoff_initial=0.01) as eng:
         first = await eng.read_out(PREFIX, logprobs=1)
         os.kill(eng.pid, signal.SIGKILL)
         try:
             await eng.read_out(PREFIX, logprobs=1)
-        except EngineCrashed as exc:            # met the dying process
+        except EngineCrashed as exc:  # met the dying process
             assert exc.returncode == -signal.SIGKILL
         again = await eng.read_out(PREFIX, logprobs=1)
         assert eng.restarts == 1
@@ -56,9 +56,25 @@ async def test_killed_engine_is_restarted(llama_engine):
 
 def test_score_cli_on_the_default_model(llama_engine):
     model = llama_engine[llama_engine.index("--model") + 1]
-    run = subprocess.run([sys.executable, "-m", "gateway.cli", "score", "--model", model,
-                          "--prefix", PREFIX, "--option", " Paris", "--option", " London"],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "score",
+            "--model",
+            model,
+            "--prefix",
+            PREFIX,
+            "--option",
+            " Paris",
+            "--option",
+            " London",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     rows = run.stdout.splitlines()
     assert rows[0].split() == ["option", "tokens", "context", "logprob", "p"]
@@ -66,5 +82,4 @@ def test_score_cli_on_the_default_model(llama_engine):
     assert paris[0] == "'" and paris[1] == "Paris'" and london[1] == "London'"
     p_paris, p_london = float(paris[-1]), float(london[-1])
     assert p_paris > p_london and math.isclose(p_paris + p_london, 1.0, abs_tol=2e-6)
-    assert math.isclose(p_paris, 1 / (1 + math.exp(float(london[-2]) - float(paris[-2]))),
-                        abs_tol=1e-5)
+    assert math.isclose(p_paris, 1 / (1 + math.exp(float(london[-2]) - float(paris[-2]))), abs_tol=1e-5)

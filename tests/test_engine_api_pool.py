@@ -1,4 +1,5 @@
 """gateway.engine.pool: several fixture engines behind one object, both anyio backends."""
+
 from __future__ import annotations
 
 import anyio
@@ -16,12 +17,15 @@ def spec(fixture, name: str, *args: str, **options) -> EngineSpec:
 
 
 async def test_pick_by_model_and_least_loaded(fixture_engine):
-    specs = [spec(fixture_engine, "alpha"), spec(fixture_engine, "beta"),
-             EngineSpec("beta-2", (str(fixture_engine), "--model", "beta"))]
+    specs = [
+        spec(fixture_engine, "alpha"),
+        spec(fixture_engine, "beta"),
+        EngineSpec("beta-2", (str(fixture_engine), "--model", "beta")),
+    ]
     async with Pool.spawn(specs) as pool:
         assert pool.healthy and pool.models() == ["alpha", "beta"]
         assert pool.pick("alpha").name == "alpha"
-        assert pool.pick("beta-2").name == "beta-2"          # by engine name too
+        assert pool.pick("beta-2").name == "beta-2"  # by engine name too
         with pytest.raises(EngineUnavailable, match="model: no engine serves 'gamma'"):
             pool.pick("gamma")
         # Two idle engines serve beta: turns alternate between equals.
@@ -35,14 +39,18 @@ async def test_pick_by_model_and_least_loaded(fixture_engine):
 
 
 async def test_a_busy_engine_is_skipped(fixture_engine):
-    specs = [spec(fixture_engine, "m", "--token-delay-ms", "5"),
-             EngineSpec("m-2", (str(fixture_engine), "--model", "m"))]
+    specs = [
+        spec(fixture_engine, "m", "--token-delay-ms", "5"),
+        EngineSpec("m-2", (str(fixture_engine), "--model", "m")),
+    ]
     async with Pool.spawn(specs) as pool:
         busy = pool.engines[0]
         async with anyio.create_task_group() as tg:
+
             async def long():
                 async for _ in busy.submit(b"x", max_tokens=1000):
                     pass
+
             tg.start_soon(long)
             with anyio.fail_after(10):
                 while busy.in_flight == 0:
@@ -52,9 +60,18 @@ async def test_a_busy_engine_is_skipped(fixture_engine):
 
 
 async def test_decide_goes_to_a_decision_engine(fixture_engine):
-    record = {"state": "s", "state_type": "string", "questions": [
-        {"id": "q", "type": "noul", "instructions": "?",
-         "options": [{"label": "false", "text": None}, {"label": "true", "text": None}]}]}
+    record = {
+        "state": "s",
+        "state_type": "string",
+        "questions": [
+            {
+                "id": "q",
+                "type": "noul",
+                "instructions": "?",
+                "options": [{"label": "false", "text": None}, {"label": "true", "text": None}],
+            }
+        ],
+    }
     specs = [spec(fixture_engine, "lm"), spec(fixture_engine, "judge", "--mode", "decide")]
     async with Pool.spawn(specs) as pool:
         decision, _ = await pool.decide(record)
@@ -66,8 +83,7 @@ async def test_decide_goes_to_a_decision_engine(fixture_engine):
 
 async def test_one_engine_failing_to_start_stops_the_others(fixture_engine, probes):
     before = probes.child_pids()
-    specs = [spec(fixture_engine, "ok"),
-             spec(fixture_engine, "bad", "--fault", "load_fail=nomem")]
+    specs = [spec(fixture_engine, "ok"), spec(fixture_engine, "bad", "--fault", "load_fail=nomem")]
     with pytest.raises(EngineLoadError) as info:
         async with Pool.spawn(specs):
             pass
@@ -86,8 +102,9 @@ def test_affinity_then_load_within_a_slack():
     from gateway.engine.pool import AFFINITY_SLACK
 
     def fake(name):
-        return types.SimpleNamespace(name=name, healthy=True, gave_up=False, in_flight=0, waiting=0,
-                                     caps=types.SimpleNamespace(model="m"))
+        return types.SimpleNamespace(
+            name=name, healthy=True, gave_up=False, in_flight=0, waiting=0, caps=types.SimpleNamespace(model="m")
+        )
 
     a, b = fake("a"), fake("b")
     pool = Pool([a, b], {"a": "m", "b": "m"})

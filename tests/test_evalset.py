@@ -1,5 +1,6 @@
 """``gateway.decision.evalset``: the generated labelled set (deterministic, every type, 2 to 12 options, text and JSON
 states, gold answers stated by the text) and the labelled JSONL reader."""
+
 from __future__ import annotations
 
 import orjson
@@ -66,15 +67,29 @@ def test_jsonl_round_trip(items, tmp_path):
     back = evalset.read_jsonl(path)
     assert back == items[:5]
     first = orjson.loads(path.read_bytes().splitlines()[0])
-    assert first["gold"] == {"department": "billing", "area": "payments", "refund": False, "severity": 2,
-                             "competitor": False}
+    assert first["gold"] == {
+        "department": "billing",
+        "area": "payments",
+        "refund": False,
+        "severity": 2,
+        "competitor": False,
+    }
 
 
 def test_a_users_file(tmp_path):
-    request = {"state": "hello", "questions": {"q": {"type": "noul"}, "c": {"type": "choice", "criteria": {"a": None, "b": None}},
-                                               "s": {"type": "score", "criteria": ["lo", "hi"]}}}
-    lines = [orjson.dumps({"request": request, "gold": {"q": "yes", "c": "b", "s": 0}}), b"",
-             orjson.dumps({"id": "x", "request": request, "gold": {"q": False}})]
+    request = {
+        "state": "hello",
+        "questions": {
+            "q": {"type": "noul"},
+            "c": {"type": "choice", "criteria": {"a": None, "b": None}},
+            "s": {"type": "score", "criteria": ["lo", "hi"]},
+        },
+    }
+    lines = [
+        orjson.dumps({"request": request, "gold": {"q": "yes", "c": "b", "s": 0}}),
+        b"",
+        orjson.dumps({"id": "x", "request": request, "gold": {"q": False}}),
+    ]
     path = tmp_path / "mine.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
     a, b = evalset.read_jsonl(path)
@@ -82,19 +97,30 @@ def test_a_users_file(tmp_path):
     assert b.id == "x" and b.gold == {"q": 0}
 
 
-@pytest.mark.parametrize("line, message", [
-    (b"{nope", ":1: not JSON"),
-    (b'{"request": {"state": "x"}, "gold": {}}', ":1: request: body.questions: Field required"),
-    (b'{"gold": {}}', ":1: expected an object with 'request'"),
-    (b'{"request": {"state": "x", "questions": {"q": {"type": "noul"}}}, "gold": {"r": true}}',
-     ":1: gold.r: no question 'r' in the request"),
-    (b'{"request": {"state": "x", "questions": {"q": {"type": "noul"}}}, "gold": {"q": "maybe"}}',
-     ":1: gold.q: a noul's answer is true or false (or 'yes' / 'no'), got 'maybe'"),
-    (b'{"request": {"state": "x", "questions": {"q": {"type": "choice", "criteria": {"a": null}}}}, "gold": {"q": "b"}}',
-     ":1: gold.q: a choice's answer is one of its labels ['a'], got 'b'"),
-    (b'{"request": {"state": "x", "questions": {"q": {"type": "score", "criteria": ["a", "b"]}}}, "gold": {"q": 2}}',
-     ":1: gold.q: a score's answer is a level 0..1, got 2"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        (b"{nope", ":1: not JSON"),
+        (b'{"request": {"state": "x"}, "gold": {}}', ":1: request: body.questions: Field required"),
+        (b'{"gold": {}}', ":1: expected an object with 'request'"),
+        (
+            b'{"request": {"state": "x", "questions": {"q": {"type": "noul"}}}, "gold": {"r": true}}',
+            ":1: gold.r: no question 'r' in the request",
+        ),
+        (
+            b'{"request": {"state": "x", "questions": {"q": {"type": "noul"}}}, "gold": {"q": "maybe"}}',
+            ":1: gold.q: a noul's answer is true or false (or 'yes' / 'no'), got 'maybe'",
+        ),
+        (
+            b'{"request": {"state": "x", "questions": {"q": {"type": "choice", "criteria": {"a": null}}}}, "gold": {"q": "b"}}',
+            ":1: gold.q: a choice's answer is one of its labels ['a'], got 'b'",
+        ),
+        (
+            b'{"request": {"state": "x", "questions": {"q": {"type": "score", "criteria": ["a", "b"]}}}, "gold": {"q": 2}}',
+            ":1: gold.q: a score's answer is a level 0..1, got 2",
+        ),
+    ],
+)
 def test_a_bad_line_is_named(tmp_path, line, message):
     path = tmp_path / "bad.jsonl"
     path.write_bytes(line + b"\n")

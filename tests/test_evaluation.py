@@ -1,4 +1,5 @@
 """``gateway.decision.evaluation``: every metric against a value computed by hand on a tiny input."""
+
 from __future__ import annotations
 
 import math

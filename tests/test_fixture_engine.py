@@ -1,6 +1,7 @@
 """serveproto-fixture in chat and plain modes against its Python reference
 (fixtures/toy_model.py): every frame compared byte for byte, snapshots and
 counters, generation, SCORE, the error codes, STOP / CANCEL / PING."""
+
 from __future__ import annotations
 
 import json
@@ -18,6 +19,7 @@ pytestmark = [
 
 
 # ---- the toy model itself, checked by hand ----
+
 
 def test_toy_model_hand_values():
     """Numbers worked out by hand from the spec's formulas, independent of both implementations."""
@@ -45,7 +47,8 @@ def test_handshake_options():
     with Fixture("--slots", "3", "--ctx", "64", "--pin-slots", "2", "--model", "toy-1") as f:
         assert f.handshake.split(b"\n")[1] == (
             b"CAPS chat=1 slots=3 n_ctx=64 n_vocab=257 model=toy-1 pin_slots=2 max_logprobs=32 "
-            b"x_score=1 x_counters=1 x_health=1")
+            b"x_score=1 x_counters=1 x_health=1"
+        )
 
 
 def test_bad_option_exits_2():
@@ -56,6 +59,7 @@ def test_bad_option_exits_2():
 
 
 # ---- read-out, snapshots, counters ----
+
 
 def test_readout_pin_and_resume_match_reference():
     ref = tm.ToyEngine()
@@ -78,8 +82,8 @@ def test_resumed_readout_equals_cold_readout():
     with Fixture() as warm:
         warm.request(submit(1, text[:16], keys="logprobs=2 pin=1"), 1)
         resumed = warm.request(submit(1, text, keys="logprobs=2 counters=1"), 1)
-    cold_echo = [l for l in full.split(b"\n") if l.startswith(b"ECHO 1 1 16 ") or l.startswith(b"ECHO 1 1 19 ")]
-    warm_echo = [l for l in resumed.split(b"\n") if l.startswith(b"ECHO 1 1 16 ") or l.startswith(b"ECHO 1 1 19 ")]
+    cold_echo = [l for l in full.split(b"\n") if l.startswith(b"ECHO 1 1 16 ") or l.startswith(b"ECHO 1 1 19 ")]  # noqa: E741  (kept as written)
+    warm_echo = [l for l in resumed.split(b"\n") if l.startswith(b"ECHO 1 1 16 ") or l.startswith(b"ECHO 1 1 19 ")]  # noqa: E741  (kept as written)
     assert cold_echo == warm_echo and len(cold_echo) == 2
     assert full.endswith(b"computed=20 reused=0 snapshot=none\n")
     assert resumed.endswith(b"computed=4 reused=16 snapshot=hit\n")
@@ -89,12 +93,12 @@ def test_deepest_snapshot_wins_and_stale_is_released():
     ref = tm.ToyEngine(slots=2)
     steps = [
         (1, b"abc", 0, "logprobs=1 pin=1 counters=1"),
-        (2, b"abcdef", 0, "logprobs=1 pin=1 counters=1"),   # hit abc
-        (3, b"abcdefgh", 0, "logprobs=1 counters=1"),       # hit abcdef (deepest)
-        (4, b"zzz", 0, "logprobs=1 counters=1"),            # overwrites slot 0
-        (5, b"abcdefgh", 0, "logprobs=1 counters=1"),       # abcdef stale: from the start
-        (6, b"abcdefgh", 0, "logprobs=1 counters=1"),       # hit abc: the KV holds abc again
-        (7, b"abcx", 1, "logprobs=1 counters=1"),           # other slot: snapshots do not cross slots
+        (2, b"abcdef", 0, "logprobs=1 pin=1 counters=1"),  # hit abc
+        (3, b"abcdefgh", 0, "logprobs=1 counters=1"),  # hit abcdef (deepest)
+        (4, b"zzz", 0, "logprobs=1 counters=1"),  # overwrites slot 0
+        (5, b"abcdefgh", 0, "logprobs=1 counters=1"),  # abcdef stale: from the start
+        (6, b"abcdefgh", 0, "logprobs=1 counters=1"),  # hit abc: the KV holds abc again
+        (7, b"abcx", 1, "logprobs=1 counters=1"),  # other slot: snapshots do not cross slots
     ]
     with Fixture("--slots", "2") as f:
         for rid, text, slot, keys in steps:
@@ -119,8 +123,9 @@ def test_lru_eviction():
     ref = tm.ToyEngine(pin_slots=2)
     with Fixture("--pin-slots", "2") as f:
         for rid, text in enumerate([b"a", b"ab", b"abc", b"abcd"], start=1):
-            assert f.request(submit(rid, text, keys="logprobs=1 pin=1 counters=1"), rid) == \
-                ref.submit(rid, text, logprobs=1, pin=True, counters=True)
+            assert f.request(submit(rid, text, keys="logprobs=1 pin=1 counters=1"), rid) == ref.submit(
+                rid, text, logprobs=1, pin=True, counters=True
+            )
         # a and ab were evicted; abc and abcd are kept
         got = f.request(submit(9, b"abcde", keys="logprobs=1 counters=1"), 9)
         assert got.endswith(b"computed=1 reused=4 snapshot=hit\n")
@@ -157,6 +162,7 @@ def test_ids_prompt_and_eog_token():
 
 
 # ---- generation ----
+
 
 def test_greedy_generation_with_logprobs():
     ref = tm.ToyEngine()
@@ -196,7 +202,7 @@ def test_sampling_differs_from_greedy_and_depends_on_prompt_not_id():
         a = f.request(submit(1, b"abc", max_tokens=20, temp="1"), 1)
         b = f.request(submit(2, b"abc", max_tokens=20, temp="1"), 2)
         g = f.request(submit(3, b"abc", max_tokens=20), 3)
-    text = lambda frames: frames.split(b"\n")[2::2]
+    text = lambda frames: frames.split(b"\n")[2::2]  # noqa: E731  (kept as written)
     assert text(a) == text(b)
     assert text(a) != text(g)
 
@@ -208,8 +214,10 @@ def test_context_limit_ends_generation():
         assert got == ref.submit(1, b"abcdef", max_tokens=10, counters=True)
         # 6 prompt tokens + 2 fed = 8 positions; the third emitted token cannot be fed
         assert got.endswith(b"DONE 1 STAT 3 0 0 0 6 1 computed=6 reused=0 snapshot=none\n")
-        assert f.request(submit(2, b"abcdefghi", max_tokens=1), 2) == \
-            b"ERROR 2 BAD_REQUEST prompt of 9 tokens exceeds n_ctx=8\n"
+        assert (
+            f.request(submit(2, b"abcdefghi", max_tokens=1), 2)
+            == b"ERROR 2 BAD_REQUEST prompt of 9 tokens exceeds n_ctx=8\n"
+        )
 
 
 def test_generated_tokens_stay_in_the_kv():
@@ -226,9 +234,14 @@ def test_generated_tokens_stay_in_the_kv():
 
 # ---- SCORE (9.1) ----
 
-SCORE_BODY = {"prefix": "Ticket: the app crashes.\n", "groups": [
-    {"stem": "Urgent? Answer:", "options": [" yes", " no"]},
-    {"stem": "Team:", "options": [" billing", " tech", "x"]}], "pin": True}
+SCORE_BODY = {
+    "prefix": "Ticket: the app crashes.\n",
+    "groups": [
+        {"stem": "Urgent? Answer:", "options": [" yes", " no"]},
+        {"stem": "Team:", "options": [" billing", " tech", "x"]},
+    ],
+    "pin": True,
+}
 
 
 def test_delayed_score_pings_cancels_then_answers():
@@ -236,17 +249,18 @@ def test_delayed_score_pings_cancels_then_answers():
     ref = tm.ToyEngine()
     payload = json.dumps(SCORE_BODY).encode()
     groups = [(g["stem"].encode(), [o.encode() for o in g["options"]]) for g in SCORE_BODY["groups"]]
-    with Fixture("--score-delay-ms", "60000") as f:       # two groups: two minutes
+    with Fixture("--score-delay-ms", "60000") as f:  # two groups: two minutes
         f.send(payload_frame("SCORE", 1, 0, payload))
-        assert f.request(b"PING 2\n", 2) == b"PONG 2 active=1\n"   # nothing of SCORE 1 yet
+        assert f.request(b"PING 2\n", 2) == b"PONG 2 active=1\n"  # nothing of SCORE 1 yet
         assert f.request(submit(3, b"x", max_tokens=1), 3) == b"ERROR 3 SLOT_BUSY slot 0 is generating\n"
-        f.send(b"STOP 1\n")                                # a SCORE has nothing to stop
+        f.send(b"STOP 1\n")  # a SCORE has nothing to stop
         assert f.request(b"CANCEL 1\n", 1) == b"ERROR 1 CANCELLED cancelled by CANCEL\n"
         assert f.request(b"PING 4\n", 4) == b"PONG 4 active=0\n"
         assert f.close() == 0
     with Fixture("--score-delay-ms", "1") as f:
-        assert f.request(payload_frame("SCORE", 5, 0, payload), 5) == \
-            ref.score(5, SCORE_BODY["prefix"].encode(), groups, pin=True)
+        assert f.request(payload_frame("SCORE", 5, 0, payload), 5) == ref.score(
+            5, SCORE_BODY["prefix"].encode(), groups, pin=True
+        )
         assert f.close() == 0
 
 
@@ -265,8 +279,8 @@ def test_score_matches_reference_and_readout():
         # 9.1: the same numbers a SUBMIT of the whole text reads out
         whole = SCORE_BODY["prefix"] + "Team:" + " tech"
         echo = f.request(submit(7, whole.encode(), keys="logprobs=1"), 7)
-    lps = [l.split(b" ")[4] for l in echo.split(b"\n") if l.startswith(b"ECHO 7 ")][-5:]
-    scored = [l for l in got.split(b"\n") if l.startswith(b"SCORED 5 1 1 ")][0].split(b" ")[6:]
+    lps = [l.split(b" ")[4] for l in echo.split(b"\n") if l.startswith(b"ECHO 7 ")][-5:]  # noqa: E741  (kept as written)
+    scored = [l for l in got.split(b"\n") if l.startswith(b"SCORED 5 1 1 ")][0].split(b" ")[6:]  # noqa: E741, RUF015  (kept as written)
     assert scored == lps
 
 
@@ -276,36 +290,52 @@ def test_score_errors():
             (b"nope", b"ERROR 1 BAD_REQUEST payload: not valid JSON (byte 0: unexpected byte)\n"),
             (b'{"prefix": 1, "groups": []}', b"ERROR 1 BAD_REQUEST prefix: expected a string\n"),
             (b'{"prefix": "a", "groups": []}', b"ERROR 1 BAD_REQUEST groups: expected a non-empty array\n"),
-            (b'{"prefix": "a", "groups": [{"stem": "b", "options": [""]}]}',
-             b"ERROR 1 BAD_REQUEST groups.0.options.0: 0 scored tokens, expected 1 to 200\n"),
-            (b'{"prefix": "", "groups": [{"stem": "", "options": ["x"]}]}',
-             b"ERROR 1 BAD_REQUEST groups.0.options.0: no context before the option\n"),
-            (b'{"prefix": "a", "groups": [{"stem": "b", "options": ["' + b"y" * 63 + b'"]}]}',
-             b"ERROR 1 BAD_REQUEST groups.0.options.0: 65 tokens exceed n_ctx=64\n"),
-            (b'{"prefix": "a", "groups": [{"stem": "b", "options": ["c"]}], "extra": 1}',
-             b"ERROR 1 BAD_REQUEST extra: unknown key\n"),
+            (
+                b'{"prefix": "a", "groups": [{"stem": "b", "options": [""]}]}',
+                b"ERROR 1 BAD_REQUEST groups.0.options.0: 0 scored tokens, expected 1 to 200\n",
+            ),
+            (
+                b'{"prefix": "", "groups": [{"stem": "", "options": ["x"]}]}',
+                b"ERROR 1 BAD_REQUEST groups.0.options.0: no context before the option\n",
+            ),
+            (
+                b'{"prefix": "a", "groups": [{"stem": "b", "options": ["' + b"y" * 63 + b'"]}]}',
+                b"ERROR 1 BAD_REQUEST groups.0.options.0: 65 tokens exceed n_ctx=64\n",
+            ),
+            (
+                b'{"prefix": "a", "groups": [{"stem": "b", "options": ["c"]}], "extra": 1}',
+                b"ERROR 1 BAD_REQUEST extra: unknown key\n",
+            ),
         ]
         for body, want in bad:
             assert f.request(payload_frame("SCORE", 1, 0, body), 1) == want
-        assert f.request(payload_frame("SCORE", 2, 3, b"{}"), 2) == b"ERROR 2 BAD_REQUEST slot 3 out of range (slots=1)\n"
+        assert (
+            f.request(payload_frame("SCORE", 2, 3, b"{}"), 2) == b"ERROR 2 BAD_REQUEST slot 3 out of range (slots=1)\n"
+        )
 
 
 # ---- errors ----
 
-@pytest.mark.parametrize("frame, want", [
-    (submit(1, b"hi", slot=4, max_tokens=1), b"ERROR 1 BAD_REQUEST slot 4 out of range (slots=1)\n"),
-    (submit(2, b"", max_tokens=1), b"ERROR 2 EMPTY_PROMPT the prompt has no tokens\n"),
-    (submit(3, b"1 257", keys="logprobs=1 ids=1"),
-     b"ERROR 3 BAD_REQUEST token id 257 outside the vocabulary (n_vocab=257)\n"),
-    (b"SUBMIT 4 0 2 5 0 1 3\nhi\nabc\n", b"ERROR 4 NOT_SUPPORTED grammars are not supported\n"),
-    (b"IMAGE 5 3 1 1\nabc\n", b"ERROR 5 NOT_SUPPORTED no vision tower (vision=0)\n"),
-    (payload_frame("DECIDE", 6, 0, b"{}"), b"ERROR 6 NOT_SUPPORTED this engine does not decide (decide=0)\n"),
-    (b"STOP 7\n", b"ERROR 7 NOT_FOUND id 7 is not in flight\n"),
-    (b"CANCEL 8\n", b"ERROR 8 NOT_FOUND id 8 is not in flight\n"),
-    (b"SUBMIT 9 0 1 0 0 1\nx\n", b"ERROR 9 BAD_FRAME SUBMIT: max_tokens=0 needs logprobs>0\n"),
-    (b"HELLO 1\n", b"ERROR 0 BAD_FRAME unknown kind HELLO\n"),
-    (b"SUBMIT 10 0 1 1 0 1 logprobs=33\nx\n", b"ERROR 10 BAD_FRAME SUBMIT: bad logprobs '33'\n"),
-])
+
+@pytest.mark.parametrize(
+    "frame, want",
+    [
+        (submit(1, b"hi", slot=4, max_tokens=1), b"ERROR 1 BAD_REQUEST slot 4 out of range (slots=1)\n"),
+        (submit(2, b"", max_tokens=1), b"ERROR 2 EMPTY_PROMPT the prompt has no tokens\n"),
+        (
+            submit(3, b"1 257", keys="logprobs=1 ids=1"),
+            b"ERROR 3 BAD_REQUEST token id 257 outside the vocabulary (n_vocab=257)\n",
+        ),
+        (b"SUBMIT 4 0 2 5 0 1 3\nhi\nabc\n", b"ERROR 4 NOT_SUPPORTED grammars are not supported\n"),
+        (b"IMAGE 5 3 1 1\nabc\n", b"ERROR 5 NOT_SUPPORTED no vision tower (vision=0)\n"),
+        (payload_frame("DECIDE", 6, 0, b"{}"), b"ERROR 6 NOT_SUPPORTED this engine does not decide (decide=0)\n"),
+        (b"STOP 7\n", b"ERROR 7 NOT_FOUND id 7 is not in flight\n"),
+        (b"CANCEL 8\n", b"ERROR 8 NOT_FOUND id 8 is not in flight\n"),
+        (b"SUBMIT 9 0 1 0 0 1\nx\n", b"ERROR 9 BAD_FRAME SUBMIT: max_tokens=0 needs logprobs>0\n"),
+        (b"HELLO 1\n", b"ERROR 0 BAD_FRAME unknown kind HELLO\n"),
+        (b"SUBMIT 10 0 1 1 0 1 logprobs=33\nx\n", b"ERROR 10 BAD_FRAME SUBMIT: bad logprobs '33'\n"),
+    ],
+)
 def test_error_codes(frame, want):
     with Fixture() as f:
         f.send(frame)
@@ -323,12 +353,13 @@ def test_ignored_grammar_of_zero_bytes():
 
 # ---- concurrency: STOP, CANCEL, PING, busy slots ----
 
+
 def test_stop_cancel_ping_while_generating():
     ref = tm.ToyEngine(slots=2)
     with Fixture("--slots", "2", "--token-delay-ms", "20") as f:
         f.send(submit(1, b"Story: ", max_tokens=1000))
         assert f.read_frame() == b"ACCEPT 1 7\n"
-        f.read_frame()                       # one DATA: it is generating
+        f.read_frame()  # one DATA: it is generating
         f.send(submit(2, b"x", max_tokens=1))
         assert f.read_until_end(2).endswith(b"ERROR 2 SLOT_BUSY slot 0 is generating\n")
         f.send(submit(1, b"y", slot=1, max_tokens=1))
@@ -377,10 +408,12 @@ def test_eof_finishes_requests_in_flight():
 
 # ---- plain mode ----
 
+
 def test_plain_mode_advertises_nothing_and_refuses_extensions():
     with Fixture("--mode", "plain") as f:
         assert f.handshake.split(b"\n")[1] == (
-            b"CAPS chat=1 slots=1 n_ctx=4096 n_vocab=257 model=fixture pin_slots=4 max_logprobs=32")
+            b"CAPS chat=1 slots=1 n_ctx=4096 n_vocab=257 model=fixture pin_slots=4 max_logprobs=32"
+        )
         f.send(b"PING 1\n")
         assert f.read_frame() == b"ERROR 0 BAD_FRAME unknown kind PING\n"
         f.send(payload_frame("SCORE", 2, 0, b"{}"))
@@ -390,7 +423,9 @@ def test_plain_mode_advertises_nothing_and_refuses_extensions():
         assert f.read_frame() == b"ERROR 3 BAD_FRAME SUBMIT: unknown key 'counters'\n"
         # the seed's scoring by hand: pin the prefix, read each option out
         ref = tm.ToyEngine()
-        assert f.request(submit(4, b"Q: ok?", keys="logprobs=1 pin=1"), 4) == ref.submit(4, b"Q: ok?", logprobs=1, pin=True)
+        assert f.request(submit(4, b"Q: ok?", keys="logprobs=1 pin=1"), 4) == ref.submit(
+            4, b"Q: ok?", logprobs=1, pin=True
+        )
         assert f.request(submit(5, b"Q: ok? yes", keys="logprobs=1"), 5) == ref.submit(5, b"Q: ok? yes", logprobs=1)
 
 
@@ -420,8 +455,17 @@ def _session(draw):
             groups = draw(st.lists(st.tuples(_text, st.lists(_text, min_size=1, max_size=3)), min_size=1, max_size=2))
             steps.append(("score", slot, prefix, groups, draw(st.booleans())))
         else:
-            steps.append(("submit", slot, extend(), draw(st.integers(0, 3)), draw(st.integers(0, 3)),
-                          draw(st.booleans()), draw(st.booleans())))
+            steps.append(
+                (
+                    "submit",
+                    slot,
+                    extend(),
+                    draw(st.integers(0, 3)),
+                    draw(st.integers(0, 3)),
+                    draw(st.booleans()),
+                    draw(st.booleans()),
+                )
+            )
     return steps
 
 
@@ -433,8 +477,13 @@ def test_random_sessions_match_reference(steps):
         for rid, step in enumerate(steps, start=1):
             if step[0] == "score":
                 _, slot, prefix, groups, pin = step
-                body = json.dumps({"prefix": prefix.decode(), "pin": pin, "groups": [
-                    {"stem": s.decode(), "options": [o.decode() for o in opts]} for s, opts in groups]}).encode()
+                body = json.dumps(
+                    {
+                        "prefix": prefix.decode(),
+                        "pin": pin,
+                        "groups": [{"stem": s.decode(), "options": [o.decode() for o in opts]} for s, opts in groups],
+                    }
+                ).encode()
                 got = f.request(payload_frame("SCORE", rid, slot, body), rid)
                 no_context = any(not prefix and not stem for stem, _ in groups)
                 too_long = max(len(prefix) + len(s) + len(o) for s, opts in groups for o in opts) > 24
@@ -446,14 +495,23 @@ def test_random_sessions_match_reference(steps):
                 _, slot, prompt, max_tokens, logprobs, pin, counters = step
                 if max_tokens == 0 and logprobs == 0:
                     logprobs = 1
-                keys = " ".join(k for k in (f"logprobs={logprobs}" if logprobs else "", "pin=1" if pin else "",
-                                            "counters=1" if counters else "") if k)
+                keys = " ".join(
+                    k
+                    for k in (
+                        f"logprobs={logprobs}" if logprobs else "",
+                        "pin=1" if pin else "",
+                        "counters=1" if counters else "",
+                    )
+                    if k
+                )
                 got = f.request(submit(rid, prompt, slot=slot, max_tokens=max_tokens, keys=keys), rid)
-                assert got == ref.submit(rid, prompt, slot=slot, max_tokens=max_tokens, logprobs=logprobs,
-                                         pin=pin, counters=counters)
+                assert got == ref.submit(
+                    rid, prompt, slot=slot, max_tokens=max_tokens, logprobs=logprobs, pin=pin, counters=counters
+                )
 
 
 # ---- the engine keeps the protocol's per-request invariants (serveproto checks them) ----
+
 
 def _converse(f: Fixture, conn, requests) -> list:
     """Sends each request through ``conn`` to the engine, feeds the replies
@@ -479,10 +537,27 @@ def test_serveproto_gateway_accepts_every_reply():
     conn = sp.GatewayConnection()
     score = json.dumps({"prefix": "Q: ", "groups": [{"stem": "ok?", "options": [" yes", " no"]}], "pin": True}).encode()
     reqs = [
-        sp.Submit(id=1, slot=0, prompt=b"Read me out.", max_tokens=0, temperature=0.0, top_p=1.0,
-                  logprobs=4, pin=True, counters=True),
-        sp.Submit(id=2, slot=0, prompt=b"Read me out. Then", max_tokens=6, temperature=0.9, top_p=0.8,
-                  logprobs=2, counters=True),
+        sp.Submit(
+            id=1,
+            slot=0,
+            prompt=b"Read me out.",
+            max_tokens=0,
+            temperature=0.0,
+            top_p=1.0,
+            logprobs=4,
+            pin=True,
+            counters=True,
+        ),
+        sp.Submit(
+            id=2,
+            slot=0,
+            prompt=b"Read me out. Then",
+            max_tokens=6,
+            temperature=0.9,
+            top_p=0.8,
+            logprobs=2,
+            counters=True,
+        ),
         sp.Submit(id=3, slot=1, prompt=b"x", max_tokens=3, temperature=0.0, top_p=1.0),
         sp.Score(id=4, slot=0, payload=score),
         sp.Ping(id=5),
@@ -498,7 +573,9 @@ def test_serveproto_gateway_accepts_every_reply():
     assert dones[2].snapshot == "hit" and dones[2].reused == 12 and dones[2].emitted == 6
     assert [e.logprobs for e in events if type(e).__name__ == "Scored"] == [
         tuple(float(x) for x in line.split(b" ")[6:])
-        for line in tm.ToyEngine().score(4, b"Q: ", [(b"ok?", [b" yes", b" no"])]).split(b"\n") if line.startswith(b"SCORED")]
+        for line in tm.ToyEngine().score(4, b"Q: ", [(b"ok?", [b" yes", b" no"])]).split(b"\n")
+        if line.startswith(b"SCORED")
+    ]
     assert [e.code for e in events if type(e).__name__ == "Error"] == ["EMPTY_PROMPT"]
     assert [e.values["active"] for e in events if type(e).__name__ == "Pong"] == ["0"]
     assert conn.state is sp.SERVING
@@ -507,15 +584,27 @@ def test_serveproto_gateway_accepts_every_reply():
 def test_serveproto_gateway_accepts_decide_replies():
     sp = pytest.importorskip("serveproto")
     conn = sp.GatewayConnection()
-    record = json.dumps({"state": "s", "state_type": "string", "questions": [
-        {"id": "q", "type": "choice", "instructions": "i",
-         "options": [{"label": "a", "text": None}, {"label": "b", "text": "bee"}]}]}).encode()
+    record = json.dumps(
+        {
+            "state": "s",
+            "state_type": "string",
+            "questions": [
+                {
+                    "id": "q",
+                    "type": "choice",
+                    "instructions": "i",
+                    "options": [{"label": "a", "text": None}, {"label": "b", "text": "bee"}],
+                }
+            ],
+        }
+    ).encode()
     with Fixture("--mode", "decide") as f:
         events = _converse(f, conn, [sp.Decide(id=1, slot=0, record=record), sp.Decide(id=2, slot=0, record=b"{}")])
     assert conn.caps.decide and not conn.caps.chat
-    decision = [e for e in events if type(e).__name__ == "Decision"][0]
+    decision = [e for e in events if type(e).__name__ == "Decision"][0]  # noqa: RUF015  (kept as written)
     got = json.loads(decision.record)
     got.pop("engine_ms")
     assert got == tm.decide(json.loads(record))
     assert [(e.code, e.reason) for e in events if type(e).__name__ == "Error"] == [
-        ("DECIDE_INVALID", "state: expected a string")]
+        ("DECIDE_INVALID", "state: expected a string")
+    ]

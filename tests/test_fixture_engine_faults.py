@@ -1,5 +1,6 @@
 """serveproto-fixture's fault injection (spec/fixture-engine.md, "Faults"):
 each fault does exactly what the spec says, from flags and from the environment."""
+
 from __future__ import annotations
 
 import signal
@@ -73,7 +74,7 @@ def test_stderr_flood(tmp_path):
         f.kill()
     lines = err.read_bytes().splitlines()
     assert len(lines) == 3000
-    assert sum(len(l) + 1 for l in lines) > 64 * 1024  # more than a pipe buffer holds
+    assert sum(len(l) + 1 for l in lines) > 64 * 1024  # more than a pipe buffer holds  # noqa: E741  (kept as written)
     assert lines[-1].startswith(b"serveproto-fixture: stderr flood line 3000 of 3000")
 
 
@@ -97,7 +98,7 @@ def test_hang_after_stays_alive_and_silent():
         f.send(READOUT)
         assert f.read_frame() + f.read_frame() == b"".join(_frames(READOUT_REPLY)[:2])
         assert f.silent_for(0.5)
-        f.proc.stdin.close()          # even EOF does not wake it
+        f.proc.stdin.close()  # even EOF does not wake it
         assert f.silent_for(0.3)
         assert f.proc.poll() is None
 
@@ -126,13 +127,17 @@ def test_truncate_after():
 
 def test_partial_payload():
     with Fixture("--mode", "decide", "--fault", "partial_payload") as f:
-        bad = (b'{"state": "s", "state_type": "string", "questions": [{"id": "q", "type": "noul", '
-               b'"instructions": "i", "options": []}]}')
+        bad = (
+            b'{"state": "s", "state_type": "string", "questions": [{"id": "q", "type": "noul", '
+            b'"instructions": "i", "options": []}]}'
+        )
         f.send(b"DECIDE 1 0 %d\n" % len(bad) + bad + b"\n")
         # an ERROR has no payload: it goes through whole
         assert f.read_frame().startswith(b"ERROR 1 DECIDE_INVALID ")
-        record = (b'{"state":"s","state_type":"string","questions":[{"id":"q","type":"noul","instructions":"i",'
-                  b'"options":[{"label":"false","text":null},{"label":"true","text":null}]}]}')
+        record = (
+            b'{"state":"s","state_type":"string","questions":[{"id":"q","type":"noul","instructions":"i",'
+            b'"options":[{"label":"false","text":null},{"label":"true","text":null}]}]}'
+        )
         f.send(b"DECIDE 2 0 %d\n" % len(record) + record + b"\n")
         assert f.read_frame() == b"ACCEPT 2 11\n"
         f._need(lambda: b"\n" in f.buf, 10)

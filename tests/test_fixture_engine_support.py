@@ -3,6 +3,7 @@
 Frames are read off the engine's stdout with ``select`` and ``os.read`` (no
 userspace buffering, so "nothing arrived within t seconds" is a real check).
 """
+
 from __future__ import annotations
 
 import os
@@ -14,20 +15,22 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "engines" / "bin" / "serveproto-fixture"
 PAYLOAD_KINDS = {b"ECHO", b"DATA", b"DECISION"}
 HANDSHAKE_STAT = b"STAT 0 0 0 0\n"
-CAPS_CHAT = (b"CAPS chat=1 slots=%d n_ctx=%d n_vocab=257 model=fixture pin_slots=%d "
-             b"max_logprobs=32 x_score=1 x_counters=1 x_health=1\n")
+CAPS_CHAT = (
+    b"CAPS chat=1 slots=%d n_ctx=%d n_vocab=257 model=fixture pin_slots=%d "
+    b"max_logprobs=32 x_score=1 x_counters=1 x_health=1\n"
+)
 
 
 class Fixture:
     """One serveproto-fixture process. ``Fixture(*args, env=..., stderr=...)``."""
 
-    def __init__(self, *args: str, env: dict | None = None, stderr=subprocess.DEVNULL,
-                 handshake: bool = True):
+    def __init__(self, *args: str, env: dict | None = None, stderr=subprocess.DEVNULL, handshake: bool = True):
         full_env = dict(os.environ)
         full_env.pop("SERVEPROTO_FIXTURE_FAULTS", None)
         full_env.update(env or {})
-        self.proc = subprocess.Popen([str(FIXTURE), *args], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=stderr, bufsize=0, env=full_env)
+        self.proc = subprocess.Popen(
+            [str(FIXTURE), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, bufsize=0, env=full_env
+        )
         self.fd = self.proc.stdout.fileno()
         self.buf = b""
         self.eof = False
@@ -120,15 +123,16 @@ class Fixture:
             except OSError:
                 pass
 
-    def __enter__(self) -> "Fixture":
+    def __enter__(self) -> Fixture:
         return self
 
     def __exit__(self, *exc) -> None:
         self.kill()
 
 
-def submit(rid: int, prompt: bytes, *, slot: int = 0, max_tokens: int = 0, temp: str = "0",
-           top_p: str = "1", keys: str = "") -> bytes:
+def submit(
+    rid: int, prompt: bytes, *, slot: int = 0, max_tokens: int = 0, temp: str = "0", top_p: str = "1", keys: str = ""
+) -> bytes:
     """A SUBMIT frame (keys: e.g. ``"logprobs=2 pin=1"``)."""
     line = f"SUBMIT {rid} {slot} {len(prompt)} {max_tokens} {temp} {top_p}"
     if keys:

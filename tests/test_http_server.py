@@ -1,4 +1,5 @@
 """The h11 + anyio HTTP server through real sockets, on both anyio backends."""
+
 from __future__ import annotations
 
 import gzip
@@ -24,8 +25,15 @@ def make_router():
     router = Router()
 
     async def echo(req: Request) -> Response:
-        return Response.json({"len": len(req.body), "body": req.body.decode("utf-8", "replace"), "path": req.path,
-                              "query": req.query, "id": req.request_id})
+        return Response.json(
+            {
+                "len": len(req.body),
+                "body": req.body.decode("utf-8", "replace"),
+                "path": req.path,
+                "query": req.query,
+                "id": req.request_id,
+            }
+        )
 
     async def boom(req: Request) -> Response:
         raise RuntimeError("bug")
@@ -37,6 +45,7 @@ def make_router():
         async def gen():
             for i in range(3):
                 yield f"data: {i}\n\n".encode()
+
         return Response(200, [("content-type", "text/event-stream")], gen())
 
     router.route("/echo", "POST", echo)
@@ -51,6 +60,7 @@ async def dispatch(req: Request) -> Response:
     _, handler = ROUTER.resolve(req)
     return await handler(req)
 
+
 ROUTER = make_router()
 
 
@@ -63,8 +73,8 @@ async def exchange(port: int, raw: bytes, n_responses: int = 1, *, close_after_s
             await s.send_eof()
         client = h11.Connection(h11.CLIENT)
         # The client side state machine needs to believe it sent the requests.
-        client._cstate.process_event(h11.CLIENT, h11.Request)  # noqa: SLF001
-        client._cstate.process_event(h11.CLIENT, h11.EndOfMessage)  # noqa: SLF001
+        client._cstate.process_event(h11.CLIENT, h11.Request)
+        client._cstate.process_event(h11.CLIENT, h11.EndOfMessage)
         status, headers, body = None, None, b""
         with anyio.fail_after(10):
             while len(out) < n_responses:
@@ -84,8 +94,8 @@ async def exchange(port: int, raw: bytes, n_responses: int = 1, *, close_after_s
                     if client.our_state is h11.MUST_CLOSE or client.their_state is h11.MUST_CLOSE:
                         break
                     client.start_next_cycle()
-                    client._cstate.process_event(h11.CLIENT, h11.Request)  # noqa: SLF001
-                    client._cstate.process_event(h11.CLIENT, h11.EndOfMessage)  # noqa: SLF001
+                    client._cstate.process_event(h11.CLIENT, h11.Request)
+                    client._cstate.process_event(h11.CLIENT, h11.EndOfMessage)
                 elif isinstance(ev, h11.ConnectionClosed):
                     break
     return out
@@ -132,15 +142,21 @@ async def test_body_over_bound_is_413_from_content_length():
 
 async def test_chunked_body_over_bound_is_413():
     chunk = b"x" * 600
-    raw = (b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
-           + b"258\r\n" + chunk + b"\r\n" + b"258\r\n" + chunk + b"\r\n0\r\n\r\n")
+    raw = (
+        b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"258\r\n"
+        + chunk
+        + b"\r\n"
+        + b"258\r\n"
+        + chunk
+        + b"\r\n0\r\n\r\n"
+    )
     res = await with_server(lambda port: exchange(port, raw), Limits(max_body_bytes=1000))
     assert res[0][0] == 413
 
 
 async def test_chunked_body_within_bound_is_read():
-    raw = (b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
-           b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
+    raw = b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
     res = await with_server(lambda port: exchange(port, raw))
     assert orjson.loads(res[0][2])["body"] == "abcde"
 
@@ -148,7 +164,9 @@ async def test_chunked_body_within_bound_is_read():
 @pytest.mark.parametrize("coding", ["gzip", "zstd", "deflate"])
 async def test_compressed_bodies_are_decoded(coding):
     text = b'{"state": "' + b"z" * 5000 + b'"}'
-    packed = {"gzip": gzip.compress, "zstd": zstandard.ZstdCompressor().compress, "deflate": zlib.compress}[coding](text)
+    packed = {"gzip": gzip.compress, "zstd": zstandard.ZstdCompressor().compress, "deflate": zlib.compress}[coding](
+        text
+    )
     res = await with_server(lambda port: exchange(port, post("/echo", packed, f"Content-Encoding: {coding}\r\n")))
     assert res[0][0] == 200
     assert orjson.loads(res[0][2])["len"] == len(text)
@@ -157,8 +175,10 @@ async def test_compressed_bodies_are_decoded(coding):
 async def test_compressed_body_decoded_over_bound_is_413():
     packed = zstandard.ZstdCompressor().compress(b"\0" * 200_000)
     assert len(packed) < 1000
-    res = await with_server(lambda port: exchange(port, post("/echo", packed, "Content-Encoding: zstd\r\n")),
-                            Limits(max_decoded_bytes=100_000))
+    res = await with_server(
+        lambda port: exchange(port, post("/echo", packed, "Content-Encoding: zstd\r\n")),
+        Limits(max_decoded_bytes=100_000),
+    )
     assert res[0][0] == 413
 
 
@@ -181,6 +201,7 @@ async def test_head_timeout_is_408():
                         data += await s.receive()
                     except anyio.EndOfStream:
                         return data
+
     data = await with_server(run, Limits(header_timeout=0.2))
     assert data.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
 
@@ -193,12 +214,17 @@ async def test_idle_keepalive_connection_is_closed_quietly():
                     return await s.receive()
                 except anyio.EndOfStream:
                     return b""
+
     assert await with_server(run, Limits(keepalive_timeout=0.1)) == b""
 
 
 async def test_errors_404_405_500_and_handler_http_errors():
-    raw = (b"GET /nope HTTP/1.1\r\nHost: t\r\n\r\n" + b"DELETE /echo HTTP/1.1\r\nHost: t\r\n\r\n"
-           + b"GET /boom HTTP/1.1\r\nHost: t\r\n\r\n" + b"GET /busy HTTP/1.1\r\nHost: t\r\n\r\n")
+    raw = (
+        b"GET /nope HTTP/1.1\r\nHost: t\r\n\r\n"
+        + b"DELETE /echo HTTP/1.1\r\nHost: t\r\n\r\n"
+        + b"GET /boom HTTP/1.1\r\nHost: t\r\n\r\n"
+        + b"GET /busy HTTP/1.1\r\nHost: t\r\n\r\n"
+    )
     res = await with_server(lambda port: exchange(port, raw, 4))
     assert [r[0] for r in res] == [404, 405, 500, 429]
     assert orjson.loads(res[0][2]) == {"detail": {"error_type": "not_found_error", "message": "no route GET /nope"}}
@@ -221,6 +247,7 @@ async def test_streamed_body_is_chunked():
                 while not data.endswith(b"0\r\n\r\n"):
                     data += await s.receive()
             return data
+
     data = await with_server(run)
     head, _, body = data.partition(b"\r\n\r\n")
     assert b"transfer-encoding: chunked" in head.lower()
@@ -243,7 +270,9 @@ async def test_http10_closes_and_head_has_no_body():
     data = await with_server(lambda port: raw_until_close(port, b"GET /echo HTTP/1.0\r\n\r\n"))
     assert data.startswith(b"HTTP/1.1 200 OK\r\n")
     assert data.endswith(b'"query":{},"id":"' + data.split(b"x-typesafe-request-id: ")[1][:28] + b'"}')
-    data = await with_server(lambda port: raw_until_close(port, b"HEAD /echo HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"))
+    data = await with_server(
+        lambda port: raw_until_close(port, b"HEAD /echo HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+    )
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"content-length: " in head and body == b""
 
@@ -307,6 +336,7 @@ async def test_connections_over_the_bound_get_503():
             second = await raw_until_close(port, b"GET /echo HTTP/1.1\r\nHost: t\r\n\r\n")
         third = await exchange(port, b"GET /echo HTTP/1.1\r\nHost: t\r\n\r\n")  # the first has gone
         return second, third
+
     second, third = await with_server(run, Limits(max_connections=1))
     assert second.startswith(b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\n")
     assert third[0][0] == 200
@@ -365,8 +395,8 @@ async def test_pipelined_request_read_while_watching_is_answered_after():
             await anyio.sleep(0.2)
             gate.release.set()
             client = h11.Connection(h11.CLIENT)
-            client._cstate.process_event(h11.CLIENT, h11.Request)  # noqa: SLF001
-            client._cstate.process_event(h11.CLIENT, h11.EndOfMessage)  # noqa: SLF001
+            client._cstate.process_event(h11.CLIENT, h11.Request)
+            client._cstate.process_event(h11.CLIENT, h11.EndOfMessage)
             bodies, body = [], b""
             with anyio.fail_after(5):
                 while len(bodies) < 2:
@@ -379,8 +409,8 @@ async def test_pipelined_request_read_while_watching_is_answered_after():
                         bodies.append(orjson.loads(body))
                         body = b""
                         client.start_next_cycle()
-                        client._cstate.process_event(h11.CLIENT, h11.Request)  # noqa: SLF001
-                        client._cstate.process_event(h11.CLIENT, h11.EndOfMessage)  # noqa: SLF001
+                        client._cstate.process_event(h11.CLIENT, h11.Request)
+                        client._cstate.process_event(h11.CLIENT, h11.EndOfMessage)
             return bodies
 
     async with anyio.create_task_group() as tg:
@@ -449,6 +479,7 @@ async def test_client_that_closes_mid_stream_ends_the_stream_at_once():
             except BaseException:
                 outcome.append("cancelled")
                 raise
+
         return Response(200, [("content-type", "text/event-stream")], gen())
 
     async with anyio.create_task_group() as tg:

@@ -1,4 +1,5 @@
 """/v1/systemone validation, prompts and reply shapes (gateway.decision.jev, gateway.decision.prompts)."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,8 +13,11 @@ TICKET = {
     "model": "jev-latest",
     "questions": {
         "urgency": {"type": "noul", "instructions": "Does this message express urgency?"},
-        "department": {"type": "choice", "instructions": "Which team should handle this?",
-                       "criteria": {"billing": "payments", "technical": "bugs", "sales": None}},
+        "department": {
+            "type": "choice",
+            "instructions": "Which team should handle this?",
+            "criteria": {"billing": "payments", "technical": "bugs", "sales": None},
+        },
         "severity": {"type": "score", "instructions": "How severe?", "criteria": ["none", "minor", "down"]},
     },
 }
@@ -26,7 +30,9 @@ def errors_of(body):
 
 
 def test_valid_request_keeps_ids_labels_and_order():
-    body = dict(TICKET, questions={"ünï code 🙂": {"type": "choice", "criteria": {"B": None, "a.b c": "x", "가": {"k": 1}}}})
+    body = dict(
+        TICKET, questions={"ünï code 🙂": {"type": "choice", "criteria": {"B": None, "a.b c": "x", "가": {"k": 1}}}}
+    )
     req = jev.parse_request(body)
     assert [q.id for q in req.questions] == ["ünï code 🙂"]
     assert list(req.questions[0].criteria) == ["B", "a.b c", "가"]
@@ -34,15 +40,21 @@ def test_valid_request_keeps_ids_labels_and_order():
 
 
 def test_every_error_is_listed_with_its_path():
-    body = {"model": 3, "normalize": "max", "pin_state": "yes", "cache_slot": -1, "questions": {
-        "a": {"type": "box"},
-        "b": {"type": "choice", "criteria": {}},
-        "c": {"type": "score", "criteria": {"0": "x"}},
-        "d": {"type": "noul", "criteria": ["x"]},
-        "e": {"type": "score", "criteria": ["ok", None], "instructions": 5},
-        "f": {"instructions": "no type"},
-        "": {"type": "noul"},
-    }}
+    body = {
+        "model": 3,
+        "normalize": "max",
+        "pin_state": "yes",
+        "cache_slot": -1,
+        "questions": {
+            "a": {"type": "box"},
+            "b": {"type": "choice", "criteria": {}},
+            "c": {"type": "score", "criteria": {"0": "x"}},
+            "d": {"type": "noul", "criteria": ["x"]},
+            "e": {"type": "score", "criteria": ["ok", None], "instructions": 5},
+            "f": {"instructions": "no type"},
+            "": {"type": "noul"},
+        },
+    }
     assert errors_of(body) == [
         (["body", "state"], "missing"),
         (["body", "model"], "string_type"),
@@ -62,12 +74,16 @@ def test_every_error_is_listed_with_its_path():
 
 def test_shape_errors_and_limits():
     assert errors_of([1, 2]) == [(["body"], "model_attributes_type")]
-    assert errors_of({"state": 1, "questions": {}}) == [(["body", "state"], "content_type"), (["body", "questions"], "too_short")]
+    assert errors_of({"state": 1, "questions": {}}) == [
+        (["body", "state"], "content_type"),
+        (["body", "questions"], "too_short"),
+    ]
     many = {str(i): {"type": "noul"} for i in range(65)}
     assert errors_of({"state": "s", "questions": many}) == [(["body", "questions"], "too_long")]
     levels = ["x"] * 256
     assert errors_of({"state": "s", "questions": {"q": {"type": "score", "criteria": levels}}}) == [
-        (["body", "questions", "q", "criteria"], "too_long")]
+        (["body", "questions", "q", "criteria"], "too_long")
+    ]
 
 
 def test_error_body_has_detail_list_and_envelope():
@@ -105,8 +121,13 @@ def test_answers_shapes():
     qs = jev.parse_request(TICKET).questions
     assert jev.answer(qs[0], [0.25, 0.75]) == {"type": "noul", "noul": 0.75}
     ch = jev.answer(qs[1], [0.2, 0.7, 0.1])
-    assert ch == {"type": "choice", "choice": "technical", "probabilities": {"billing": 0.2, "technical": 0.7, "sales": 0.1},
-                  "confidence": 0.55, "x_entropy": ch["x_entropy"]}
+    assert ch == {
+        "type": "choice",
+        "choice": "technical",
+        "probabilities": {"billing": 0.2, "technical": 0.7, "sales": 0.1},
+        "confidence": 0.55,
+        "x_entropy": ch["x_entropy"],
+    }
     sc = jev.answer(qs[2], [0.1, 0.2, 0.7])
     assert sc["score"] == 1.6 and sc["legend"] == {"0": "none", "1": "minor", "2": "down"}
     assert sc["probabilities"] == {"0": 0.1, "1": 0.2, "2": 0.7} and sc["confidence"] == 0.55
@@ -122,7 +143,8 @@ def test_templates_without_a_system_turn_and_broken_ones():
     no_system = ChatTemplate(
         "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}"
         "<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
-        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    )
     b = PromptBuilder(no_system)
     assert b.system_in_user
     assert b.prefix("S") == f"<start_of_turn>user\n{SYSTEM}\n\nS"

@@ -6,6 +6,7 @@ checked against the table below. A module of one room that reaches a room
 above it, or outside the installed packages (``fixtures``, ``bench``,
 ``tests``), fails with the file, line and import.
 """
+
 from __future__ import annotations
 
 import ast
@@ -83,7 +84,9 @@ def test_imports_run_one_way(path: Path):
 
 def test_the_checker_sees_a_wrong_import():
     """The checker itself: a decision module importing the server is caught (so the test can fail)."""
-    probe = "def f():\n    from gateway.server import app\n    from ..http import Request\n    from gateway import cli\n"
+    probe = (
+        "def f():\n    from gateway.server import app\n    from ..http import Request\n    from gateway import cli\n"
+    )
     found = [m for _, m in imports(GATEWAY / "decision" / "probe.py", probe)]
     assert found == ["gateway.server", "gateway.http", "gateway.cli"]
     assert "server" not in ALLOWED["decision"] and "http" not in ALLOWED["decision"]

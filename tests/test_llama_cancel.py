@@ -16,6 +16,7 @@ positions, not one ubatch). The requests take seconds of decoding on this
 model; a CANCEL written right after ACCEPT reaches the engine within
 milliseconds, well inside them.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,6 @@ import json
 import pytest
 
 from serveproto import Accept, Cancel, Data, Done, Echo, Error, Ping, Pong, Score, Scored, Submit
-
 from test_llama_engine import Engine
 
 pytestmark = pytest.mark.slow
@@ -113,7 +113,7 @@ def submit(rid: int, prompt: bytes, **kw) -> Submit:
 
 
 def test_cancel_inside_a_prefill_ubatch(model_path):
-    prompt = (PREFIX * 6).encode()   # about 350 tokens: two ubatches of 256
+    prompt = (PREFIX * 6).encode()  # about 350 tokens: two ubatches of 256
     fresh = engine(model_path, "--ubatch", "256")
     try:
         want = fresh.request(submit(1, prompt))
@@ -140,8 +140,10 @@ def test_cancel_inside_a_prefill_ubatch(model_path):
             ro_want = fresh.request(submit(1, prompt, max_tokens=0, logprobs=1))
         finally:
             fresh.close()
+
         def lps(events):  # position 0 is nan, which equals nothing
             return [(e.position, e.logprob) for e in events if isinstance(e, Echo) and e.position > 0]
+
         assert lps(ro) == lps(ro_want) and len(lps(ro)) == want[-1].prompt_tokens - 1
         assert eng.close() == 0
     finally:

@@ -13,6 +13,7 @@ one; ``--numerics fast`` showing that the same cells differ without all this;
 and ``/v1/systemone`` answers under question order, label rotation and other
 traffic.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,7 +26,7 @@ import pytest
 from gateway.paths import engine_bin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from digits import FILLER, GROUPS, STATE, differences, numbers, spawn, the_matrix  # noqa: E402
+from digits import FILLER, GROUPS, STATE, differences, numbers, spawn, the_matrix
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -40,6 +41,7 @@ def tiny_path():
     if not os.access(engine_bin("serveproto-llama"), os.X_OK):
         pytest.skip("engines/bin/serveproto-llama is not built yet (make -C engines all)")
     from fixtures import tiny_gguf
+
     return tiny_gguf.ensure()
 
 
@@ -73,8 +75,12 @@ async def test_one_and_two_threads_give_the_same_bits(model_path):
         async with spawn(model_path, "--score-cache-mb", "0", threads=threads) as eng:
             echoes = (await eng.read_out(STATE, logprobs=3)).echoes
             # repr: a float's shortest exact spelling, and "nan" == "nan" (position 0 has no logprob)
-            results.append((numbers(await eng.score(STATE, GROUPS + FILLER[:4])),
-                            [(e.position, repr(e.logprob), repr(e.top), e.text) for e in echoes]))
+            results.append(
+                (
+                    numbers(await eng.score(STATE, GROUPS + FILLER[:4])),
+                    [(e.position, repr(e.logprob), repr(e.top), e.text) for e in echoes],
+                )
+            )
     assert len(results[0][1]) > 20
     assert results[0] == results[1]
 
@@ -104,8 +110,9 @@ async def test_numerics_flag_is_checked_and_announced(model_path):
         assert eng.caps.values["x_numerics"] == "invariant"
     async with spawn(model_path, "--numerics", "fast") as eng:
         assert eng.caps.values["x_numerics"] == "fast"
-    proc = await anyio.run_process([str(engine_bin("serveproto-llama")), "--model", str(model_path),
-                                    "--numerics", "exact"], check=False)
+    proc = await anyio.run_process(
+        [str(engine_bin("serveproto-llama")), "--model", str(model_path), "--numerics", "exact"], check=False
+    )
     assert proc.returncode == 2
     assert b"--numerics must be invariant or fast, got 'exact'" in proc.stderr
 
@@ -114,15 +121,23 @@ async def test_numerics_flag_is_checked_and_announced(model_path):
 
 TICKET = {
     "state": "I have been trying to connect my Stripe account for 3 days and the integration keeps failing. "
-             "I am losing sales.",
+    "I am losing sales.",
     "questions": {
         "urgency": {"type": "noul", "instructions": "Does this message express urgency?"},
-        "department": {"type": "choice", "instructions": "Which team should handle this?",
-                       "criteria": {"billing": "payments, invoices", "technical": "bugs, integration errors",
-                                    "sales": "pricing, plans"}},
-        "severity": {"type": "score", "instructions": "How severe is the customer impact?",
-                     "criteria": ["no impact", "minor inconvenience", "blocked on one task", "losing money",
-                                  "business down"]},
+        "department": {
+            "type": "choice",
+            "instructions": "Which team should handle this?",
+            "criteria": {
+                "billing": "payments, invoices",
+                "technical": "bugs, integration errors",
+                "sales": "pricing, plans",
+            },
+        },
+        "severity": {
+            "type": "score",
+            "instructions": "How severe is the customer impact?",
+            "criteria": ["no impact", "minor inconvenience", "blocked on one task", "losing money", "business down"],
+        },
     },
 }
 
@@ -158,18 +173,26 @@ async def test_systemone_answers_do_not_depend_on_order_or_traffic(model_path, c
     the reply, for any question order, a rotated label order and after other requests; with the score
     cache off (every request computes) and on."""
     import httpx2
+
     from test_server_llama import post, serving
 
     async with serving("--score-cache-mb", cache_mb) as url:
         async with httpx2.AsyncClient(base_url=url, timeout=300) as c:
             first = await post(c, "/v1/systemone", TICKET)
             assert first["x_debias"] == ["canonical", "content_free"]
-            seen = [await post(c, "/v1/systemone", reordered(TICKET, ["severity", "department", "urgency"])),
-                    await post(c, "/v1/systemone", reordered(TICKET, ["department", "urgency", "severity"], 1))]
+            seen = [
+                await post(c, "/v1/systemone", reordered(TICKET, ["severity", "department", "urgency"])),
+                await post(c, "/v1/systemone", reordered(TICKET, ["department", "urgency", "severity"], 1)),
+            ]
             for i in range(3):
-                await post(c, "/v1/systemone", {"state": f"Order {i} arrived broken, I want a refund.",
-                                                "questions": {"refund": {"type": "noul",
-                                                                         "instructions": "Is a refund asked?"}}})
+                await post(
+                    c,
+                    "/v1/systemone",
+                    {
+                        "state": f"Order {i} arrived broken, I want a refund.",
+                        "questions": {"refund": {"type": "noul", "instructions": "Is a refund asked?"}},
+                    },
+                )
             seen.append(await post(c, "/v1/systemone", reordered(TICKET, ["urgency", "severity", "department"], 2)))
     assert first["answers"]["department"]["probabilities"]["technical"] > 0.4
     for body in seen:

@@ -6,6 +6,7 @@ the protocol's per-request invariants); malformed frames are written raw and
 their ERROR lines read raw. The numbers a snapshot gives are held to a cold
 engine's to the printed digit, and the DONE counters prove what was computed.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,6 @@ import resource
 import selectors
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +24,20 @@ from gateway.paths import default_model_path, engine_bin
 
 serveproto = pytest.importorskip("serveproto")
 from serveproto import (  # noqa: E402
-    NEED_DATA, Accept, ConnectionClosed, Data, Done, Echo, Error, GatewayConnection,
-    LoadFail, Ping, Pong, Score, Scored, Stat, Submit,
+    NEED_DATA,
+    Accept,
+    ConnectionClosed,
+    Data,
+    Done,
+    Echo,
+    Error,
+    GatewayConnection,
+    LoadFail,
+    Pong,
+    Score,
+    Scored,
+    Stat,
+    Submit,
 )
 
 #: The engine under test; SERVEPROTO_LLAMA_ENGINE points at another build (e.g. with ASan).
@@ -45,6 +57,7 @@ def tiny() -> Path:
     if not os.access(ENGINE, os.X_OK):
         pytest.skip(f"{ENGINE} is not built yet (make -C engines all)")
     from fixtures import tiny_gguf
+
     return tiny_gguf.ensure()
 
 
@@ -55,8 +68,11 @@ class Proc:
         self.stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [str(ENGINE), "--model", str(model), "--threads", "1", *args],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-            preexec_fn=preexec_fn)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            preexec_fn=preexec_fn,
+        )
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.proc.stdout, selectors.EVENT_READ)
         self.eof = False
@@ -135,7 +151,7 @@ class Engine(Proc):
 class Raw(Proc):
     """Reply frames as (fields, payload) for tests that write malformed frames."""
 
-    PAYLOAD_FIELD = {b"ECHO": 2, b"DATA": 2, b"DECISION": 2}
+    PAYLOAD_FIELD = {b"ECHO": 2, b"DATA": 2, b"DECISION": 2}  # noqa: RUF012  (a read-only table)
 
     def __init__(self, model, *args):
         super().__init__(model, *args)
@@ -159,7 +175,7 @@ class Raw(Proc):
         n = int(fields[at])
         while len(self.buf) < n + 1:
             self._fill()
-        payload, self.buf = self.buf[:n], self.buf[n + 1:]
+        payload, self.buf = self.buf[:n], self.buf[n + 1 :]
         return fields, payload
 
     def until(self, rid: bytes, kinds=(b"DONE", b"ERROR", b"PONG")) -> list[list[bytes]]:
@@ -187,21 +203,47 @@ def done(events) -> Done:
 
 
 def readout(eng: Engine, rid: int, prompt: bytes, *, slot=0, pin=False, as_ids=True, k=1) -> list:
-    return eng.request(Submit(id=rid, slot=slot, prompt=prompt, max_tokens=0, temperature=0.0,
-                              top_p=1.0, logprobs=k, pin=pin, ids=as_ids, counters=True))
+    return eng.request(
+        Submit(
+            id=rid,
+            slot=slot,
+            prompt=prompt,
+            max_tokens=0,
+            temperature=0.0,
+            top_p=1.0,
+            logprobs=k,
+            pin=pin,
+            ids=as_ids,
+            counters=True,
+        )
+    )
 
 
 # ---- handshake ----------------------------------------------------------------------------
 
+
 def test_handshake_announces_caps(tiny):
     from fixtures.vocab import Vocab
+
     eng = Engine(tiny, "--slots", "2", "--ctx", "256", "--pin-slots", "3")
     try:
         assert eng.caps.values == {
-            "chat": "1", "slots": "2", "n_ctx": "256", "n_vocab": str(len(Vocab(tiny))),
-            "model": "tiny-v1", "pin_slots": "3", "max_logprobs": "32",
-            "x_score": "1", "x_counters": "1", "x_health": "1", "x_numerics": "invariant",
-            "x_batched": "1", "n_ubatch": "256", "n_chunk": "128", "x_threads": "1"}
+            "chat": "1",
+            "slots": "2",
+            "n_ctx": "256",
+            "n_vocab": str(len(Vocab(tiny))),
+            "model": "tiny-v1",
+            "pin_slots": "3",
+            "max_logprobs": "32",
+            "x_score": "1",
+            "x_counters": "1",
+            "x_health": "1",
+            "x_numerics": "invariant",
+            "x_batched": "1",
+            "n_ubatch": "256",
+            "n_chunk": "128",
+            "x_threads": "1",
+        }
         stat = eng.handshake[-1]
         assert isinstance(stat, Stat) and stat.fields[:3] == (0.0, 0.0, 0.0) and stat.fields[3] > 0
     finally:
@@ -210,7 +252,8 @@ def test_handshake_announces_caps(tiny):
 
 def test_threads_auto_starts_on_every_core_the_engine_may_use(tiny):
     import os
-    eng = Engine(tiny, "--threads", "auto")   # after the fixture's --threads 1: the last one wins
+
+    eng = Engine(tiny, "--threads", "auto")  # after the fixture's --threads 1: the last one wins
     try:
         assert eng.caps.values["x_threads"] == f"auto:{len(os.sched_getaffinity(0))}"
     finally:
@@ -218,6 +261,7 @@ def test_threads_auto_starts_on_every_core_the_engine_may_use(tiny):
 
 
 # ---- read-out, snapshots, counters --------------------------------------------------------
+
 
 def test_readout_through_snapshot_equals_cold_and_computes_only_new_tokens(tiny):
     full = PREFIX_IDS + [600, 601, 602]
@@ -245,6 +289,7 @@ def test_readout_through_snapshot_equals_cold_and_computes_only_new_tokens(tiny)
 
         # and both are the model's numbers (independent numpy forward pass)
         from fixtures import oracle
+
         want = oracle.logprobs(tiny, full)
         assert np.allclose([e.logprob for e in ref[1:]], want[1:], atol=1e-4, rtol=0)
     finally:
@@ -266,7 +311,9 @@ def test_long_prompt_reads_out_across_decode_chunks(tiny):
         done(readout(warm, 1, ids(toks[:512]), pin=True))
         ev = readout(warm, 2, ids(toks))
         assert done(ev).computed == 88
-        assert [(e.position, e.logprob, e.top) for e in echoes(ev)] == [(e.position, e.logprob, e.top) for e in ref[512:]]
+        assert [(e.position, e.logprob, e.top) for e in echoes(ev)] == [
+            (e.position, e.logprob, e.top) for e in ref[512:]
+        ]
     finally:
         assert cold.close() == 0
         assert warm.close() == 0
@@ -336,9 +383,23 @@ def test_generation_keeps_the_live_prefix(tiny):
     """Without read-out, truncate-and-extend reuses the slot's common prefix."""
     eng = Engine(tiny)
     try:
+
         def gen(rid, toks):
-            return done(eng.request(Submit(id=rid, slot=0, prompt=ids(toks), max_tokens=1, temperature=0.0,
-                                           top_p=1.0, ids=True, counters=True)))
+            return done(
+                eng.request(
+                    Submit(
+                        id=rid,
+                        slot=0,
+                        prompt=ids(toks),
+                        max_tokens=1,
+                        temperature=0.0,
+                        top_p=1.0,
+                        ids=True,
+                        counters=True,
+                    )
+                )
+            )
+
         d = gen(1, PREFIX_IDS)
         assert (d.prompt_tokens, d.computed, d.reused, d.snapshot) == (8, 8, 0, "none")
         d = gen(2, PREFIX_IDS + [50, 51, 52])
@@ -353,12 +414,15 @@ def test_generation_keeps_the_live_prefix(tiny):
 
 # ---- generation -------------------------------------------------------------------------
 
+
 def test_greedy_generation_follows_the_oracle(tiny):
     from fixtures import oracle
+
     eng = Engine(tiny)
     try:
-        ev = eng.request(Submit(id=7, slot=0, prompt=ids(PREFIX_IDS), max_tokens=4, temperature=0.0,
-                                top_p=1.0, logprobs=3, ids=True))
+        ev = eng.request(
+            Submit(id=7, slot=0, prompt=ids(PREFIX_IDS), max_tokens=4, temperature=0.0, top_p=1.0, logprobs=3, ids=True)
+        )
         data = [e for e in ev if isinstance(e, Data)]
         d = done(ev)
         assert d.emitted == len(data) == 4 and d.length_limited is True
@@ -381,8 +445,9 @@ def test_sampling_is_seeded_and_respects_max_tokens(tiny):
     for _ in range(2):
         eng = Engine(tiny, "--seed", "7")
         try:
-            ev = eng.request(Submit(id=3, slot=0, prompt=b"Once upon a time", max_tokens=6,
-                                    temperature=0.9, top_p=0.95))
+            ev = eng.request(
+                Submit(id=3, slot=0, prompt=b"Once upon a time", max_tokens=6, temperature=0.9, top_p=0.95)
+            )
             data = [e for e in ev if isinstance(e, Data)]
             d = done(ev)
             assert d.emitted == len(data) <= 6
@@ -399,6 +464,7 @@ def test_text_and_ids_prompts_read_out_alike(tiny):
         by_text = echoes(readout(eng, 1, b"Hello world, again", as_ids=False, k=2))
         # the ids of the text's tokens: each ECHO's text is one vocabulary piece
         from fixtures.vocab import Vocab
+
         vocab = Vocab(tiny)
         toks = [vocab.id_of(e.text) for e in by_text]
         by_ids = echoes(readout(eng, 2, ids(toks), k=2))
@@ -490,25 +556,25 @@ def test_score_spills_into_chunks_with_the_same_numbers(tiny):
 
 # ---- errors: every path answers its code and the engine keeps serving ----------------------
 
+
 def frame(line: bytes, payload: bytes) -> bytes:
     """A request line with its payload's byte count appended, then the payload."""
-    return b"%s %d%s\n%s\n" % (line.split(b"|")[0], len(payload), line.split(b"|")[1] if b"|" in line else b"",
-                               payload)
+    return b"%s %d%s\n%s\n" % (line.split(b"|")[0], len(payload), line.split(b"|")[1] if b"|" in line else b"", payload)
 
 
 ERROR_CASES = [
     (b"FROB 1\n", b"0", b"BAD_FRAME"),
-    (frame(b"SUBMIT 1 0| 0 0 1", b"hello"), b"1", b"BAD_FRAME"),             # max_tokens=0 without logprobs
+    (frame(b"SUBMIT 1 0| 0 0 1", b"hello"), b"1", b"BAD_FRAME"),  # max_tokens=0 without logprobs
     (frame(b"SUBMIT 2 0| 1 0 1 logprobs=33", b"hello"), b"2", b"BAD_FRAME"),
     (frame(b"SUBMIT 3 0| 1 0 1 bogus=1", b"hello"), b"3", b"BAD_FRAME"),
-    (frame(b"SUBMIT 4 7| 1 0 1", b"hello"), b"4", b"BAD_REQUEST"),            # slot out of range
+    (frame(b"SUBMIT 4 7| 1 0 1", b"hello"), b"4", b"BAD_REQUEST"),  # slot out of range
     (frame(b"SUBMIT 5 0| 1 0 1", b""), b"5", b"EMPTY_PROMPT"),
-    (frame(b"SUBMIT 6 0| 1 0 1 ids=1", b"999999"), b"6", b"BAD_REQUEST"),     # id outside the vocabulary
-    (frame(b"SUBMIT 7 0| 1 0 1 ids=1", ids([5] * 40)), b"7", b"BAD_REQUEST"), # longer than n_ctx=32
+    (frame(b"SUBMIT 6 0| 1 0 1 ids=1", b"999999"), b"6", b"BAD_REQUEST"),  # id outside the vocabulary
+    (frame(b"SUBMIT 7 0| 1 0 1 ids=1", ids([5] * 40)), b"7", b"BAD_REQUEST"),  # longer than n_ctx=32
     (b"STOP 8\n", b"8", b"NOT_FOUND"),
     (b"CANCEL 9\n", b"9", b"NOT_FOUND"),
     (frame(b"DECIDE 10 0", b"{}"), b"10", b"NOT_SUPPORTED"),
-    (b"SUBMIT 12 0 5 1 0 1 3\nhello\nabc\n", b"12", b"NOT_SUPPORTED"),    # a grammar
+    (b"SUBMIT 12 0 5 1 0 1 3\nhello\nabc\n", b"12", b"NOT_SUPPORTED"),  # a grammar
     (frame(b"SCORE 13 0", b"{x}"), b"13", b"BAD_REQUEST"),
     (frame(b"SCORE 14 0", b'{"prefix":"a","groups":[]}'), b"14", b"BAD_REQUEST"),
     (frame(b"SCORE 15 0", b'{"prefix":"Hi","groups":[{"stem":" you","options":[""]}]}'), b"15", b"BAD_REQUEST"),
@@ -574,8 +640,10 @@ def test_eof_finishes_the_requests_in_flight(tiny):
 
 # ---- LOAD_FAIL ------------------------------------------------------------------------------
 
+
 def _gguf_of_unknown_architecture(path: Path) -> Path:
     import gguf
+
     w = gguf.GGUFWriter(str(path), "nonesuch")
     w.add_tensor("x", np.zeros(4, dtype=np.float32))
     w.write_header_to_file()
@@ -589,10 +657,17 @@ def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
 
 
-@pytest.mark.parametrize("case, kind", [
-    ("missing", "io"), ("directory", "io"), ("junk", "format"), ("truncated", "format"),
-    ("unknown-arch", "unsupported"), ("too-little-memory", "nomem"),
-])
+@pytest.mark.parametrize(
+    "case, kind",
+    [
+        ("missing", "io"),
+        ("directory", "io"),
+        ("junk", "format"),
+        ("truncated", "format"),
+        ("unknown-arch", "unsupported"),
+        ("too-little-memory", "nomem"),
+    ],
+)
 def test_load_fail_kinds(tiny, tmp_path, case, kind):
     args, pre = [], None
     if case == "missing":
@@ -618,6 +693,7 @@ def test_load_fail_kinds(tiny, tmp_path, case, kind):
 
 # ---- the real default model ---------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_smollm2_smoke_generates_text_and_reads_out_finite_logprobs():
     model = default_model_path()
@@ -638,8 +714,14 @@ def test_smollm2_smoke_generates_text_and_reads_out_finite_logprobs():
         ev = readout(eng, 2, prompt, as_ids=False, k=3)
         lps = [e.logprob for e in echoes(ev)]
         assert np.isnan(lps[0]) and np.all(np.isfinite(lps[1:])) and len(lps) == done(ev).prompt_tokens
-        ev = score(eng, 3, {"prefix": prompt.decode(), "groups": [
-            {"stem": "The capital of France is", "options": [" Paris", " London"]}]})
+        ev = score(
+            eng,
+            3,
+            {
+                "prefix": prompt.decode(),
+                "groups": [{"stem": "The capital of France is", "options": [" Paris", " London"]}],
+            },
+        )
         paris, london = [sum(s.logprobs) for s in ev if isinstance(s, Scored)]
         assert paris > london
     finally:

@@ -10,23 +10,71 @@ careless splice: continuations inside words, runs of spaces, newlines, ChatML
 control tokens, digits, UTF-8 multibyte characters on both sides of the
 boundary.
 """
+
 from __future__ import annotations
 
-import json
 import random
 import re
 
-import pytest
-
-from test_llama_engine import Engine, score, tiny  # noqa: F401  (tiny is a fixture)
 from serveproto import Done, Error, Scored
+from test_llama_engine import Engine, score, tiny  # noqa: F401  (tiny is a fixture)
 
 #: Pieces the random texts are glued from (no leading space: glue picks one).
-WORDS = ["the", "weather", "is", "calm", "raining", "Answer", "yes", "no", "maybe", "internationalization",
-         "don't", "it's", "12345", "3.14", "1,000", "e-mail", "x", "A", "café", "naïve", "日本語", "テキスト",
-         "🙂", "👍🏽", "ß", "Привет", "(paren)", "[tag]", "...", "?!", "#", "--", "''", '"quoted"']
-GLUE = [" ", " ", " ", " ", "  ", "   ", "\n", "\n\n", "\t", " \n", "", ". ", ", ", ":\n",
-        "<|im_end|>\n<|im_start|>user\n", "<|im_start|>assistant\n", "<|im_end|>"]
+WORDS = [
+    "the",
+    "weather",
+    "is",
+    "calm",
+    "raining",
+    "Answer",
+    "yes",
+    "no",
+    "maybe",
+    "internationalization",
+    "don't",
+    "it's",
+    "12345",
+    "3.14",
+    "1,000",
+    "e-mail",
+    "x",
+    "A",
+    "café",
+    "naïve",
+    "日本語",
+    "テキスト",
+    "🙂",
+    "👍🏽",
+    "ß",
+    "Привет",
+    "(paren)",
+    "[tag]",
+    "...",
+    "?!",
+    "#",
+    "--",
+    "''",
+    '"quoted"',
+]
+GLUE = [
+    " ",
+    " ",
+    " ",
+    " ",
+    "  ",
+    "   ",
+    "\n",
+    "\n\n",
+    "\t",
+    " \n",
+    "",
+    ". ",
+    ", ",
+    ":\n",
+    "<|im_end|>\n<|im_start|>user\n",
+    "<|im_start|>assistant\n",
+    "<|im_end|>",
+]
 
 
 def text(rng: random.Random, n: int) -> str:
@@ -43,12 +91,26 @@ def prefixes(rng: random.Random) -> list[str]:
     """Random texts, plus prefixes that end on each kind of boundary."""
     out = [text(rng, rng.randint(20, 120)) for _ in range(24)]
     body = text(random.Random(7), 80)
-    for end in ["", " ", "  ", "\n", "\n\n", "inter", "naï", "日本", "123", "<|im_start|>", "<|im_start|>user\n",
-                "🙂", " é", "'"]:
+    for end in [
+        "",
+        " ",
+        "  ",
+        "\n",
+        "\n\n",
+        "inter",
+        "naï",
+        "日本",
+        "123",
+        "<|im_start|>",
+        "<|im_start|>user\n",
+        "🙂",
+        " é",
+        "'",
+    ]:
         out.append(body + end)
     out.append("<|im_start|>system\nYou answer.<|im_end|>\n<|im_start|>user\n" + body + "<|im_end|>\n")
     out.append("日本語のテキスト" * 30)  # no ASCII space at all: no cut, tokenized whole
-    out.append("short")                  # too few tokens for a cut
+    out.append("short")  # too few tokens for a cut
     return out
 
 
@@ -83,8 +145,14 @@ def test_spliced_tokenization_equals_whole_text_on_many_texts(tiny):  # noqa: F8
             assert isinstance(ev[-1], Done), (prefix[-40:], groups, ev[-1])
             assert len([e for e in ev if isinstance(e, Scored)]) == sum(len(g["options"]) for g in groups)
         # the same prefix again comes from the kept tokens and answers the same
-        again = score(eng, 999, {"prefix": prefixes(random.Random(20261130))[0],
-                                 "groups": [{"stem": " Is it?", "options": [" yes", " no"]}]})
+        again = score(
+            eng,
+            999,
+            {
+                "prefix": prefixes(random.Random(20261130))[0],
+                "groups": [{"stem": " Is it?", "options": [" yes", " no"]}],
+            },
+        )
         assert isinstance(again[-1], Done)
         n_texts += 3
     finally:
@@ -101,14 +169,17 @@ def test_spliced_tokenization_equals_whole_text_on_many_texts(tiny):  # noqa: F8
 def test_splice_needs_no_check_flag_and_scores_like_the_checked_engine(tiny):  # noqa: F811
     """The same SCOREs with and without --splice-check give the same frames."""
     rng = random.Random(5)
-    job = {"prefix": text(rng, 200) + "\nQuestion:",
-           "groups": [{"stem": continuation(rng), "options": [" yes", " no", "maybe"]} for _ in range(6)]}
+    job = {
+        "prefix": text(rng, 200) + "\nQuestion:",
+        "groups": [{"stem": continuation(rng), "options": [" yes", " no", "maybe"]} for _ in range(6)],
+    }
     plain, checked = Engine(tiny), Engine(tiny, "--splice-check")
     try:
         a, b = score(plain, 1, job), score(checked, 1, job)
         assert not isinstance(a[-1], Error), a[-1]
-        assert [(s.group, s.option, s.context_tokens, s.logprobs) for s in a if isinstance(s, Scored)] == \
-            [(s.group, s.option, s.context_tokens, s.logprobs) for s in b if isinstance(s, Scored)]
+        assert [(s.group, s.option, s.context_tokens, s.logprobs) for s in a if isinstance(s, Scored)] == [
+            (s.group, s.option, s.context_tokens, s.logprobs) for s in b if isinstance(s, Scored)
+        ]
     finally:
         plain.close()
         checked.close()

@@ -8,6 +8,7 @@ local one (``==`` on the parsed doubles compares bits; no tolerance). Servers st
 variable run ggml's shape-dependent kernels and the same cells differ, so the comparison can fail.
 Also: the flags' errors, the unreachable server, the CAPS keys and the numerics default.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,8 @@ from gateway.engine import Engine
 from gateway.paths import engine_bin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from digits import FILLER, GROUPS, STATE, numbers, read_out_scores, spawn  # noqa: E402
-from rpc import free_port, rpc_servers  # noqa: E402
+from digits import FILLER, GROUPS, STATE, numbers, read_out_scores, spawn
+from rpc import free_port, rpc_servers
 
 pytestmark = pytest.mark.slow
 
@@ -97,9 +98,23 @@ async def test_servers_without_the_reference_kernels_move_the_digits(model_path,
 @pytest.mark.anyio
 async def test_rpc_defaults_to_fast_numerics_and_shows_the_flags_in_caps(model_path, rpc_server_bin):
     with rpc_servers(1) as servers:
-        async with Engine.spawn([str(engine_bin("serveproto-llama")), "--model", str(model_path), "--threads", "1",
-                                 "--rpc", servers[0].endpoint, "--split-mode", "layer", "--tensor-split", "3",
-                                 "--main-gpu", "0"]) as eng:
+        async with Engine.spawn(
+            [
+                str(engine_bin("serveproto-llama")),
+                "--model",
+                str(model_path),
+                "--threads",
+                "1",
+                "--rpc",
+                servers[0].endpoint,
+                "--split-mode",
+                "layer",
+                "--tensor-split",
+                "3",
+                "--main-gpu",
+                "0",
+            ]
+        ) as eng:
             caps = dict(eng.caps.values)
     assert caps["x_numerics"] == "fast"
     assert caps["x_rpc"] == servers[0].endpoint
@@ -107,8 +122,13 @@ async def test_rpc_defaults_to_fast_numerics_and_shows_the_flags_in_caps(model_p
 
 
 def run_engine(model_path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(engine_bin("serveproto-llama")), "--model", str(model_path), "--threads", "1", *args],
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(engine_bin("serveproto-llama")), "--model", str(model_path), "--threads", "1", *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_an_unreachable_server_is_a_load_fail_naming_the_flag(model_path):
@@ -118,10 +138,13 @@ def test_an_unreachable_server_is_a_load_fail_naming_the_flag(model_path):
     assert r.stdout.startswith(f"LOAD_FAIL kind=io --rpc {endpoint}: cannot connect: Connection refused"), r.stdout
 
 
-@pytest.mark.parametrize("args", [
-    ["--tensor-split", "1,1"],      # more shares than devices (none without --rpc)
-    ["--main-gpu", "0"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--tensor-split", "1,1"],  # more shares than devices (none without --rpc)
+        ["--main-gpu", "0"],
+    ],
+)
 def test_values_that_do_not_fit_the_devices_are_unsupported(model_path, args):
     r = run_engine(model_path, *args)
     assert r.returncode == 1
@@ -129,19 +152,37 @@ def test_values_that_do_not_fit_the_devices_are_unsupported(model_path, args):
     assert "a CPU build without --rpc" in r.stdout
 
 
-@pytest.mark.parametrize("flag,value", [
-    ("--split-mode", "tensor"), ("--split-mode", ""),
-    ("--tensor-split", "1,-1"), ("--tensor-split", "0,0"), ("--tensor-split", "a"), ("--tensor-split", "1,,2"),
-    ("--tensor-split", ",".join(["1"] * 17)),
-    ("--main-gpu", "-1"), ("--main-gpu", "16"), ("--main-gpu", "x"),
-    ("--rpc", "localhost"), ("--rpc", ":50052"), ("--rpc", "h:0"), ("--rpc", "h:65536"), ("--rpc", "h:1,"),
-    ("--rpc", "h:1x"),
-])
+@pytest.mark.parametrize(
+    "flag,value",
+    [
+        ("--split-mode", "tensor"),
+        ("--split-mode", ""),
+        ("--tensor-split", "1,-1"),
+        ("--tensor-split", "0,0"),
+        ("--tensor-split", "a"),
+        ("--tensor-split", "1,,2"),
+        ("--tensor-split", ",".join(["1"] * 17)),
+        ("--main-gpu", "-1"),
+        ("--main-gpu", "16"),
+        ("--main-gpu", "x"),
+        ("--rpc", "localhost"),
+        ("--rpc", ":50052"),
+        ("--rpc", "h:0"),
+        ("--rpc", "h:65536"),
+        ("--rpc", "h:1,"),
+        ("--rpc", "h:1x"),
+    ],
+)
 def test_bad_values_name_the_flag(flag, value):
     if not os.access(engine_bin("serveproto-llama"), os.X_OK):
         pytest.skip("engines/bin/serveproto-llama is not built yet")
-    r = subprocess.run([str(engine_bin("serveproto-llama")), "--model", "unused.gguf", flag, value],
-                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [str(engine_bin("serveproto-llama")), "--model", "unused.gguf", flag, value],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 2
     assert r.stderr.startswith(f"serveproto-llama: {flag} must be"), r.stderr
     assert f"got '{value}'" in r.stderr
@@ -149,18 +190,26 @@ def test_bad_values_name_the_flag(flag, value):
 
 @pytest.mark.anyio
 async def test_serve_passes_rpc_through_and_answers_with_the_local_numbers(model_path, rpc_server_bin):
-    request = {"state": "The invoice was paid twice and the customer wants the money back before Friday.",
-               "questions": {"refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
-                             "team": {"type": "choice", "instructions": "Who handles it?",
-                                      "criteria": {"billing": None, "customer success": None, "legal": None}}}}
+    request = {
+        "state": "The invoice was paid twice and the customer wants the money back before Friday.",
+        "questions": {
+            "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
+            "team": {
+                "type": "choice",
+                "instructions": "Who handles it?",
+                "criteria": {"billing": None, "customer success": None, "legal": None},
+            },
+        },
+    }
 
     async def answers(*argv: str) -> dict:
         args = build_parser().parse_args(["serve", "--port", "0", "--log-level", "WARNING", "--threads", "1", *argv])
         async with anyio.create_task_group() as tg:
             port = await tg.start(lambda task_status: serve(args, task_status=task_status))
             async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as c:
-                r = await c.post("/v1/systemone", content=orjson.dumps(request),
-                                 headers={"content-type": "application/json"})
+                r = await c.post(
+                    "/v1/systemone", content=orjson.dumps(request), headers={"content-type": "application/json"}
+                )
             tg.cancel_scope.cancel()
         assert r.status_code == 200, r.text
         return r.json()
@@ -177,17 +226,41 @@ async def test_serve_passes_rpc_through_and_answers_with_the_local_numbers(model
 
 
 def test_serve_passes_the_split_options_to_the_engine(model_path):
-    args = build_parser().parse_args(["serve", "--rpc", "10.0.0.2:50052,10.0.0.3:50052", "--split-mode", "row",
-                                      "--tensor-split", "3,1", "--main-gpu", "1"])
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--rpc",
+            "10.0.0.2:50052,10.0.0.3:50052",
+            "--split-mode",
+            "row",
+            "--tensor-split",
+            "3,1",
+            "--main-gpu",
+            "1",
+        ]
+    )
     argv, _ = engine_argv(args)
     pairs = dict(zip(argv[1::2], argv[2::2]))
-    assert (pairs["--rpc"], pairs["--split-mode"], pairs["--tensor-split"], pairs["--main-gpu"]) == \
-        ("10.0.0.2:50052,10.0.0.3:50052", "row", "3,1", "1")
+    assert (pairs["--rpc"], pairs["--split-mode"], pairs["--tensor-split"], pairs["--main-gpu"]) == (
+        "10.0.0.2:50052,10.0.0.3:50052",
+        "row",
+        "3,1",
+        "1",
+    )
     assert "--rpc" not in engine_argv(build_parser().parse_args(["serve"]))[0]
 
 
-@pytest.mark.parametrize("flag,value", [("--rpc", "h:0"), ("--rpc", "h"), ("--tensor-split", "1,-1"),
-                                        ("--tensor-split", "nan"), ("--split-mode", "tensor"), ("--main-gpu", "-1")])
+@pytest.mark.parametrize(
+    "flag,value",
+    [
+        ("--rpc", "h:0"),
+        ("--rpc", "h"),
+        ("--tensor-split", "1,-1"),
+        ("--tensor-split", "nan"),
+        ("--split-mode", "tensor"),
+        ("--main-gpu", "-1"),
+    ],
+)
 def test_serve_refuses_bad_values_naming_the_flag(flag, value, capsys):
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args(["serve", flag, value])
@@ -206,7 +279,7 @@ def test_split_options_place_the_layers_as_asked(model_path, rpc_server_bin):
 
     with rpc_servers(2) as servers:
         endpoints = ",".join(s.endpoint for s in servers)
-        assert placed()[1] == {"RPC0": 16, "RPC1": 15}   # in proportion to free memory: equal here
+        assert placed()[1] == {"RPC0": 16, "RPC1": 15}  # in proportion to free memory: equal here
         assert placed("--tensor-split", "3,1")[1] == {"RPC0": 24, "RPC1": 7}
         assert placed("--split-mode", "none", "--main-gpu", "1")[1] == {"RPC1": 31}
         r, _ = placed("--split-mode", "row")

@@ -17,6 +17,7 @@ The engine fills each decode from every request in flight, a chunk of each
   was running beside the big one still runs, and the generation's digits are
   those it has alone.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,13 +25,14 @@ import json
 import pytest
 
 from serveproto import Accept, Cancel, Data, Done, Echo, Error, Score, Scored, Submit
-
 from test_llama_engine import Engine
 
 pytestmark = pytest.mark.slow
 
-WORDS = ("the invoice for march was charged twice and the customer wants a refund of the duplicate "
-         "payment before the end of the week or she will close the account").split()
+WORDS = (
+    "the invoice for march was charged twice and the customer wants a refund of the duplicate "
+    "payment before the end of the week or she will close the account"
+).split()
 
 
 def text(seed: int, n: int) -> str:
@@ -38,8 +40,10 @@ def text(seed: int, n: int) -> str:
 
 
 def score(rid: int, slot: int, seed: int, n_groups: int, options, pin: bool = False) -> Score:
-    groups = [{"stem": f"\nQuestion {g}: is {text(seed + g, 6)} true? Answer:",
-               "options": [o.format(g=g) for o in options]} for g in range(n_groups)]
+    groups = [
+        {"stem": f"\nQuestion {g}: is {text(seed + g, 6)} true? Answer:", "options": [o.format(g=g) for o in options]}
+        for g in range(n_groups)
+    ]
     payload = {"prefix": f"Ticket {seed}: {text(seed, 40)}\n", "groups": groups, "pin": pin}
     return Score(id=rid, slot=slot, payload=json.dumps(payload).encode())
 
@@ -129,7 +133,7 @@ BIG = score(20, 0, 11, 12, [" it depends on the size of item {g} today", " only 
 
 def test_a_cancelled_big_score_frees_the_engine_within_one_chunk(model_path):
     gen = submit(21, 1, f"Write about: {text(9, 20)}", max_tokens=40, logprobs=1)
-    small = score(22, 0, 3, 1, [" yes", " no"])   # the big one's slot, once it is free
+    small = score(22, 0, 3, 1, [" yes", " no"])  # the big one's slot, once it is free
     want_gen = alone(model_path, [gen])[21]
     want_small = alone(model_path, [small])[22]
 

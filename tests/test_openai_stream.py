@@ -7,6 +7,7 @@ fixture engine (its toy model recomputed in Python; the official ``openai`` clie
 random-weight GGUF on the llama engine (the numpy oracle). The streamed text and logprobs must
 equal the whole reply's exactly.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,12 +20,13 @@ import orjson
 import pytest
 
 from fixtures import oracle, tiny_gguf, toy_model
-from gateway.server.app import App, ModelInfo
+from gateway.decision.prompts import PromptBuilder
 from gateway.engine import Engine
 from gateway.paths import engine_bin
-from gateway.decision.prompts import PromptBuilder
+from gateway.server.app import App, ModelInfo
 from test_routes_support import EngineCrashed, FakeEngine, RequestError, char_logprob, make_app, running
-from test_server_disconnect import raw_post, serving as serving_slow, wait_until
+from test_server_disconnect import raw_post, wait_until
+from test_server_disconnect import serving as serving_slow
 from test_server_e2e import serving
 from test_server_llama import serving as serving_llama
 
@@ -42,7 +44,9 @@ async def post(base: str, path: str, body: dict) -> httpx2.Response:
 async def stream(base: str, path: str, body: dict) -> tuple[httpx2.Response, bytes]:
     """POST ``body``; the response and its whole (de-chunked) body."""
     async with httpx2.AsyncClient(base_url=base, timeout=60) as c:
-        async with c.stream("POST", path, content=orjson.dumps(body), headers={"content-type": "application/json"}) as r:
+        async with c.stream(
+            "POST", path, content=orjson.dumps(body), headers={"content-type": "application/json"}
+        ) as r:
             return r, b"".join([chunk async for chunk in r.aiter_bytes()])
 
 
@@ -52,23 +56,35 @@ def sse_events(raw: bytes) -> list[dict]:
     frames = raw[:-2].split(b"\n\n")
     assert all(f.startswith(b"data: ") and b"\n" not in f for f in frames), frames
     assert frames[-1] == b"data: [DONE]" and b"data: [DONE]" not in frames[:-1]
-    return [orjson.loads(f[len(b"data: "):]) for f in frames[:-1]]
+    return [orjson.loads(f[len(b"data: ") :]) for f in frames[:-1]]
 
 
 def merged_completion(events: list[dict]) -> dict:
     """A streamed completion's choice, rebuilt from its chunks the way a client would."""
     choices = [e["choices"][0] for e in events if e.get("choices")]
     lps = [c["logprobs"] for c in choices if c["logprobs"]]
-    return {"text": "".join(c["text"] for c in choices), "finish_reason": choices[-1]["finish_reason"],
-            "logprobs": {k: [x for lp in lps for x in lp[k]] for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}}
+    return {
+        "text": "".join(c["text"] for c in choices),
+        "finish_reason": choices[-1]["finish_reason"],
+        "logprobs": {
+            k: [x for lp in lps for x in lp[k]] for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+        },
+    }
 
 
 # ---- the route fake: exact frames, validation, errors ----
 
+
 async def test_completion_stream_exact_frames_and_the_whole_reply():
     eng = FakeEngine(reply="Hi yo")
-    body = {"prompt": "ab", "echo": True, "logprobs": 1, "max_tokens": 2, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "prompt": "ab",
+        "echo": True,
+        "logprobs": 1,
+        "max_tokens": 2,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     async with running(make_app(eng)) as base:
         r, raw = await stream(base, "/v1/completions", body)
         whole = (await post(base, "/v1/completions", {**body, "stream": False, "stream_options": None})).json()
@@ -76,25 +92,43 @@ async def test_completion_stream_exact_frames_and_the_whole_reply():
     assert r.headers["content-type"] == "text/event-stream" and r.headers["transfer-encoding"] == "chunked"
     rid = r.headers["x-typesafe-request-id"]
     created = orjson.loads(raw.split(b"\n\n")[0][6:])["created"]
-    head = b'{"id":"cmpl-%s","object":"text_completion","created":%d,"model":"fake-model",' % (rid[4:].encode(), created)
+    head = b'{"id":"cmpl-%s","object":"text_completion","created":%d,"model":"fake-model",' % (
+        rid[4:].encode(),
+        created,
+    )
     # the fake: position 0 cold (nan), "b" at -(1 + 98 % 7) / 10 = -0.1 with alternative 0 at -0.5;
     # each generated word at -0.25 with alternative 7 at -0.25; no vocabulary, so alternatives read "<id>"
     expected = (
-        b'data: ' + head + b'"choices":[{"text":"ab","index":0,"logprobs":{"tokens":["a","b"],'
+        b"data: " + head + b'"choices":[{"text":"ab","index":0,"logprobs":{"tokens":["a","b"],'
         b'"token_logprobs":[null,-0.1],"top_logprobs":[null,{"<0>":-0.5}],"text_offset":[0,1]},"finish_reason":null}]}\n\n'
-        b'data: ' + head + b'"choices":[{"text":"Hi","index":0,"logprobs":{"tokens":["Hi"],'
+        b"data: " + head + b'"choices":[{"text":"Hi","index":0,"logprobs":{"tokens":["Hi"],'
         b'"token_logprobs":[-0.25],"top_logprobs":[{"<7>":-0.25}],"text_offset":[2]},"finish_reason":null}]}\n\n'
-        b'data: ' + head + b'"choices":[{"text":" yo","index":0,"logprobs":{"tokens":[" yo"],'
+        b"data: " + head + b'"choices":[{"text":" yo","index":0,"logprobs":{"tokens":[" yo"],'
         b'"token_logprobs":[-0.25],"top_logprobs":[{"<7>":-0.25}],"text_offset":[4]},"finish_reason":null}]}\n\n'
-        b'data: ' + head + b'"choices":[{"text":"","index":0,"logprobs":null,"finish_reason":"stop"}]}\n\n'
-        b'data: ' + head + b'"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":2,"total_tokens":4}}\n\n'
-        b'data: [DONE]\n\n')
+        b"data: " + head + b'"choices":[{"text":"","index":0,"logprobs":null,"finish_reason":"stop"}]}\n\n'
+        b"data: " + head + b'"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":2,"total_tokens":4}}\n\n'
+        b"data: [DONE]\n\n"
+    )
     assert raw == expected
     assert char_logprob("b") == -0.1
-    assert whole["object"] == "text_completion" and whole["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
-    assert whole["choices"] == [{"text": "abHi yo", "index": 0, "finish_reason": "stop", "logprobs": {
-        "tokens": ["a", "b", "Hi", " yo"], "token_logprobs": [None, -0.1, -0.25, -0.25],
-        "top_logprobs": [None, {"<0>": -0.5}, {"<7>": -0.25}, {"<7>": -0.25}], "text_offset": [0, 1, 2, 4]}}]
+    assert whole["object"] == "text_completion" and whole["usage"] == {
+        "prompt_tokens": 2,
+        "completion_tokens": 2,
+        "total_tokens": 4,
+    }
+    assert whole["choices"] == [
+        {
+            "text": "abHi yo",
+            "index": 0,
+            "finish_reason": "stop",
+            "logprobs": {
+                "tokens": ["a", "b", "Hi", " yo"],
+                "token_logprobs": [None, -0.1, -0.25, -0.25],
+                "top_logprobs": [None, {"<0>": -0.5}, {"<7>": -0.25}, {"<7>": -0.25}],
+                "text_offset": [0, 1, 2, 4],
+            },
+        }
+    ]
     # both asked the engine for one alternative per token, on a generating SUBMIT
     assert [c[2:6] for c in eng.calls] == [(2, 0.0, 1.0, 1)] * 2
 
@@ -103,20 +137,32 @@ async def test_completion_stream_plain_and_read_out_only():
     eng = FakeEngine(reply="one two three")
     async with running(make_app(eng)) as base:
         _, plain = await stream(base, "/v1/completions", {"prompt": "go", "max_tokens": 2, "stream": True})
-        _, echo_only = await stream(base, "/v1/completions", {"prompt": "go", "max_tokens": 5, "echo": True, "stream": True})
-        _, readout = await stream(base, "/v1/completions", {"prompt": "xyz", "max_tokens": 0, "echo": True, "logprobs": 0,
-                                                            "stream": True})
+        _, echo_only = await stream(
+            base, "/v1/completions", {"prompt": "go", "max_tokens": 5, "echo": True, "stream": True}
+        )
+        _, readout = await stream(
+            base, "/v1/completions", {"prompt": "xyz", "max_tokens": 0, "echo": True, "logprobs": 0, "stream": True}
+        )
     assert [e["choices"][0] for e in sse_events(plain)] == [
         {"text": "one", "index": 0, "logprobs": None, "finish_reason": None},
         {"text": " two", "index": 0, "logprobs": None, "finish_reason": None},
-        {"text": "", "index": 0, "logprobs": None, "finish_reason": "length"}]
+        {"text": "", "index": 0, "logprobs": None, "finish_reason": "length"},
+    ]
     assert [e["choices"][0]["text"] for e in sse_events(echo_only)] == ["go", "one", " two", " three", ""]
     assert sse_events(echo_only)[-1]["choices"][0]["finish_reason"] == "stop"
     # max_tokens=0: the read-out alone, then "length"; logprobs=0 gives each token's logprob and no alternatives
     [prompt, end] = [e["choices"][0] for e in sse_events(readout)]
-    assert prompt == {"text": "xyz", "index": 0, "finish_reason": None, "logprobs": {
-        "tokens": ["x", "y", "z"], "token_logprobs": [None, char_logprob("y"), char_logprob("z")],
-        "top_logprobs": [None, None, None], "text_offset": [0, 1, 2]}}
+    assert prompt == {
+        "text": "xyz",
+        "index": 0,
+        "finish_reason": None,
+        "logprobs": {
+            "tokens": ["x", "y", "z"],
+            "token_logprobs": [None, char_logprob("y"), char_logprob("z")],
+            "top_logprobs": [None, None, None],
+            "text_offset": [0, 1, 2],
+        },
+    }
     assert end["finish_reason"] == "length"
     assert [c[0] for c in eng.calls] == ["submit", "submit", "read_out"] and eng.calls[-1][2] == 1
     assert eng.calls[1][5] == 0  # echo without logprobs reads nothing out
@@ -131,15 +177,22 @@ async def test_chat_stream_carries_logprobs_like_the_whole_reply():
     choices = [e["choices"][0] for e in sse_events(raw)]
 
     def entry(text: str) -> dict:
-        return {"token": text, "logprob": -0.25, "bytes": list(text.encode()),
-                "top_logprobs": [{"token": "<7>", "logprob": -0.25, "bytes": list(b"<7>")},
-                                 {"token": "<8>", "logprob": -1.25, "bytes": list(b"<8>")}]}
+        return {
+            "token": text,
+            "logprob": -0.25,
+            "bytes": list(text.encode()),
+            "top_logprobs": [
+                {"token": "<7>", "logprob": -0.25, "bytes": list(b"<7>")},
+                {"token": "<8>", "logprob": -1.25, "bytes": list(b"<8>")},
+            ],
+        }
 
     assert choices == [
         {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None},
         {"index": 0, "delta": {"content": "Hello"}, "logprobs": {"content": [entry("Hello")]}, "finish_reason": None},
         {"index": 0, "delta": {"content": " there"}, "logprobs": {"content": [entry(" there")]}, "finish_reason": None},
-        {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}]
+        {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"},
+    ]
     assert whole["choices"][0]["logprobs"] == {"content": [entry("Hello"), entry(" there")]}
     assert whole["choices"][0]["message"]["content"] == "Hello there"
     assert [c[5] for c in eng.calls] == [2, 2]
@@ -148,7 +201,9 @@ async def test_chat_stream_carries_logprobs_like_the_whole_reply():
 async def test_stop_string_split_across_tokens_is_never_sent():
     eng = FakeEngine(reply="Hello there friend")
     async with running(make_app(eng)) as base:
-        _, raw = await stream(base, "/v1/completions", {"prompt": "p", "max_tokens": 9, "stop": "there f", "stream": True})
+        _, raw = await stream(
+            base, "/v1/completions", {"prompt": "p", "max_tokens": 9, "stop": "there f", "stream": True}
+        )
         whole = (await post(base, "/v1/completions", {"prompt": "p", "max_tokens": 9, "stop": "there f"})).json()
     texts = [e["choices"][0]["text"] for e in sse_events(raw)]
     # " there" might begin the stop string: held back, then cut when " friend" completes it
@@ -156,20 +211,27 @@ async def test_stop_string_split_across_tokens_is_never_sent():
     assert whole["choices"][0]["finish_reason"] == "stop"
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"stream": "yes"}, "stream"),
-    ({"stream": True, "stream_options": ["include_usage"]}, "stream_options"),
-    ({"stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
-    ({"echo": "true"}, "echo"),
-    ({"logprobs": 33}, "logprobs"),
-    ({"logprobs": True}, "logprobs"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"stream": "yes"}, "stream"),
+        ({"stream": True, "stream_options": ["include_usage"]}, "stream_options"),
+        ({"stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
+        ({"echo": "true"}, "echo"),
+        ({"logprobs": 33}, "logprobs"),
+        ({"logprobs": True}, "logprobs"),
+    ],
+)
 async def test_bad_stream_fields_are_400_naming_the_field(body, param):
     eng = FakeEngine()
     async with running(make_app(eng)) as base:
         r = await post(base, "/v1/completions", {"prompt": "p", **body})
         chat = await post(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": 1})
-    assert r.status_code == 400 and r.json()["error"]["param"] == param and r.json()["error"]["type"] == "invalid_request_error"
+    assert (
+        r.status_code == 400
+        and r.json()["error"]["param"] == param
+        and r.json()["error"]["type"] == "invalid_request_error"
+    )
     assert chat.status_code == 400 and chat.json()["error"]["param"] == "logprobs"
     assert eng.calls == []
 
@@ -189,10 +251,13 @@ class FailingMidStream(FakeEngine):
                     raise self.error
 
 
-@pytest.mark.parametrize("path, body", [
-    ("/v1/completions", {"prompt": "p", "echo": True, "logprobs": 1}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}),
-])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/completions", {"prompt": "p", "echo": True, "logprobs": 1}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}),
+    ],
+)
 async def test_engine_failure_before_the_200_is_503_after_it_in_band(path, body):
     async with running(make_app(FakeEngine(fail=EngineCrashed("the engine exited")))) as base:
         down, down_raw = await stream(base, path, {**body, "stream": True})
@@ -212,16 +277,31 @@ async def test_engine_failure_before_the_200_is_503_after_it_in_band(path, body)
         last = evs[-2]["choices"][0]
         assert (last["text"] if "text" in last else last["delta"]["content"]) == "a"
         assert "usage" not in evs[-2] and all(e["choices"][0]["finish_reason"] is None for e in evs[:-1])
-    assert events[0][-1] == {"error": {"message": "the engine is unavailable: the engine exited", "type": "overloaded_error",
-                                       "param": None, "code": None}}
-    assert events[1][-1] == {"error": {"message": "the engine refused the request: BAD_REQUEST no",
-                                       "type": "invalid_request_error", "param": None, "code": None}}
+    assert events[0][-1] == {
+        "error": {
+            "message": "the engine is unavailable: the engine exited",
+            "type": "overloaded_error",
+            "param": None,
+            "code": None,
+        }
+    }
+    assert events[1][-1] == {
+        "error": {
+            "message": "the engine refused the request: BAD_REQUEST no",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": None,
+        }
+    }
 
 
-@pytest.mark.parametrize("path, body", [
-    ("/v1/completions", {"prompt": "go", "echo": True, "logprobs": 1}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "go"}]}),
-])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/completions", {"prompt": "go", "echo": True, "logprobs": 1}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "go"}]}),
+    ],
+)
 async def test_client_leaving_a_stream_ends_the_engine_request(path, body):
     eng = FakeEngine(reply=" ".join(["word"] * 1000))
     eng.token_delay = 0.01
@@ -238,6 +318,7 @@ async def test_client_leaving_a_stream_ends_the_engine_request(path, body):
 
 # ---- the fixture engine: its toy model, faults, cancellation, the openai client ----
 
+
 def toy_readout(text: str) -> list[float]:
     """Each byte's logprob given the bytes before it, by the toy model (bytes are tokens); position 0 has none."""
     toks = list(text.encode())
@@ -253,7 +334,9 @@ async def test_openai_client_streams_both_routes_as_the_whole_replies(fixture_en
         client = openai.AsyncOpenAI(api_key="x", base_url=base + "/v1", max_retries=0)
         kw = {"model": "any", "prompt": "the cat sat", "max_tokens": 6, "echo": True, "logprobs": 2}
         whole = await client.completions.create(**kw)
-        chunks = [c async for c in await client.completions.create(**kw, stream=True, stream_options={"include_usage": True})]
+        chunks = [
+            c async for c in await client.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+        ]
         chat_kw = {"model": "any", "messages": msgs, "max_tokens": 5, "logprobs": True, "top_logprobs": 3}
         chat_whole = await client.chat.completions.create(**chat_kw)
         chat_chunks = [c async for c in await client.chat.completions.create(**chat_kw, stream=True)]
@@ -262,7 +345,9 @@ async def test_openai_client_streams_both_routes_as_the_whole_replies(fixture_en
     assert "".join(p.text for p in parts) == whole.choices[0].text
     assert whole.choices[0].text.startswith("the cat sat") and len(whole.choices[0].text) == len("the cat sat") + 6
     for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
-        assert [x for p in parts if p.logprobs for x in getattr(p.logprobs, key)] == getattr(whole.choices[0].logprobs, key)
+        assert [x for p in parts if p.logprobs for x in getattr(p.logprobs, key)] == getattr(
+            whole.choices[0].logprobs, key
+        )
     assert parts[-1].finish_reason == whole.choices[0].finish_reason == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == whole.usage.model_dump()
     assert whole.usage.completion_tokens == 6 and whole.usage.prompt_tokens == len("the cat sat")
@@ -274,7 +359,10 @@ async def test_openai_client_streams_both_routes_as_the_whole_replies(fixture_en
     streamed = [e for c in chat_chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     assert [e.model_dump() for e in streamed] == [e.model_dump() for e in chat_whole.choices[0].logprobs.content]
     assert len(streamed) == 5 and all(len(e.top_logprobs) == 3 for e in streamed)
-    assert "".join(c.choices[0].delta.content or "" for c in chat_chunks if c.choices) == chat_whole.choices[0].message.content
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in chat_chunks if c.choices)
+        == chat_whole.choices[0].message.content
+    )
     prompt = PromptBuilder().chat(msgs).encode()
     first = toy_model.log_softmax(toy_model.logits(toy_model.chain(list(prompt))[len(prompt)], prompt[-1]))
     assert streamed[0].logprob == pytest.approx(first[streamed[0].bytes[0]], abs=1e-6)
@@ -310,8 +398,11 @@ async def test_closed_client_cancels_a_streamed_completion(fixture_engine, read_
     closes the connection ends the engine request (CANCEL): the slot is free again."""
     async with serving_slow(fixture_engine) as (engine, port):
         s = await anyio.connect_tcp("127.0.0.1", port)
-        await s.send(raw_post("/v1/completions", {"prompt": "count", "max_tokens": 400, "stream": True, "echo": True,
-                                                  "logprobs": 1}))
+        await s.send(
+            raw_post(
+                "/v1/completions", {"prompt": "count", "max_tokens": 400, "stream": True, "echo": True, "logprobs": 1}
+            )
+        )
         await wait_until(lambda: engine.in_flight == 1, "the completion reached the engine")
         if read_first_chunk:
             got = b""
@@ -356,6 +447,7 @@ async def test_echo_after_a_snapshot_is_stitched_whole_and_streamed(fixture_engi
 
 # ---- the tiny GGUF on the llama engine: the numpy oracle ----
 
+
 @pytest.fixture
 def tiny():
     if not os.access(engine_bin("serveproto-llama"), os.X_OK):
@@ -370,7 +462,12 @@ async def test_tiny_gguf_streams_equal_the_whole_replies_and_the_oracle(tiny, an
 
     ids_of = {p: i for i, p in enumerate(vocab.load(tiny).pieces)}
     comp = {"prompt": "The capital of France is", "max_tokens": 6, "echo": True, "logprobs": 3}
-    chat = {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 6, "logprobs": True, "top_logprobs": 2}
+    chat = {
+        "messages": [{"role": "user", "content": "Name a colour."}],
+        "max_tokens": 6,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
     async with serving_llama("--model", str(tiny), "--slots", "1", "--ctx", "512") as base:
         whole = (await post(base, "/v1/completions", comp)).json()
         _, raw = await stream(base, "/v1/completions", {**comp, "stream": True})
@@ -378,8 +475,11 @@ async def test_tiny_gguf_streams_equal_the_whole_replies_and_the_oracle(tiny, an
         _, chat_raw = await stream(base, "/v1/chat/completions", {**chat, "stream": True})
     events = sse_events(raw)
     choice = whole["choices"][0]
-    assert merged_completion(events) == {"text": choice["text"], "finish_reason": choice["finish_reason"],
-                                         "logprobs": choice["logprobs"]}
+    assert merged_completion(events) == {
+        "text": choice["text"],
+        "finish_reason": choice["finish_reason"],
+        "logprobs": choice["logprobs"],
+    }
     assert choice["finish_reason"] == "length" and whole["usage"]["completion_tokens"] == 6
     # the prompt part: one chunk, each position's logprob and top-3 as the oracle computes them
     lp = events[0]["choices"][0]["logprobs"]
@@ -387,20 +487,24 @@ async def test_tiny_gguf_streams_equal_the_whole_replies_and_the_oracle(tiny, an
     ids = [ids_of[t.encode()] for t in lp["tokens"]]
     assert len(ids) == whole["usage"]["prompt_tokens"]
     ref = oracle.logprobs(tiny, ids)
-    top_ids, top_lps = oracle.top_k(tiny, ids, 3)
+    top_ids, top_lps = oracle.top_k(tiny, ids, 3)  # noqa: RUF059  (kept as written)
     assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
     assert max(abs(a - r) for a, r in zip(lp["token_logprobs"][1:], ref[1:])) <= TOL
     for p in range(1, len(ids)):
         assert list(lp["top_logprobs"][p].values()) == pytest.approx(list(top_lps[p]), abs=TOL)
     # the generated tokens: each one the oracle's greedy choice, at the oracle's logprob
-    gen = choice["logprobs"]["tokens"][len(ids):]
+    gen = choice["logprobs"]["tokens"][len(ids) :]
     full = ids + [ids_of[t.encode()] for t in gen]
     ref = oracle.logprobs(tiny, full)
-    assert max(abs(a - r) for a, r in zip(choice["logprobs"]["token_logprobs"][len(ids):], ref[len(ids):])) <= TOL
+    assert max(abs(a - r) for a, r in zip(choice["logprobs"]["token_logprobs"][len(ids) :], ref[len(ids) :])) <= TOL
     greedy = oracle.top_k(tiny, full, 1)[0]
-    assert [int(greedy[p][0]) for p in range(len(ids), len(full))] == full[len(ids):]
+    assert [int(greedy[p][0]) for p in range(len(ids), len(full))] == full[len(ids) :]
     # chat: streamed content and logprobs equal the whole reply's
     chunks = [e["choices"][0] for e in sse_events(chat_raw)]
-    assert [x for c in chunks if c["logprobs"] for x in c["logprobs"]["content"]] == chat_whole["choices"][0]["logprobs"]["content"]
+    assert [x for c in chunks if c["logprobs"] for x in c["logprobs"]["content"]] == chat_whole["choices"][0][
+        "logprobs"
+    ]["content"]
     assert "".join(c["delta"].get("content", "") for c in chunks) == chat_whole["choices"][0]["message"]["content"]
-    assert len(chat_whole["choices"][0]["logprobs"]["content"]) == 6 and not math.isnan(chunks[1]["logprobs"]["content"][0]["logprob"])
+    assert len(chat_whole["choices"][0]["logprobs"]["content"]) == 6 and not math.isnan(
+        chunks[1]["logprobs"]["content"][0]["logprob"]
+    )

@@ -11,6 +11,7 @@ a plain subprocess (``fixtures.sync_engine``); these tests skip only while the
 binary or the package is missing. ``python -m fixtures.compare`` prints the
 measured differences.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,9 +32,8 @@ if not hasattr(serveproto, "GatewayConnection"):
 if not ENGINE.exists():
     pytest.skip(f"{ENGINE} not built yet (engineer L; make -C engines all)", allow_module_level=True)
 
-from serveproto import Accept, Data, Done, Echo, Error, Score, Scored, Submit  # noqa: E402
-
 from fixtures.sync_engine import SyncEngine  # noqa: E402
+from serveproto import Accept, Data, Done, Echo, Error, Score, Scored, Submit  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -62,8 +62,9 @@ def _random_ids(seed: int, n: int) -> list[int]:
 
 def _readout(engine, prompt: bytes, *, ids: bool, k: int = 5, pin: bool = False) -> list[Echo]:
     rid = engine.new_id()
-    evs = engine.request(Submit(id=rid, slot=0, prompt=prompt, max_tokens=0, temperature=0.0,
-                                top_p=1.0, logprobs=k, ids=ids, pin=pin))
+    evs = engine.request(
+        Submit(id=rid, slot=0, prompt=prompt, max_tokens=0, temperature=0.0, top_p=1.0, logprobs=k, ids=ids, pin=pin)
+    )
     assert not isinstance(evs[-1], Error), evs[-1]
     assert isinstance(evs[0], Accept) and isinstance(evs[-1], Done)
     echoes = [e for e in evs if isinstance(e, Echo)]
@@ -94,13 +95,14 @@ def _assert_echoes_match(tiny, ids, echoes, first):
             continue
         assert abs(e.logprob - lp[e.position]) <= TOL, (
             f"position {e.position}: engine {e.logprob!r}, oracle {lp[e.position]!r} "
-            "(a difference near 1e-3 means an F16 KV cache or flash attention: fixtures/README.md)")
+            "(a difference near 1e-3 means an F16 KV cache or flash attention: fixtures/README.md)"
+        )
         _assert_top_matches(e.top, top_ids[e.position], top_lps[e.position], f"position {e.position}")
 
 
 def test_caps_describe_the_tiny_model(engine):
     assert engine.caps.n_vocab == 49152
-    assert engine.caps.model in ("tiny-v1", "serveproto-tiny-v1")   # file stem or general.name
+    assert engine.caps.model in ("tiny-v1", "serveproto-tiny-v1")  # file stem or general.name
 
 
 @pytest.mark.parametrize("n, seed", [(19, 1), (300, 2)])
@@ -113,12 +115,12 @@ def test_echo_of_token_ids_equals_oracle(engine, tiny, n, seed):
 
 
 def test_echo_of_text_equals_oracle(engine, tiny):
-    text = "The capital of France is Paris. Is that true? Answer yes or no.\n".encode()
+    text = b"The capital of France is Paris. Is that true? Answer yes or no.\n"
     echoes = _readout(engine, text, ids=False)
     assert b"".join(e.text for e in echoes) == text
     v = vocab.load(tiny)
     ids = [v.id_of(e.text) for e in echoes]
-    assert len(ids) < len(text) // 2          # BPE merged: these are words, not bytes
+    assert len(ids) < len(text) // 2  # BPE merged: these are words, not bytes
     _assert_echoes_match(tiny, ids, echoes, first=0)
 
 
@@ -128,7 +130,7 @@ def test_echo_of_a_chat_prompt_equals_oracle(engine, tiny):
     echoes = _readout(engine, text, ids=False)
     v = vocab.load(tiny)
     ids = [v.id_of(e.text) for e in echoes]
-    assert ids[0] == 1 and ids.count(1) == 2 and ids.count(2) == 1   # <|im_start|>, <|im_end|>
+    assert ids[0] == 1 and ids.count(1) == 2 and ids.count(2) == 1  # <|im_start|>, <|im_end|>
     assert b"".join(e.text for e in echoes) == text
     _assert_echoes_match(tiny, ids, echoes, first=0)
 
@@ -146,8 +148,11 @@ def test_greedy_generation_follows_oracle(engine, tiny):
     ids = _random_ids(5, 30)
     n_new = 6
     rid = engine.new_id()
-    evs = engine.request(Submit(id=rid, slot=0, prompt=_ids_payload(ids), max_tokens=n_new,
-                                temperature=0.0, top_p=1.0, logprobs=3, ids=True))
+    evs = engine.request(
+        Submit(
+            id=rid, slot=0, prompt=_ids_payload(ids), max_tokens=n_new, temperature=0.0, top_p=1.0, logprobs=3, ids=True
+        )
+    )
     assert isinstance(evs[-1], Done), evs[-1]
     data = [e for e in evs if isinstance(e, Data)]
     assert len(data) == evs[-1].emitted == n_new and evs[-1].length_limited
@@ -173,10 +178,11 @@ def test_score_equals_oracle(engine, tiny):
     if not engine.caps.x_score:
         pytest.skip("engine does not advertise x_score")
     prefix = "Paris is in France."
-    groups = [(" Is it true? Answer:", [" yes", " no", " it depends on the map"]),
-              (" Which country? ", ["France", "Germany"])]
-    payload = json.dumps({"prefix": prefix, "groups": [{"stem": st, "options": opts}
-                                                       for st, opts in groups]}).encode()
+    groups = [
+        (" Is it true? Answer:", [" yes", " no", " it depends on the map"]),
+        (" Which country? ", ["France", "Germany"]),
+    ]
+    payload = json.dumps({"prefix": prefix, "groups": [{"stem": st, "options": opts} for st, opts in groups]}).encode()
     rid = engine.new_id()
     evs = engine.request(Score(id=rid, slot=0, payload=payload))
     assert isinstance(evs[-1], Done), evs[-1]
@@ -189,8 +195,7 @@ def test_score_equals_oracle(engine, tiny):
         for opt in options:
             s = next(it)
             full = _text_ids(engine, tiny, prefix + stem + opt)
-            common = next((i for i, (a, b) in enumerate(zip(context, full)) if a != b),
-                          min(len(context), len(full)))
+            common = next((i for i, (a, b) in enumerate(zip(context, full)) if a != b), min(len(context), len(full)))
             assert s.context_tokens == common
             assert len(s.logprobs) == len(full) - common >= 1
             n_scored.append(len(s.logprobs))

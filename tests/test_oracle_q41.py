@@ -7,6 +7,7 @@ transcode reads out within 1e-4 of the oracle. Slow part (``-m slow``): the same
 on the default model (SmolLM2-135M-Instruct Q4_1), where the engine on the Q4_1
 file itself sits ~0.1-0.3 nats away (bench/exactness.py prints it).
 """
+
 from __future__ import annotations
 
 import os
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.timeout(300)
 
 
 # -- hand-made blocks -----------------------------------------------------------------------------
+
 
 def _write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, int | None]]) -> Path:
     """A GGUF with only the given tensors: name -> (array, raw ggml type or None for F32)."""
@@ -55,12 +57,12 @@ def _f16_bytes(x: float) -> list[int]:
 def test_q4_1_block_layout(tmp_path):
     """ggml's block_q4_1: d (f16), m (f16), 16 bytes; value j < 16 is the low nibble of byte j,
     value j >= 16 the high nibble of byte j - 16; value = d * nibble + m."""
-    nibbles = np.arange(32) % 16                      # 0..15, 0..15
-    qs = (nibbles[:16] | (nibbles[16:][::-1] << 4)).astype(np.uint8)   # high nibbles 15..0
+    nibbles = np.arange(32) % 16  # 0..15, 0..15
+    qs = (nibbles[:16] | (nibbles[16:][::-1] << 4)).astype(np.uint8)  # high nibbles 15..0
     row = []
-    for d, m in ((0.5, -2.0), (0.25, 1.0)):           # two blocks: a row of 64 values
+    for d, m in ((0.5, -2.0), (0.25, 1.0)):  # two blocks: a row of 64 values
         row += _f16_bytes(d) + _f16_bytes(m) + list(qs)
-    raw = np.array([row, row[::1]], dtype=np.uint8)   # (2 rows, 40 bytes)
+    raw = np.array([row, row[::1]], dtype=np.uint8)  # (2 rows, 40 bytes)
     path = _write_gguf(tmp_path / "q41.gguf", {"w": (raw, Q4_1)})
     with GGUFFile(path) as f:
         got = dequant.tensor(f, "w")
@@ -74,7 +76,7 @@ def test_q4_1_block_layout(tmp_path):
 def test_q8_0_block_layout(tmp_path):
     """ggml's block_q8_0: d (f16), 32 int8; value = d * q."""
     q = np.arange(-16, 16, dtype=np.int8)
-    raw = np.array([_f16_bytes(0.125) + list(q.view(np.uint8))], dtype=np.uint8)   # (1, 34)
+    raw = np.array([_f16_bytes(0.125) + list(q.view(np.uint8))], dtype=np.uint8)  # (1, 34)
     path = _write_gguf(tmp_path / "q80.gguf", {"w": (raw, Q8_0)})
     with GGUFFile(path) as f:
         got = dequant.tensor(f, "w")
@@ -105,14 +107,17 @@ class _FakeFile:
         return self._meta.get(key, default)
 
 
-@pytest.mark.parametrize("extra_tensor, meta, match", [
-    ("rope_freqs.weight", {}, "does not model: rope_freqs"),
-    ("blk.0.attn_q.bias", {}, "does not model: blk.0.attn_q.bias"),
-    (None, {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 2.0}, "rope scaling 'linear'"),
-    (None, {"llama.attention.scale": 0.1}, "attention.scale"),
-    (None, {"llama.expert_count": 8}, "expert_count"),
-    (None, {"llama.attention.key_length": 128}, "key_length"),
-])
+@pytest.mark.parametrize(
+    "extra_tensor, meta, match",
+    [
+        ("rope_freqs.weight", {}, "does not model: rope_freqs"),
+        ("blk.0.attn_q.bias", {}, "does not model: blk.0.attn_q.bias"),
+        (None, {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 2.0}, "rope scaling 'linear'"),
+        (None, {"llama.attention.scale": 0.1}, "attention.scale"),
+        (None, {"llama.expert_count": 8}, "expert_count"),
+        (None, {"llama.attention.key_length": 128}, "key_length"),
+    ],
+)
 def test_oracle_refuses_what_it_does_not_model(extra_tensor, meta, match):
     names = {"token_embd.weight", "output_norm.weight"} | {f"blk.0.{t}.weight" for t in oracle._BLOCK_TENSORS}
     if extra_tensor:
@@ -124,6 +129,7 @@ def test_oracle_refuses_what_it_does_not_model(extra_tensor, meta, match):
 
 
 # -- a Q4_1 copy of the tiny fixture ---------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tiny_q41(tiny, tmp_path_factory):
@@ -183,6 +189,7 @@ def test_engine_on_the_tiny_q41_transcode_meets_the_oracle(tiny, tiny_q41, cache
 
 # -- the default model ------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def default_model():
     path = default_model_path()
@@ -194,7 +201,7 @@ def default_model():
 
 @pytest.fixture(scope="module")
 def default_f32(default_model):
-    return precision.ensure_f32(default_model, threads=2, quiet=True)   # the real cache: made once
+    return precision.ensure_f32(default_model, threads=2, quiet=True)  # the real cache: made once
 
 
 @pytest.mark.slow
@@ -210,11 +217,11 @@ def test_default_model_tensors_dequantize_to_llama_cpps_own(default_model, defau
     assert sum(t == Q4_1 for t in q.types.values()) == 30 * 7
     assert "output.weight" not in q.types and q.weights["output.weight"] is q.weights["token_embd.weight"]
     assert q.weights["token_embd.weight"].shape == (49152, 576)
-    assert q.weights["blk.0.attn_k.weight"].shape == (192, 576)        # 3 kv heads x 64
+    assert q.weights["blk.0.attn_k.weight"].shape == (192, 576)  # 3 kv heads x 64
     assert q.weights["blk.0.ffn_down.weight"].shape == (576, 1536)
     with GGUFFile(default_f32) as f:
         assert {i.ggml_type for i in f.tensors.values()} == {dequant.F32}
-        for name, info in f.tensors.items():
+        for name, info in f.tensors.items():  # noqa: B007  (kept as written)
             np.testing.assert_array_equal(q.weights[name], f.tensor(name), err_msg=name)
 
 

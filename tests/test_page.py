@@ -5,6 +5,7 @@ and answers ``/v1/systemone`` and ``/v1/chat/completions`` with replies chosen
 here; the page is driven with selenium and Debian's chromium + chromedriver.
 Set ``SERVEPROTO_PAGE_SCREENSHOT=path.png`` to keep a screenshot of the first test.
 """
+
 from __future__ import annotations
 
 import os
@@ -12,7 +13,6 @@ import shutil
 import tempfile
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -20,13 +20,24 @@ from test_chat_client import FakeServer, choice_reply, entropy_oracle
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-CHROME_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--disable-quic", "--window-size=1280,1000")
+CHROME_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+    "--window-size=1280,1000",
+)
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')")
 if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-    pytest.skip("chromium and chromedriver are not installed (apt-get install -y chromium chromium-driver)",
-                allow_module_level=True)
+    pytest.skip(
+        "chromium and chromedriver are not installed (apt-get install -y chromium chromium-driver)",
+        allow_module_level=True,
+    )
 
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -80,8 +91,10 @@ def bars(el):
     return list(zip(labels, pcts, ps, widths))
 
 
-TICKET = ("Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing. "
-          "I am losing sales. Please help ASAP.")
+TICKET = (
+    "Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing. "
+    "I am losing sales. Please help ASAP."
+)
 
 
 def fresh(driver, url):
@@ -104,8 +117,16 @@ def test_a_question_gets_bars_winner_and_entropy(browser):
             time.sleep(0.6)  # let the bars' 0.35 s width transition finish before the picture
             browser.save_screenshot(shot)
         [(_, _, headers, body)] = srv.posts("/v1/systemone")
-    assert body == {"state": TICKET, "questions": {"q": {"type": "choice", "instructions": "Which team should handle this?",
-                                                        "criteria": {"billing": None, "technical": None, "sales": None}}}}
+    assert body == {
+        "state": TICKET,
+        "questions": {
+            "q": {
+                "type": "choice",
+                "instructions": "Which team should handle this?",
+                "criteria": {"billing": None, "technical": None, "sales": None},
+            }
+        },
+    }
     assert "Authorization" not in headers
     assert bars(el) == [
         ("billing", "6.0%", 0.059806, "display: block; width: 5.98%;"),
@@ -187,7 +208,8 @@ def test_ask_errors_and_the_api_key(browser):
         browser.find_element(By.ID, "q-options").send_keys("yes | no\n")
         el = wait(browser, lambda d: "failed" in card(d, 1).get_attribute("class") and card(d, 1))
         assert el.find_element(By.CSS_SELECTOR, ".q-error").text == (
-            "HTTP 401: wrong or missing API key (set the API key at the top right)")
+            "HTTP 401: wrong or missing API key (set the API key at the top right)"
+        )
         key = browser.find_element(By.ID, "api-key")
         key.send_keys("s3cret")
         el.find_element(By.CSS_SELECTOR, ".q-again").click()
@@ -203,7 +225,9 @@ def test_a_422_shows_the_field(browser):
         fresh(browser, srv.url)
         ask(browser, "q?", "a | b")
         el = wait(browser, lambda d: "failed" in card(d, 1).get_attribute("class") and card(d, 1))
-        assert el.find_element(By.CSS_SELECTOR, ".q-error").text == "HTTP 422: body.questions.q.criteria: too many labels"
+        assert (
+            el.find_element(By.CSS_SELECTOR, ".q-error").text == "HTTP 422: body.questions.q.criteria: too many labels"
+        )
 
 
 def test_plain_text_files_load_and_pdf_or_word_are_refused(browser, tmp_path):
@@ -233,7 +257,7 @@ def test_plain_text_files_load_and_pdf_or_word_are_refused(browser, tmp_path):
         refusals = {}
         for f in (fake_pdf, docx, disguised, binary):
             upload.send_keys(str(f))
-            wait(browser, lambda d: error.is_displayed() and f.name in error.text)
+            wait(browser, lambda d: error.is_displayed() and f.name in error.text)  # noqa: B023  (called within the same iteration)
             refusals[f.name] = error.text
             # The document is left as it was.
             assert doc.get_attribute("value") == "# Notes\n\nThe build is red since Monday. Ünïcode kept.\n"

@@ -9,6 +9,7 @@ to the server (the fixture engine is deterministic).
 
 Set ``SERVEPROTO_PAGE_SCREENSHOT=path.png`` to keep a screenshot of the page.
 """
+
 from __future__ import annotations
 
 import http.client
@@ -34,8 +35,9 @@ FIXTURE = engine_bin("serveproto-fixture")
 
 
 def serve_is_implemented() -> bool:
-    out = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--help"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     return out.returncode == 0 and "--engine" in out.stdout
 
 
@@ -50,10 +52,24 @@ class LiveServer:
 
     def __init__(self, *engine: str):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--log-level", "WARNING",
-             "--engine", *engine],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={k: v for k, v in os.environ.items() if k != "SERVEPROTO_API_KEY"})
+            [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "serve",
+                "--port",
+                "0",
+                "--log-level",
+                "WARNING",
+                "--engine",
+                *engine,
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={k: v for k, v in os.environ.items() if k != "SERVEPROTO_API_KEY"},
+        )
         self.lines: list[str] = []
         deadline = time.monotonic() + 120
         self.url = None
@@ -110,8 +126,11 @@ class PageFront:
                 if "/" not in name and f.is_file():
                     body = f.read_bytes()
                     self.send_response(200)
-                    self.send_header("Content-Type", {".html": "text/html", ".css": "text/css",
-                                                      ".js": "text/javascript"}[f.suffix] + "; charset=utf-8")
+                    self.send_header(
+                        "Content-Type",
+                        {".html": "text/html", ".css": "text/css", ".js": "text/javascript"}[f.suffix]
+                        + "; charset=utf-8",
+                    )
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
                     self.wfile.write(body)
@@ -179,13 +198,19 @@ def decide_server():
 
 
 def direct_choice(server: LiveServer, state: str, question: str, options, qid: str) -> dict:
-    status, reply = server.post("/v1/systemone", {"state": state, "questions": {qid: {
-        "type": "choice", "instructions": question, "criteria": {o: None for o in options}}}})
+    status, reply = server.post(
+        "/v1/systemone",
+        {
+            "state": state,
+            "questions": {qid: {"type": "choice", "instructions": question, "criteria": {o: None for o in options}}},
+        },
+    )
     assert status == 200, reply
     return reply["answers"][qid]
 
 
 # -- the terminal --------------------------------------------------------------
+
 
 def test_terminal_decide_matches_the_server(chat_server):
     from test_chat_client_pty import Term
@@ -203,8 +228,9 @@ def test_terminal_decide_matches_the_server(chat_server):
     finally:
         t.child.terminate(force=True)
     options = ("merge", "request changes", "close")
-    answer = direct_choice(chat_server, "", "The PR touches the engine and carries no tests. What should we do?",
-                           options, "decision")
+    answer = direct_choice(
+        chat_server, "", "The PR touches the engine and carries no tests. What should we do?", options, "decision"
+    )
     probs = [answer["probabilities"][o] for o in options]
     order = sorted(range(3), key=lambda i: -probs[i])
     rows = [ln.strip() for ln in shown.splitlines() if ln.strip().endswith("%")]
@@ -215,12 +241,14 @@ def test_terminal_decide_matches_the_server(chat_server):
 
 # -- the page ------------------------------------------------------------------
 
+
 def test_page_on_a_language_model(chat_server):
-    import test_page as tp
     from selenium.webdriver.common.by import By
 
+    import test_page as tp
+
     url, front = page_url(chat_server)
-    driver, profile = tp.start_browser()
+    driver, profile = tp.start_browser()  # noqa: RUF059  (kept as written)
     try:
         tp.fresh(driver, url)
         driver.find_element(By.ID, "doc").send_keys(tp.TICKET)
@@ -229,16 +257,19 @@ def test_page_on_a_language_model(chat_server):
         first = tp.wait(driver, lambda d: tp.answered(d, 1), timeout=60)
         second = tp.wait(driver, lambda d: tp.answered(d, 2), timeout=60)
         driver.find_element(By.ID, "chat-input").send_keys("Summarise the ticket.\n")
-        tp.wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#chat-log .msg.assistant:not(.streaming)"),
-                timeout=60)
+        tp.wait(
+            driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#chat-log .msg.assistant:not(.streaming)"), timeout=60
+        )
         reply = driver.find_element(By.CSS_SELECTOR, "#chat-log .msg.assistant")
         assert "error" not in reply.get_attribute("class") and reply.text.strip()
         shot = os.environ.get("SERVEPROTO_PAGE_SCREENSHOT")
         if shot:
             time.sleep(0.6)
             driver.save_screenshot(shot)
-        for el, question, options in ((first, "Which team should handle this?", ("billing", "technical", "sales")),
-                                      (second, "How urgent is it?", ("low", "medium", "high"))):
+        for el, question, options in (
+            (first, "Which team should handle this?", ("billing", "technical", "sales")),
+            (second, "How urgent is it?", ("low", "medium", "high")),
+        ):
             answer = direct_choice(chat_server, tp.TICKET, question, options, "q")
             probs = [answer["probabilities"][o] for o in options]
             assert [b[0] for b in tp.bars(el)] == list(options)
@@ -253,22 +284,27 @@ def test_page_on_a_language_model(chat_server):
 
 
 def test_page_on_a_decision_engine(decide_server):
-    import test_page as tp
     from selenium.webdriver.common.by import By
 
+    import test_page as tp
+
     url, front = page_url(decide_server)
-    driver, profile = tp.start_browser()
+    driver, profile = tp.start_browser()  # noqa: RUF059  (kept as written)
     try:
         tp.fresh(driver, url)
         driver.find_element(By.ID, "doc").send_keys("The invoice was paid twice.")
         tp.ask(driver, "Which queue?", "billing | bugs | sales")
         el = tp.wait(driver, lambda d: tp.answered(d, 1), timeout=60)
-        answer = direct_choice(decide_server, "The invoice was paid twice.", "Which queue?", ("billing", "bugs", "sales"), "q")
+        answer = direct_choice(
+            decide_server, "The invoice was paid twice.", "Which queue?", ("billing", "bugs", "sales"), "q"
+        )
         assert [b[2] for b in tp.bars(el)] == [answer["probabilities"][o] for o in ("billing", "bugs", "sales")]
         assert el.get_attribute("data-winner") == answer["choice"]
         # A decision engine generates nothing: the chat says so in one line.
         driver.find_element(By.ID, "chat-input").send_keys("hello\n")
-        msg = tp.wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#chat-log .msg.assistant.error"), timeout=60)[0]
+        msg = tp.wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#chat-log .msg.assistant.error"), timeout=60)[
+            0
+        ]
         assert msg.text.startswith("HTTP 400: ") and "/v1/systemone" in msg.text
     finally:
         driver.quit()
@@ -278,7 +314,8 @@ def test_page_on_a_decision_engine(decide_server):
 
 def test_client_against_the_decision_engine(decide_server):
     d = Client(decide_server.url).decide("The invoice was paid twice.", "Which queue?", ("billing", "bugs", "sales"))
-    answer = direct_choice(decide_server, "The invoice was paid twice.", "Which queue?", ("billing", "bugs", "sales"),
-                           "decision")
+    answer = direct_choice(
+        decide_server, "The invoice was paid twice.", "Which queue?", ("billing", "bugs", "sales"), "decision"
+    )
     assert d.probabilities == tuple(answer["probabilities"][o] for o in ("billing", "bugs", "sales"))
     assert d.winner == answer["choice"]

@@ -1,4 +1,5 @@
 """``serve --precision``: the F32 transcode made once into the cache and reused, and the flag's errors."""
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,7 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny_q80(tiny, tmp_path_factory):
-    return tiny_gguf.quantized_copy(tiny, tmp_path_factory.mktemp("q80") / "tiny-q80.gguf",
-                          weight_type=8)
+    return tiny_gguf.quantized_copy(tiny, tmp_path_factory.mktemp("q80") / "tiny-q80.gguf", weight_type=8)
 
 
 def _need_tool():
@@ -49,11 +49,11 @@ def test_transcode_once_then_reused(tiny_q80, cache, tmp_path, capfd):
     err = capfd.readouterr().err
     assert out == precision.f32_path(tiny_q80) and out.is_file()
     assert "transcoding tiny-q80.gguf to F32" in err
-    assert "serveproto-quantize: F32: 30/30 tensors" in err and f"wrote {out}" in err   # 3 x 9 + 3 tensors
+    assert "serveproto-quantize: F32: 30/30 tensors" in err and f"wrote {out}" in err  # 3 x 9 + 3 tensors
     with GGUFFile(out) as f:
         assert {t.ggml_type for t in f.tensors.values()} == {0}
         assert f.get(precision.SOURCE_KEY) == precision.source_fingerprint(tiny_q80)
-        assert f.get("general.name") == tiny_gguf.NAME                   # the source's metadata kept
+        assert f.get("general.name") == tiny_gguf.NAME  # the source's metadata kept
     assert list(out.parent.glob("*.part")) == []
     st = out.stat()
     # the second call finds it: no tool run (a tool that would fail proves it), same file
@@ -69,7 +69,7 @@ def test_a_changed_source_is_transcoded_again(tiny, tiny_q80, cache, tmp_path):
     first = precision.ensure_f32(src, quiet=True)
     with GGUFFile(first) as f:
         before = f.tensor("blk.0.attn_q.weight")
-    tiny_gguf.quantized_copy(tiny, src, weight_type=3)              # same name, Q4_1 weights now
+    tiny_gguf.quantized_copy(tiny, src, weight_type=3)  # same name, Q4_1 weights now
     second = precision.ensure_f32(src, quiet=True)
     assert second == first
     with GGUFFile(second) as f:
@@ -96,8 +96,8 @@ def test_a_failing_tool_leaves_nothing(tiny_q80, cache, tmp_path):
 
 
 def test_a_tool_that_writes_no_f32_gguf_is_refused(tiny_q80, cache, tmp_path):
-    tool = tmp_path / "copy-tool"    # exits 0 but "transcodes" by copying the quantized file
-    tool.write_text("#!/bin/sh\nfor a; do src=$out; out=$a; done\ncp \"$src\" \"$out\"\n")
+    tool = tmp_path / "copy-tool"  # exits 0 but "transcodes" by copying the quantized file
+    tool.write_text('#!/bin/sh\nfor a; do src=$out; out=$a; done\ncp "$src" "$out"\n')
     tool.chmod(0o755)
     with pytest.raises(precision.TranscodeError, match="not an all-F32 GGUF"):
         precision.ensure_f32(tiny_q80, tool=tool, quiet=True)
@@ -105,22 +105,26 @@ def test_a_tool_that_writes_no_f32_gguf_is_refused(tiny_q80, cache, tmp_path):
 
 
 def _serve(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gateway.cli", "serve", *argv], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_bad_precision_value_is_a_clear_error():
     r = _serve("--precision", "f16")
     assert r.returncode == 2
-    assert "argument --precision: 'f16' is not a precision: native (the GGUF's own weight types, the default) " \
-           "or f32" in r.stderr
+    assert (
+        "argument --precision: 'f16' is not a precision: native (the GGUF's own weight types, the default) "
+        "or f32" in r.stderr
+    )
 
 
 def test_precision_with_a_named_engine_is_refused(tmp_path):
     r = _serve("--port", "0", "--precision", "f32", "--engine", str(tmp_path / "engine"))
     assert r.returncode == 1
-    assert r.stderr.strip() == ("serveproto serve: --precision applies to the llama engine; with --engine, "
-                                "give your engine its model")
+    assert r.stderr.strip() == (
+        "serveproto serve: --precision applies to the llama engine; with --engine, give your engine its model"
+    )
 
 
 @pytest.mark.slow
@@ -140,15 +144,15 @@ def test_served_logprobs_with_precision_f32_meet_the_oracle():
     if not model.exists() or not os.access(QUANTIZE, os.X_OK):
         pytest.skip("needs the default model and engines/bin/serveproto-quantize (make engines model)")
     text = "Support ticket: the November invoice charged the annual plan twice. Refund the duplicate?"
-    args = build_parser().parse_args(["serve", "--port", "0", "--log-level", "WARNING", "--threads", "2",
-                                      "--precision", "f32"])
+    args = build_parser().parse_args(
+        ["serve", "--port", "0", "--log-level", "WARNING", "--threads", "2", "--precision", "f32"]
+    )
 
     async def main():
         async with anyio.create_task_group() as tg:
             port = await tg.start(lambda task_status: serve(args, task_status=task_status))
             async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as c:
-                r = await c.post("/v1/completions", json={"prompt": text, "max_tokens": 0, "echo": True,
-                                                          "logprobs": 1})
+                r = await c.post("/v1/completions", json={"prompt": text, "max_tokens": 0, "echo": True, "logprobs": 1})
             tg.cancel_scope.cancel()
         return r
 

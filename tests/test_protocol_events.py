@@ -7,11 +7,11 @@ import json
 import math
 
 import pytest
-from test_protocol_support import CodecGateway, engine
 
 import serveproto as sp
 from serveproto import _connection
 from serveproto._writers import write as frame_bytes  # the bare writer, no state machine
+from test_protocol_support import CodecGateway, engine
 
 
 def _refused(fn, *args, field: str, request_id: int = 0, **kw) -> None:

@@ -7,10 +7,10 @@ import math
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_protocol_support import ALL_CAPS, CodecGateway, b, engine, load, same
 
 import serveproto as sp
 from serveproto._writers import write as frame_bytes  # the bare writer, no state machine
+from test_protocol_support import ALL_CAPS, CodecGateway, b, engine, load, same
 
 U64 = 2**64 - 1
 ids = st.integers(1, U64)

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from test_protocol_support import CodecGateway, b, engine, load, same
 
 import serveproto as sp
+from test_protocol_support import CodecGateway, b, engine, load, same
 
 TRANSCRIPTS = load("transcripts")
 IDS = [t["name"] for t in TRANSCRIPTS]

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from test_protocol_support import CodecGateway, b, decode_all, engine, expected_event, load, same
 
 import serveproto as sp
 from serveproto import _writers
 from serveproto._writers import write as frame_bytes  # the bare writer, no state machine
+from test_protocol_support import CodecGateway, b, decode_all, engine, expected_event, load, same
 
 REQUESTS = load("requests")
 REPLIES = load("replies")

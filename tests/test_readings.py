@@ -1,5 +1,6 @@
 """``gateway.decision.readings`` and the formats of ``gateway.decision.prompts``: exact prompt texts, the reads of each method,
 and the combination arithmetic (spellings, means, batch calibration, PriDe) by hand."""
+
 from __future__ import annotations
 
 import math
@@ -15,10 +16,13 @@ CRIT = {"sales": "plans", "billing": "payments", "technical": None}
 
 def test_listed_order_is_any_permutation():
     assert question_text("choice", "Who?", CRIT, order=[2, 0, 1]) == (
-        "Who?\ntechnical\nsales: plans\nbilling: payments\nAnswer with one label.", ("sales", "billing", "technical"))
+        "Who?\ntechnical\nsales: plans\nbilling: payments\nAnswer with one label.",
+        ("sales", "billing", "technical"),
+    )
     # rotation applies on top of the order
     assert question_text("choice", "Who?", CRIT, 1, [2, 0, 1])[0] == (
-        "Who?\nsales: plans\nbilling: payments\ntechnical\nAnswer with one label.")
+        "Who?\nsales: plans\nbilling: payments\ntechnical\nAnswer with one label."
+    )
     assert question_text("noul", "Urgent?", None, order=[1, 0])[0] == "Urgent?\nAnswer no or yes."
     with pytest.raises(ValueError):
         question_text("choice", "Who?", CRIT, order=[0, 0, 1])
@@ -40,7 +44,9 @@ def test_letter_format_and_spellings():
     assert text == "Who?\nA. billing: payments\nB. technical\nC. sales: plans\nAnswer with the letter."
     assert per_option == (spellings("C"), spellings("A"), spellings("B"))  # reply order: sales, billing, technical
     assert letters_text("score", "How bad?", ["none", "some"]) == (
-        "How bad?\n0. none\n1. some\nAnswer with the number.", (("0", " 0"), ("1", " 1")))
+        "How bad?\n0. none\n1. some\nAnswer with the number.",
+        (("0", " 0"), ("1", " 1")),
+    )
     text, _ = letters_text("score", "How bad?", [str(i) for i in range(11)])
     assert text.splitlines()[1:3] == ["A. 0", "B. 1"] and text.endswith("Answer with the letter.")
     assert letters_text("noul", "Urgent?", None) == ("Urgent?\nAnswer yes or no.", (spellings("no"), spellings("yes")))
@@ -52,8 +58,11 @@ def test_canonical_reads_do_not_depend_on_the_request_order():
     other = {"technical": None, "sales": "plans", "billing": "payments"}
     a = readings.plan("choice", "Who?", CRIT, 3, Method(canonical=True))
     b = readings.plan("choice", "Who?", other, 3, Method(canonical=True))
-    assert [r.text for r in a] == [r.text for r in b] == [
-        "Who?\nbilling: payments\nsales: plans\ntechnical\nAnswer with one label."]
+    assert (
+        [r.text for r in a]
+        == [r.text for r in b]
+        == ["Who?\nbilling: payments\nsales: plans\ntechnical\nAnswer with one label."]
+    )
     # the scored strings too (canonical order); owner maps them to each request's reply order, places
     # say where each reply option is listed
     assert a[0].scored == b[0].scored == ("billing", "sales", "technical")
@@ -63,7 +72,10 @@ def test_canonical_reads_do_not_depend_on_the_request_order():
     assert [r.text.splitlines()[1] for r in rot] == ["billing: payments", "sales: plans", "technical"]
     assert [r.places for r in rot] == [(1, 0, 2), (0, 2, 1), (2, 1, 0)]
     # a score and a noul have no order of their own: canonical is their natural listing
-    assert readings.plan("score", "How?", ["a", "b"], 2, Method(canonical=True))[0].text == "How?\n1: a\n2: b\nAnswer with the number."
+    assert (
+        readings.plan("score", "How?", ["a", "b"], 2, Method(canonical=True))[0].text
+        == "How?\n1: a\n2: b\nAnswer with the number."
+    )
     noul = readings.plan("noul", "Urgent?", None, 2, Method(canonical=True, cyclic=True))
     assert [r.text for r in noul] == ["Urgent?\nAnswer yes or no.", "Urgent?\nAnswer no or yes."]
     assert [r.places for r in noul] == [(1, 0), (0, 1)]  # reply order (no, yes)
@@ -76,12 +88,19 @@ def test_request_order_reads_match_the_listed_prompt():
     letters = readings.plan("choice", "Who?", CRIT, 3, Method("letters"))
     assert letters[0].scored[:4] == spellings("A") and letters[0].owner == (0,) * 4 + (1,) * 4 + (2,) * 4
     cloze = readings.plan("choice", "Who?", CRIT, 3, Method("cloze", content_free=True))
-    assert [(r.text, r.scored, r.owner, r.places) for r in cloze] == [("Who?", ("billing", "sales", "technical"),
-                                                                       (1, 0, 2), None)]
+    assert [(r.text, r.scored, r.owner, r.places) for r in cloze] == [
+        ("Who?", ("billing", "sales", "technical"), (1, 0, 2), None)
+    ]
 
 
 def test_method_names_round_trip():
-    for names in [(), ("cyclic", "content_free"), ("canonical", "content_free"), ("cloze", "content_free"), ("letters",)]:
+    for names in [
+        (),
+        ("cyclic", "content_free"),
+        ("canonical", "content_free"),
+        ("cloze", "content_free"),
+        ("letters",),
+    ]:
         assert Method.from_names(names).names == names
 
 
@@ -98,8 +117,9 @@ def test_log_probs_sum_each_options_spellings():
 def test_combine_means_reads_and_subtracts_the_content_free_ones():
     a = [math.log(0.8), math.log(0.2)]
     b = [math.log(0.5), math.log(0.5)]
-    assert readings.combine([a, b], None) == pytest.approx([(math.log(0.8) + math.log(0.5)) / 2,
-                                                           (math.log(0.2) + math.log(0.5)) / 2])
+    assert readings.combine([a, b], None) == pytest.approx(
+        [(math.log(0.8) + math.log(0.5)) / 2, (math.log(0.2) + math.log(0.5)) / 2]
+    )
     assert readings.combine([a], [math.log(0.8), math.log(0.2)]) == pytest.approx([0.0, 0.0])
 
 
@@ -126,8 +146,9 @@ def test_pride_prior_by_hand():
     assert readings.pride_prior([([r0, r1], places)]) == pytest.approx([2 / 3, 1 / 3])
     # averaged over samples in probability space
     flat = [math.log(0.5), math.log(0.5)]
-    assert readings.pride_prior([([r0, r1], places), ([flat, flat], places)]) == pytest.approx([(2 / 3 + 0.5) / 2,
-                                                                                              (1 / 3 + 0.5) / 2])
+    assert readings.pride_prior([([r0, r1], places), ([flat, flat], places)]) == pytest.approx(
+        [(2 / 3 + 0.5) / 2, (1 / 3 + 0.5) / 2]
+    )
     # divided out by place: the option listed first loses its place's weight
     assert readings.divide([0.5, 0.5], [2 / 3, 1 / 3], places=(0, 1)) == pytest.approx([1 / 3, 2 / 3])
     assert readings.divide([0.5, 0.5], [2 / 3, 1 / 3], places=(1, 0)) == pytest.approx([2 / 3, 1 / 3])

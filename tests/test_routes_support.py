@@ -4,6 +4,7 @@ The fake is a toy with numbers a test can work out by hand: an option's
 tokens are its characters, and character ``c`` has logprob
 ``-(1 + ord(c) % 7) / 10``. It records every call it gets.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -12,13 +13,17 @@ import json
 import anyio
 import attrs
 
-from gateway.server.app import App, ModelInfo
-from gateway.engine import (EngineCrashed, EngineError, OptionScore, ReadOut, RequestError,  # noqa: F401
-                            ScoreResult)
 from gateway.decision.chat_template import ChatTemplate
+from gateway.engine import (
+    EngineCrashed,  # noqa: F401  (re-exported: test_routes, test_sdk, test_openai_stream import it from here)
+    OptionScore,
+    ReadOut,
+    RequestError,  # noqa: F401
+    ScoreResult,
+)
 from gateway.http import HTTPServer
+from gateway.server.app import App, ModelInfo
 from serveproto import Accept, Data, Done, Echo
-
 
 #: The support-ticket request the route and end-to-end tests ask.
 TICKET = {
@@ -26,10 +31,16 @@ TICKET = {
     "model": "jev-latest",
     "questions": {
         "urgency": {"type": "noul", "instructions": "Does this message express urgency?"},
-        "department": {"type": "choice", "instructions": "Which team should handle this?",
-                       "criteria": {"billing": "payments, invoices", "technical": "bugs, integration errors", "sales": None}},
-        "severity": {"type": "score", "instructions": "How severe is the customer impact?",
-                     "criteria": ["no impact", "minor", "blocked", "losing money", "business down"]},
+        "department": {
+            "type": "choice",
+            "instructions": "Which team should handle this?",
+            "criteria": {"billing": "payments, invoices", "technical": "bugs, integration errors", "sales": None},
+        },
+        "severity": {
+            "type": "score",
+            "instructions": "How severe is the customer impact?",
+            "criteria": ["no impact", "minor", "blocked", "losing money", "business down"],
+        },
     },
 }
 
@@ -99,7 +110,9 @@ class FakeEngine:
             answers.append({"id": q["id"], "probs": [x / sum(w) for x in w], "logits": w})
         return {"answers": answers, "input_tokens": 42, "engine_ms": 1.5}, Done(1, 0, 0.0, 0.0, 0.1, 42, False)
 
-    async def submit(self, prompt, max_tokens=16, temperature=0.0, top_p=1.0, logprobs=0, pin=False, slot=None, counters=False):
+    async def submit(
+        self, prompt, max_tokens=16, temperature=0.0, top_p=1.0, logprobs=0, pin=False, slot=None, counters=False
+    ):
         self.calls.append(("submit", prompt, max_tokens, temperature, top_p, logprobs, slot))
         self._check()
         p = prompt.encode() if isinstance(prompt, str) else prompt

@@ -1,11 +1,13 @@
 """The decision math (gateway.engine.score's step 4, gateway.decision.scoring's reported numbers), against values
 worked out by hand."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.decision import scoring
 from gateway.engine.score import option_scores, softmax
@@ -48,8 +50,10 @@ def test_bad_inputs_name_the_problem():
         option_scores([[float("nan")]])
 
 
-@given(st.lists(st.lists(st.floats(min_value=-200, max_value=0), min_size=1, max_size=4), min_size=1, max_size=40),
-       st.sampled_from(["sum", "mean"]))
+@given(
+    st.lists(st.lists(st.floats(min_value=-200, max_value=0), min_size=1, max_size=4), min_size=1, max_size=40),
+    st.sampled_from(["sum", "mean"]),
+)
 def test_reported_probabilities_always_add_to_one(lps, normalize):
     p = scoring.decide(lps, normalize)
     units = [round(x * scoring.QUANTUM) for x in p]

@@ -7,6 +7,7 @@ with the same words: ``ValueError`` from the API, exit 1 and a line on stderr fr
 from the server. (Before, the API and the CLI ranked an empty option first under ``sum``, gave a
 ``-inf`` option probability 0, and the CLI died with a traceback on NaN.)
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -51,13 +52,18 @@ class BadScores(FakeEngine):
 
 def served(rows, normalize: str) -> httpx2.Response:
     labels = [f"label{i}" for i in range(len(rows))]
-    body = {"state": "s", "normalize": normalize, "x_debias": "none",
-            "questions": {"q": {"type": "choice", "criteria": {k: None for k in labels}}}}
+    body = {
+        "state": "s",
+        "normalize": normalize,
+        "x_debias": "none",
+        "questions": {"q": {"type": "choice", "criteria": {k: None for k in labels}}},
+    }
 
     async def ask():
         async with running(make_app(BadScores(rows))) as base:
             async with httpx2.AsyncClient(base_url=base) as c:
                 return await c.post("/v1/systemone", json=body)
+
     return anyio.run(ask)
 
 
@@ -74,8 +80,19 @@ def cli(rows, normalize: str, capsys, monkeypatch, *extra: str) -> tuple[int, st
         yield Spawned()
 
     monkeypatch.setattr(api.Engine, "spawn", classmethod(spawn))
-    args = build_parser().parse_args(["score", "--engine", "unused", "--prefix", "p", "--normalize", normalize,
-                                      *[a for i in range(len(rows)) for a in ("--option", f"o{i}")], *extra])
+    args = build_parser().parse_args(
+        [
+            "score",
+            "--engine",
+            "unused",
+            "--prefix",
+            "p",
+            "--normalize",
+            normalize,
+            *[a for i in range(len(rows)) for a in ("--option", f"o{i}")],
+            *extra,
+        ]
+    )
     rc = args.func(args)
     out, err = capsys.readouterr()
     return rc, out, err
@@ -109,8 +126,10 @@ def test_unusable_logprobs_are_refused_alike(bad, message, normalize, capsys, mo
         assert (rc, out, err) == (1, "", f"serveproto score: the engine's scores are unusable: {message}\n")
     reply = served(rows, normalize)
     assert reply.status_code == 502
-    assert reply.json()["detail"] == {"error_type": "api_error",
-                                      "message": f"the engine's scores for 'q' are unusable: {message}"}
+    assert reply.json()["detail"] == {
+        "error_type": "api_error",
+        "message": f"the engine's scores for 'q' are unusable: {message}",
+    }
 
 
 def test_an_unknown_normalize_is_refused_by_the_one_check():
@@ -131,12 +150,24 @@ def test_step_4_is_written_once_in_the_gateway():
     found = []
     for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.FunctionDef) and node.name in ("softmax", "log_softmax", "option_scores",
-                                                                   "check_normalize"):
+            if isinstance(node, ast.FunctionDef) and node.name in (
+                "softmax",
+                "log_softmax",
+                "option_scores",
+                "check_normalize",
+            ):
                 found.append((str(path.relative_to(root)), node.name))
-            elif isinstance(node, (ast.Tuple, ast.List, ast.Set)) and node.elts and all(
-                    isinstance(e, ast.Constant) for e in node.elts) and {e.value for e in node.elts} == {"sum", "mean"}:
+            elif (
+                isinstance(node, (ast.Tuple, ast.List, ast.Set))
+                and node.elts
+                and all(isinstance(e, ast.Constant) for e in node.elts)
+                and {e.value for e in node.elts} == {"sum", "mean"}
+            ):
                 found.append((str(path.relative_to(root)), "('sum', 'mean')"))
-    assert sorted(found) == [("engine/score.py", "('sum', 'mean')"), ("engine/score.py", "check_normalize"),
-                             ("engine/score.py", "log_softmax"), ("engine/score.py", "option_scores"),
-                             ("engine/score.py", "softmax")]
+    assert sorted(found) == [
+        ("engine/score.py", "('sum', 'mean')"),
+        ("engine/score.py", "check_normalize"),
+        ("engine/score.py", "log_softmax"),
+        ("engine/score.py", "option_scores"),
+        ("engine/score.py", "softmax"),
+    ]

@@ -6,13 +6,18 @@ the fake of ``test_routes_support`` (its numbers are checked in
 ``test_routes.py``); the same client against real engines is in
 ``test_server_e2e.py``.
 """
+
 from __future__ import annotations
 
 import anyio
 import pytest
 import typesafe_sdk
-from typesafe_sdk import (AsyncTypeSafeClient, TypeSafeAuthenticationError, TypeSafeClient,
-                          TypeSafeUnprocessableEntityError)
+from typesafe_sdk import (
+    AsyncTypeSafeClient,
+    TypeSafeAuthenticationError,
+    TypeSafeClient,
+    TypeSafeUnprocessableEntityError,
+)
 
 from test_routes_support import EngineCrashed, FakeCaps, FakeEngine, make_app, running
 
@@ -20,10 +25,16 @@ pytestmark = pytest.mark.anyio
 
 QUESTIONS = {
     "urgency": {"type": "noul", "instructions": "Does this message express urgency?"},
-    "department": {"type": "choice", "instructions": "Which team should handle this?",
-                   "criteria": {"billing": "payments, invoices, Stripe payouts", "technical": "bugs, outages", "sales": None}},
-    "severity": {"type": "score", "instructions": "How severe is the customer impact?",
-                 "criteria": ["no impact", "minor inconvenience", "blocked on one task", "losing money", "business down"]},
+    "department": {
+        "type": "choice",
+        "instructions": "Which team should handle this?",
+        "criteria": {"billing": "payments, invoices, Stripe payouts", "technical": "bugs, outages", "sales": None},
+    },
+    "severity": {
+        "type": "score",
+        "instructions": "How severe is the customer impact?",
+        "criteria": ["no impact", "minor inconvenience", "blocked on one task", "losing money", "business down"],
+    },
 }
 TICKET = "Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing."
 
@@ -54,9 +65,11 @@ def check_result(result):
 async def test_sync_client_system_one_and_models():
     rec = Recorder(make_app(FakeEngine()))
     async with running(rec) as base:
+
         def call():
             with TypeSafeClient(api_key="k", base_url=base) as client:
                 return client.system_one(state=TICKET, questions=QUESTIONS), client.models.list()
+
         result, models = await anyio.to_thread.run_sync(call)
     check_result(result)
     assert result.model == "fake-model"
@@ -82,9 +95,11 @@ async def test_async_client_zstd_body_over_1kib():
 
 async def test_sdk_sees_our_errors():
     async with running(make_app(FakeEngine(), api_key="right")) as base:
+
         def call(key, questions):
             with TypeSafeClient(api_key=key, base_url=base, retry=typesafe_sdk.RetryPolicy(max_retries=0)) as client:
                 return client.system_one(state="s", questions=questions)
+
         with pytest.raises(TypeSafeAuthenticationError):
             await anyio.to_thread.run_sync(call, "wrong", QUESTIONS)
         with pytest.raises(TypeSafeUnprocessableEntityError) as info:
@@ -95,9 +110,11 @@ async def test_sdk_sees_our_errors():
 async def test_sdk_on_a_dead_engine_gets_503_fast():
     eng = FakeEngine(FakeCaps(chat=False, decide=True, slots=1), fail=EngineCrashed("gone"))
     async with running(make_app(eng)) as base:
+
         def call():
             with TypeSafeClient(api_key="k", base_url=base, retry=typesafe_sdk.RetryPolicy(max_retries=0)) as client:
                 return client.system_one(state="s", questions=QUESTIONS)
+
         with pytest.raises(typesafe_sdk.TypeSafeInternalServerError) as info:
             await anyio.to_thread.run_sync(call)
     assert info.value.status == 503 and info.value.headers["retry-after"] == "1"

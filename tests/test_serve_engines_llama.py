@@ -1,11 +1,12 @@
 """Two llama engines behind one server (``--model default=... --model tiny=...``): each request is answered
 by the model it names, and its bits equal those of a server that runs that model alone."""
+
 from __future__ import annotations
 
+import httpx2
 import orjson
 import pytest
 
-import httpx2
 from gateway.server.routing import HEADER, routing_key
 from test_serve_engines import serving
 
@@ -15,8 +16,11 @@ REQUEST = {
     "state": "The invoice was paid twice and the customer wants the money back before Friday.",
     "questions": {
         "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
-        "team": {"type": "choice", "instructions": "Who handles it?",
-                 "criteria": {"billing": "invoices and payments", "customer success": None, "legal": "contracts"}},
+        "team": {
+            "type": "choice",
+            "instructions": "Who handles it?",
+            "criteria": {"billing": "invoices and payments", "customer success": None, "legal": "contracts"},
+        },
         "urgency": {"type": "score", "instructions": "How urgent is it?", "criteria": ["not", "somewhat", "very"]},
     },
 }
@@ -41,8 +45,10 @@ async def test_two_llama_models_answer_as_alone(model_path, tiny):
         async with httpx2.AsyncClient(base_url=base, timeout=30) as c:
             health = (await c.get("/health")).json()
             models = (await c.get("/v1/models")).json()
-        assert health["status"] == "ok" and [(e["name"], e["model"]) for e in health["engines"]] == \
-            [("smol-0", "smol"), ("tiny-0", "tiny")]
+        assert health["status"] == "ok" and [(e["name"], e["model"]) for e in health["engines"]] == [
+            ("smol-0", "smol"),
+            ("tiny-0", "tiny"),
+        ]
         assert [m["name"] for m in models["models"]] == ["smol", "tiny"]
         both = {asked: await answers(base, asked) for asked in ("tiny", "smol", "jev-latest", None)}
     async with serving("--threads", "1", "--model", str(tiny)) as base:
@@ -52,5 +58,5 @@ async def test_two_llama_models_answer_as_alone(model_path, tiny):
     key = routing_key(REQUEST["state"])
     assert both["tiny"] == ("tiny", tiny_alone[1], key)
     assert both["smol"] == ("smol", smol_alone[1], key)
-    assert both["jev-latest"] == both[None] == both["smol"]       # any other name: the first model
-    assert tiny_alone[1] != smol_alone[1]                          # the two models do answer apart
+    assert both["jev-latest"] == both[None] == both["smol"]  # any other name: the first model
+    assert tiny_alone[1] != smol_alone[1]  # the two models do answer apart

@@ -1,4 +1,5 @@
 """``serveproto serve`` as a command: the port is bound before the engine starts, and a port in use is one line."""
+
 from __future__ import annotations
 
 import socket
@@ -9,8 +10,9 @@ from gateway.paths import ROOT
 
 
 def serve_cli(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gateway.cli", "serve", *argv], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_port_in_use_is_one_line_and_status_2_before_the_engine_starts(tmp_path):
@@ -37,8 +39,8 @@ def llama_argv(tmp_path, monkeypatch, *argv: str, env: str | None = None, cores:
     """``engine_argv`` for the llama engine on a stand-in model and binary, with ``cores`` CPUs."""
     import os as _os
 
-    from gateway.cli import serve as cli_serve
     from gateway.cli import build_parser
+    from gateway.cli import serve as cli_serve
 
     engine = tmp_path / "serveproto-llama"
     engine.write_text("#!/bin/sh\n")
@@ -85,7 +87,7 @@ def help_of(command: str) -> str:
     from gateway.cli import build_parser
 
     parser = build_parser()
-    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")  # noqa: SLF001
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
     return sub.choices[command].format_help()
 
 
@@ -106,9 +108,26 @@ def test_score_help_has_a_description_and_an_example():
 def test_score_help_example_is_real_output(fixture_engine):
     from gateway.cli.drive import SCORE_HELP
 
-    r = subprocess.run([sys.executable, "-m", "gateway.cli", "score", "--engine", str(fixture_engine),
-                        "--prefix", "Q: is the sky blue? A:", "--option", " yes", "--option", " no"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "score",
+            "--engine",
+            str(fixture_engine),
+            "--prefix",
+            "Q: is the sky blue? A:",
+            "--option",
+            " yes",
+            "--option",
+            " no",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     shown = [line[2:] for line in SCORE_HELP.split("\n\n")[-1].splitlines() if line.strip()]
     assert r.stdout.splitlines() == shown

@@ -8,6 +8,7 @@ supervisor's ``in_flight`` / ``waiting`` counts and the order of the engine's
 frames. The deadlines are generous bounds for "promptly", far below the work's
 length.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -16,24 +17,29 @@ import anyio
 import orjson
 import pytest
 
-from gateway.engine.process import EngineProcess
-from gateway.server.app import App, ModelInfo
 from gateway.engine import Engine
+from gateway.engine.process import EngineProcess
 from gateway.http import HTTPServer
+from gateway.server.app import App, ModelInfo
 from serveproto import Accept, Done, Error
 
 pytestmark = pytest.mark.anyio
 
 #: 400 tokens at 100 ms each: 40 s of generation, against deadlines of 10 s.
 SLOW_CHAT = {"model": "fixture", "messages": [{"role": "user", "content": "count"}], "max_tokens": 400}
-TICKET = {"state": "My Stripe integration keeps failing.", "model": "jev-latest",
-          "questions": {"urgency": {"type": "noul", "instructions": "Is this urgent?"}}}
+TICKET = {
+    "state": "My Stripe integration keeps failing.",
+    "model": "jev-latest",
+    "questions": {"urgency": {"type": "noul", "instructions": "Is this urgent?"}},
+}
 
 
 #: 16 questions: one SCORE of 16 groups, 16 x 2 s at --score-delay-ms 2000.
-LONG_TICKET = {"state": TICKET["state"], "model": "jev-latest",
-               "questions": {f"q{i}": {"type": "noul", "instructions": f"Is point {i} urgent?"}
-                             for i in range(16)}}
+LONG_TICKET = {
+    "state": TICKET["state"],
+    "model": "jev-latest",
+    "questions": {f"q{i}": {"type": "noul", "instructions": f"Is point {i} urgent?"} for i in range(16)},
+}
 
 
 @contextlib.asynccontextmanager
@@ -52,8 +58,9 @@ async def serving(fixture_engine, *extra: str):
 
 def raw_post(path: str, body: dict) -> bytes:
     data = orjson.dumps(body)
-    return (f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\n\r\n").encode() + data
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+    ).encode() + data
 
 
 async def wait_until(predicate, what: str, deadline: float = 10.0) -> None:
@@ -98,8 +105,9 @@ async def post(port: int, path: str, body: dict) -> tuple[int, bytes]:
         while b"\r\n\r\n" not in data:
             data += await s.receive()
         head, rest = data.split(b"\r\n\r\n", 1)
-        length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                      if line.lower().startswith(b"content-length:"))
+        length = next(
+            int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+        )
         while len(rest) < length:
             rest += await s.receive()
         return int(head.split(b" ", 2)[1]), rest[:length]

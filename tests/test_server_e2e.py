@@ -6,6 +6,7 @@ recomputed in Python): the scoring path (``x_score``), the seed's fallback path
 decide``), faults surfacing as 503 + Retry-After within the request timeout,
 and the ``openai`` client on the chat and completions routes.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,12 +21,14 @@ import pytest
 from typesafe_sdk import TypeSafeClient
 
 from fixtures import toy_model
-from gateway.decision import record as decision_record, jev
 from gateway.cli import build_parser
 from gateway.cli.serve import serve
-from gateway.paths import ROOT
+from gateway.decision import jev
+from gateway.decision import record as decision_record
 from gateway.decision.prompts import PromptBuilder
-from test_routes_support import TICKET, serving as serve_in_process
+from gateway.paths import ROOT
+from test_routes_support import TICKET
+from test_routes_support import serving as serve_in_process
 
 pytestmark = pytest.mark.anyio
 
@@ -98,9 +101,11 @@ async def test_fallback_path_without_extensions_gives_the_same_numbers(fixture_e
 
 async def test_decision_path_with_the_sdk(fixture_engine):
     async with serving(fixture_engine, "--mode", "decide") as base:
+
         def call():
             with TypeSafeClient(api_key="k", base_url=base) as client:
                 return client.system_one(state=TICKET["state"], questions=TICKET["questions"])
+
         result = await anyio.to_thread.run_sync(call)
         chat = await post(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
     parsed = jev.parse_request(TICKET)
@@ -132,13 +137,17 @@ async def test_openai_client_chat_and_completions(fixture_engine):
 
     async with serving(fixture_engine) as base:
         client = openai.AsyncOpenAI(api_key="x", base_url=base + "/v1", max_retries=0)
-        chat = await client.chat.completions.create(model="any", messages=[{"role": "user", "content": "say hi"}], max_tokens=8)
-        stream = await client.chat.completions.create(model="any", messages=[{"role": "user", "content": "say hi"}],
-                                                      max_tokens=8, stream=True)
+        chat = await client.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": "say hi"}], max_tokens=8
+        )
+        stream = await client.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": "say hi"}], max_tokens=8, stream=True
+        )
         streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
         comp = await client.completions.create(model="any", prompt="the cat sat", max_tokens=0, echo=True, logprobs=2)
-        with_lp = await client.chat.completions.create(model="any", messages=[{"role": "user", "content": "say hi"}],
-                                                       max_tokens=3, logprobs=True, top_logprobs=2)
+        with_lp = await client.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": "say hi"}], max_tokens=3, logprobs=True, top_logprobs=2
+        )
         models = await client.models.list()
         await client.close()
     text = chat.choices[0].message.content
@@ -168,8 +177,14 @@ async def test_openai_client_chat_and_completions(fixture_engine):
 
 def test_cli_prints_its_address_and_serves(fixture_engine):
     env = dict(os.environ, SERVEPROTO_API_KEY="k1")
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--engine", str(fixture_engine)],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--engine", str(fixture_engine)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         assert line.startswith("serveproto: serving fixture on http://127.0.0.1:"), line
@@ -192,21 +207,46 @@ async def test_engine_that_keeps_dying_is_restarted_then_the_server_fails_upward
     serve`` exits 1; tests/test_hostile.py runs the command)."""
     from gateway.cli.serve import EngineGaveUp
 
-    args = build_parser().parse_args(["serve", "--port", "0", "--request-timeout", "5", "--log-level", "WARNING",
-                                      "--ping-interval", "60", "--engine", str(fixture_engine), "--mode", "decide",
-                                      "--fault", "exit_after=3"])
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--port",
+            "0",
+            "--request-timeout",
+            "5",
+            "--log-level",
+            "WARNING",
+            "--ping-interval",
+            "60",
+            "--engine",
+            str(fixture_engine),
+            "--mode",
+            "decide",
+            "--fault",
+            "exit_after=3",
+        ]
+    )
     statuses, restarts = [], []
 
     async def client(base: str) -> None:
         async with httpx2.AsyncClient(base_url=base, timeout=30) as c:
             while True:
-                r = await c.post("/v1/systemone", content=orjson.dumps(TICKET), headers={"content-type": "application/json"})
+                r = await c.post(
+                    "/v1/systemone", content=orjson.dumps(TICKET), headers={"content-type": "application/json"}
+                )
                 statuses.append(r.status_code)
                 if r.status_code == 503:
                     assert r.headers["retry-after"] == "1"
                 metrics = (await c.get("/metrics")).text
-                restarts.append(float(next(line.split()[1] for line in metrics.splitlines()
-                                           if line.startswith("serveproto_engine_restarts "))))
+                restarts.append(
+                    float(
+                        next(
+                            line.split()[1]
+                            for line in metrics.splitlines()
+                            if line.startswith("serveproto_engine_restarts ")
+                        )
+                    )
+                )
                 await anyio.sleep(0.3)
 
     with pytest.raises(BaseExceptionGroup) as info:

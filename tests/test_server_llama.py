@@ -7,6 +7,7 @@ computed: the same prompts (the GGUF's own chat template), their token ids
 the longest common token prefix (spec 9.1), their logprobs from
 ``fixtures.oracle``, and the softmax by hand.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,8 +22,8 @@ from typesafe_sdk import TypeSafeClient
 from fixtures import oracle, tiny_gguf, vocab
 from gateway.decision import debias, jev
 from gateway.decision.chat_template import ChatTemplate
-from gateway.paths import default_model_path, engine_bin
 from gateway.decision.prompts import PromptBuilder
+from gateway.paths import default_model_path, engine_bin
 from test_routes_support import serving as serve_in_process
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -58,8 +59,11 @@ REQUEST = {
     "state": "The invoice was paid twice and the customer wants the money back before Friday.",
     "questions": {
         "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
-        "team": {"type": "choice", "instructions": "Who handles it?",
-                 "criteria": {"billing": "invoices and payments", "customer success": None, "legal": "contracts"}},
+        "team": {
+            "type": "choice",
+            "instructions": "Who handles it?",
+            "criteria": {"billing": "invoices and payments", "customer success": None, "legal": "contracts"},
+        },
     },
 }
 
@@ -141,6 +145,7 @@ async def test_tiny_gguf_debias_matches_the_oracle(tiny):
             parsed = jev.parse_request(REQUEST)
             expected = {}
             for q in parsed.questions:
+
                 def log_softmax(x):
                     x = np.asarray(x, dtype=np.float64)
                     return x - np.log(np.exp(x - x.max()).sum()) - x.max()
@@ -148,9 +153,13 @@ async def test_tiny_gguf_debias_matches_the_oracle(tiny):
                 real, free = [], []
                 for r in range(q.n_options):
                     qp = b.question(q.type, q.instructions, q.criteria, rotation=r)
-                    real.append(log_softmax(await oracle_scores(c, tiny, b.prefix(parsed.state) + qp.stem, qp.options, False)))
+                    real.append(
+                        log_softmax(await oracle_scores(c, tiny, b.prefix(parsed.state) + qp.stem, qp.options, False))
+                    )
                     for state in debias.CONTENT_FREE_STATES:
-                        free.append(log_softmax(await oracle_scores(c, tiny, b.prefix(state) + qp.stem, qp.options, False)))
+                        free.append(
+                            log_softmax(await oracle_scores(c, tiny, b.prefix(state) + qp.stem, qp.options, False))
+                        )
                 expected[q.id] = softmax(list(np.mean(real, axis=0) - np.mean(free, axis=0)))
     for body in (reply, again):
         ans = body["answers"]
@@ -163,24 +172,36 @@ async def test_tiny_gguf_debias_matches_the_oracle(tiny):
 
 def test_default_model_answers_the_seed_ticket(llama_engine):
     """The README's main command on the seed's example: a well-formed, sensible Jev reply, warm on repeat."""
-    ticket = ("Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing. "
-              "I am losing sales. Please help ASAP.")
+    ticket = (
+        "Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing. "
+        "I am losing sales. Please help ASAP."
+    )
     questions = {
         "urgency": {"type": "noul", "instructions": "Does this message express urgency?"},
-        "department": {"type": "choice", "instructions": "Which team should handle this?",
-                       "criteria": {"billing": "payments, invoices, Stripe payouts",
-                                    "technical": "bugs, outages, integration errors",
-                                    "sales": "pricing, plans, upgrades"}},
-        "severity": {"type": "score", "instructions": "How severe is the customer impact?",
-                     "criteria": ["no impact", "minor inconvenience", "blocked on one task", "losing money", "business down"]},
+        "department": {
+            "type": "choice",
+            "instructions": "Which team should handle this?",
+            "criteria": {
+                "billing": "payments, invoices, Stripe payouts",
+                "technical": "bugs, outages, integration errors",
+                "sales": "pricing, plans, upgrades",
+            },
+        },
+        "severity": {
+            "type": "score",
+            "instructions": "How severe is the customer impact?",
+            "criteria": ["no impact", "minor inconvenience", "blocked on one task", "losing money", "business down"],
+        },
     }
 
     async def main():
         async with serving("--model", str(default_model_path())) as base:
+
             def call():
                 # a generous timeout: the machine running the tests may be shared (the SDK default is 10 s)
                 with TypeSafeClient(api_key="any", base_url=base, timeout=120) as client:
                     return [client.system_one(state=ticket, questions=questions, model="jev-latest") for _ in range(2)]
+
             return await anyio.to_thread.run_sync(call)
 
     cold, warm = anyio.run(main)
@@ -206,19 +227,30 @@ def test_default_model_with_its_default_debias_answers_the_same_under_any_label_
     model gives 0.98 to whichever label is listed first. (Until bench/quality.py chose canonical,content_free
     the default was cyclic,content_free and this test asserted its answer, technical; the toy model now
     spreads this ticket over the three teams, 0.30 to 0.35 each.)"""
-    ticket = ("Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing. "
-              "I am losing sales. Please help ASAP.")
+    ticket = (
+        "Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing. "
+        "I am losing sales. Please help ASAP."
+    )
     teams = {"billing": "payments, invoices", "technical": "bugs, integration errors", "sales": "pricing, plans"}
 
     async def main():
         async with serving() as base:
+
             def call(order):
-                questions = {"department": {"type": "choice", "instructions": "Which team should handle this?",
-                                            "criteria": {k: teams[k] for k in order}}}
+                questions = {
+                    "department": {
+                        "type": "choice",
+                        "instructions": "Which team should handle this?",
+                        "criteria": {k: teams[k] for k in order},
+                    }
+                }
                 with TypeSafeClient(api_key="any", base_url=base, timeout=120) as client:
                     return client.system_one(state=ticket, questions=questions)
-            return [await anyio.to_thread.run_sync(call, order)
-                    for order in (("billing", "technical", "sales"), ("sales", "billing", "technical"))]
+
+            return [
+                await anyio.to_thread.run_sync(call, order)
+                for order in (("billing", "technical", "sales"), ("sales", "billing", "technical"))
+            ]
 
     first, second = anyio.run(main)
     a, b = first.choices["department"], second.choices["department"]

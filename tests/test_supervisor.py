@@ -2,6 +2,7 @@
 on both anyio backends: every request ends with the right typed error within
 its deadline, the engine is restarted and the next request succeeds, and
 nothing leaks (tasks, file descriptors, child processes)."""
+
 from __future__ import annotations
 
 import logging
@@ -11,9 +12,16 @@ import signal
 import anyio
 import pytest
 
-from gateway.engine import (Engine, EngineBusy, EngineCrashed, EngineLoadError,
-                            EngineProtocolError, EngineTimeout, EngineUnavailable,
-                            RequestError)
+from gateway.engine import (
+    Engine,
+    EngineBusy,
+    EngineCrashed,
+    EngineLoadError,
+    EngineProtocolError,
+    EngineTimeout,
+    EngineUnavailable,
+    RequestError,
+)
 from gateway.engine.process import EngineProcess
 from serveproto import Data
 
@@ -38,8 +46,14 @@ def first_start_only(fixture, tmp_path, faults: str, *args: str) -> tuple[list[s
 
 def quick(**kw) -> dict:
     """Engine.spawn options for fault tests: short deadlines and backoff."""
-    base = dict(handshake_timeout=10, stall_timeout=1.0, backoff_initial=0.01,
-                backoff_max=0.05, drain_timeout=1.0, term_timeout=1.0)
+    base = dict(
+        handshake_timeout=10,
+        stall_timeout=1.0,
+        backoff_initial=0.01,
+        backoff_max=0.05,
+        drain_timeout=1.0,
+        term_timeout=1.0,
+    )
     base.update(kw)
     return base
 
@@ -53,18 +67,20 @@ async def test_crash_mid_request_fails_every_request_then_restarts(fixture_engin
             first_pid = eng.pid
             async with anyio.create_task_group() as tg:
                 for i in range(3):
+
                     async def one(i=i):
                         try:
                             await eng.read_out(f"request {i:3d}".encode(), logprobs=1)
                         except EngineCrashed as exc:
                             errors.append(exc)
+
                     tg.start_soon(one)
             assert len(errors) == 3 and all(e is errors[0] for e in errors)
             assert errors[0].returncode == 3 and "exit status 3" in str(errors[0])
             r = await eng.read_out(b"after the restart", logprobs=1)
             assert r.done.prompt_tokens == len(b"after the restart")
             assert eng.restarts == 1 and eng.pid != first_pid and eng.healthy
-        assert eng.exit_statuses == (3, 0)    # the crash, then a graceful EOF exit
+        assert eng.exit_statuses == (3, 0)  # the crash, then a graceful EOF exit
 
 
 async def test_abort_is_reported_with_its_signal(fixture_engine, tmp_path):
@@ -147,32 +163,30 @@ async def test_bad_arguments_exit_before_ready(fixture_engine):
 
 
 async def test_slow_start_within_and_past_the_handshake_deadline(fixture_engine, probes):
-    async with Engine.spawn([fixture_engine, "--fault", "slow_start=0.3"],
-                            **quick(handshake_timeout=10)) as eng:
+    async with Engine.spawn([fixture_engine, "--fault", "slow_start=0.3"], **quick(handshake_timeout=10)) as eng:
         assert eng.healthy
     before = probes.child_pids()
     with anyio.fail_after(TEST_DEADLINE):
         with pytest.raises(EngineTimeout) as info:
-            async with Engine.spawn([fixture_engine, "--fault", "slow_start=30"],
-                                    **quick(handshake_timeout=0.3)):
+            async with Engine.spawn([fixture_engine, "--fault", "slow_start=30"], **quick(handshake_timeout=0.3)):
                 pass
     assert info.value.what == "handshake" and info.value.seconds == 0.3
-    assert probes.child_pids() == before      # killed and reaped
+    assert probes.child_pids() == before  # killed and reaped
 
 
 async def test_stderr_flood_is_drained_and_logged_by_name(fixture_engine, caplog):
     caplog.set_level(logging.INFO, logger="gateway.engine.flood")
     with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn([fixture_engine, "--fault", "stderr_flood=20000"], name="flood",
-                                stderr_lines_per_s=50, **quick()) as eng:
+        async with Engine.spawn(
+            [fixture_engine, "--fault", "stderr_flood=20000"], name="flood", stderr_lines_per_s=50, **quick()
+        ) as eng:
             r = await eng.read_out(b"still serving", logprobs=1)
     assert r.done.prompt_tokens == len(b"still serving")
     lines = [rec for rec in caplog.records if rec.name == "gateway.engine.flood"]
     logged = [rec for rec in lines if rec.levelno == logging.INFO]
     # The rate limit bounds what reaches the log; the rest is counted, not lost silently.
     assert 50 <= len(logged) < 20000
-    assert any("not logged" in rec.getMessage() for rec in lines
-               if rec.levelno == logging.WARNING)
+    assert any("not logged" in rec.getMessage() for rec in lines if rec.levelno == logging.WARNING)
 
 
 async def test_cancelling_a_request_sends_cancel_and_frees_the_slot(fixture_engine):
@@ -206,20 +220,20 @@ async def test_leaving_the_loop_early_cancels_through_the_context(fixture_engine
 
 async def test_an_engine_that_ignores_cancel_keeps_the_slot_until_done(fixture_engine):
     with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn([fixture_engine, "--token-delay-ms", "2",
-                                 "--fault", "ignore_cancel"], **quick()) as eng:
+        async with Engine.spawn(
+            [fixture_engine, "--token-delay-ms", "2", "--fault", "ignore_cancel"], **quick()
+        ) as eng:
             with anyio.move_on_after(0.05):
                 async for _ in eng.submit(b"x", max_tokens=40, slot=0):
                     pass
-            assert eng.in_flight == 1          # cancelled by us, still running there
-            r = await eng.read_out(b"next", logprobs=1, slot=0)   # queued, not SLOT_BUSY
+            assert eng.in_flight == 1  # cancelled by us, still running there
+            r = await eng.read_out(b"next", logprobs=1, slot=0)  # queued, not SLOT_BUSY
             assert r.done.prompt_tokens == 4 and eng.in_flight == 0
 
 
 async def test_request_deadline_cancels_only_that_request(fixture_engine):
     with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn([fixture_engine, "--token-delay-ms", "10"],
-                                **quick(stall_timeout=5)) as eng:
+        async with Engine.spawn([fixture_engine, "--token-delay-ms", "10"], **quick(stall_timeout=5)) as eng:
             with pytest.raises(EngineTimeout) as info:
                 async for _ in eng.submit(b"slow", max_tokens=1000, timeout=0.2):
                     pass
@@ -232,8 +246,9 @@ async def test_request_deadline_cancels_only_that_request(fixture_engine):
 async def test_restart_intensity_exceeded_fails_health(fixture_engine):
     # Every start exits right after its handshake.
     with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn([fixture_engine, "--fault", "exit_after=0"],
-                                **quick(max_restarts=2, restart_period=60)) as eng:
+        async with Engine.spawn(
+            [fixture_engine, "--fault", "exit_after=0"], **quick(max_restarts=2, restart_period=60)
+        ) as eng:
             with pytest.raises(EngineUnavailable) as info:
                 for _ in range(10):
                     try:
@@ -253,14 +268,15 @@ async def test_closing_cancels_a_backoff_or_a_restart_in_progress(fixture_engine
     # The first process exits right after its handshake. Then the supervisor waits out a 30 s backoff,
     # or starts a process whose handshake takes 30 s: closing cancels either (the supervisor's scope),
     # well within the test's deadline, and leaves no child behind.
-    script = ('[ -e "$0" ] && export SERVEPROTO_FIXTURE_FAULTS=slow_start=30 || : > "$0"; exec "$@"')
+    script = '[ -e "$0" ] && export SERVEPROTO_FIXTURE_FAULTS=slow_start=30 || : > "$0"; exec "$@"'
     argv = ["sh", "-c", script, str(tmp_path / "started"), str(fixture_engine)]
     env = {**os.environ, "SERVEPROTO_FIXTURE_FAULTS": "exit_after=0"}
     backoff = 30.0 if phase == "backoff" else 0.01
     before = probes.child_pids()
     with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn(argv, env=env, **quick(handshake_timeout=60, backoff_initial=backoff,
-                                                       backoff_max=backoff)) as eng:
+        async with Engine.spawn(
+            argv, env=env, **quick(handshake_timeout=60, backoff_initial=backoff, backoff_max=backoff)
+        ) as eng:
             while not isinstance(eng.last_error, EngineCrashed) or (phase == "restart" and eng.restarts < 1):
                 await anyio.sleep(0.01)
             assert eng.state == "restarting" and not eng.healthy
@@ -297,12 +313,10 @@ async def test_shutdown_ladder_eof_then_term_then_kill(fixture_engine):
         async with Engine.spawn([fixture_engine], **quick()):
             pass
         # hang_after=0: alive and silent, EOF unnoticed: SIGTERM ends it.
-        async with Engine.spawn([fixture_engine, "--fault", "hang_after=0"],
-                                **quick(drain_timeout=0.1)) as hung:
+        async with Engine.spawn([fixture_engine, "--fault", "hang_after=0"], **quick(drain_timeout=0.1)) as hung:
             pass
         # The same, with SIGTERM ignored (kept across exec): SIGKILL ends it.
-        argv = ["sh", "-c", "trap '' TERM; exec \"$@\"", "sh", str(fixture_engine),
-                "--fault", "hang_after=0"]
+        argv = ["sh", "-c", "trap '' TERM; exec \"$@\"", "sh", str(fixture_engine), "--fault", "hang_after=0"]
         async with Engine.spawn(argv, **quick(drain_timeout=0.1, term_timeout=0.1)) as stubborn:
             pass
     assert hung.exit_statuses == (-signal.SIGTERM,)
@@ -328,7 +342,7 @@ async def test_no_task_fd_or_process_leaks(fixture_engine, tmp_path, probes):
             async with Engine.spawn([fixture_engine, "--fault", "load_fail=io"]):
                 pass
 
-    await exercise()      # warm-up: lazily created fds (thread pools, wakeup pipes)
+    await exercise()  # warm-up: lazily created fds (thread pools, wakeup pipes)
     tasks, fds = len(anyio.get_running_tasks()), probes.open_fds()
     children = probes.child_pids()
     with anyio.fail_after(TEST_DEADLINE):
@@ -344,23 +358,23 @@ async def test_errors_are_typed_at_the_request_level(fixture_engine):
             await eng.read_out(b"", logprobs=1)
     assert info.value.code == "EMPTY_PROMPT"
     assert eng.exit_statuses == (0,)
-    assert isinstance(eng.last_error, EngineUnavailable)     # closed, not failed
+    assert isinstance(eng.last_error, EngineUnavailable)  # closed, not failed
     assert not eng.healthy and not eng.gave_up
 
 
 async def test_max_waiting_refuses_at_once_when_the_queue_is_full(fixture_engine):
-    async with Engine.spawn([fixture_engine, "--token-delay-ms", "5"],
-                            max_waiting=1, **quick()) as eng:
+    async with Engine.spawn([fixture_engine, "--token-delay-ms", "5"], max_waiting=1, **quick()) as eng:
         async with anyio.create_task_group() as tg:
+
             async def gen(n: int):
                 async for _ in eng.submit(b"x", max_tokens=n, slot=0):
                     pass
 
-            tg.start_soon(gen, 1000)           # runs
+            tg.start_soon(gen, 1000)  # runs
             with anyio.fail_after(10):
                 while eng.in_flight == 0:
                     await anyio.sleep(0.001)
-            tg.start_soon(gen, 1)              # waits
+            tg.start_soon(gen, 1)  # waits
             with anyio.fail_after(10):
                 while eng.waiting == 0:
                     await anyio.sleep(0.001)
@@ -375,8 +389,7 @@ async def test_an_idle_hung_engine_is_found_by_the_heartbeat(fixture_engine, tmp
     # Hangs right after its handshake; no request is sent: the PING finds it.
     argv, env = first_start_only(fixture_engine, tmp_path, "hang_after=0")
     with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn(argv, env=env,
-                                **quick(health_interval=0.05, stall_timeout=0.2)) as eng:
+        async with Engine.spawn(argv, env=env, **quick(health_interval=0.05, stall_timeout=0.2)) as eng:
             first = eng.pid
             while eng.restarts == 0:
                 await anyio.sleep(0.01)
@@ -393,7 +406,6 @@ async def test_score_deadline_covers_the_whole_scoring(fixture_engine, tmp_path,
     with anyio.fail_after(TEST_DEADLINE):
         async with Engine.spawn(argv, env=env, **quick(stall_timeout=30, drain_timeout=0.1)) as eng:
             with pytest.raises(EngineTimeout) as info:
-                await eng.score(b"prefix", [(b" q1", [b" a", b" b"]), (b" q2", [b" c"])],
-                                timeout=0.3)
+                await eng.score(b"prefix", [(b" q1", [b" a", b" b"]), (b" q2", [b" c"])], timeout=0.3)
             assert info.value.what == "request" and info.value.seconds == 0.3
-            assert eng.restarts == 0       # one request's deadline is not the engine's
+            assert eng.restarts == 0  # one request's deadline is not the engine's

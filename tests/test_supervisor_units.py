@@ -1,5 +1,6 @@
 """The supervisor's pure parts: slot routing and FIFO queues, restart backoff,
 which read-out positions an option owns, softmax."""
+
 from __future__ import annotations
 
 import math
@@ -7,9 +8,9 @@ import math
 import anyio
 import pytest
 
+from gateway.engine import RequestError
 from gateway.engine.score import OptionScore, option_tokens, softmax
 from gateway.engine.slots import MIN_SHARED_BYTES, SlotRouter
-from gateway.engine import RequestError
 from gateway.engine.supervisor import RestartPolicy
 from serveproto import Echo
 
@@ -17,8 +18,7 @@ pytestmark = pytest.mark.anyio
 
 
 def echoes(start: int, texts: list[bytes], lps: list[float]) -> list[Echo]:
-    return [Echo(id=1, position=start + i, logprob=lp, top=(), text=t)
-            for i, (t, lp) in enumerate(zip(texts, lps))]
+    return [Echo(id=1, position=start + i, logprob=lp, top=(), text=t) for i, (t, lp) in enumerate(zip(texts, lps))]
 
 
 def test_option_tokens_after_a_snapshot_hit():
@@ -46,8 +46,7 @@ def test_option_tokens_unknown_positions_count_as_shared():
 def test_option_tokens_refusals_name_the_option():
     known = {0: b"a", 1: b"b"}
     with pytest.raises(RequestError) as info:
-        option_tokens(echoes(0, [b"a", b"b"], [math.nan, -1.0]), known, 2,
-                      where="groups[0].options[3]")
+        option_tokens(echoes(0, [b"a", b"b"], [math.nan, -1.0]), known, 2, where="groups[0].options[3]")
     assert info.value.code == "BAD_REQUEST" and info.value.reason.startswith("groups[0].options[3]")
     with pytest.raises(RequestError, match="first token"):
         option_tokens(echoes(0, [b"x"], [math.nan]), {0: b"a"}, 1)
@@ -80,7 +79,7 @@ def test_router_prefers_the_slot_sharing_a_long_prefix():
     r = SlotRouter(3)
     r._slots[0].key = b"S" * 200 + b"state one"
     r._slots[1].key = b"S" * 10 + b"x" * 200
-    r._slots[0].last_used, r._slots[1].last_used = 1, 2     # slot 2 never used
+    r._slots[0].last_used, r._slots[1].last_used = 1, 2  # slot 2 never used
     assert r.route(b"S" * 200 + b"state one, question 2") == 0
     # A shared prefix under MIN_SHARED_BYTES, or under half the key, does not count:
     # the least loaded, least recently used slot wins.
@@ -98,25 +97,27 @@ TICKET = b"T" * 500
 
 async def test_router_a_state_waits_for_its_slot_until_it_is_ready_then_takes_any():
     r = SlotRouter(3)
-    first = await r.acquire(key=DOC)            # slot 0 now holds the document
+    first = await r.acquire(key=DOC)  # slot 0 now holds the document
     assert first.slot == 0
-    assert r.route(DOC) is None                 # no snapshot yet: it would wait for slot 0
+    assert r.route(DOC) is None  # no snapshot yet: it would wait for slot 0
     got = []
     async with anyio.create_task_group() as tg:
+
         async def second():
             lease = await r.acquire(key=DOC, pin=True)
             got.append(lease.slot)
             lease.begin()
             lease.close()
             await anyio.sleep(0.01)
-            lease.end(ok=True)                  # its DONE: the document's snapshot exists
+            lease.end(ok=True)  # its DONE: the document's snapshot exists
+
         tg.start_soon(second)
         await anyio.wait_all_tasks_blocked()
-        assert r.waiting() == 1 and got == []   # slots 1 and 2 are free, yet it waits
+        assert r.waiting() == 1 and got == []  # slots 1 and 2 are free, yet it waits
         first.close()
     assert got == [0] and r.is_ready(DOC)
     a, b, c = [await r.acquire(key=DOC) for _ in range(3)]
-    assert sorted((a.slot, b.slot, c.slot)) == [0, 1, 2]   # ready: every slot serves it at once
+    assert sorted((a.slot, b.slot, c.slot)) == [0, 1, 2]  # ready: every slot serves it at once
 
 
 async def test_router_a_pinned_request_that_failed_does_not_make_its_state_ready():
@@ -130,8 +131,8 @@ async def test_router_a_pinned_request_that_failed_does_not_make_its_state_ready
 
 async def test_router_a_prefix_of_a_document_goes_to_an_empty_slot_not_the_documents():
     r = SlotRouter(2)
-    (await r.acquire(key=b"H" * 100 + DOC)).close()        # slot 0: the template head + the document
-    assert r.route(b"H" * 100) == 1     # the head alone (a content-free reading) would truncate it
+    (await r.acquire(key=b"H" * 100 + DOC)).close()  # slot 0: the template head + the document
+    assert r.route(b"H" * 100) == 1  # the head alone (a content-free reading) would truncate it
     assert r.route(b"H" * 100 + DOC + b"q") == 0
 
 
@@ -142,15 +143,17 @@ async def test_router_a_waiter_that_cannot_use_the_freed_slot_does_not_hold_back
     assert (doc.slot, ticket.slot) == (0, 1)
     order = []
     async with anyio.create_task_group() as tg:
+
         async def wait(key, tag):
             lease = await r.acquire(key=key)
             order.append((tag, lease.slot))
             lease.close()
-        tg.start_soon(wait, DOC, "doc")          # first in the queue, but only slot 0 will do
+
+        tg.start_soon(wait, DOC, "doc")  # first in the queue, but only slot 0 will do
         await anyio.wait_all_tasks_blocked()
         tg.start_soon(wait, b"U" * 500, "other")  # no affine slot: any will do
         await anyio.wait_all_tasks_blocked()
-        ticket.close()                           # slot 1 frees: the second waiter takes it
+        ticket.close()  # slot 1 frees: the second waiter takes it
         await anyio.wait_all_tasks_blocked()
         assert order == [("other", 1)]
         doc.close()
@@ -163,18 +166,20 @@ async def test_router_queues_fifo_and_hands_over_on_close():
     order = []
     async with anyio.create_task_group() as tg:
         for tag in "abc":
+
             async def wait(tag=tag):
                 lease = await r.acquire(0)
                 order.append(tag)
                 lease.close()
+
             tg.start_soon(wait)
             await anyio.wait_all_tasks_blocked()
         assert r.waiting() == 3 and r.busy() == 1
-        first.begin()          # one request in flight under the lease
-        first.close()          # the holder is done, but its request has not ended
+        first.begin()  # one request in flight under the lease
+        first.close()  # the holder is done, but its request has not ended
         await anyio.wait_all_tasks_blocked()
         assert order == []
-        first.end()            # the engine ended it: the slot passes on, FIFO
+        first.end()  # the engine ended it: the slot passes on, FIFO
     assert order == ["a", "b", "c"] and r.busy() == 0
 
 
@@ -196,11 +201,13 @@ async def test_router_close_fails_waiters_and_later_acquires():
     boom = RuntimeError("engine gone")
     errors = []
     async with anyio.create_task_group() as tg:
+
         async def wait():
             try:
                 await r.acquire(0)
             except RuntimeError as exc:
                 errors.append(exc)
+
         tg.start_soon(wait)
         await anyio.wait_all_tasks_blocked()
         r.close(boom)

@@ -28,6 +28,7 @@ Token ids of the synthetic sequences are arbitrary (the model's speed does not
 depend on them). Prints one markdown table, and llama-prefill-ref's per-rep
 seconds (its first rep builds the graph for the shape). No network, no server.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,8 +70,7 @@ def measure(eng: Engine, text: str, n_vocab: int, reps: int) -> tuple[int, dict[
     a = [(1000 + 7 * i) % n_vocab for i in range(n)]
     b = [(a[0] + 1) % n_vocab] + a[1:]
     x, y = ids_payload([a[0]]), ids_payload([b[0]])
-    out: dict[str, list[float]] = {k: [] for k in (
-        "text after x", "ids after x", "ids, same shape", "1 token", "PING")}
+    out: dict[str, list[float]] = {k: [] for k in ("text after x", "ids after x", "ids, same shape", "1 token", "PING")}
 
     def timed(prompt: bytes, **kw) -> float:
         dt, ev = eng.submit(prompt, **kw)
@@ -102,8 +102,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="the GGUF to load")
     ap.add_argument("--engine-bin", default=str(ROOT / "engines/bin/serveproto-llama"))
-    ap.add_argument("--ref-bin", default=str(ROOT / "engines/bin/llama-prefill-ref"),
-                    help="llama.cpp's prefill reference ('' to skip)")
+    ap.add_argument(
+        "--ref-bin",
+        default=str(ROOT / "engines/bin/llama-prefill-ref"),
+        help="llama.cpp's prefill reference ('' to skip)",
+    )
     ap.add_argument("--tokens", type=int, default=371, help="prompt length in tokens (default 371)")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--ctx", type=int, default=16384, help="context per slot, tokens (engine --ctx)")
@@ -112,23 +115,37 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.tokens < 2 or args.reps < 1:
         ap.error("--tokens must be >= 2 and --reps >= 1")
-    argv_eng = [args.engine_bin, "--model", args.model, "--ctx", str(args.ctx), "--slots", "1",
-                "--threads", str(args.threads), *shlex.split(args.engine_flags)]
+    argv_eng = [
+        args.engine_bin,
+        "--model",
+        args.model,
+        "--ctx",
+        str(args.ctx),
+        "--slots",
+        "1",
+        "--threads",
+        str(args.threads),
+        *shlex.split(args.engine_flags),
+    ]
     err = Path(tempfile.gettempdir()) / "fixed_cost-engine.log"
     with Engine(argv_eng, err, timeout=600) as eng:
         body = sized_bodies(eng, [args.tokens])[args.tokens]
         text = state_text(0, body)
         n, out = measure(eng, text, eng.caps.n_vocab, args.reps)
-    print(f"## the engine's fixed cost per request: {Path(args.model).name}, {n}-token prompt, "
-          f"engine flags `{args.engine_flags or '(defaults)'}`, best / median of {args.reps} (2x for the alternating pairs)\n")
+    print(
+        f"## the engine's fixed cost per request: {Path(args.model).name}, {n}-token prompt, "
+        f"engine flags `{args.engine_flags or '(defaults)'}`, best / median of {args.reps} (2x for the alternating pairs)\n"
+    )
     print("| variant | best ms | median ms |")
     print("|---|---|---|")
     for k, v in out.items():
         print(f"| {k} | {min(v) * 1e3:.2f} | {statistics.median(v) * 1e3:.2f} |")
     if args.ref_bin:
         n_ref, secs = reference_reps(args.ref_bin, args.model, text, args.ctx, args.threads, args.reps)
-        print(f"\nllama-prefill-ref, {n_ref} tokens, ms per rep (the same shape every rep): "
-              + " ".join(f"{s * 1e3:.2f}" for s in secs))
+        print(
+            f"\nllama-prefill-ref, {n_ref} tokens, ms per rep (the same shape every rep): "
+            + " ".join(f"{s * 1e3:.2f}" for s in secs)
+        )
     return 0
 
 

@@ -25,6 +25,7 @@ logprob, finite through the model. The text it produces is noise: only its
 speed means anything. Tensors are streamed to disk one at a time (peak memory
 is one tensor plus a 64 MiB pool of random bytes).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,14 +44,26 @@ sys.path.insert(0, str(ROOT))
 #: its 128,256-token vocabulary is replaced by the tokenizer's.
 GEOMETRIES = {
     "llama3-8b": {
-        "block_count": 32, "embedding_length": 4096, "feed_forward_length": 14336,
-        "attention.head_count": 32, "attention.head_count_kv": 8, "context_length": 8192,
-        "rope.dimension_count": 128, "rope.freq_base": 500000.0, "attention.layer_norm_rms_epsilon": 1e-5,
+        "block_count": 32,
+        "embedding_length": 4096,
+        "feed_forward_length": 14336,
+        "attention.head_count": 32,
+        "attention.head_count_kv": 8,
+        "context_length": 8192,
+        "rope.dimension_count": 128,
+        "rope.freq_base": 500000.0,
+        "attention.layer_norm_rms_epsilon": 1e-5,
     },
     "tiny": {
-        "block_count": 2, "embedding_length": 256, "feed_forward_length": 768,
-        "attention.head_count": 4, "attention.head_count_kv": 2, "context_length": 8192,
-        "rope.dimension_count": 64, "rope.freq_base": 10000.0, "attention.layer_norm_rms_epsilon": 1e-5,
+        "block_count": 2,
+        "embedding_length": 256,
+        "feed_forward_length": 768,
+        "attention.head_count": 4,
+        "attention.head_count_kv": 2,
+        "context_length": 8192,
+        "rope.dimension_count": 64,
+        "rope.freq_base": 10000.0,
+        "attention.layer_norm_rms_epsilon": 1e-5,
     },
 }
 
@@ -84,7 +97,7 @@ class RandomTensors:
     Q4_K, 32 for Q8_0); ValueError otherwise.
     """
 
-    BLOCK = {"q4_k": (256, 144), "q8_0": (32, 34), "f16": (1, 2)}
+    BLOCK = {"q4_k": (256, 144), "q8_0": (32, 34), "f16": (1, 2)}  # noqa: RUF012  (a read-only table)
 
     def __init__(self, kind: str, seed: int = 20261130):
         if kind not in self.BLOCK:
@@ -102,7 +115,7 @@ class RandomTensors:
         while done < n:
             start = int(self.rng.integers(0, _POOL_BYTES // 2)) & ~1
             take = min(n - done, _POOL_BYTES - start)
-            out[done:done + take] = self.pool[start:start + take]
+            out[done : done + take] = self.pool[start : start + take]
             done += take
         return out
 
@@ -130,11 +143,16 @@ def tensor_plan(hp: dict, n_vocab: int) -> list[tuple[str, int, int, float]]:
     plan = [("token_embd.weight", n_vocab, d, 1.0)]
     for i in range(hp["block_count"]):
         p = f"blk.{i}."
-        plan += [(p + "attn_q.weight", d, d, d ** -0.5), (p + "attn_k.weight", n_kv, d, d ** -0.5),
-                 (p + "attn_v.weight", n_kv, d, d ** -0.5), (p + "attn_output.weight", d, d, d ** -0.5),
-                 (p + "ffn_gate.weight", ff, d, d ** -0.5), (p + "ffn_up.weight", ff, d, d ** -0.5),
-                 (p + "ffn_down.weight", d, ff, ff ** -0.5)]
-    plan.append(("output.weight", n_vocab, d, d ** -0.5))
+        plan += [
+            (p + "attn_q.weight", d, d, d**-0.5),
+            (p + "attn_k.weight", n_kv, d, d**-0.5),
+            (p + "attn_v.weight", n_kv, d, d**-0.5),
+            (p + "attn_output.weight", d, d, d**-0.5),
+            (p + "ffn_gate.weight", ff, d, d**-0.5),
+            (p + "ffn_up.weight", ff, d, d**-0.5),
+            (p + "ffn_down.weight", d, ff, ff**-0.5),
+        ]
+    plan.append(("output.weight", n_vocab, d, d**-0.5))
     return plan
 
 
@@ -145,6 +163,7 @@ def write_tokenizer(source: Path, out: Path) -> Path:
     ``tokenizer.ggml.tokens``.
     """
     import gguf
+
     from fixtures.gguf_read import GGUFFile
     from fixtures.tiny_gguf import _tokenizer_kv
 
@@ -166,8 +185,9 @@ def write_tokenizer(source: Path, out: Path) -> Path:
     return out
 
 
-def write_model(tokenizer: Path, out: Path, geometry: str = "llama3-8b", kind: str = "q4_k",
-                layers: int | None = None) -> Path:
+def write_model(
+    tokenizer: Path, out: Path, geometry: str = "llama3-8b", kind: str = "q4_k", layers: int | None = None
+) -> Path:
     """Write the random-weight model to ``out``; returns ``out``.
 
     ``geometry``: a key of ``GEOMETRIES``; ``layers`` overrides its block
@@ -175,6 +195,7 @@ def write_model(tokenizer: Path, out: Path, geometry: str = "llama3-8b", kind: s
     unknown geometry, ValueError for an unknown ``kind``.
     """
     import gguf
+
     from fixtures.gguf_read import GGUFFile
     from fixtures.tiny_gguf import _tokenizer_kv
 
@@ -183,10 +204,16 @@ def write_model(tokenizer: Path, out: Path, geometry: str = "llama3-8b", kind: s
         hp["block_count"] = layers
     src = GGUFFile(tokenizer)
     n_vocab = len(src.get("tokenizer.ggml.tokens"))
-    qtype = {"q4_k": gguf.GGMLQuantizationType.Q4_K, "q8_0": gguf.GGMLQuantizationType.Q8_0,
-             "f16": gguf.GGMLQuantizationType.F16}[kind]
-    ftype = {"q4_k": gguf.LlamaFileType.MOSTLY_Q4_K_M, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
-             "f16": gguf.LlamaFileType.MOSTLY_F16}[kind]
+    qtype = {
+        "q4_k": gguf.GGMLQuantizationType.Q4_K,
+        "q8_0": gguf.GGMLQuantizationType.Q8_0,
+        "f16": gguf.GGMLQuantizationType.F16,
+    }[kind]
+    ftype = {
+        "q4_k": gguf.LlamaFileType.MOSTLY_Q4_K_M,
+        "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+        "f16": gguf.LlamaFileType.MOSTLY_F16,
+    }[kind]
     gen = RandomTensors(kind)
     w = gguf.GGUFWriter(out, "llama")
     w.add_name(f"random-{geometry}-{kind}")
@@ -207,14 +234,19 @@ def write_model(tokenizer: Path, out: Path, geometry: str = "llama3-8b", kind: s
     for name, rows, n_in, _ in plan:
         nbytes = rows * n_in // per_block * block_bytes
         shape = (rows, n_in // per_block * block_bytes) if kind != "f16" else (rows, n_in)
-        w.add_tensor_info(name, shape, np.dtype(np.uint8 if kind != "f16" else np.float16), nbytes,
-                          raw_dtype=qtype if kind != "f16" else None)
+        w.add_tensor_info(
+            name,
+            shape,
+            np.dtype(np.uint8 if kind != "f16" else np.float16),
+            nbytes,
+            raw_dtype=qtype if kind != "f16" else None,
+        )
     for name in norms:
         w.add_tensor_info(name, (d,), np.dtype(np.float32), d * 4)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for name, rows, n_in, std in plan:
+    for name, rows, n_in, std in plan:  # noqa: B007  (kept as written)
         w.write_tensor_data(gen.make(rows, n_in, std))
     ones = np.ones(d, dtype=np.float32)
     for _ in norms:
@@ -241,6 +273,7 @@ def main(argv=None) -> int:
         source = args.source
         if source is None:
             from gateway.paths import default_model_path
+
             source = default_model_path()
         path = write_tokenizer(source, args.out)
     else:

@@ -11,6 +11,7 @@ again by a new engine process with nothing cached. Prints one line per option
 whose logprobs differ by more than ``--tol`` (natural log units), and exits 1
 when any does.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,8 +56,16 @@ def main(argv=None) -> int:
         q = pb.question("choice", items[i][0], {lab: None for lab in items[i][1]})
         groups.append((q.stem, list(q.options)))
     prefix = pb.prefix(state_text(1, state_body(args.chars)))
-    argv_eng = [args.engine_bin, "--model", args.model, "--ctx", str(args.ctx), "--threads", str(args.threads),
-                *shlex.split(args.engine_flags)]
+    argv_eng = [
+        args.engine_bin,
+        "--model",
+        args.model,
+        "--ctx",
+        str(args.ctx),
+        "--threads",
+        str(args.threads),
+        *shlex.split(args.engine_flags),
+    ]
     log = Path(tempfile.gettempdir()) / "score_check-engine.log"
     bad = []
     with Engine(argv_eng, log, timeout=900) as eng:

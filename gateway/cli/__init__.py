@@ -6,6 +6,7 @@ and ``score`` (driving an engine by hand) in :mod:`gateway.cli.drive`;
 ``calibrate`` (fitting a calibration on labelled requests) in
 :mod:`gateway.cli.calibrate`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,7 +14,10 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gateway.cli import calibrate as cli_calibrate, chat as cli_chat, drive as cli_drive, serve as cli_serve
+    from gateway.cli import calibrate as cli_calibrate
+    from gateway.cli import chat as cli_chat
+    from gateway.cli import drive as cli_drive
+    from gateway.cli import serve as cli_serve
 
     parser = argparse.ArgumentParser(
         prog="serveproto",
@@ -28,8 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: The top-level modules of the ``server`` extra (setup.cfg): without them the command says so.
-SERVER_MODULES = frozenset({"anyio", "h11", "orjson", "numpy", "zstandard", "prometheus_client", "gguf", "jinja2",
-                            "prompt_toolkit", "rich"})
+SERVER_MODULES = frozenset(
+    {"anyio", "h11", "orjson", "numpy", "zstandard", "prometheus_client", "gguf", "jinja2", "prompt_toolkit", "rich"}
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] not in SERVER_MODULES:
             raise
-        print(f"serveproto: the package {exc.name} is missing: the command needs the server extra "
-              "(pip install 'serveproto[server]')", file=sys.stderr)
+        print(
+            f"serveproto: the package {exc.name} is missing: the command needs the server extra "
+            "(pip install 'serveproto[server]')",
+            file=sys.stderr,
+        )
         return 1
-

@@ -1,4 +1,5 @@
 """``python -m gateway.cli``: the ``serveproto`` command."""
+
 import sys
 
 from gateway.cli import main

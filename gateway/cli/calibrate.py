@@ -20,6 +20,7 @@ matplotlib installed).
 uncalibrated probabilities, so nothing is scored and no model is loaded;
 the model's sha256 and the ``x_debias`` come from the log.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,21 +34,37 @@ HELP = __doc__.split("\n\n", 1)[1]
 
 
 def add_parsers(sub) -> None:
-    p = sub.add_parser("calibrate", help="fit a calibration on labelled requests (serve applies it to that model)",
-                       description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", help="labelled JSONL: {\"request\": <System One body>, \"gold\": {qid: answer}} per line, "
-                                  "or a decision log (serve --log-decisions) with 'answer' filled in "
-                                  "(default: the generated evaluation set)")
+    p = sub.add_parser(
+        "calibrate",
+        help="fit a calibration on labelled requests (serve applies it to that model)",
+        description=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--data",
+        help='labelled JSONL: {"request": <System One body>, "gold": {qid: answer}} per line, '
+        "or a decision log (serve --log-decisions) with 'answer' filled in "
+        "(default: the generated evaluation set)",
+    )
     p.add_argument("--model", help="GGUF model (default: the fetched SmolLM2-135M-Instruct)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads of the llama engine (default 1)")
-    p.add_argument("--debias", default=None, metavar="METHODS",
-                   help="the x_debias the answers are read under (default: serve's default for this model)")
+    p.add_argument(
+        "--debias",
+        default=None,
+        metavar="METHODS",
+        help="the x_debias the answers are read under (default: serve's default for this model)",
+    )
     p.add_argument("--folds", type=int, default=5, help="cross-validation folds over requests (default 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the folds")
     p.add_argument("--limit", type=int, default=0, help="score only the first N requests")
-    p.add_argument("--scale", type=int, default=1, metavar="K",
-                   help="without --data: K times the generated set's requests per domain (default 1: 64 requests, "
-                        "292 questions); more data fits and measures the maps more precisely")
+    p.add_argument(
+        "--scale",
+        type=int,
+        default=1,
+        metavar="K",
+        help="without --data: K times the generated set's requests per domain (default 1: 64 requests, "
+        "292 questions); more data fits and measures the maps more precisely",
+    )
     p.add_argument("--out", help="the calibration file (default: $SERVEPROTO_CACHE/calibration/<model sha256>.json)")
     p.add_argument("--png", help="the reliability diagram (default: the calibration file with .png; 'none' to skip)")
     p.set_defaults(func=run)
@@ -55,20 +72,22 @@ def add_parsers(sub) -> None:
 
 def answers_of(parsed, decided, gold: dict[str, int], rid: str) -> list[tuple[str, list[float], int, str]]:
     """(type, probabilities in reply order, gold index, request id) for each labelled question answered."""
-    return [(q.type, list(decided.probs[q.id]), gold[q.id], rid) for q in parsed.questions
-            if q.id in gold and q.n_options > 1]
+    return [
+        (q.type, list(decided.probs[q.id]), gold[q.id], rid)
+        for q in parsed.questions
+        if q.id in gold and q.n_options > 1
+    ]
 
 
 async def score_all(items, model: str, threads: int, methods: tuple[str, ...], log=print) -> list:
     """Every labelled question's probabilities as served (no calibration) on the llama engine."""
     import anyio
 
+    from gateway.cli.serve import engine_or_exit
     from gateway.decision import jev, pipeline
     from gateway.decision.chat_template import read_gguf
     from gateway.decision.prompts import PromptBuilder
     from gateway.engine import Engine
-
-    from gateway.cli.serve import engine_or_exit
 
     cmd = [str(engine_or_exit("serveproto calibrate", "serveproto-llama")), "--model", model, "--threads", str(threads)]
     out = []
@@ -87,27 +106,33 @@ async def score_all(items, model: str, threads: int, methods: tuple[str, ...], l
 
 
 def table(result) -> str:
-    lines = ["| questions | n | map | ECE before -> after | Brier before -> after | NLL before -> after | accuracy |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| questions | n | map | ECE before -> after | Brier before -> after | NLL before -> after | accuracy |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for t, h in result.held_out.items():
         b, a = h["before"], h["after"]
         kind = result.maps[t].kind if t in result.maps else "per type"
-        lines.append(f"| {t} | {b['n']} | {kind} | {b['ece']:.3f} -> {a['ece']:.3f} | {b['brier']:.3f} -> "
-                     f"{a['brier']:.3f} | {b['nll']:.3f} -> {a['nll']:.3f} | {b['accuracy']:.3f} -> {a['accuracy']:.3f} |")
+        lines.append(
+            f"| {t} | {b['n']} | {kind} | {b['ece']:.3f} -> {a['ece']:.3f} | {b['brier']:.3f} -> "
+            f"{a['brier']:.3f} | {b['nll']:.3f} -> {a['nll']:.3f} | {b['accuracy']:.3f} -> {a['accuracy']:.3f} |"
+        )
     return "\n".join(lines)
 
 
 def run(args) -> int:
     import anyio
 
-    from gateway.decision import calibration, debias, evalset
     from gateway.cli.serve import DEFAULT_MODEL_DEBIAS
+    from gateway.decision import calibration, debias, evalset
 
     if args.data and _is_decision_log(args.data):
         return _fit_and_write(args, *_log_answers(args))
     model = args.model or str(default_model_path())
     if not Path(model).exists():
-        print(f"serveproto calibrate: model {model} not found (run `make model`, or pass --model PATH)", file=sys.stderr)
+        print(
+            f"serveproto calibrate: model {model} not found (run `make model`, or pass --model PATH)", file=sys.stderr
+        )
         return 1
     if args.debias is not None:
         try:
@@ -120,17 +145,24 @@ def run(args) -> int:
     try:
         if args.scale < 1:
             raise SystemExit(f"serveproto calibrate: --scale: expected a positive integer, got {args.scale}")
-        items = evalset.read_jsonl(args.data) if args.data else evalset.generate(
-            sizes={domain: n * args.scale for domain, n in evalset.SIZES.items()})
+        items = (
+            evalset.read_jsonl(args.data)
+            if args.data
+            else evalset.generate(sizes={domain: n * args.scale for domain, n in evalset.SIZES.items()})
+        )
     except (OSError, evalset.LabelledFileError) as exc:
         print(f"serveproto calibrate: {exc}", file=sys.stderr)
         return 1
     if args.limit:
-        items = items[:args.limit]
-    source = args.data or (f"the generated evaluation set (gateway.decision.evalset, seed {evalset.SEED}"
-                           + (f", scale {args.scale})" if args.scale > 1 else ")"))
-    print(f"serveproto calibrate: {len(items)} labelled requests from {source}; x_debias "
-          f"{','.join(methods) or 'none'}", flush=True)
+        items = items[: args.limit]
+    source = args.data or (
+        f"the generated evaluation set (gateway.decision.evalset, seed {evalset.SEED}"
+        + (f", scale {args.scale})" if args.scale > 1 else ")")
+    )
+    print(
+        f"serveproto calibrate: {len(items)} labelled requests from {source}; x_debias {','.join(methods) or 'none'}",
+        flush=True,
+    )
     answers = anyio.run(score_all, items, model, args.threads, methods, lambda s: print(s, flush=True))
     return _fit_and_write(args, answers, Path(model).stem, calibration.sha256_file(model), methods, source)
 
@@ -146,7 +178,7 @@ def _is_decision_log(path: str) -> bool:
             first = next((line for line in f if line.strip()), b"")
         return is_log_line(orjson.loads(first))
     except (OSError, orjson.JSONDecodeError):
-        return False   # read_jsonl reports it
+        return False  # read_jsonl reports it
 
 
 def _log_answers(args):
@@ -162,12 +194,17 @@ def _log_answers(args):
     sha = config.get("model_sha256")
     if sha is None:
         if not args.model:
-            raise SystemExit(f"serveproto calibrate: {args.data}: the log does not name the model file's sha256 "
-                             "(the server did not know its path): pass --model PATH")
+            raise SystemExit(
+                f"serveproto calibrate: {args.data}: the log does not name the model file's sha256 "
+                "(the server did not know its path): pass --model PATH"
+            )
         sha = calibration.sha256_file(args.model)
     methods = tuple(config.get("x_debias") or ())
-    print(f"serveproto calibrate: {len(answers)} judged answers from the decision log {args.data}; x_debias "
-          f"{','.join(methods) or 'none'}", flush=True)
+    print(
+        f"serveproto calibrate: {len(answers)} judged answers from the decision log {args.data}; x_debias "
+        f"{','.join(methods) or 'none'}",
+        flush=True,
+    )
     return answers, str(config.get("model") or "model"), sha, methods, f"decision log {args.data}"
 
 
@@ -193,8 +230,9 @@ def _fit_and_write(args, answers, model_name: str, sha: str, methods, source: st
     png = args.png if args.png is not None else str(out.with_suffix(".png"))
     if png != "none":
         try:
-            calibration.reliability_png((before, gold), (after, gold), png,
-                                        f"{model_name}\nx_debias {','.join(methods) or 'none'}, held out")
+            calibration.reliability_png(
+                (before, gold), (after, gold), png, f"{model_name}\nx_debias {','.join(methods) or 'none'}, held out"
+            )
             print(f"\nreliability diagram: {png}")
         except ImportError:
             print("\nno reliability diagram: matplotlib is not installed (pip install 'serveproto[calibrate]')")

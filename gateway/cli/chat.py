@@ -7,6 +7,7 @@ the answer is drawn as bars with the winner's normalised entropy. Line editing
 and TAB completion come from prompt_toolkit, the drawing from rich; the HTTP
 side and the arithmetic are in :mod:`gateway.cli.chat_client`.
 """
+
 from __future__ import annotations
 
 import os
@@ -291,7 +292,9 @@ class ChatSession:
         assert self.options is not None
         try:
             with self.console.status("  scoring…", spinner="dots"):
-                decision = self.client.decide(conversation_text(self.messages), question, self.options, model=self.model)
+                decision = self.client.decide(
+                    conversation_text(self.messages), question, self.options, model=self.model
+                )
         except KeyboardInterrupt:
             self.fail("cancelled")
             return

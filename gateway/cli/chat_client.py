@@ -6,6 +6,7 @@ helpers turn an answer into what the terminal shows (normalised entropy and its
 reading, the seed's table in "Reading the answer"). :mod:`gateway.cli.chat`
 draws it.
 """
+
 from __future__ import annotations
 
 import http.client
@@ -14,8 +15,8 @@ import math
 import socket
 import time
 import urllib.parse
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 #: The question id used for the one ``choice`` a terminal question becomes.
 QUESTION_ID = "decision"
@@ -162,7 +163,7 @@ class Decision:
     model: str
 
     @classmethod
-    def from_reply(cls, reply: dict, options: Sequence[str], seconds: float) -> "Decision":
+    def from_reply(cls, reply: dict, options: Sequence[str], seconds: float) -> Decision:
         """Read a ``/v1/systemone`` reply body for the question :data:`QUESTION_ID`.
 
         Raises :class:`ServerError` (status 200) when the body lacks the
@@ -349,7 +350,9 @@ class Client:
         ids += [m.get("name") for m in body.get("models", []) if isinstance(m, dict)]
         return [i for i in ids if isinstance(i, str)]
 
-    def chat_stream(self, messages: Sequence[dict], model: str | None = None, max_tokens: int | None = None) -> Iterator[str]:
+    def chat_stream(
+        self, messages: Sequence[dict], model: str | None = None, max_tokens: int | None = None
+    ) -> Iterator[str]:
         """``POST /v1/chat/completions`` with ``stream: true``; yields text deltas as they arrive.
 
         Reads the SSE ``data: {...}`` lines up to ``data: [DONE]``. Raises

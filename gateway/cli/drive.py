@@ -7,6 +7,7 @@ request frame typed as on the wire. Every reply event is printed on one
 readable line. ``score --model PATH --prefix ... --option A --option B``
 prints each option's token count, log-probability and softmax probability.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,7 +16,7 @@ import math
 import shlex
 import signal
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import anyio
 import attrs
@@ -79,14 +80,18 @@ def describe(ev) -> str:
         extra = ""
         if ev.computed is not None:
             extra = f" computed={ev.computed} reused={ev.reused} snapshot={ev.snapshot}"
-        return (f"{head} emitted={ev.emitted} tok_s={_num(ev.tok_s)} "
-                f"prompt_tokens={ev.prompt_tokens} length_limited={int(ev.length_limited)}"
-                f" rss_gb={_num(ev.rss_gb)}{extra}")
+        return (
+            f"{head} emitted={ev.emitted} tok_s={_num(ev.tok_s)} "
+            f"prompt_tokens={ev.prompt_tokens} length_limited={int(ev.length_limited)}"
+            f" rss_gb={_num(ev.rss_gb)}{extra}"
+        )
     if kind == "SCORED":
         lps = " ".join(_num(x) for x in ev.logprobs)
-        return (f"{head} group={ev.group} option={ev.option} "
-                f"context_tokens={ev.context_tokens} logprobs=[{lps}] "
-                f"sum={_num(math.fsum(ev.logprobs))}")
+        return (
+            f"{head} group={ev.group} option={ev.option} "
+            f"context_tokens={ev.context_tokens} logprobs=[{lps}] "
+            f"sum={_num(math.fsum(ev.logprobs))}"
+        )
     if kind == "DECISION":
         return f"{head} {ev.record.decode('utf-8', 'replace')}"
     if kind == "PONG":
@@ -108,8 +113,9 @@ def score_table(result, normalize: str = "sum") -> list[str]:
             lines.append(f"group {gi}")
         lines.append(f"{'option':<{width}}  tokens  context  {'logprob':>12}  {'p':>8}")
         for o, p in zip(row, probs):
-            lines.append(f"{o.option!r:<{width}}  {o.n_tokens:>6}  {o.context_tokens:>7}  "
-                         f"{o.logprob:>12.6f}  {p:>8.6f}")
+            lines.append(
+                f"{o.option!r:<{width}}  {o.n_tokens:>6}  {o.context_tokens:>7}  {o.logprob:>12.6f}  {p:>8.6f}"
+            )
     how = "SCORE" if result.fast else "pin + SUBMIT fallback"
     counts = ""
     if result.computed is not None:
@@ -120,6 +126,7 @@ def score_table(result, normalize: str = "sum") -> list[str]:
 
 # ---------------------------------------------------------------- drive
 
+
 class DriveSession:
     """The command interpreter of ``serveproto drive`` over one :class:`Engine`.
 
@@ -128,8 +135,9 @@ class DriveSession:
     frames typed as on the wire need their payload: ``feed_payload`` reads it.
     """
 
-    def __init__(self, engine, out: Callable[[str], None],
-                 read_line: Callable[[], "anyio.abc.Awaitable[str]"], tg) -> None:
+    def __init__(
+        self, engine, out: Callable[[str], None], read_line: Callable[[], anyio.abc.Awaitable[str]], tg
+    ) -> None:
         self.eng = engine
         self.out = out
         self.read_line = read_line
@@ -185,6 +193,7 @@ class DriveSession:
 
     async def _guarded(self, fn) -> None:
         from gateway.engine import EngineError, RequestError
+
         try:
             await fn()
         except RequestError as exc:
@@ -221,14 +230,18 @@ class DriveSession:
         if word == "caps":
             return self._say(" ".join(f"{k}={v}" for k, v in eng.caps.values.items()))
         if word == "status":
-            return self._say(f"healthy={int(eng.healthy)} pid={eng.pid} restarts={eng.restarts}"
-                             f" in_flight={eng.in_flight} waiting={eng.waiting}")
+            return self._say(
+                f"healthy={int(eng.healthy)} pid={eng.pid} restarts={eng.restarts}"
+                f" in_flight={eng.in_flight} waiting={eng.waiting}"
+            )
         if word == "wait":
             return self.wait
         if word == "ping":
+
             async def ping():
                 values = await eng.ping()
                 self.out("PONG     " + " ".join(f"{k}={v}" for k, v in values.items()))
+
             return ping
         if word == "cancel":
             p = _Parser(prog="cancel")
@@ -246,9 +259,18 @@ class DriveSession:
             p.add_argument("--no-counters", action="store_true")
             a = p.parse_args(args)
             slot, text = _slot_and_text(a.words, "submit")
-            return self._stream(lambda: eng.submit(
-                text, max_tokens=a.max_tokens, temperature=a.temp, top_p=a.top_p,
-                logprobs=a.logprobs, pin=a.pin, slot=slot, counters=not a.no_counters))
+            return self._stream(
+                lambda: eng.submit(
+                    text,
+                    max_tokens=a.max_tokens,
+                    temperature=a.temp,
+                    top_p=a.top_p,
+                    logprobs=a.logprobs,
+                    pin=a.pin,
+                    slot=slot,
+                    counters=not a.no_counters,
+                )
+            )
         if word == "readout":
             p = _Parser(prog="readout")
             p.add_argument("text")
@@ -256,8 +278,7 @@ class DriveSession:
             p.add_argument("--pin", action="store_true")
             p.add_argument("--slot", type=int)
             a = p.parse_args(args)
-            return self._stream(lambda: eng.submit(
-                a.text, max_tokens=0, logprobs=a.logprobs, pin=a.pin, slot=a.slot))
+            return self._stream(lambda: eng.submit(a.text, max_tokens=0, logprobs=a.logprobs, pin=a.pin, slot=a.slot))
         if word == "score":
             p = _Parser(prog="score")
             p.add_argument("prefix")
@@ -270,10 +291,12 @@ class DriveSession:
             a = p.parse_args(args)
 
             async def score():
-                r = await eng.score(a.prefix, [(a.stem, a.options)], pin=a.pin, slot=a.slot,
-                                    fast=False if a.fallback else None)
+                r = await eng.score(
+                    a.prefix, [(a.stem, a.options)], pin=a.pin, slot=a.slot, fast=False if a.fallback else None
+                )
                 for line in score_table(r, a.normalize):
                     self.out(line)
+
             return score
         if word == "decide":
             p = _Parser(prog="decide")
@@ -285,12 +308,14 @@ class DriveSession:
                 decision, done = await eng.decide(record, slot=slot or 0)
                 self.out("DECISION " + json.dumps(decision, ensure_ascii=False))
                 self.out(describe(done))
+
             return decide
         raise _UsageError(f"unknown command {word!r}; try 'help'")
 
     def _say(self, text: str):
         async def say():
             self.out(text)
+
         return say
 
     def _stream(self, make_stream):
@@ -306,6 +331,7 @@ class DriveSession:
             finally:
                 self.running.pop(stream.request_id, None)
                 self._changed()
+
         return run
 
     def _changed(self) -> None:
@@ -324,17 +350,19 @@ class DriveSession:
                 return
             await stream.aclose()
             self.out(f"cancelled {rid}")
+
         return cancel
 
     async def _raw_frame(self, line: str):
         """A request frame typed as on the wire; its payload (if any) is read next."""
         from gateway.cli.drive_frames import read_frame
+
         try:
             event = await read_frame(line, self.read_line)
         except EOFError as exc:
             self.out(f"error: {exc}")
             return None
-        except Exception as exc:   # the protocol layer's verdict on the typed frame
+        except Exception as exc:  # the protocol layer's verdict on the typed frame
             self.out(f"error: bad frame: {exc}")
             return None
         eng = self.eng
@@ -362,6 +390,7 @@ class DriveSession:
         async def announce():
             self.out(f"(sent {kind.upper()} with a fresh id; typed id {event.id})")
             await run()
+
         return announce
 
 
@@ -386,11 +415,15 @@ async def _drive(args) -> int:
         return await anyio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
 
     try:
-        async with Engine.spawn(args.cmd, name=args.name, handshake_timeout=args.handshake_timeout,
-                                request_timeout=args.timeout, stall_timeout=args.stall_timeout,
-                                max_restarts=args.max_restarts) as eng:
-            out(f"engine {eng.name} pid {eng.pid}: "
-                + " ".join(f"{k}={v}" for k, v in eng.caps.values.items()))
+        async with Engine.spawn(
+            args.cmd,
+            name=args.name,
+            handshake_timeout=args.handshake_timeout,
+            request_timeout=args.timeout,
+            stall_timeout=args.stall_timeout,
+            max_restarts=args.max_restarts,
+        ) as eng:
+            out(f"engine {eng.name} pid {eng.pid}: " + " ".join(f"{k}={v}" for k, v in eng.caps.values.items()))
             interactive = sys.stdin.isatty()
             async with anyio.create_task_group() as tg:
                 session = DriveSession(eng, out, read_line, tg)
@@ -421,6 +454,7 @@ async def _drive(args) -> int:
 
 # ---------------------------------------------------------------- score
 
+
 def _engine_cmd(args) -> list[str]:
     from gateway.cli.serve import default_model_or_exit, engine_or_exit
 
@@ -432,12 +466,15 @@ def _engine_cmd(args) -> list[str]:
 
 async def _score(args) -> int:
     from gateway.engine import Engine, EngineError, RequestError
+
     cmd = _engine_cmd(args)
     try:
-        async with Engine.spawn(cmd, handshake_timeout=args.handshake_timeout,
-                                request_timeout=args.timeout, max_restarts=0) as eng:
-            result = await eng.score(args.prefix, [(args.stem, args.option)], pin=False,
-                                     fast=False if args.fallback else None)
+        async with Engine.spawn(
+            cmd, handshake_timeout=args.handshake_timeout, request_timeout=args.timeout, max_restarts=0
+        ) as eng:
+            result = await eng.score(
+                args.prefix, [(args.stem, args.option)], pin=False, fast=False if args.fallback else None
+            )
     except (EngineError, RequestError) as exc:
         print(f"serveproto score: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
@@ -459,13 +496,28 @@ def score_lines(result, normalize: str = "sum", *, as_json: bool = False) -> lis
         return score_table(result, normalize)
     row = result.groups[0]
     probs = result.probabilities(0, normalize)
-    return [json.dumps({
-        "options": [{"option": o.option, "tokens": o.n_tokens,
-                     "context_tokens": o.context_tokens, "logprob": o.logprob,
-                     "logprobs": list(o.logprobs), "probability": p}
-                    for o, p in zip(row, probs)],
-        "normalize": normalize, "fast": result.fast,
-        "computed": result.computed, "reused": result.reused}, ensure_ascii=False)]
+    return [
+        json.dumps(
+            {
+                "options": [
+                    {
+                        "option": o.option,
+                        "tokens": o.n_tokens,
+                        "context_tokens": o.context_tokens,
+                        "logprob": o.logprob,
+                        "logprobs": list(o.logprobs),
+                        "probability": p,
+                    }
+                    for o, p in zip(row, probs)
+                ],
+                "normalize": normalize,
+                "fast": result.fast,
+                "computed": result.computed,
+                "reused": result.reused,
+            },
+            ensure_ascii=False,
+        )
+    ]
 
 
 SCORE_HELP = """\
@@ -493,40 +545,60 @@ example:
 
 def add_parsers(sub) -> None:
     """Register ``drive`` and ``score`` on the ``serveproto`` sub-command parser."""
-    p = sub.add_parser("drive", help="drive an engine by hand (frames or short commands)",
-                       description=__doc__.split("\n\n")[1] + "\n\n" + DRIVE_HELP,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "drive",
+        help="drive an engine by hand (frames or short commands)",
+        description=__doc__.split("\n\n")[1] + "\n\n" + DRIVE_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--name", default=None, help="engine name in logs (default: the command)")
-    p.add_argument("--handshake-timeout", type=float, default=120.0, metavar="S",
-                   help="seconds the engine may take to load and answer READY..STAT")
-    p.add_argument("--timeout", type=float, default=None, metavar="S",
-                   help="deadline of each request (default: none)")
-    p.add_argument("--stall-timeout", type=float, default=60.0, metavar="S",
-                   help="seconds of silence with requests in flight before the engine "
-                        "is declared hung and restarted")
-    p.add_argument("--max-restarts", type=int, default=3, metavar="N",
-                   help="restarts allowed within 60 s before giving up")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="ENGINE_CMD",
-                   help="the engine command and its arguments (after --)")
+    p.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="seconds the engine may take to load and answer READY..STAT",
+    )
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="deadline of each request (default: none)")
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds of silence with requests in flight before the engine is declared hung and restarted",
+    )
+    p.add_argument(
+        "--max-restarts", type=int, default=3, metavar="N", help="restarts allowed within 60 s before giving up"
+    )
+    p.add_argument(
+        "cmd", nargs=argparse.REMAINDER, metavar="ENGINE_CMD", help="the engine command and its arguments (after --)"
+    )
     p.set_defaults(func=_run_drive)
 
-    s = sub.add_parser("score", help="score options after a prefix: logprob + softmax",
-                       description=SCORE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s = sub.add_parser(
+        "score",
+        help="score options after a prefix: logprob + softmax",
+        description=SCORE_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     src = s.add_mutually_exclusive_group()
     src.add_argument("--model", help="GGUF for serveproto-llama (default: the default model)")
     src.add_argument("--engine", help="any engine command line (shell-quoted)")
     s.add_argument("--prefix", required=True, help="the context read before every option")
     s.add_argument("--stem", default="", help="text between the prefix and each option")
     s.add_argument("--option", action="append", required=True, help="an option (repeat)")
-    s.add_argument("--normalize", choices=NORMALIZE, default="sum",
-                   help="an option's score: the sum (default) or the mean of its token logprobs")
-    s.add_argument("--fallback", action="store_true",
-                   help="use pin + SUBMIT even when the engine has SCORE")
+    s.add_argument(
+        "--normalize",
+        choices=NORMALIZE,
+        default="sum",
+        help="an option's score: the sum (default) or the mean of its token logprobs",
+    )
+    s.add_argument("--fallback", action="store_true", help="use pin + SUBMIT even when the engine has SCORE")
     s.add_argument("--json", action="store_true", help="one JSON object instead of a table")
-    s.add_argument("--handshake-timeout", type=float, default=120.0, metavar="S",
-                   help="seconds the engine may take to load")
-    s.add_argument("--timeout", type=float, default=None, metavar="S",
-                   help="deadline of the scoring (default: none)")
+    s.add_argument(
+        "--handshake-timeout", type=float, default=120.0, metavar="S", help="seconds the engine may take to load"
+    )
+    s.add_argument("--timeout", type=float, default=None, metavar="S", help="deadline of the scoring (default: none)")
     s.set_defaults(func=_run_score)
 
 
@@ -534,8 +606,10 @@ def _run_drive(args) -> int:
     if args.cmd and args.cmd[0] == "--":
         args.cmd = args.cmd[1:]
     if not args.cmd:
-        print("serveproto drive: give the engine command, e.g. "
-              "serveproto drive -- engines/bin/serveproto-fixture", file=sys.stderr)
+        print(
+            "serveproto drive: give the engine command, e.g. serveproto drive -- engines/bin/serveproto-fixture",
+            file=sys.stderr,
+        )
         return 2
     _setup_logging()
     return anyio.run(_drive, args)
@@ -548,4 +622,5 @@ def _run_score(args) -> int:
 
 def _setup_logging() -> None:
     import logging
+
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")

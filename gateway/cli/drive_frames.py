@@ -4,9 +4,10 @@ The typed bytes go through an engine-side ``serveproto.EngineConnection`` (the
 same strict parser an engine uses), so a frame is accepted exactly when an
 engine would accept it, and the supervisor then sends the resulting event.
 """
+
 from __future__ import annotations
 
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import serveproto
 from serveproto import Caps, EngineConnection, Ready, Stat

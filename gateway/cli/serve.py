@@ -15,6 +15,7 @@ serves several models, the first the default. Once listening it prints one
 line, ``serveproto: serving <model> on http://<host>:<port>`` (with several
 engines, one line per model first).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,10 +29,10 @@ from pathlib import Path
 
 import attrs
 
-from gateway.engine.errors import EngineError
-from gateway.server.auth import API_KEY_ENV, key_from_env
 from gateway.engine.build import ENGINES, EngineBuildError, ensure_engine
+from gateway.engine.errors import EngineError
 from gateway.paths import default_model_path
+from gateway.server.auth import API_KEY_ENV, key_from_env
 
 #: Environment variable giving the llama engine's thread count when --threads is not given.
 THREADS_ENV = "SERVEPROTO_THREADS"
@@ -91,98 +92,198 @@ KEEP_RESTARTING_BACKOFF_MAX = 30.0
 
 
 def add_parsers(sub) -> None:
-    p = sub.add_parser("serve", help="start the decision server (POST /v1/systemone and the OpenAI routes)",
-                       description=SERVE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", action=_ModelArg, metavar="[NAME=]PATH",
-                   help="GGUF model for the llama engine (default: the fetched SmolLM2-135M-Instruct); "
-                        "also read for its chat template when --engine is given. Repeatable as NAME=PATH: "
-                        "several models, picked by a request's model field (any other name: the first)")
-    p.add_argument("--engines", type=_positive_int, default=1, metavar="N",
-                   help="engine processes per model (default 1), each under its own supervisor; requests go "
-                        "to the engine that last served their state, else to the least loaded")
-    p.add_argument("--gpus", type=_gpu_list, default=None, metavar="IDS",
-                   help="CUDA devices given to the engines in turn (engine i: CUDA_VISIBLE_DEVICES=IDS[i mod "
-                        "n]), e.g. 0,1; default on a CUDA build with several engines: $CUDA_VISIBLE_DEVICES, "
-                        "else every GPU nvidia-smi lists; 'none' leaves the environment alone")
+    p = sub.add_parser(
+        "serve",
+        help="start the decision server (POST /v1/systemone and the OpenAI routes)",
+        description=SERVE_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--model",
+        action=_ModelArg,
+        metavar="[NAME=]PATH",
+        help="GGUF model for the llama engine (default: the fetched SmolLM2-135M-Instruct); "
+        "also read for its chat template when --engine is given. Repeatable as NAME=PATH: "
+        "several models, picked by a request's model field (any other name: the first)",
+    )
+    p.add_argument(
+        "--engines",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="engine processes per model (default 1), each under its own supervisor; requests go "
+        "to the engine that last served their state, else to the least loaded",
+    )
+    p.add_argument(
+        "--gpus",
+        type=_gpu_list,
+        default=None,
+        metavar="IDS",
+        help="CUDA devices given to the engines in turn (engine i: CUDA_VISIBLE_DEVICES=IDS[i mod "
+        "n]), e.g. 0,1; default on a CUDA build with several engines: $CUDA_VISIBLE_DEVICES, "
+        "else every GPU nvidia-smi lists; 'none' leaves the environment alone",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
-    p.add_argument("--api-key", default=None, help=f"required bearer key (default ${API_KEY_ENV}; none: any key passes)")
-    p.add_argument("--slots", type=_positive_int, default=None,
-                   help="KV slots of the llama engine: requests served at once, each llama_decode shared by "
-                        "all of them (default: the engine sizes them from the context and the memory free at "
-                        "start, 1 to 4; spec/llama-engine.md)")
+    p.add_argument(
+        "--api-key", default=None, help=f"required bearer key (default ${API_KEY_ENV}; none: any key passes)"
+    )
+    p.add_argument(
+        "--slots",
+        type=_positive_int,
+        default=None,
+        help="KV slots of the llama engine: requests served at once, each llama_decode shared by "
+        "all of them (default: the engine sizes them from the context and the memory free at "
+        "start, 1 to 4; spec/llama-engine.md)",
+    )
     p.add_argument("--ctx", type=int, default=None, help="context size per slot of the llama engine")
-    p.add_argument("--threads", type=_threads, default=None, metavar="N|auto",
-                   help=f"CPU threads of each llama engine (default ${THREADS_ENV}, else auto: every core, "
-                        "one fewer while the decodes find the cores shared with the gateway or anything else, "
-                        "since llama.cpp's threads wait for each other and slow down sharply then; with "
-                        "several engines the cores are divided among them)")
-    p.add_argument("--precision", type=_precision, default="native", metavar="{native,f32}",
-                   help="the llama engine's weights: native (the GGUF's own types, default) or f32 (the GGUF "
-                        "transcoded once to F32 by llama.cpp's quantizer into the cache, then reused: logprobs "
-                        "within 1e-4 of the float64 oracle instead of ~0.15 nats off on average on a quantized "
-                        "model, for about 5.5 times the file size; see bench/README.md)")
-    p.add_argument("--numerics", choices=("invariant", "fast"), default=None,
-                   help="the llama engine's arithmetic: invariant (the CPU default: every number depends on the "
-                        "model, the build and the tokens only, whatever ran before or beside it) or fast "
-                        "(llama.cpp's batch-shape-dependent kernels; the GPU default)")
-    p.add_argument("--score-cache-mb", type=_non_negative_int, default=None, metavar="MB",
-                   help="memory for scored options kept between requests, so a repeated question is not "
-                        "computed again (llama engine, invariant numerics; default 64, 0 turns it off)")
+    p.add_argument(
+        "--threads",
+        type=_threads,
+        default=None,
+        metavar="N|auto",
+        help=f"CPU threads of each llama engine (default ${THREADS_ENV}, else auto: every core, "
+        "one fewer while the decodes find the cores shared with the gateway or anything else, "
+        "since llama.cpp's threads wait for each other and slow down sharply then; with "
+        "several engines the cores are divided among them)",
+    )
+    p.add_argument(
+        "--precision",
+        type=_precision,
+        default="native",
+        metavar="{native,f32}",
+        help="the llama engine's weights: native (the GGUF's own types, default) or f32 (the GGUF "
+        "transcoded once to F32 by llama.cpp's quantizer into the cache, then reused: logprobs "
+        "within 1e-4 of the float64 oracle instead of ~0.15 nats off on average on a quantized "
+        "model, for about 5.5 times the file size; see bench/README.md)",
+    )
+    p.add_argument(
+        "--numerics",
+        choices=("invariant", "fast"),
+        default=None,
+        help="the llama engine's arithmetic: invariant (the CPU default: every number depends on the "
+        "model, the build and the tokens only, whatever ran before or beside it) or fast "
+        "(llama.cpp's batch-shape-dependent kernels; the GPU default)",
+    )
+    p.add_argument(
+        "--score-cache-mb",
+        type=_non_negative_int,
+        default=None,
+        metavar="MB",
+        help="memory for scored options kept between requests, so a repeated question is not "
+        "computed again (llama engine, invariant numerics; default 64, 0 turns it off)",
+    )
     dev = p.add_argument_group(
-        "one model over several devices (the llama engine; llama.cpp's own options, passed through: "
-        "docs/devices.md)")
-    dev.add_argument("--rpc", type=_rpc_servers, default=None, metavar="HOST:PORT,...",
-                     help="place the model's layers on these ggml-rpc-servers (engines/bin/ggml-rpc-server; "
-                          "private networks only: the RPC protocol has no authentication and no encryption). "
-                          "The engine's numerics default to fast with --rpc; --numerics invariant when every "
-                          "server is this build's ggml-rpc-server on a CPU, started with GGML_CPU_USE_REF=1")
-    dev.add_argument("--split-mode", choices=("none", "layer", "row"), default=None,
-                     help="how llama.cpp splits the model over the devices: layer (its default: whole layers "
-                          "per device), row (weight rows over CUDA GPUs; not over RPC servers), none (one device, "
-                          "--main-gpu)")
-    dev.add_argument("--tensor-split", type=_tensor_split, default=None, metavar="A,B,...",
-                     help="each device's share of the model, in device order (the --rpc servers' devices "
-                          "first, then local GPUs), e.g. 3,1; default: in proportion to free memory")
-    dev.add_argument("--main-gpu", type=_non_negative_int, default=None, metavar="N",
-                     help="the device index used with --split-mode none (and for intermediate results with row)")
-    p.add_argument("--debias", type=_debias_methods, default=None, metavar="METHODS",
-                   help="how a language model's option scores are read and corrected when a request does not "
-                        "say (its x_debias, docs/http-api.md): none, or a comma-separated list of canonical (the "
-                        "options listed in one fixed order), cyclic (each rotation of the listed options read "
-                        "once), content_free (calibrated against a content-free state), cloze or letters (other "
-                        "prompt formats). Default: canonical,content_free on the default model (it answers by "
-                        "position without), none on a model you name")
-    p.add_argument("--calibration", default=None, metavar="FILE",
-                   help="a calibration file (serveproto calibrate) applied to the answers read under its x_debias; "
-                        "'none' for none. Default: $SERVEPROTO_CACHE/calibration/<the model's sha256>.json when it exists")
-    p.add_argument("--log-decisions", default=None, metavar="FILE",
-                   help="append one JSON line per answered question to FILE: request and question ids, options, "
-                        "probabilities (before and after calibration), model and x_debias; no state or question "
-                        "text. Fill in each line's 'answer' and pass the file to `serveproto calibrate --data`")
+        "one model over several devices (the llama engine; llama.cpp's own options, passed through: docs/devices.md)"
+    )
+    dev.add_argument(
+        "--rpc",
+        type=_rpc_servers,
+        default=None,
+        metavar="HOST:PORT,...",
+        help="place the model's layers on these ggml-rpc-servers (engines/bin/ggml-rpc-server; "
+        "private networks only: the RPC protocol has no authentication and no encryption). "
+        "The engine's numerics default to fast with --rpc; --numerics invariant when every "
+        "server is this build's ggml-rpc-server on a CPU, started with GGML_CPU_USE_REF=1",
+    )
+    dev.add_argument(
+        "--split-mode",
+        choices=("none", "layer", "row"),
+        default=None,
+        help="how llama.cpp splits the model over the devices: layer (its default: whole layers "
+        "per device), row (weight rows over CUDA GPUs; not over RPC servers), none (one device, "
+        "--main-gpu)",
+    )
+    dev.add_argument(
+        "--tensor-split",
+        type=_tensor_split,
+        default=None,
+        metavar="A,B,...",
+        help="each device's share of the model, in device order (the --rpc servers' devices "
+        "first, then local GPUs), e.g. 3,1; default: in proportion to free memory",
+    )
+    dev.add_argument(
+        "--main-gpu",
+        type=_non_negative_int,
+        default=None,
+        metavar="N",
+        help="the device index used with --split-mode none (and for intermediate results with row)",
+    )
+    p.add_argument(
+        "--debias",
+        type=_debias_methods,
+        default=None,
+        metavar="METHODS",
+        help="how a language model's option scores are read and corrected when a request does not "
+        "say (its x_debias, docs/http-api.md): none, or a comma-separated list of canonical (the "
+        "options listed in one fixed order), cyclic (each rotation of the listed options read "
+        "once), content_free (calibrated against a content-free state), cloze or letters (other "
+        "prompt formats). Default: canonical,content_free on the default model (it answers by "
+        "position without), none on a model you name",
+    )
+    p.add_argument(
+        "--calibration",
+        default=None,
+        metavar="FILE",
+        help="a calibration file (serveproto calibrate) applied to the answers read under its x_debias; "
+        "'none' for none. Default: $SERVEPROTO_CACHE/calibration/<the model's sha256>.json when it exists",
+    )
+    p.add_argument(
+        "--log-decisions",
+        default=None,
+        metavar="FILE",
+        help="append one JSON line per answered question to FILE: request and question ids, options, "
+        "probabilities (before and after calibration), model and x_debias; no state or question "
+        "text. Fill in each line's 'answer' and pass the file to `serveproto calibrate --data`",
+    )
     p.add_argument("--request-timeout", type=float, default=120.0, help="seconds one engine call may take (503 after)")
     p.add_argument("--handshake-timeout", type=float, default=180.0, help="seconds the engine may take to load")
-    p.add_argument("--ping-interval", type=_positive_float, default=5.0,
-                   help="seconds between the supervisor's PINGs of the engine, busy or idle (default 5); /health "
-                        "is 503 while a PING has waited longer than this")
-    p.add_argument("--ping-timeout", type=_positive_float, default=30.0,
-                   help="seconds a PING may go unanswered before the engine is declared stalled, killed and "
-                        "restarted, its requests answered 503 (default 30; raise it for a model whose 512-token "
-                        "decode step takes longer)")
-    p.add_argument("--max-restarts", type=_non_negative_int, default=3,
-                   help="engine restarts allowed within --restart-period (default 3); one more and the server "
-                        "answers the requests in flight and exits with status 1, unless --keep-restarting")
-    p.add_argument("--restart-period", type=_positive_float, default=60.0,
-                   help="seconds of the restart intensity window (default 60)")
-    p.add_argument("--keep-restarting", action="store_true",
-                   help="never give up on the engine: restart it for as long as the server runs, the backoff "
-                        f"doubling from 0.1 s to {KEEP_RESTARTING_BACKOFF_MAX:g} s")
-    p.add_argument("--max-inflight", type=int, default=256, help="POST requests served at once (503 + Retry-After above)")
+    p.add_argument(
+        "--ping-interval",
+        type=_positive_float,
+        default=5.0,
+        help="seconds between the supervisor's PINGs of the engine, busy or idle (default 5); /health "
+        "is 503 while a PING has waited longer than this",
+    )
+    p.add_argument(
+        "--ping-timeout",
+        type=_positive_float,
+        default=30.0,
+        help="seconds a PING may go unanswered before the engine is declared stalled, killed and "
+        "restarted, its requests answered 503 (default 30; raise it for a model whose 512-token "
+        "decode step takes longer)",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=_non_negative_int,
+        default=3,
+        help="engine restarts allowed within --restart-period (default 3); one more and the server "
+        "answers the requests in flight and exits with status 1, unless --keep-restarting",
+    )
+    p.add_argument(
+        "--restart-period",
+        type=_positive_float,
+        default=60.0,
+        help="seconds of the restart intensity window (default 60)",
+    )
+    p.add_argument(
+        "--keep-restarting",
+        action="store_true",
+        help="never give up on the engine: restart it for as long as the server runs, the backoff "
+        f"doubling from 0.1 s to {KEEP_RESTARTING_BACKOFF_MAX:g} s",
+    )
+    p.add_argument(
+        "--max-inflight", type=int, default=256, help="POST requests served at once (503 + Retry-After above)"
+    )
     p.add_argument("--max-body", type=int, default=16 << 20, help="largest request body in bytes (413 above)")
     p.add_argument("--log-level", default="INFO", help="logging level (INFO logs one JSON line per request)")
-    p.add_argument("--engine", nargs=argparse.REMAINDER, default=None,
-                   help="the engine command and its arguments (everything after --engine); a bare "
-                        f"{', '.join(ENGINES)} is the project's engine (built on first use when installed)")
+    p.add_argument(
+        "--engine",
+        nargs=argparse.REMAINDER,
+        default=None,
+        help="the engine command and its arguments (everything after --engine); a bare "
+        f"{', '.join(ENGINES)} is the project's engine (built on first use when installed)",
+    )
     p.set_defaults(func=run)
 
 
@@ -238,6 +339,7 @@ def _gpu_list(text: str) -> tuple[str, ...]:
 
 def _int_at_least(low: int):
     """An argparse ``type``: an integer ``>= low``, else ``ArgumentTypeError`` saying so."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -246,6 +348,7 @@ def _int_at_least(low: int):
         if value < low:
             raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
         return value
+
     return parse
 
 
@@ -275,21 +378,26 @@ def _tensor_split(text: str) -> str:
     except ValueError:
         shares = []
     if not shares or len(shares) > MAX_DEVICES or any(not 0 <= x < float("inf") for x in shares) or not sum(shares):
-        raise argparse.ArgumentTypeError(f"must be a comma-separated list of at most {MAX_DEVICES} non-negative "
-                                         f"numbers, not all 0 (a share of the model per device), got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"must be a comma-separated list of at most {MAX_DEVICES} non-negative "
+            f"numbers, not all 0 (a share of the model per device), got {text!r}"
+        )
     return text
 
 
 def _rpc_servers(text: str) -> str:
     """An argparse ``type``: at most :data:`MAX_DEVICES` comma-separated ``host:port`` (port 1..65535; the host
     without ':', as ggml-rpc reads it)."""
+
     def ok(ep: str) -> bool:
         host, _, port = ep.partition(":")
         return bool(host) and port.isascii() and port.isdigit() and 1 <= int(port) <= 65535
+
     servers = text.split(",")
     if len(servers) > MAX_DEVICES or not all(ok(ep) for ep in servers):
-        raise argparse.ArgumentTypeError(f"must be a comma-separated list of at most {MAX_DEVICES} host:port "
-                                         f"servers (port 1..65535), got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"must be a comma-separated list of at most {MAX_DEVICES} host:port servers (port 1..65535), got {text!r}"
+        )
     return text
 
 
@@ -349,8 +457,10 @@ def load_calibration(choice: str | None, model_path: str | None):
     except (OSError, ValueError) as exc:
         raise SystemExit(f"serveproto serve: --calibration: {exc}") from None
     if sha is not None and cal.model_sha256 != sha:
-        raise SystemExit(f"serveproto serve: --calibration: {path} was fitted on another model file "
-                         f"(sha256 {cal.model_sha256[:12]}..., the served model's is {sha[:12]}...)")
+        raise SystemExit(
+            f"serveproto serve: --calibration: {path} was fitted on another model file "
+            f"(sha256 {cal.model_sha256[:12]}..., the served model's is {sha[:12]}...)"
+        )
     return cal
 
 
@@ -384,8 +494,9 @@ def engine_argv(args, model: str | None = None, threads: int | str | None = None
     :func:`default_threads` of ``args.threads``), or ``--engine``'s command."""
     if args.engine:
         if args.precision != "native":
-            raise SystemExit("serveproto serve: --precision applies to the llama engine; with --engine, "
-                             "give your engine its model")
+            raise SystemExit(
+                "serveproto serve: --precision applies to the llama engine; with --engine, give your engine its model"
+            )
         argv = shlex.split(args.engine[0]) + list(args.engine[1:]) if len(args.engine) == 1 else list(args.engine)
         if argv and argv[0] in ENGINES:  # one of ours by its bare name: built on first use when installed
             argv[0] = str(engine_or_exit("serveproto serve", argv[0]))
@@ -399,10 +510,17 @@ def engine_argv(args, model: str | None = None, threads: int | str | None = None
     if threads is None:
         threads = default_threads(args.threads)
     argv = [str(engine_or_exit("serveproto serve", "serveproto-llama")), "--model", model]
-    for flag, value in (("--slots", args.slots), ("--ctx", args.ctx), ("--threads", threads),
-                        ("--numerics", args.numerics), ("--score-cache-mb", args.score_cache_mb),
-                        ("--rpc", args.rpc), ("--split-mode", args.split_mode),
-                        ("--tensor-split", args.tensor_split), ("--main-gpu", args.main_gpu)):
+    for flag, value in (
+        ("--slots", args.slots),
+        ("--ctx", args.ctx),
+        ("--threads", threads),
+        ("--numerics", args.numerics),
+        ("--score-cache-mb", args.score_cache_mb),
+        ("--rpc", args.rpc),
+        ("--split-mode", args.split_mode),
+        ("--tensor-split", args.tensor_split),
+        ("--main-gpu", args.main_gpu),
+    ):
         if value is not None:
             argv += [flag, str(value)]
     if not os.access(argv[0], os.X_OK):
@@ -481,8 +599,10 @@ def plan_engines(args, environ=os.environ, cpu_count: int | None = None) -> list
 
     models = list(getattr(args, "models", None) or [(None, args.model)])
     if args.engine and len(models) > 1:
-        raise SystemExit("serveproto serve: --model NAME=PATH names several models for the llama engine; "
-                         "with --engine, give one --model (its chat template) and your engine its model")
+        raise SystemExit(
+            "serveproto serve: --model NAME=PATH names several models for the llama engine; "
+            "with --engine, give one --model (its chat template) and your engine its model"
+        )
     n = getattr(args, "engines", 1) or 1
     total = n * len(models)
     threads = default_threads(args.threads, environ)
@@ -513,7 +633,9 @@ def _f32_argv(argv: list[str], threads: int | str | None) -> list[str]:
 
     i = argv.index("--model") + 1
     n = default_threads(threads)
-    return argv[:i] + [str(ensure_f32(argv[i], threads=n if isinstance(n, int) else os.cpu_count() or 1))] + argv[i + 1:]
+    return (
+        argv[:i] + [str(ensure_f32(argv[i], threads=n if isinstance(n, int) else os.cpu_count() or 1))] + argv[i + 1 :]
+    )
 
 
 def load_calibrations(choice: str | None, paths: list[str | None]) -> list:
@@ -530,8 +652,10 @@ def load_calibrations(choice: str | None, paths: list[str | None]) -> list:
         raise SystemExit(f"serveproto serve: --calibration: {exc}") from None
     shas = [calibration.sha256_file(p) if p and Path(p).exists() else None for p in paths]
     if cal.model_sha256 not in shas:
-        raise SystemExit(f"serveproto serve: --calibration: {choice} was fitted on none of the served model files "
-                         f"(sha256 {cal.model_sha256[:12]}...)")
+        raise SystemExit(
+            f"serveproto serve: --calibration: {choice} was fitted on none of the served model files "
+            f"(sha256 {cal.model_sha256[:12]}...)"
+        )
     return [cal if sha == cal.model_sha256 else None for sha in shas]
 
 
@@ -550,11 +674,12 @@ async def serve(args, *, task_status=None) -> None:
     try:
         listener = await HTTPServer.bind(args.host, args.port)
     except PortInUse:
-        raise ListenFailed(f"serveproto: port {args.port} on {args.host} is in use "
-                           f"(set PORT=..., e.g. PORT=8123 make serve)") from None
+        raise ListenFailed(
+            f"serveproto: port {args.port} on {args.host} is in use (set PORT=..., e.g. PORT=8123 make serve)"
+        ) from None
     except OSError as exc:
         raise ListenFailed(f"serveproto: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
-    if args.precision == "f32":   # after the bind: a port in use is still reported at once
+    if args.precision == "f32":  # after the bind: a port in use is still reported at once
         from gateway.engine.precision import TranscodeError
 
         try:
@@ -574,19 +699,25 @@ async def serve(args, *, task_status=None) -> None:
             decisions = DecisionLog(args.log_decisions)
         except OSError as exc:
             await listener.aclose()
-            raise SystemExit(f"serveproto serve: --log-decisions: cannot open {args.log_decisions}: "
-                             f"{exc.strerror or exc}") from None
-    options = dict(handshake_timeout=args.handshake_timeout, health_interval=args.ping_interval,
-                   ping_timeout=args.ping_timeout, restart_period=args.restart_period,
-                   max_restarts=None if args.keep_restarting else args.max_restarts)
+            raise SystemExit(
+                f"serveproto serve: --log-decisions: cannot open {args.log_decisions}: {exc.strerror or exc}"
+            ) from None
+    options = dict(
+        handshake_timeout=args.handshake_timeout,
+        health_interval=args.ping_interval,
+        ping_timeout=args.ping_timeout,
+        restart_period=args.restart_period,
+        max_restarts=None if args.keep_restarting else args.max_restarts,
+    )
     if args.keep_restarting:
         options["backoff_max"] = KEEP_RESTARTING_BACKOFF_MAX
     specs = [attrs.evolve(s, options={**options, **s.options}) for plan in plans for s in plan.specs]
     gave_up: list[str] = []
     async with listener, Pool.spawn(specs) as pool:
         by_name = {e.name: e for e in pool.engines}
-        cals = await anyio.to_thread.run_sync(load_calibrations, getattr(args, "calibration", None),
-                                              [plan.path for plan in plans])
+        cals = await anyio.to_thread.run_sync(
+            load_calibrations, getattr(args, "calibration", None), [plan.path for plan in plans]
+        )
         served: dict[str, Served] = {}
         for plan, cal in zip(plans, cals):
             first = by_name[plan.specs[0].name]
@@ -615,15 +746,23 @@ async def serve(args, *, task_status=None) -> None:
                     print(f"serveproto: model {name}: {len(engines)} engine(s) ({', '.join(engines)})", flush=True)
             print(f"serveproto: serving {app.model.name} on http://{args.host}:{port}", flush=True)
             if app.debias:
-                print(f"serveproto: x_debias defaults to {','.join(app.debias)} (--debias none to turn it off)", flush=True)
+                print(
+                    f"serveproto: x_debias defaults to {','.join(app.debias)} (--debias none to turn it off)",
+                    flush=True,
+                )
             for s in served.values():
                 if s.calibration is not None:
-                    print(f"serveproto: calibration {s.calibration.id} on answers read under x_debias "
-                          f"{','.join(s.calibration.debias) or 'none'}{f' ({s.name})' if len(served) > 1 else ''} "
-                          "(--calibration none to turn it off)", flush=True)
+                    print(
+                        f"serveproto: calibration {s.calibration.id} on answers read under x_debias "
+                        f"{','.join(s.calibration.debias) or 'none'}{f' ({s.name})' if len(served) > 1 else ''} "
+                        "(--calibration none to turn it off)",
+                        flush=True,
+                    )
             if decisions is not None:
-                print(f"serveproto: logging decisions to {decisions.path} (ids, options, probabilities; no text)",
-                      flush=True)
+                print(
+                    f"serveproto: logging decisions to {decisions.path} (ids, options, probabilities; no text)",
+                    flush=True,
+                )
             if task_status is not None:
                 task_status.started(port)
     if decisions is not None:
@@ -651,14 +790,20 @@ async def _fail_upward(pool, engine, server, scope, args, gave_up: list[str]) ->
         return  # closed: the server is stopping anyway
     model = pool.model_of(engine)
     if not all(e.gave_up for e in pool.engines if pool.model_of(e) == model):
-        logging.getLogger("serveproto.serve").error("engine %s gave up (last error: %s); model %s is served by "
-                                                    "its other engines", engine.name, engine.last_error, model)
+        logging.getLogger("serveproto.serve").error(
+            "engine %s gave up (last error: %s); model %s is served by its other engines",
+            engine.name,
+            engine.last_error,
+            model,
+        )
         return
     failures = args.max_restarts + 1
     who = "the engine" if len(pool.engines) == 1 else f"every engine of model {model}"
-    gave_up.append(f"serveproto serve: giving up: {who} failed {failures} time(s) within "
-                   f"{args.restart_period:g} s (--max-restarts {args.max_restarts}); last error: "
-                   f"{engine.last_error}; exiting with status 1 (--keep-restarting keeps retrying)")
+    gave_up.append(
+        f"serveproto serve: giving up: {who} failed {failures} time(s) within "
+        f"{args.restart_period:g} s (--max-restarts {args.max_restarts}); last error: "
+        f"{engine.last_error}; exiting with status 1 (--keep-restarting keeps retrying)"
+    )
     await server.drain(GIVE_UP_DRAIN)
     scope.cancel()
 
@@ -679,8 +824,9 @@ async def _stop_on_signal(scope) -> None:
 def run(args) -> int:
     import anyio
 
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO), format="%(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO), format="%(message)s", stream=sys.stderr
+    )
     try:
         anyio.run(serve, args)
     except KeyboardInterrupt:

@@ -27,6 +27,7 @@ search on a bracket (:func:`fit_inverse_temperature`). A noul gets
 ``two_slope`` only when it beats ``temperature`` on held-out data
 (:func:`fit`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -153,8 +154,15 @@ def fit_type(qtype: str, probs: Sequence[Sequence[float]], gold: Sequence[int], 
     return TypeMap("temperature", {"beta": fit_inverse_temperature(probs, gold)})
 
 
-def cross_validate(qtype: str, probs: Sequence[Sequence[float]], gold: Sequence[int], groups: Sequence[str],
-                   kind: str, k: int = 5, seed: int = 0) -> list[list[float]]:
+def cross_validate(
+    qtype: str,
+    probs: Sequence[Sequence[float]],
+    gold: Sequence[int],
+    groups: Sequence[str],
+    kind: str,
+    k: int = 5,
+    seed: int = 0,
+) -> list[list[float]]:
     """Out-of-fold calibrated probabilities: each answer mapped by a fit on the folds without its request."""
     folds = _folds(groups, k, seed)
     out: list[list[float]] = [list(p) for p in probs]
@@ -172,8 +180,13 @@ def cross_validate(qtype: str, probs: Sequence[Sequence[float]], gold: Sequence[
 def report(probs: Sequence[Sequence[float]], gold: Sequence[int]) -> dict[str, float]:
     """ECE (10 equal-mass bins), Brier, NLL and accuracy of answers (:mod:`gateway.decision.evaluation`)."""
     conf, correct = evaluation.confidences(probs, gold)
-    return {"ece": evaluation.ece(conf, correct), "brier": evaluation.brier(probs, gold),
-            "nll": evaluation.nll(probs, gold), "accuracy": evaluation.accuracy(probs, gold), "n": len(probs)}
+    return {
+        "ece": evaluation.ece(conf, correct),
+        "brier": evaluation.brier(probs, gold),
+        "nll": evaluation.nll(probs, gold),
+        "accuracy": evaluation.accuracy(probs, gold),
+        "n": len(probs),
+    }
 
 
 @attrs.frozen
@@ -278,14 +291,21 @@ def _id(maps: dict[str, Any], sha: str, methods: Sequence[str]) -> str:
     return "cal-" + hashlib.sha256(body).hexdigest()[:12]
 
 
-def document(result: Fit, model_name: str, model_sha256: str, methods: Sequence[str],
-             source: str) -> dict[str, Any]:
+def document(result: Fit, model_name: str, model_sha256: str, methods: Sequence[str], source: str) -> dict[str, Any]:
     """The calibration file's JSON (``format``, ``version``, ``id``, ``model``, ``x_debias``, ``maps``,
     and how it was fitted: ``data``, ``held_out`` figures, ``folds``)."""
     maps = {t: m.to_json() for t, m in result.maps.items()}
-    return {"format": FORMAT, "version": VERSION, "id": _id(maps, model_sha256, methods),
-            "model": {"name": model_name, "sha256": model_sha256}, "x_debias": list(methods), "maps": maps,
-            "data": source, "folds": result.folds, "held_out": result.held_out}
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "id": _id(maps, model_sha256, methods),
+        "model": {"name": model_name, "sha256": model_sha256},
+        "x_debias": list(methods),
+        "maps": maps,
+        "data": source,
+        "folds": result.folds,
+        "held_out": result.held_out,
+    }
 
 
 def load(path: str | Path) -> Calibration:
@@ -339,9 +359,9 @@ def reliability_text(probs: Sequence[Sequence[float]], gold: Sequence[int], n_bi
             continue
         c, a = float(conf[chunk].mean()), float(correct[chunk].mean())
         bar = [" "] * (width + 1)
-        for x in range(int(round(a * width)) + 1):
+        for x in range(int(round(a * width)) + 1):  # noqa: RUF046  (kept as written)
             bar[x] = "#"
-        bar[int(round(c * width))] = "|"
+        bar[int(round(c * width))] = "|"  # noqa: RUF046  (kept as written)
         lines.append(f"{c:10.3f}  {a:8.3f}  {int(chunk.sum()):<4}  {''.join(bar)}")
     return "\n".join(lines)
 

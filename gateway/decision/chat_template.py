@@ -9,6 +9,7 @@ gets ChatML. Token texts (for the ``top_logprobs`` of ``/v1/completions``,
 where the engine reports alternatives by token id) are decoded from
 ``tokenizer.ggml.tokens``.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,7 +54,9 @@ class ChatTemplate:
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.name = name
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -77,15 +80,15 @@ class ChatTemplate:
             raise TemplateError(f"chat template failed to render: {exc}") from exc
 
     @classmethod
-    def chatml(cls) -> "ChatTemplate":
+    def chatml(cls) -> ChatTemplate:
         return cls(CHATML, name="chatml")
 
     @classmethod
-    def from_gguf(cls, path: str | Path) -> "ChatTemplate":
+    def from_gguf(cls, path: str | Path) -> ChatTemplate:
         return read_gguf(path)[0]
 
     @classmethod
-    def _from_reader(cls, reader, path: str | Path) -> "ChatTemplate":
+    def _from_reader(cls, reader, path: str | Path) -> ChatTemplate:
         """The template of the GGUF at ``path``, or ChatML when it has none.
 
         Reads ``tokenizer.chat_template`` and the BOS / EOS token strings with
@@ -93,6 +96,7 @@ class ChatTemplate:
         Raises ``OSError`` when the file cannot be read, ``ValueError`` when
         it is not a GGUF.
         """
+
         def field(name: str):
             f = reader.fields.get(name)
             return None if f is None else f.contents()
@@ -108,7 +112,12 @@ class ChatTemplate:
 
         if not source:
             return cls.chatml()
-        return cls(str(source), token("tokenizer.ggml.bos_token_id"), token("tokenizer.ggml.eos_token_id"), name=Path(path).name)
+        return cls(
+            str(source),
+            token("tokenizer.ggml.bos_token_id"),
+            token("tokenizer.ggml.eos_token_id"),
+            name=Path(path).name,
+        )
 
 
 def _gpt2_byte_decoder() -> dict[str, int]:
@@ -174,5 +183,7 @@ def read_gguf(path: str | Path) -> tuple[ChatTemplate, list[bytes] | None]:
     tokens = field("tokenizer.ggml.tokens")
     pieces = None
     if tokens:
-        pieces = token_pieces([str(t) for t in tokens], field("tokenizer.ggml.model"), field("tokenizer.ggml.token_type"))
+        pieces = token_pieces(
+            [str(t) for t in tokens], field("tokenizer.ggml.model"), field("tokenizer.ggml.token_type")
+        )
     return template, pieces

@@ -46,6 +46,7 @@ order, a choice's labels sorted, whatever order the request sent them in),
 and ``letters`` (the letter read-out of llama-server-based servers). All
 functions here are pure arithmetic on Python floats.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -20,6 +20,7 @@ descriptions, no client address. To fit a calibration on one's own traffic, fill
 score's level) on the lines one has judged and pass the file to ``serveproto
 calibrate --data FILE``; lines left ``null`` are skipped.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,9 +46,14 @@ def options_of(question: Question) -> list[Any]:
     return list(range(len(question.criteria)))
 
 
-def lines(request_id: str, questions: Sequence[Question], probs: Mapping[str, Sequence[float]],
-          uncalibrated: Mapping[str, Sequence[float]], config: Mapping[str, Any],
-          calibration: Mapping[str, str]) -> bytes:
+def lines(
+    request_id: str,
+    questions: Sequence[Question],
+    probs: Mapping[str, Sequence[float]],
+    uncalibrated: Mapping[str, Sequence[float]],
+    config: Mapping[str, Any],
+    calibration: Mapping[str, str],
+) -> bytes:
     """The log lines of one request, as bytes ending in a newline (``b""`` when no question has two options).
 
     ``probs``: reported probabilities by question id, reply order; ``uncalibrated``: the same
@@ -60,11 +66,21 @@ def lines(request_id: str, questions: Sequence[Question], probs: Mapping[str, Se
         if q.n_options < 2:
             continue
         p = list(probs[q.id])
-        out.append(orjson.dumps({
-            "request_id": request_id, "question_id": q.id, "type": q.type, "options": options_of(q),
-            "probabilities": p, "uncalibrated": list(uncalibrated.get(q.id, p)),
-            "config": {**config, "x_calibration": calibration.get(q.id, "identity")}, "answer": None,
-        }, option=orjson.OPT_APPEND_NEWLINE))
+        out.append(
+            orjson.dumps(
+                {
+                    "request_id": request_id,
+                    "question_id": q.id,
+                    "type": q.type,
+                    "options": options_of(q),
+                    "probabilities": p,
+                    "uncalibrated": list(uncalibrated.get(q.id, p)),
+                    "config": {**config, "x_calibration": calibration.get(q.id, "identity")},
+                    "answer": None,
+                },
+                option=orjson.OPT_APPEND_NEWLINE,
+            )
+        )
     return b"".join(out)
 
 
@@ -145,9 +161,11 @@ def read_answers(path: str | Path) -> tuple[list[tuple[str, list[float], int, st
         if config is None:
             config = here
         elif (here.get("model_sha256"), here.get("x_debias")) != (config.get("model_sha256"), config.get("x_debias")):
-            raise DecisionLogError(f"{where}: config: read under model {here.get('model_sha256')} and x_debias "
-                                   f"{here.get('x_debias')}, earlier lines under {config.get('model_sha256')} and "
-                                   f"{config.get('x_debias')}: one calibration fits one model and one x_debias")
+            raise DecisionLogError(
+                f"{where}: config: read under model {here.get('model_sha256')} and x_debias "
+                f"{here.get('x_debias')}, earlier lines under {config.get('model_sha256')} and "
+                f"{config.get('x_debias')}: one calibration fits one model and one x_debias"
+            )
         answers.append((entry["type"], [float(x) for x in p], gold, str(entry["request_id"])))
     if config is None:
         raise DecisionLogError(f"{path}: no line has an answer: fill 'answer' on the lines you have judged")

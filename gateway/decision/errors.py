@@ -5,6 +5,7 @@
 ``Retry-After``, :class:`UnusableScores` 502, :class:`UnusableDecision` 500. The
 engine's errors (:mod:`gateway.engine.errors`) pass through the pipeline as they are.
 """
+
 from __future__ import annotations
 
 from gateway.decision.jev import JevValidationError

@@ -19,6 +19,7 @@ optional; questions without a gold answer are asked and not scored.
 :func:`read_jsonl` reads one (validating each request as the server does),
 :func:`write_jsonl` writes one, the generated set included.
 """
+
 from __future__ import annotations
 
 import random
@@ -60,6 +61,7 @@ class LabelledFileError(ValueError):
 
 # --- reading and writing --------------------------------------------------------------------------
 
+
 def gold_index(question: jev.Question, answer: Any) -> int:
     """The reply-order index of ``answer`` for ``question`` (see the module doc for the forms).
 
@@ -93,7 +95,9 @@ def gold_value(question: jev.Question, index: int) -> Any:
 def parse_line(obj: Any, where: str) -> Labelled:
     """One labelled record (a decoded JSON line). Raises :class:`LabelledFileError` naming ``where`` and the field."""
     if not isinstance(obj, dict) or not isinstance(obj.get("request"), dict) or not isinstance(obj.get("gold"), dict):
-        raise LabelledFileError(f"{where}: expected an object with 'request' (a System One body) and 'gold' (an object)")
+        raise LabelledFileError(
+            f"{where}: expected an object with 'request' (a System One body) and 'gold' (an object)"
+        )
     try:
         parsed = jev.parse_request(obj["request"])
     except jev.JevValidationError as exc:
@@ -142,8 +146,12 @@ def to_json(item: Labelled) -> dict:
     """The JSON line of ``item`` (:func:`read_jsonl`'s form, with ``tasks`` kept)."""
     parsed = jev.parse_request(item.body)
     by_id = {q.id: q for q in parsed.questions}
-    return {"id": item.id, "request": item.body,
-            "gold": {qid: gold_value(by_id[qid], g) for qid, g in item.gold.items()}, "tasks": item.tasks}
+    return {
+        "id": item.id,
+        "request": item.body,
+        "gold": {qid: gold_value(by_id[qid], g) for qid, g in item.gold.items()},
+        "tasks": item.tasks,
+    }
 
 
 def write_jsonl(items: Iterable[Labelled], path: str | Path) -> None:
@@ -155,152 +163,336 @@ def write_jsonl(items: Iterable[Labelled], path: str | Path) -> None:
 
 # --- the generator ---------------------------------------------------------------------------------
 
-NAMES = ["Anna", "Ben", "Chloe", "David", "Elena", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kemal", "Lucia",
-         "Marta", "Noah", "Olga", "Pablo", "Rosa", "Sven", "Tara", "Umar"]
+NAMES = [
+    "Anna",
+    "Ben",
+    "Chloe",
+    "David",
+    "Elena",
+    "Farid",
+    "Grace",
+    "Hiro",
+    "Ines",
+    "Jonas",
+    "Kemal",
+    "Lucia",
+    "Marta",
+    "Noah",
+    "Olga",
+    "Pablo",
+    "Rosa",
+    "Sven",
+    "Tara",
+    "Umar",
+]
 
-DEPARTMENTS = {"billing": "payments, charges, invoices", "technical": "bugs, errors, crashes, integrations",
-               "sales": "prices, quotes, plan upgrades", "account": "logins, passwords, user access"}
+DEPARTMENTS = {
+    "billing": "payments, charges, invoices",
+    "technical": "bugs, errors, crashes, integrations",
+    "sales": "prices, quotes, plan upgrades",
+    "account": "logins, passwords, user access",
+}
 
 #: Ticket product areas: area -> (department, sentences stating a problem in that area).
 AREAS = {
-    "payments": ("billing", ["I was charged twice for my subscription this month.",
-                             "My card was charged but the payment shows as failed.",
-                             "The amount taken from my card is higher than my plan's price."]),
-    "invoices": ("billing", ["I need a copy of last month's invoice for our accountant.",
-                             "The invoice lists the wrong company address.",
-                             "Our VAT number is missing from the invoices."]),
-    "pricing": ("sales", ["Do you offer a discount if we pay for a whole year?",
-                          "What would the enterprise plan cost for 40 seats?",
-                          "Can you send me a quote for the business plan?"]),
-    "upgrades": ("sales", ["We would like to move from the starter plan to the team plan.",
-                           "Can we add 20 more seats to our current plan?",
-                           "What do we gain by upgrading to the premium tier?"]),
-    "login": ("account", ["I cannot log in: it says my password is wrong although I just reset it.",
-                          "The password reset email never arrives.",
-                          "My two-factor codes are rejected every time I sign in."]),
-    "permissions": ("account", ["My colleague cannot see the projects I shared with her.",
-                                "How do I make another user an administrator?",
-                                "I need to remove a former employee's access to our workspace."]),
-    "api": ("technical", ["Your API returns a 500 error on every file upload.",
-                          "API requests time out after 30 seconds since yesterday.",
-                          "The webhook payload is missing the order id field."]),
-    "mobile app": ("technical", ["The mobile app crashes as soon as I open the settings page.",
-                                 "The iPhone app logs me out every hour.",
-                                 "The Android app shows a blank screen after the update."]),
-    "export": ("technical", ["Exporting a report to CSV gives an empty file.",
-                             "The PDF export cuts off the last page of every report.",
-                             "Excel exports show all dates as numbers."]),
-    "integrations": ("technical", ["The Stripe integration keeps failing to connect.",
-                                   "The Slack integration stopped posting messages to our channel.",
-                                   "Our Salesforce sync has not run for three days."]),
-    "notifications": ("technical", ["I no longer receive any email notifications.",
-                                    "Every notification arrives twice.",
-                                    "Push notifications show up hours late."]),
-    "performance": ("technical", ["The dashboard now takes over a minute to load.",
-                                  "Search has become very slow since Monday.",
-                                  "Saving a document takes twenty seconds."]),
+    "payments": (
+        "billing",
+        [
+            "I was charged twice for my subscription this month.",
+            "My card was charged but the payment shows as failed.",
+            "The amount taken from my card is higher than my plan's price.",
+        ],
+    ),
+    "invoices": (
+        "billing",
+        [
+            "I need a copy of last month's invoice for our accountant.",
+            "The invoice lists the wrong company address.",
+            "Our VAT number is missing from the invoices.",
+        ],
+    ),
+    "pricing": (
+        "sales",
+        [
+            "Do you offer a discount if we pay for a whole year?",
+            "What would the enterprise plan cost for 40 seats?",
+            "Can you send me a quote for the business plan?",
+        ],
+    ),
+    "upgrades": (
+        "sales",
+        [
+            "We would like to move from the starter plan to the team plan.",
+            "Can we add 20 more seats to our current plan?",
+            "What do we gain by upgrading to the premium tier?",
+        ],
+    ),
+    "login": (
+        "account",
+        [
+            "I cannot log in: it says my password is wrong although I just reset it.",
+            "The password reset email never arrives.",
+            "My two-factor codes are rejected every time I sign in.",
+        ],
+    ),
+    "permissions": (
+        "account",
+        [
+            "My colleague cannot see the projects I shared with her.",
+            "How do I make another user an administrator?",
+            "I need to remove a former employee's access to our workspace.",
+        ],
+    ),
+    "api": (
+        "technical",
+        [
+            "Your API returns a 500 error on every file upload.",
+            "API requests time out after 30 seconds since yesterday.",
+            "The webhook payload is missing the order id field.",
+        ],
+    ),
+    "mobile app": (
+        "technical",
+        [
+            "The mobile app crashes as soon as I open the settings page.",
+            "The iPhone app logs me out every hour.",
+            "The Android app shows a blank screen after the update.",
+        ],
+    ),
+    "export": (
+        "technical",
+        [
+            "Exporting a report to CSV gives an empty file.",
+            "The PDF export cuts off the last page of every report.",
+            "Excel exports show all dates as numbers.",
+        ],
+    ),
+    "integrations": (
+        "technical",
+        [
+            "The Stripe integration keeps failing to connect.",
+            "The Slack integration stopped posting messages to our channel.",
+            "Our Salesforce sync has not run for three days.",
+        ],
+    ),
+    "notifications": (
+        "technical",
+        [
+            "I no longer receive any email notifications.",
+            "Every notification arrives twice.",
+            "Push notifications show up hours late.",
+        ],
+    ),
+    "performance": (
+        "technical",
+        [
+            "The dashboard now takes over a minute to load.",
+            "Search has become very slow since Monday.",
+            "Saving a document takes twenty seconds.",
+        ],
+    ),
 }
 
-SEVERITY_LEVELS = ["no impact on work", "a minor inconvenience", "blocks part of the work",
-                   "the whole business is stopped"]
-SEVERITY_SENTENCES = [
-    ["No rush, this is not affecting our work.", "It is not urgent, just something I noticed.",
-     "Whenever you have time; nothing depends on it."],
-    ["It is a bit annoying but we can work around it.", "It slows me down a little.",
-     "A small nuisance, we manage for now."],
-    ["Part of my team cannot do their work until this is fixed.", "I am blocked on one of my tasks because of this.",
-     "Two of our staff are stuck and waiting."],
-    ["Our whole business is stopped and we are losing customers.", "Nothing works for us: all our sales have stopped.",
-     "We are completely down and losing money every hour."],
+SEVERITY_LEVELS = [
+    "no impact on work",
+    "a minor inconvenience",
+    "blocks part of the work",
+    "the whole business is stopped",
 ]
-REFUND_SENTENCES = ["Please refund the money.", "I want a refund for this month.",
-                    "I expect my money back for this.", "Please give me a refund."]
+SEVERITY_SENTENCES = [
+    [
+        "No rush, this is not affecting our work.",
+        "It is not urgent, just something I noticed.",
+        "Whenever you have time; nothing depends on it.",
+    ],
+    [
+        "It is a bit annoying but we can work around it.",
+        "It slows me down a little.",
+        "A small nuisance, we manage for now.",
+    ],
+    [
+        "Part of my team cannot do their work until this is fixed.",
+        "I am blocked on one of my tasks because of this.",
+        "Two of our staff are stuck and waiting.",
+    ],
+    [
+        "Our whole business is stopped and we are losing customers.",
+        "Nothing works for us: all our sales have stopped.",
+        "We are completely down and losing money every hour.",
+    ],
+]
+REFUND_SENTENCES = [
+    "Please refund the money.",
+    "I want a refund for this month.",
+    "I expect my money back for this.",
+    "Please give me a refund.",
+]
 COMPETITORS = ["Zendesk", "Freshdesk", "HubSpot", "Intercom"]
-COMPETITOR_SENTENCES = ["We are seriously considering moving to {}.", "{} offered us a better deal.",
-                        "A colleague says {} does this without problems."]
+COMPETITOR_SENTENCES = [
+    "We are seriously considering moving to {}.",
+    "{} offered us a better deal.",
+    "A colleague says {} does this without problems.",
+]
 GREETINGS = ["Hi,", "Hello,", "Dear support,", "Hi team,", ""]
 CLOSINGS = ["Thanks, {}", "Regards, {}", "{}", "Best, {}"]
 
 REVIEW_STARS = ["1 star: terrible", "2 stars: poor", "3 stars: average", "4 stars: good", "5 stars: excellent"]
-ASPECTS = {"price": "cost, value for money", "quality": "materials, build, durability",
-           "shipping": "delivery time, packaging", "customer service": "support staff, replies",
-           "size": "fit, dimensions", "battery": "battery life, charging"}
+ASPECTS = {
+    "price": "cost, value for money",
+    "quality": "materials, build, durability",
+    "shipping": "delivery time, packaging",
+    "customer service": "support staff, replies",
+    "size": "fit, dimensions",
+    "battery": "battery life, charging",
+}
 #: (aspect, polarity) -> sentences; polarity 0 negative, 1 mixed, 2 positive.
 ASPECT_SENTENCES = {
-    "price": [["Far too expensive for what you get.", "A waste of money at this price."],
-              ["The price is fair, nothing special.", "Not cheap, not expensive either."],
-              ["Great value for the money.", "Cheaper than any other brand and just as good."]],
-    "quality": [["It broke after two days.", "The plastic feels cheap and cracked already."],
-                ["The build is fine but the buttons feel loose.", "Decent materials, a few rough edges."],
-                ["Solid build, it feels like it will last for years.", "The materials are excellent."]],
-    "shipping": [["It arrived three weeks late in a crushed box.", "The parcel came damaged and late."],
-                 ["Delivery took a week, as announced.", "The box was a bit dented but the item was fine."],
-                 ["It arrived the next day, perfectly packed.", "Super fast delivery and careful packaging."]],
-    "customer service": [["Support never answered my emails.", "The staff were rude when I called."],
-                         ["Support answered after a few days.", "The agent was polite but could not really help."],
-                         ["The support team solved my problem in minutes.", "Friendly staff who replied the same day."]],
-    "size": [["Much smaller than the picture suggests; it does not fit.", "Two sizes too small."],
-             ["The size runs a little large.", "It fits, although the sleeves are long."],
-             ["It fits perfectly.", "Exactly the size described."]],
-    "battery": [["The battery dies after an hour.", "It will not hold a charge at all."],
-                ["The battery lasts most of a day.", "Charging is slow but the battery is okay."],
-                ["The battery lasts a whole week.", "It charges in twenty minutes and lasts for days."]],
+    "price": [
+        ["Far too expensive for what you get.", "A waste of money at this price."],
+        ["The price is fair, nothing special.", "Not cheap, not expensive either."],
+        ["Great value for the money.", "Cheaper than any other brand and just as good."],
+    ],
+    "quality": [
+        ["It broke after two days.", "The plastic feels cheap and cracked already."],
+        ["The build is fine but the buttons feel loose.", "Decent materials, a few rough edges."],
+        ["Solid build, it feels like it will last for years.", "The materials are excellent."],
+    ],
+    "shipping": [
+        ["It arrived three weeks late in a crushed box.", "The parcel came damaged and late."],
+        ["Delivery took a week, as announced.", "The box was a bit dented but the item was fine."],
+        ["It arrived the next day, perfectly packed.", "Super fast delivery and careful packaging."],
+    ],
+    "customer service": [
+        ["Support never answered my emails.", "The staff were rude when I called."],
+        ["Support answered after a few days.", "The agent was polite but could not really help."],
+        ["The support team solved my problem in minutes.", "Friendly staff who replied the same day."],
+    ],
+    "size": [
+        ["Much smaller than the picture suggests; it does not fit.", "Two sizes too small."],
+        ["The size runs a little large.", "It fits, although the sleeves are long."],
+        ["It fits perfectly.", "Exactly the size described."],
+    ],
+    "battery": [
+        ["The battery dies after an hour.", "It will not hold a charge at all."],
+        ["The battery lasts most of a day.", "Charging is slow but the battery is okay."],
+        ["The battery lasts a whole week.", "It charges in twenty minutes and lasts for days."],
+    ],
 }
-STAR_SENTENCES = [["Terrible, avoid it.", "The worst purchase I have made."],
-                  ["Pretty disappointing overall.", "I expected much more."],
-                  ["It is okay, it does the job.", "Average, neither good nor bad."],
-                  ["Good product, I am happy with it.", "Nice, I would buy it again."],
-                  ["Absolutely excellent, I love it!", "Perfect in every way."]]
+STAR_SENTENCES = [
+    ["Terrible, avoid it.", "The worst purchase I have made."],
+    ["Pretty disappointing overall.", "I expected much more."],
+    ["It is okay, it does the job.", "Average, neither good nor bad."],
+    ["Good product, I am happy with it.", "Nice, I would buy it again."],
+    ["Absolutely excellent, I love it!", "Perfect in every way."],
+]
 RETURN_SENTENCES = ["I am sending it back.", "I returned it for a refund.", "It is going back to the shop tomorrow."]
-PRODUCTS = ["wireless headphones", "running shoes", "a rain jacket", "a blender", "a smart watch", "a desk lamp",
-            "a phone case", "a backpack"]
+PRODUCTS = [
+    "wireless headphones",
+    "running shoes",
+    "a rain jacket",
+    "a blender",
+    "a smart watch",
+    "a desk lamp",
+    "a phone case",
+    "a backpack",
+]
 
-EMAIL_CATEGORIES = {"phishing": "an attempt to steal data or money", "invoice": "a bill or a payment request",
-                    "newsletter": "news or marketing sent to many people", "meeting": "arranging a meeting or a call",
-                    "personal": "a message from a friend or a relative"}
+EMAIL_CATEGORIES = {
+    "phishing": "an attempt to steal data or money",
+    "invoice": "a bill or a payment request",
+    "newsletter": "news or marketing sent to many people",
+    "meeting": "arranging a meeting or a call",
+    "personal": "a message from a friend or a relative",
+}
 EMAIL_RISK = ["safe", "suspicious", "dangerous"]
 EMAIL_BODIES = {
-    "phishing": ["We detected unusual activity on your bank account.", "Your mailbox is full and will stop working.",
-                 "You have won a gift card worth 500 euros.", "Your parcel could not be delivered."],
-    "invoice": ["Please find our invoice 4471 for October attached.", "Your invoice for the November hosting is ready.",
-                "This is the bill for the repairs done last week."],
-    "newsletter": ["This month in our newsletter: three new features and a webinar.",
-                   "Our autumn collection is here, with 20% off for subscribers.",
-                   "Read the five most popular articles of the week."],
-    "meeting": ["Could we meet on Thursday at 10 to go over the roadmap?", "Are you free for a short call tomorrow afternoon?",
-                "I would like to move our weekly meeting to Friday."],
-    "personal": ["The kids had a great time at grandma's this weekend.", "Happy birthday! I hope you have a lovely day.",
-                 "We finally got the new sofa, come and see it."],
+    "phishing": [
+        "We detected unusual activity on your bank account.",
+        "Your mailbox is full and will stop working.",
+        "You have won a gift card worth 500 euros.",
+        "Your parcel could not be delivered.",
+    ],
+    "invoice": [
+        "Please find our invoice 4471 for October attached.",
+        "Your invoice for the November hosting is ready.",
+        "This is the bill for the repairs done last week.",
+    ],
+    "newsletter": [
+        "This month in our newsletter: three new features and a webinar.",
+        "Our autumn collection is here, with 20% off for subscribers.",
+        "Read the five most popular articles of the week.",
+    ],
+    "meeting": [
+        "Could we meet on Thursday at 10 to go over the roadmap?",
+        "Are you free for a short call tomorrow afternoon?",
+        "I would like to move our weekly meeting to Friday.",
+    ],
+    "personal": [
+        "The kids had a great time at grandma's this weekend.",
+        "Happy birthday! I hope you have a lovely day.",
+        "We finally got the new sofa, come and see it.",
+    ],
 }
-CREDENTIAL_SENTENCES = ["Reply with your username and password to keep your account.",
-                        "Confirm your login details and your PIN on the form.",
-                        "Enter your password on our secure page to verify your identity."]
-LINK_SENTENCES = {"phishing": ["Verify here: http://secure-login.account-check.net/verify",
-                               "Click http://bit.ly/claim-now to continue."],
-                  "other": ["The details are at https://docs.example.com/agenda.",
-                            "See https://www.example.org/news for more."]}
-PRESSURE_SENTENCES = {"phishing": ["You must do this within 24 hours or your account will be deleted.",
-                                   "Act now: this is your last warning."],
-                      "invoice": ["Payment is due today; pay immediately to avoid a late fee."],
-                      "other": ["Please answer right away, it cannot wait."]}
-SENDERS = {"phishing": ["security@acc0unt-verify.net", "no-reply@prize-center.biz", "support@bank-secure-mail.com"],
-           "invoice": ["billing@hostingcompany.com", "accounts@garage-weber.de"],
-           "newsletter": ["news@shop.example.com", "hello@weekly-digest.com"],
-           "meeting": ["{}@ourcompany.com"],
-           "personal": ["{}.family@mail.com"]}
-SUBJECTS = {"phishing": ["Urgent: account notice", "You are a winner", "Delivery problem"],
-            "invoice": ["Invoice 4471", "Your monthly bill"], "newsletter": ["News for you", "This week"],
-            "meeting": ["Meeting", "Quick call?"], "personal": ["Hello!", "Weekend"]}
+CREDENTIAL_SENTENCES = [
+    "Reply with your username and password to keep your account.",
+    "Confirm your login details and your PIN on the form.",
+    "Enter your password on our secure page to verify your identity.",
+]
+LINK_SENTENCES = {
+    "phishing": [
+        "Verify here: http://secure-login.account-check.net/verify",
+        "Click http://bit.ly/claim-now to continue.",
+    ],
+    "other": ["The details are at https://docs.example.com/agenda.", "See https://www.example.org/news for more."],
+}
+PRESSURE_SENTENCES = {
+    "phishing": [
+        "You must do this within 24 hours or your account will be deleted.",
+        "Act now: this is your last warning.",
+    ],
+    "invoice": ["Payment is due today; pay immediately to avoid a late fee."],
+    "other": ["Please answer right away, it cannot wait."],
+}
+SENDERS = {
+    "phishing": ["security@acc0unt-verify.net", "no-reply@prize-center.biz", "support@bank-secure-mail.com"],
+    "invoice": ["billing@hostingcompany.com", "accounts@garage-weber.de"],
+    "newsletter": ["news@shop.example.com", "hello@weekly-digest.com"],
+    "meeting": ["{}@ourcompany.com"],
+    "personal": ["{}.family@mail.com"],
+}
+SUBJECTS = {
+    "phishing": ["Urgent: account notice", "You are a winner", "Delivery problem"],
+    "invoice": ["Invoice 4471", "Your monthly bill"],
+    "newsletter": ["News for you", "This week"],
+    "meeting": ["Meeting", "Quick call?"],
+    "personal": ["Hello!", "Weekend"],
+}
 
-ORDER_STATUSES = {"pending": "not paid yet", "paid": "paid, not packed", "packed": "packed, waiting for the carrier",
-                  "shipped": "with the carrier", "delivered": "received by the customer", "cancelled": "cancelled before shipping",
-                  "returned": "sent back by the customer", "lost": "lost by the carrier"}
-ORDER_EVENTS = {"pending": "order placed, waiting for payment", "paid": "payment received",
-                "packed": "parcel packed at the warehouse", "shipped": "handed to the carrier",
-                "delivered": "delivered to the customer", "cancelled": "order cancelled by the customer",
-                "returned": "return received at the warehouse", "lost": "carrier reported the parcel as lost"}
-ORDER_NOTES_URGENT = ["I need this for my wedding on Saturday, please hurry!", "Needed for a trip tomorrow morning.",
-                      "Our shop runs out of stock on Monday, we need it before."]
+ORDER_STATUSES = {
+    "pending": "not paid yet",
+    "paid": "paid, not packed",
+    "packed": "packed, waiting for the carrier",
+    "shipped": "with the carrier",
+    "delivered": "received by the customer",
+    "cancelled": "cancelled before shipping",
+    "returned": "sent back by the customer",
+    "lost": "lost by the carrier",
+}
+ORDER_EVENTS = {
+    "pending": "order placed, waiting for payment",
+    "paid": "payment received",
+    "packed": "parcel packed at the warehouse",
+    "shipped": "handed to the carrier",
+    "delivered": "delivered to the customer",
+    "cancelled": "order cancelled by the customer",
+    "returned": "return received at the warehouse",
+    "lost": "carrier reported the parcel as lost",
+}
+ORDER_NOTES_URGENT = [
+    "I need this for my wedding on Saturday, please hurry!",
+    "Needed for a trip tomorrow morning.",
+    "Our shop runs out of stock on Monday, we need it before.",
+]
 ORDER_NOTES_CALM = ["No hurry.", "Leave it with the neighbour if I am out.", "", "Please use recycled packaging."]
 ORDER_GIFT_NOTES = ["It is a present for my mother.", "This is a gift, please do not include the price."]
 
@@ -309,39 +501,73 @@ def _question_sets() -> dict[str, dict[str, dict]]:
     """The questions of each domain, by question id (each id is its own task)."""
     return {
         "ticket": {
-            "department": {"type": "choice", "instructions": "Which team should handle this ticket?",
-                           "criteria": dict(DEPARTMENTS)},
-            "area": {"type": "choice", "instructions": "Which part of the product is the ticket about?",
-                     "criteria": {a: None for a in AREAS}},
+            "department": {
+                "type": "choice",
+                "instructions": "Which team should handle this ticket?",
+                "criteria": dict(DEPARTMENTS),
+            },
+            "area": {
+                "type": "choice",
+                "instructions": "Which part of the product is the ticket about?",
+                "criteria": {a: None for a in AREAS},
+            },
             "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
-            "severity": {"type": "score", "instructions": "How badly is the customer's work affected?",
-                         "criteria": list(SEVERITY_LEVELS)},
+            "severity": {
+                "type": "score",
+                "instructions": "How badly is the customer's work affected?",
+                "criteria": list(SEVERITY_LEVELS),
+            },
             "competitor": {"type": "noul", "instructions": "Does the customer mention a competitor?"},
         },
         "review": {
-            "sentiment": {"type": "choice", "instructions": "Is this review positive or negative?",
-                          "criteria": {"positive": None, "negative": None}},
-            "stars": {"type": "score", "instructions": "How many stars did the reviewer give?",
-                      "criteria": list(REVIEW_STARS)},
-            "aspect": {"type": "choice", "instructions": "Which aspect of the product does the review talk about most?",
-                       "criteria": dict(ASPECTS)},
-            "returned": {"type": "noul", "instructions": "Does the reviewer say they returned or will return the product?"},
+            "sentiment": {
+                "type": "choice",
+                "instructions": "Is this review positive or negative?",
+                "criteria": {"positive": None, "negative": None},
+            },
+            "stars": {
+                "type": "score",
+                "instructions": "How many stars did the reviewer give?",
+                "criteria": list(REVIEW_STARS),
+            },
+            "aspect": {
+                "type": "choice",
+                "instructions": "Which aspect of the product does the review talk about most?",
+                "criteria": dict(ASPECTS),
+            },
+            "returned": {
+                "type": "noul",
+                "instructions": "Does the reviewer say they returned or will return the product?",
+            },
         },
         "email": {
             "credentials": {"type": "noul", "instructions": "Does the sender ask for a password or login details?"},
             "link": {"type": "noul", "instructions": "Does the email contain a web link?"},
             "pressure": {"type": "noul", "instructions": "Does the sender pressure the reader to act immediately?"},
-            "category": {"type": "choice", "instructions": "What kind of email is this?",
-                         "criteria": dict(EMAIL_CATEGORIES)},
-            "risk": {"type": "score", "instructions": "How risky is it to follow this email?", "criteria": list(EMAIL_RISK)},
+            "category": {
+                "type": "choice",
+                "instructions": "What kind of email is this?",
+                "criteria": dict(EMAIL_CATEGORIES),
+            },
+            "risk": {
+                "type": "score",
+                "instructions": "How risky is it to follow this email?",
+                "criteria": list(EMAIL_RISK),
+            },
         },
         "order": {
-            "status": {"type": "choice", "instructions": "What is the order's current status?",
-                       "criteria": dict(ORDER_STATUSES)},
+            "status": {
+                "type": "choice",
+                "instructions": "What is the order's current status?",
+                "criteria": dict(ORDER_STATUSES),
+            },
             "late": {"type": "noul", "instructions": "Is the order late?"},
             "gift": {"type": "noul", "instructions": "Is the order a gift?"},
-            "priority": {"type": "score", "instructions": "How urgently does the customer need the order?",
-                         "criteria": ["normal", "urgent"]},
+            "priority": {
+                "type": "score",
+                "instructions": "How urgently does the customer need the order?",
+                "criteria": ["normal", "urgent"],
+            },
         },
     }
 
@@ -361,8 +587,12 @@ def _ticket(rng: random.Random) -> tuple[Any, dict[str, Any]]:
     greeting = rng.choice(GREETINGS)
     text = " ".join(([greeting] if greeting else []) + body + [rng.choice(CLOSINGS).format(name)])
     if rng.random() < 1 / 3:
-        state: Any = {"channel": rng.choice(["email", "chat", "web form"]), "customer": name,
-                      "plan": rng.choice(["starter", "team", "business"]), "message": " ".join(body)}
+        state: Any = {
+            "channel": rng.choice(["email", "chat", "web form"]),
+            "customer": name,
+            "plan": rng.choice(["starter", "team", "business"]),
+            "message": " ".join(body),
+        }
     else:
         state = text
     gold = {"department": dept, "area": area, "refund": refund, "severity": severity, "competitor": competitor}
@@ -382,8 +612,12 @@ def _review(rng: random.Random) -> tuple[Any, dict[str, Any]]:
         body.append(rng.choice(RETURN_SENTENCES))
     text = " ".join(body)
     state: Any = {"product": product, "review": " ".join(body[1:])} if rng.random() < 0.25 else text
-    gold = {"sentiment": "positive" if stars >= 2 else "negative", "stars": stars, "aspect": aspect,
-            "returned": returned}
+    gold = {
+        "sentiment": "positive" if stars >= 2 else "negative",
+        "stars": stars,
+        "aspect": aspect,
+        "returned": returned,
+    }
     return state, gold
 
 
@@ -417,7 +651,7 @@ def _order(rng: random.Random) -> tuple[Any, dict[str, Any]]:
     status = rng.choice(list(ORDER_STATUSES))
     flow = ["pending", "paid", "packed", "shipped", "delivered"]
     if status in flow:
-        history = flow[:flow.index(status) + 1]
+        history = flow[: flow.index(status) + 1]
     elif status == "cancelled":
         history = ["pending", "paid", "cancelled"]
     elif status == "returned":
@@ -430,10 +664,13 @@ def _order(rng: random.Random) -> tuple[Any, dict[str, Any]]:
     notes = [rng.choice(ORDER_NOTES_URGENT if urgent else ORDER_NOTES_CALM)]
     if gift:
         notes.append(rng.choice(ORDER_GIFT_NOTES))
-    state = {"order": f"A{rng.randrange(1000, 9999)}", "item": rng.choice(PRODUCTS),
-             "history": [ORDER_EVENTS[s] for s in history],
-             "days_past_promised_date": rng.randrange(1, 9) if late else 0,
-             "customer_note": " ".join(n for n in notes if n)}
+    state = {
+        "order": f"A{rng.randrange(1000, 9999)}",
+        "item": rng.choice(PRODUCTS),
+        "history": [ORDER_EVENTS[s] for s in history],
+        "days_past_promised_date": rng.randrange(1, 9) if late else 0,
+        "customer_note": " ".join(n for n in notes if n),
+    }
     gold = {"status": status, "late": late, "gift": gift, "priority": 1 if urgent else 0}
     return state, gold
 

@@ -7,6 +7,7 @@ sizes mixed), ``gold[k]`` the index of its gold option, and optional
 of weight 1/3, so each question weighs the same). Used by
 ``bench/quality.py`` and ``serveproto calibrate``; numpy, float64.
 """
+
 from __future__ import annotations
 
 import math
@@ -68,8 +69,9 @@ def bins(conf: np.ndarray, w: np.ndarray, n_bins: int) -> np.ndarray:
     return out
 
 
-def ece(conf: Sequence[float], correct: Sequence[float], weights: Sequence[float] | None = None,
-        n_bins: int = 10) -> float:
+def ece(
+    conf: Sequence[float], correct: Sequence[float], weights: Sequence[float] | None = None, n_bins: int = 10
+) -> float:
     """Expected calibration error of top-label confidences, with equal-mass bins.
 
     ``sum_b (W_b / W) |acc_b - conf_b|`` over ``n_bins`` bins holding equal
@@ -91,8 +93,9 @@ def ece(conf: Sequence[float], correct: Sequence[float], weights: Sequence[float
     return float(total / w.sum())
 
 
-def ece_floor(conf: Sequence[float], weights: Sequence[float] | None = None, n_bins: int = 10,
-              rounds: int = 200, seed: int = 0) -> tuple[float, float]:
+def ece_floor(
+    conf: Sequence[float], weights: Sequence[float] | None = None, n_bins: int = 10, rounds: int = 200, seed: int = 0
+) -> tuple[float, float]:
     """The ECE a perfectly calibrated model with these confidences would show on this many answers.
 
     Parametric bootstrap: ``rounds`` times, each answer is drawn correct with
@@ -171,6 +174,6 @@ def order_stability(by_order: Sequence[dict[str, float]]) -> tuple[bool, float]:
         raise ValueError("order stability needs at least two orders")
     winners = {max(d, key=lambda k, d=d: (d[k], -list(d).index(k))) for d in by_order}
     labels = list(by_order[0])
-    pairs = [(a, b) for i, a in enumerate(by_order) for b in by_order[i + 1:]]
+    pairs = [(a, b) for i, a in enumerate(by_order) for b in by_order[i + 1 :]]
     mean = sum(jsd([a[x] for x in labels], [b[x] for x in labels]) for a, b in pairs) / len(pairs)
     return len(winners) > 1, mean

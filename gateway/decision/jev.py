@@ -7,6 +7,7 @@ shape, which the official SDK reads). :func:`answer` and :func:`reply` build
 the answer objects and the reply; every field beyond Jev's is ``x_``-prefixed.
 See ``../shared/notes/jev-contract.md`` and the seed's "The HTTP endpoint".
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -14,8 +15,8 @@ from typing import Any
 import attrs
 
 from gateway.decision import debias, scoring
-from gateway.engine.score import check_normalize
 from gateway.decision.prompts import as_text
+from gateway.engine.score import check_normalize
 
 MAX_QUESTIONS = 64
 MAX_OPTIONS = 255
@@ -36,7 +37,11 @@ class JevValidationError(Exception):
         first = self.errors[0]
         return {
             "detail": self.errors,
-            "error": {"type": "invalid_request_error", "message": str(self), "param": ".".join(map(str, first["loc"][1:]))},
+            "error": {
+                "type": "invalid_request_error",
+                "message": str(self),
+                "param": ".".join(map(str, first["loc"][1:])),
+            },
         }
 
 
@@ -132,23 +137,38 @@ def _question(errors: list, qid: str, raw: Any) -> Question | None:
         elif not isinstance(criteria, dict):
             errors.append(_err(cloc, "Input should be an object of labels", "dict_type"))
         elif not 1 <= len(criteria) <= MAX_OPTIONS:
-            errors.append(_err(cloc, f"A choice needs 1 to {MAX_OPTIONS} labels, got {len(criteria)}",
-                               "too_short" if not criteria else "too_long"))
+            errors.append(
+                _err(
+                    cloc,
+                    f"A choice needs 1 to {MAX_OPTIONS} labels, got {len(criteria)}",
+                    "too_short" if not criteria else "too_long",
+                )
+            )
         else:
             seen: dict[str, str] = {}
             for label, desc in criteria.items():
                 if label == "":
                     errors.append(_err([*cloc, label], "A label must not be empty", "string_too_short"))
                 elif not label.strip():
-                    errors.append(_err([*cloc, label], "A label must not be only whitespace: it is the text the "
-                                       "model is scored on", "value_error"))
+                    errors.append(
+                        _err(
+                            [*cloc, label],
+                            "A label must not be only whitespace: it is the text the model is scored on",
+                            "value_error",
+                        )
+                    )
                 else:
                     # the model cannot keep apart labels that differ only so: the probability splits between them
                     twin = seen.setdefault(label.strip().casefold(), label)
                     if twin != label:
-                        errors.append(_err([*cloc, label], f"The label {label!r} differs from {twin!r} only by case "
-                                           "or surrounding whitespace: the model cannot tell them apart; rename one",
-                                           "value_error"))
+                        errors.append(
+                            _err(
+                                [*cloc, label],
+                                f"The label {label!r} differs from {twin!r} only by case "
+                                "or surrounding whitespace: the model cannot tell them apart; rename one",
+                                "value_error",
+                            )
+                        )
                 _check_content(errors, [*cloc, label], desc, nullable=True)
     else:  # score
         if "criteria" not in raw:
@@ -156,8 +176,13 @@ def _question(errors: list, qid: str, raw: Any) -> Question | None:
         elif not isinstance(criteria, list):
             errors.append(_err(cloc, "Input should be a list of levels, level 0 first", "list_type"))
         elif not 1 <= len(criteria) <= MAX_OPTIONS:
-            errors.append(_err(cloc, f"A score needs 1 to {MAX_OPTIONS} levels, got {len(criteria)}",
-                               "too_short" if not criteria else "too_long"))
+            errors.append(
+                _err(
+                    cloc,
+                    f"A score needs 1 to {MAX_OPTIONS} levels, got {len(criteria)}",
+                    "too_short" if not criteria else "too_long",
+                )
+            )
         else:
             for i, level in enumerate(criteria):
                 _check_content(errors, [*cloc, i], level, nullable=False)
@@ -190,8 +215,13 @@ def parse_request(body: Any) -> SystemOneRequest:
     elif not isinstance(raw_q, dict):
         errors.append(_err(["questions"], "Input should be an object of questions keyed by id", "dict_type"))
     elif not 1 <= len(raw_q) <= MAX_QUESTIONS:
-        errors.append(_err(["questions"], f"Between 1 and {MAX_QUESTIONS} questions are needed, got {len(raw_q)}",
-                           "too_short" if not raw_q else "too_long"))
+        errors.append(
+            _err(
+                ["questions"],
+                f"Between 1 and {MAX_QUESTIONS} questions are needed, got {len(raw_q)}",
+                "too_short" if not raw_q else "too_long",
+            )
+        )
     else:
         for qid, raw in raw_q.items():
             if qid == "":
@@ -276,8 +306,13 @@ def answer(question: Question, probabilities: list[float], extra: dict[str, Any]
     return out
 
 
-def reply(model: str, answers: dict[str, dict[str, Any]], input_tokens: int, output_tokens: int,
-          extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def reply(
+    model: str,
+    answers: dict[str, dict[str, Any]],
+    input_tokens: int,
+    output_tokens: int,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The 200 body: ``{"model", "answers", "usage": {"input_tokens", "output_tokens"}}`` plus ``x_`` extras.
 
     Token counts are ints (the SDK rejects floats). ``extra`` keys must

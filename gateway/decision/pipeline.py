@@ -15,6 +15,7 @@ Errors are typed (:mod:`gateway.decision.errors`, no HTTP): :class:`Refused`
 naming the request's field, :class:`DecisionTimeout`, :class:`UnusableScores`,
 :class:`UnusableDecision`; the engine's own errors pass through as they are.
 """
+
 from __future__ import annotations
 
 import logging
@@ -131,9 +132,11 @@ async def decide(request: SystemOneRequest, engine: Any, settings: Settings, mem
         if q.type == "score":
             empty = [str(i) for i, level in enumerate(q.criteria) if isinstance(level, str) and not level.strip()]
             if empty:
-                out.warnings.append(f"question {q.id!r}: level {empty[0]} is empty: the model reads only its number"
-                                    if len(empty) == 1 else f"question {q.id!r}: levels {', '.join(empty)} are "
-                                    "empty: the model reads only their numbers")
+                out.warnings.append(
+                    f"question {q.id!r}: level {empty[0]} is empty: the model reads only its number"
+                    if len(empty) == 1
+                    else f"question {q.id!r}: levels {', '.join(empty)} are empty: the model reads only their numbers"
+                )
     asked = []
     for q in request.questions:
         if q.n_options == 1:
@@ -154,8 +157,15 @@ def _check_slot(engine: Any, request: SystemOneRequest) -> None:
     """Refuse a ``cache_slot`` past the engine's slots (naming the field)."""
     slots = max(1, int(engine.caps.slots or 1))
     if request.cache_slot is not None and request.cache_slot >= slots:
-        raise Refused([{"loc": ["body", "cache_slot"],
-                        "msg": f"The engine has {slots} KV slot(s): 0..{slots - 1}", "type": "less_than"}])
+        raise Refused(
+            [
+                {
+                    "loc": ["body", "cache_slot"],
+                    "msg": f"The engine has {slots} KV slot(s): 0..{slots - 1}",
+                    "type": "less_than",
+                }
+            ]
+        )
 
 
 async def _call(settings: Settings, fn, *args, **kwargs):
@@ -172,8 +182,13 @@ def _n_ctx(engine: Any) -> int | None:
     return int(n) if isinstance(n, int) and n > 0 else None
 
 
-def _refuse(engine: Any, exc: BaseException, owners: list[Question | None], request: SystemOneRequest,
-            read_owners: list[tuple[int, ...]] | None = None) -> None:
+def _refuse(
+    engine: Any,
+    exc: BaseException,
+    owners: list[Question | None],
+    request: SystemOneRequest,
+    read_owners: list[tuple[int, ...]] | None = None,
+) -> None:
     """Raise :class:`Refused` naming the request's own field when ``exc`` is the engine's
     ``BAD_REQUEST`` of a text it cannot score (:func:`gateway.decision.refusals.scoring_refusal`);
     return otherwise (the caller re-raises ``exc``)."""
@@ -188,8 +203,9 @@ def _add(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else a + b
 
 
-async def _score_path(engine: Any, settings: Settings, mem: Memory, request: SystemOneRequest,
-                      questions: list[Question], out: Decided) -> None:
+async def _score_path(
+    engine: Any, settings: Settings, mem: Memory, request: SystemOneRequest, questions: list[Question], out: Decided
+) -> None:
     prompts = settings.prompts
     prefix_text = prompts.prefix(request.state, request.prefix)
     if request.cache_slot is not None:
@@ -206,8 +222,9 @@ async def _score_path(engine: Any, settings: Settings, mem: Memory, request: Sys
         try:
             reads = readings.plan(q.type, q.instructions, q.criteria, q.n_options, method)
         except ValueError as exc:
-            raise Refused([{"loc": ["body", "questions", q.id, "criteria"], "msg": str(exc),
-                            "type": "value_error"}]) from None
+            raise Refused(
+                [{"loc": ["body", "questions", q.id, "criteria"], "msg": str(exc), "type": "value_error"}]
+            ) from None
         spans.append((len(groups), len(reads)))
         for rd in reads:
             groups.append((prompts.stem(rd.text), list(rd.scored)))
@@ -231,15 +248,23 @@ async def _score_path(engine: Any, settings: Settings, mem: Memory, request: Sys
             except RequestError as exc:
                 if exc.code == "BAD_REQUEST" and refusals.too_long(exc.reason or ""):
                     n = _n_ctx(engine)
-                    raise Refused([{"loc": ["body", "prefix"], "type": "too_long", "msg":
-                                    f"The prefix is longer than the engine's context"
-                                    f"{f' of {n} tokens' if n else ''}"}]) from None
+                    raise Refused(
+                        [
+                            {
+                                "loc": ["body", "prefix"],
+                                "type": "too_long",
+                                "msg": f"The prefix is longer than the engine's context"
+                                f"{f' of {n} tokens' if n else ''}",
+                            }
+                        ]
+                    ) from None
                 raise
             mem.fixed[key] = True
     content_free = None
     if "content_free" in methods:
-        content_free = await _content_free(engine, settings, mem, request, questions, groups, read_owners, spans,
-                                           slot, route, out)
+        content_free = await _content_free(
+            engine, settings, mem, request, questions, groups, read_owners, spans, slot, route, out
+        )
     try:
         result = await _call(settings, engine.score, prefix_text, groups, pin=pin, slot=slot, **route)
     except Exception as exc:
@@ -260,12 +285,15 @@ async def _score_path(engine: Any, settings: Settings, mem: Memory, request: Sys
         counts = {len(x) for x in rows[0]}
         if request.normalize == "mean" and len(counts) > 1:
             log.warning("question %r: normalize=mean over options of %d to %d tokens", q.id, min(counts), max(counts))
-            out.warnings.append(f"question {q.id!r}: normalize=mean over options of different token counts "
-                                f"({min(counts)} to {max(counts)}): a per-token average favours the longer options")
+            out.warnings.append(
+                f"question {q.id!r}: normalize=mean over options of different token counts "
+                f"({min(counts)} to {max(counts)}): a per-token average favours the longer options"
+            )
         try:
             if methods:
-                per_read = [readings.log_probs(read_owners[start + j], lps, request.normalize)
-                            for j, lps in enumerate(rows)]
+                per_read = [
+                    readings.log_probs(read_owners[start + j], lps, request.normalize) for j, lps in enumerate(rows)
+                ]
                 cf = content_free[i] if content_free is not None else None
                 p = softmax(readings.combine(per_read, cf))
             else:
@@ -286,10 +314,19 @@ async def _score_path(engine: Any, settings: Settings, mem: Memory, request: Sys
     out.input_tokens = longest
 
 
-async def _content_free(engine: Any, settings: Settings, mem: Memory, request: SystemOneRequest,
-                        questions: list[Question], groups: list[tuple[str, list[str]]],
-                        read_owners: list[tuple[int, ...]], spans: list[tuple[int, int]], slot: int | None,
-                        route: dict[str, str], out: Decided) -> list[list[float]]:
+async def _content_free(
+    engine: Any,
+    settings: Settings,
+    mem: Memory,
+    request: SystemOneRequest,
+    questions: list[Question],
+    groups: list[tuple[str, list[str]]],
+    read_owners: list[tuple[int, ...]],
+    spans: list[tuple[int, int]],
+    slot: int | None,
+    route: dict[str, str],
+    out: Decided,
+) -> list[list[float]]:
     """Each question's mean option log-probabilities on the content-free states (:mod:`gateway.decision.debias`).
 
     Read once per question (its rotations' stems and options, the fixed
@@ -301,9 +338,17 @@ async def _content_free(engine: Any, settings: Settings, mem: Memory, request: S
     again. Returns one list of ``n_options`` floats per question.
     """
     cf_prefix = settings.prompts.prefix("", request.prefix)
-    keys = [(cf_prefix, request.normalize, tuple((stem, tuple(opts), owner) for (stem, opts), owner
-                                                 in zip(groups[start:start + k], read_owners[start:start + k])))
-            for start, k in spans]
+    keys = [
+        (
+            cf_prefix,
+            request.normalize,
+            tuple(
+                (stem, tuple(opts), owner)
+                for (stem, opts), owner in zip(groups[start : start + k], read_owners[start : start + k])
+            ),
+        )
+        for start, k in spans
+    ]
     owner_of: dict[tuple, Question] = {}
     for key, q in zip(keys, questions):
         owner_of.setdefault(key, q)
@@ -330,13 +375,27 @@ async def _content_free(engine: Any, settings: Settings, mem: Memory, request: S
     return [mem.content_free[key] for key in keys]
 
 
-async def _read_content_free(engine: Any, settings: Settings, mem: Memory, request: SystemOneRequest,
-                             missing: list[tuple], owner_of: dict[tuple, Question], cf_prefix: str, slot: int | None,
-                             route: dict[str, str], out: Decided) -> None:
-    cf_groups = [(state + stem, list(opts)) for key in missing for state in debias.CONTENT_FREE_STATES
-                 for stem, opts, _ in key[2]]
-    owners: list[Question | None] = [owner_of[key] for key in missing
-                                     for _ in range(len(debias.CONTENT_FREE_STATES) * len(key[2]))]
+async def _read_content_free(
+    engine: Any,
+    settings: Settings,
+    mem: Memory,
+    request: SystemOneRequest,
+    missing: list[tuple],
+    owner_of: dict[tuple, Question],
+    cf_prefix: str,
+    slot: int | None,
+    route: dict[str, str],
+    out: Decided,
+) -> None:
+    cf_groups = [
+        (state + stem, list(opts))
+        for key in missing
+        for state in debias.CONTENT_FREE_STATES
+        for stem, opts, _ in key[2]
+    ]
+    owners: list[Question | None] = [
+        owner_of[key] for key in missing for _ in range(len(debias.CONTENT_FREE_STATES) * len(key[2]))
+    ]
     read_owners = [owner for key in missing for _ in debias.CONTENT_FREE_STATES for _s, _o, owner in key[2]]
     try:
         result = await _call(settings, engine.score, cf_prefix, cf_groups, pin=False, slot=slot, **route)
@@ -360,11 +419,19 @@ async def _read_content_free(engine: Any, settings: Settings, mem: Memory, reque
         mem.remember_content_free(key, readings.mean_log_probs(per_read))
 
 
-async def _decide_path(engine: Any, settings: Settings, request: SystemOneRequest, questions: list[Question],
-                       out: Decided) -> None:
+async def _decide_path(
+    engine: Any, settings: Settings, request: SystemOneRequest, questions: list[Question], out: Decided
+) -> None:
     if request.prefix is not None:
-        raise Refused([{"loc": ["body", "prefix"], "type": "value_error",
-                        "msg": "A decision engine takes no prefix: put that text in state or instructions"}])
+        raise Refused(
+            [
+                {
+                    "loc": ["body", "prefix"],
+                    "type": "value_error",
+                    "msg": "A decision engine takes no prefix: put that text in state or instructions",
+                }
+            ]
+        )
     slot = request.cache_slot if request.cache_slot is not None else 0
     _check_slot(engine, request)
     raw = (getattr(engine.caps, "decide_record", None) or "") == "raw"
@@ -388,5 +455,7 @@ async def _decide_path(engine: Any, settings: Settings, request: SystemOneReques
         tokens = getattr(done, "prompt_tokens", 0) or 0
     out.input_tokens = int(tokens)
     engine_ms = decision.get("engine_ms")
-    out.engine_ms = float(engine_ms) if isinstance(engine_ms, (int, float)) and not isinstance(engine_ms, bool) else wall_ms
+    out.engine_ms = (
+        float(engine_ms) if isinstance(engine_ms, (int, float)) and not isinstance(engine_ms, bool) else wall_ms
+    )
     out.path = "decide"

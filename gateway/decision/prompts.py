@@ -28,6 +28,7 @@ Two other formats, compared in ``bench/quality.py`` and served on request
   ``yes`` / ``no``) and the first answer token read, each option's spellings
   (:func:`spellings`) summed.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,7 +40,9 @@ import attrs
 from gateway.decision.chat_template import ChatTemplate
 
 #: The system turn of every decision prompt.
-SYSTEM = "You answer questions about the text you are given. Reply with exactly one of the allowed answers and nothing else."
+SYSTEM = (
+    "You answer questions about the text you are given. Reply with exactly one of the allowed answers and nothing else."
+)
 
 #: Instructions used when a question has none (the language-model path and the default DECIDE record).
 DEFAULT_INSTRUCTIONS = {
@@ -62,6 +65,7 @@ def spellings(word: str) -> tuple[str, ...]:
             if s not in out:
                 out.append(s)
     return tuple(out)
+
 
 #: Letters of the letter format's options, in listed order (a question of more options is refused).
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -100,15 +104,24 @@ def _listed(qtype: str, criteria: Any) -> tuple[list[tuple[str, str | None]], tu
     """
     if qtype == "noul":
         crit = criteria or {}
-        listed = [(word, f"{word}: {as_text(crit[key])}" if crit.get(key) is not None else None)
-                  for word, key in (("yes", "true"), ("no", "false"))]
+        listed = [
+            (word, f"{word}: {as_text(crit[key])}" if crit.get(key) is not None else None)
+            for word, key in (("yes", "true"), ("no", "false"))
+        ]
         return listed, ("no", "yes")
     if qtype == "choice":
-        return ([(label, f"{label}: {as_text(desc)}" if desc is not None and desc != "" else label)
-                 for label, desc in criteria.items()], tuple(criteria))
+        return (
+            [
+                (label, f"{label}: {as_text(desc)}" if desc is not None and desc != "" else label)
+                for label, desc in criteria.items()
+            ],
+            tuple(criteria),
+        )
     if qtype == "score":
-        return ([(str(k), f"{k}: {as_text(level)}") for k, level in enumerate(criteria, start=1)],
-                tuple(str(k) for k in range(1, len(criteria) + 1)))
+        return (
+            [(str(k), f"{k}: {as_text(level)}") for k, level in enumerate(criteria, start=1)],
+            tuple(str(k) for k in range(1, len(criteria) + 1)),
+        )
     raise ValueError(f"unknown question type {qtype!r}")
 
 
@@ -126,8 +139,9 @@ def listing_order(n_listed: int, order: Sequence[int] | None, rotation: int) -> 
     return base[r:] + base[:r]
 
 
-def question_text(qtype: str, instructions: Any, criteria: Any, rotation: int = 0,
-                  order: Sequence[int] | None = None) -> tuple[str, tuple[str, ...]]:
+def question_text(
+    qtype: str, instructions: Any, criteria: Any, rotation: int = 0, order: Sequence[int] | None = None
+) -> tuple[str, tuple[str, ...]]:
     """The question's text and its scored option strings, per the module table.
 
     ``criteria``: noul ``{"true"?, "false"?}`` or None; choice ``{label:
@@ -174,8 +188,9 @@ def cloze_text(qtype: str, instructions: Any, criteria: Any) -> tuple[str, tuple
     return head, options
 
 
-def letters_text(qtype: str, instructions: Any, criteria: Any,
-                 order: Sequence[int] | None = None) -> tuple[str, tuple[tuple[str, ...], ...]]:
+def letters_text(
+    qtype: str, instructions: Any, criteria: Any, order: Sequence[int] | None = None
+) -> tuple[str, tuple[tuple[str, ...], ...]]:
     """The letter format (seed ``001_*``): the question with one-token answer words, and their spellings.
 
     A choice's labels are listed ``A. label: description`` (``A`` ... ``Z`` in
@@ -189,7 +204,7 @@ def letters_text(qtype: str, instructions: Any, criteria: Any,
     26 options.
     """
     head = as_text(instructions) if instructions is not None else DEFAULT_INSTRUCTIONS[qtype]
-    listed, options = _listed(qtype, criteria)
+    listed, options = _listed(qtype, criteria)  # noqa: RUF059  (kept as written)
     n = len(listed)
     if n > len(LETTERS):
         raise ValueError(f"the letter format takes at most {len(LETTERS)} options, got {n}")
@@ -235,11 +250,14 @@ class PromptBuilder:
         self.system_in_user = False
         try:
             rendered = self.template.render(
-                [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _SENTINEL}], add_generation_prompt=True)
+                [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _SENTINEL}],
+                add_generation_prompt=True,
+            )
         except TemplateError:
             self.system_in_user = True
             rendered = self.template.render(
-                [{"role": "user", "content": SYSTEM + "\n\n" + _SENTINEL}], add_generation_prompt=True)
+                [{"role": "user", "content": SYSTEM + "\n\n" + _SENTINEL}], add_generation_prompt=True
+            )
         if rendered.count(_SENTINEL) != 1:
             raise TemplateError("the chat template does not keep the user's text verbatim")
         self._head, self._tail = rendered.split(_SENTINEL)
@@ -255,8 +273,9 @@ class PromptBuilder:
     def prefix(self, state: Any, fixed: str | None = None) -> str:
         return self._head + self.user_text_head(state, fixed)
 
-    def question(self, qtype: str, instructions: Any, criteria: Any, rotation: int = 0,
-                 order: Sequence[int] | None = None) -> QuestionPrompt:
+    def question(
+        self, qtype: str, instructions: Any, criteria: Any, rotation: int = 0, order: Sequence[int] | None = None
+    ) -> QuestionPrompt:
         """One question's stem and options; ``rotation`` and ``order`` as in :func:`question_text`."""
         text, options = question_text(qtype, instructions, criteria, rotation, order)
         return QuestionPrompt(stem="\n\n" + text + self._tail, options=options)

@@ -32,6 +32,7 @@ Two corrections that need more than one request, for ``bench/quality.py``
 (:func:`batch_prior`, Zhou et al. 2024) and PriDe (:func:`pride_prior`).
 All arithmetic is on Python floats.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,8 +42,8 @@ from typing import Any
 import attrs
 
 from gateway.decision import debias
-from gateway.engine.score import log_softmax, option_scores, softmax
 from gateway.decision.prompts import cloze_text, letters_text, listing_order, question_text
+from gateway.engine.score import log_softmax, option_scores, softmax
 
 FORMATS = ("listed", "cloze", "letters")
 
@@ -58,7 +59,7 @@ class Method:
     content_free: bool = False
 
     @classmethod
-    def from_names(cls, names: Sequence[str]) -> "Method":
+    def from_names(cls, names: Sequence[str]) -> Method:
         """The method of a parsed ``x_debias`` (:func:`gateway.decision.debias.parse`): ``()`` is today's listed raw."""
         fmt = "cloze" if "cloze" in names else "letters" if "letters" in names else "listed"
         return cls(fmt, "canonical" in names, "cyclic" in names, "content_free" in names)
@@ -66,8 +67,13 @@ class Method:
     @property
     def names(self) -> tuple[str, ...]:
         """The ``x_debias`` names of this method, in :data:`gateway.decision.debias.METHODS` order."""
-        on = {"cloze": self.format == "cloze", "letters": self.format == "letters", "canonical": self.canonical,
-              "cyclic": self.cyclic, "content_free": self.content_free}
+        on = {
+            "cloze": self.format == "cloze",
+            "letters": self.format == "letters",
+            "canonical": self.canonical,
+            "cyclic": self.cyclic,
+            "content_free": self.content_free,
+        }
         return tuple(m for m in debias.METHODS if on[m])
 
 
@@ -102,8 +108,9 @@ def _places(qtype: str, n: int, listed_order: list[int]) -> tuple[int, ...]:
     return tuple(place_of_listed[i] for i in range(n))
 
 
-def plan(qtype: str, instructions: Any, criteria: Any, n_options: int, method: Method,
-         order: Sequence[int] | None = None) -> list[Read]:
+def plan(
+    qtype: str, instructions: Any, criteria: Any, n_options: int, method: Method, order: Sequence[int] | None = None
+) -> list[Read]:
     """The reads of one question under ``method``, in rotation order.
 
     ``order``: the listing order the request implies (indices into the natural
@@ -178,6 +185,7 @@ def mean_log_probs(per_read: Sequence[Sequence[float]]) -> list[float]:
 
 
 # --- corrections over many requests (bench/quality.py) --------------------------------------
+
 
 def batch_prior(probabilities: Sequence[Sequence[float]]) -> list[float]:
     """Batch calibration's contextual prior: the mean probability of each option over a batch.

@@ -11,6 +11,7 @@ written compact with sorted keys and ``"json": true`` on such an option.
 The record is serialized with ``json.dumps(record, ensure_ascii=False)``
 (default separators), UTF-8: byte for byte what the seed's engines read.
 """
+
 from __future__ import annotations
 
 import json
@@ -64,7 +65,9 @@ def _options(q: Question, raw: bool) -> list[dict[str, Any]]:
     return [{"label": label, "text": _default_text(value)} for label, value in items]
 
 
-def build(request: SystemOneRequest, questions: tuple[Question, ...] | None = None, *, raw: bool = False) -> dict[str, Any]:
+def build(
+    request: SystemOneRequest, questions: tuple[Question, ...] | None = None, *, raw: bool = False
+) -> dict[str, Any]:
     """The record (a dict, in serialization order) for ``questions`` (default: all of the request's)."""
     qs = request.questions if questions is None else questions
     state = request.state
@@ -75,7 +78,11 @@ def build(request: SystemOneRequest, questions: tuple[Question, ...] | None = No
     out_q = []
     for q in qs:
         if raw:
-            instr = None if not q.has_instructions else (q.instructions if isinstance(q.instructions, str) else _raw_json(q.instructions))
+            instr = (
+                None
+                if not q.has_instructions
+                else (q.instructions if isinstance(q.instructions, str) else _raw_json(q.instructions))
+            )
         else:
             instr = _default_text(q.instructions) if q.has_instructions else None
             if instr is None:
@@ -113,10 +120,17 @@ def probabilities(decision: dict[str, Any], questions: tuple[Question, ...]) -> 
         if a is None:
             raise UnusableDecision(f"DECISION does not answer question {q.id!r}")
         probs = a.get("probs")
-        if (not isinstance(probs, list) or len(probs) != q.n_options
-                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in probs)
-                or sum(probs) <= 0):
-            raise UnusableDecision(f"DECISION probs of {q.id!r} are not {q.n_options} non-negative numbers: {probs!r}"[:200])
+        if (
+            not isinstance(probs, list)
+            or len(probs) != q.n_options
+            or not all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in probs
+            )
+            or sum(probs) <= 0
+        ):
+            raise UnusableDecision(
+                f"DECISION probs of {q.id!r} are not {q.n_options} non-negative numbers: {probs!r}"[:200]
+            )
         total = float(sum(probs))
         out[q.id] = [float(x) / total for x in probs]
     return out

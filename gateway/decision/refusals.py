@@ -10,10 +10,12 @@ request's own field (``state``, ``questions.<id>``,
 ``questions.<id>.criteria.<label>``) with the limit in the message, which
 :mod:`gateway.decision.pipeline` raises as :class:`gateway.decision.errors.Refused`.
 """
+
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from gateway.decision.jev import MAX_OPTION_TOKENS, Question, SystemOneRequest
 from gateway.decision.prompts import as_text, question_text
@@ -59,8 +61,13 @@ def _longest_part(request: SystemOneRequest, questions: Sequence[Question]) -> l
     return max(parts, key=lambda p: p[0])[1]
 
 
-def scoring_refusal(reason: str, owners: Sequence[Question | None], request: SystemOneRequest,
-                    n_ctx: int | None, read_owners: Sequence[Sequence[int]] | None = None) -> dict[str, Any] | None:
+def scoring_refusal(
+    reason: str,
+    owners: Sequence[Question | None],
+    request: SystemOneRequest,
+    n_ctx: int | None,
+    read_owners: Sequence[Sequence[int]] | None = None,
+) -> dict[str, Any] | None:
     """The 422 ``detail`` entry for an engine's ``BAD_REQUEST <reason>`` on a scoring call, or None
     when the refusal is not about the request (left to the generic engine error).
 
@@ -84,19 +91,28 @@ def scoring_refusal(reason: str, owners: Sequence[Question | None], request: Sys
         if q is None:
             return None
         if _OPTION_TOO_LONG.search(why):
-            return {"loc": option_loc(q, o), "type": "too_long",
-                    "msg": f"An option may have at most {MAX_OPTION_TOKENS} tokens: the engine scores at most "
-                           f"{MAX_OPTION_TOKENS} tokens per option"}
+            return {
+                "loc": option_loc(q, o),
+                "type": "too_long",
+                "msg": f"An option may have at most {MAX_OPTION_TOKENS} tokens: the engine scores at most "
+                f"{MAX_OPTION_TOKENS} tokens per option",
+            }
         if _TOO_LONG.search(why):
-            return {"loc": _longest_part(request, [q]), "type": "too_long",
-                    "msg": f"The prompt of question {q.id!r} (the state, then the question and its options) is "
-                           f"longer than {context}; this is its longest part"}
+            return {
+                "loc": _longest_part(request, [q]),
+                "type": "too_long",
+                "msg": f"The prompt of question {q.id!r} (the state, then the question and its options) is "
+                f"longer than {context}; this is its longest part",
+            }
         return {"loc": option_loc(q, o), "type": "value_error", "msg": f"The engine cannot score this option: {why}"}
     if _TOO_LONG.search(reason):
         questions = [q for q in dict.fromkeys(owners) if q is not None]
-        return {"loc": _longest_part(request, questions), "type": "too_long",
-                "msg": f"A prompt (the state, then a question and its options) is longer than {context}; "
-                       "this is its longest part"}
+        return {
+            "loc": _longest_part(request, questions),
+            "type": "too_long",
+            "msg": f"A prompt (the state, then a question and its options) is longer than {context}; "
+            "this is its longest part",
+        }
     return None
 
 

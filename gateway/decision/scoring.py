@@ -14,6 +14,7 @@ printed decimals of one question add up to exactly 1; ``confidence`` and
 ``score`` are computed from those printed probabilities and rounded to 6
 decimals. No value is ever NaN or infinite.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,7 +38,7 @@ def quantize(probabilities: Sequence[float]) -> list[int]:
         raise ValueError(f"not a probability vector: {probabilities!r}")
     z = math.fsum(p)
     raw = [x / z * QUANTUM for x in p]
-    units = [int(math.floor(r)) for r in raw]
+    units = [int(math.floor(r)) for r in raw]  # noqa: RUF046  (kept as written)
     left = QUANTUM - sum(units)
     if left > 0:
         # remainders equal up to float noise count as a tie (the earlier option wins)

@@ -13,14 +13,27 @@ sum/mean rule; which read-out positions an option owns), ``errors``,
 ``build`` (an engine built from the wheel's sources on first use, outside a clone),
 ``default_model`` (the default GGUF, fetched and verified).
 """
+
 from __future__ import annotations
 
 from typing import Any
 
 __all__ = [
-    "Engine", "ReadOut", "ScoreResult", "OptionScore", "RequestStream", "RestartPolicy",
-    "EngineError", "EngineLoadError", "EngineCrashed", "EngineProtocolError", "EngineBusy",
-    "EngineTimeout", "EngineUnavailable", "RequestError", "softmax",
+    "Engine",
+    "ReadOut",
+    "ScoreResult",
+    "OptionScore",
+    "RequestStream",
+    "RestartPolicy",
+    "EngineError",
+    "EngineLoadError",
+    "EngineCrashed",
+    "EngineProtocolError",
+    "EngineBusy",
+    "EngineTimeout",
+    "EngineUnavailable",
+    "RequestError",
+    "softmax",
 ]
 
 

@@ -9,39 +9,57 @@ protocol, see :mod:`gateway.engine.supervisor`), and gives one object to
 multiplexed by id over the engine's pipe, queued FIFO per KV slot, and every
 one ends with its DONE, its ``RequestError``, or the engine's typed error.
 """
+
 from __future__ import annotations
 
 import json
 import os
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Sequence, Union
+from typing import AsyncIterator, Sequence, Union  # noqa: UP035  (Text and Groups below are runtime aliases)
 
 import anyio
 import attrs
 import orjson
 
-from serveproto import (Accept, Caps, Decide, Decision, Done, Echo, Ping, Pong, Score,
-                        Scored, Submit)
-
-from gateway.engine.errors import (EngineBusy, EngineCrashed, EngineError, EngineLoadError,
-                                    EngineProtocolError, EngineTimeout, EngineUnavailable,
-                                    RequestError)
+from gateway.engine.errors import (
+    EngineBusy,
+    EngineCrashed,
+    EngineError,
+    EngineLoadError,
+    EngineProtocolError,
+    EngineTimeout,
+    EngineUnavailable,
+    RequestError,
+)
+from gateway.engine.process import EngineProcess, unwrap_group
 from gateway.engine.request import RequestStream
 from gateway.engine.score import OptionScore, option_scores, option_tokens, softmax
-from gateway.engine.process import EngineProcess, unwrap_group
 from gateway.engine.slots import SlotLease
 from gateway.engine.supervisor import RestartPolicy, Supervisor
+from serveproto import Accept, Caps, Decide, Decision, Done, Echo, Ping, Pong, Score, Scored, Submit
 
 __all__ = [
-    "Engine", "ReadOut", "ScoreResult", "OptionScore", "RequestStream", "RestartPolicy",
-    "EngineError", "EngineLoadError", "EngineCrashed", "EngineProtocolError", "EngineBusy",
-    "EngineTimeout", "EngineUnavailable", "RequestError", "softmax",
+    "Engine",
+    "ReadOut",
+    "ScoreResult",
+    "OptionScore",
+    "RequestStream",
+    "RestartPolicy",
+    "EngineError",
+    "EngineLoadError",
+    "EngineCrashed",
+    "EngineProtocolError",
+    "EngineBusy",
+    "EngineTimeout",
+    "EngineUnavailable",
+    "RequestError",
+    "softmax",
 ]
 
-Text = Union[str, bytes]
+Text = Union[str, bytes]  # noqa: UP007  (a runtime alias: keep the typing.Union object)
 #: ``score()`` groups: ``[(stem, [option, ...]), ...]``, or a flat ``[option, ...]``
 #: meaning one group with an empty stem.
-Groups = Union[Sequence[tuple[Text, Sequence[Text]]], Sequence[Text]]
+Groups = Union[Sequence[tuple[Text, Sequence[Text]]], Sequence[Text]]  # noqa: UP007  (a runtime alias)
 
 
 def _bytes(value: Text, field: str) -> bytes:
@@ -126,16 +144,21 @@ def _normalize_groups(groups: Groups) -> list[tuple[bytes, list[bytes]]]:
             raise ValueError(f"groups[{gi}]: expected (stem, [options])") from None
         if isinstance(options, (str, bytes)) or not options:
             raise ValueError(f"groups[{gi}].options: expected a non-empty list of texts")
-        out.append((_bytes(stem, f"groups[{gi}].stem"),
-                    [_bytes(o, f"groups[{gi}].options[{oi}]") for oi, o in enumerate(options)]))
+        out.append(
+            (
+                _bytes(stem, f"groups[{gi}].stem"),
+                [_bytes(o, f"groups[{gi}].options[{oi}]") for oi, o in enumerate(options)],
+            )
+        )
     return out
 
 
 class Engine:
     """One supervised engine command; see the module docstring. Build with :meth:`spawn`."""
 
-    def __init__(self, supervisor: Supervisor, *, request_timeout: float | None = None,
-                 max_waiting: int | None = None) -> None:
+    def __init__(
+        self, supervisor: Supervisor, *, request_timeout: float | None = None, max_waiting: int | None = None
+    ) -> None:
         self._sup = supervisor
         self.request_timeout = request_timeout
         self.max_waiting = max_waiting
@@ -144,17 +167,27 @@ class Engine:
 
     @classmethod
     @asynccontextmanager
-    async def spawn(cls, argv: Sequence[str], *, name: str | None = None,
-                    handshake_timeout: float | None = 60.0,
-                    stall_timeout: float | None = 60.0,
-                    health_interval: float | None = 5.0, ping_timeout: float = 30.0,
-                    request_timeout: float | None = None,
-                    drain_timeout: float = 5.0, term_timeout: float = 2.0,
-                    max_restarts: int | None = 3, restart_period: float = 60.0,
-                    backoff_initial: float = 0.1, backoff_max: float = 5.0,
-                    env: dict[str, str] | None = None, cwd: str | None = None,
-                    stderr_lines_per_s: int = 1000,
-                    max_waiting: int | None = None) -> AsyncIterator[Engine]:
+    async def spawn(
+        cls,
+        argv: Sequence[str],
+        *,
+        name: str | None = None,
+        handshake_timeout: float | None = 60.0,
+        stall_timeout: float | None = 60.0,
+        health_interval: float | None = 5.0,
+        ping_timeout: float = 30.0,
+        request_timeout: float | None = None,
+        drain_timeout: float = 5.0,
+        term_timeout: float = 2.0,
+        max_restarts: int | None = 3,
+        restart_period: float = 60.0,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 5.0,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stderr_lines_per_s: int = 1000,
+        max_waiting: int | None = None,
+    ) -> AsyncIterator[Engine]:
         """Start ``argv`` (a list, no shell), wait for its handshake, yield the :class:`Engine`.
 
         Seconds: ``handshake_timeout`` (READY..STAT), ``health_interval`` (an
@@ -186,12 +219,20 @@ class Engine:
             raise ValueError("argv: the engine command is empty")
         name = name or os.path.basename(os.fspath(argv[0]))
         policy = RestartPolicy(max_restarts, restart_period, backoff_initial, backoff_max)
-        sup = Supervisor(argv, name=name, policy=policy, handshake_timeout=handshake_timeout,
-                         stall_timeout=stall_timeout, health_interval=health_interval,
-                         ping_timeout=ping_timeout,
-                         drain_timeout=drain_timeout,
-                         term_timeout=term_timeout, env=env, cwd=cwd,
-                         stderr_lines_per_s=stderr_lines_per_s)
+        sup = Supervisor(
+            argv,
+            name=name,
+            policy=policy,
+            handshake_timeout=handshake_timeout,
+            stall_timeout=stall_timeout,
+            health_interval=health_interval,
+            ping_timeout=ping_timeout,
+            drain_timeout=drain_timeout,
+            term_timeout=term_timeout,
+            env=env,
+            cwd=cwd,
+            stderr_lines_per_s=stderr_lines_per_s,
+        )
         try:
             async with anyio.create_task_group() as tg:
                 await tg.start(sup.run)
@@ -217,8 +258,7 @@ class Engine:
         """
         cur = self._sup.current
         if cur is None or cur.caps is None:
-            raise EngineUnavailable(f"engine {self.name!r} has no serving process now",
-                                    name=self.name)
+            raise EngineUnavailable(f"engine {self.name!r} has no serving process now", name=self.name)
         return cur.caps
 
     @property
@@ -285,8 +325,16 @@ class Engine:
 
     # ------------------------------------------------------------ requests
 
-    def request(self, make, *, slot: int | None = None, route: Text | None = None,
-                timeout: float | None = None, slotless: bool = False, pin: bool = False) -> RequestStream:
+    def request(
+        self,
+        make,
+        *,
+        slot: int | None = None,
+        route: Text | None = None,
+        timeout: float | None = None,
+        slotless: bool = False,
+        pin: bool = False,
+    ) -> RequestStream:
         """Low level: send the request ``make(id, slot)`` builds, stream its replies.
 
         ``make`` gets a fresh id and the KV slot chosen (explicit ``slot``, or
@@ -314,20 +362,35 @@ class Engine:
     async def _acquire(self, proc: EngineProcess, slot: int | None, key: bytes, pin: bool = False) -> SlotLease:
         waiting = proc.router.waiting() if proc.router is not None else 0
         if self.max_waiting is not None and waiting >= self.max_waiting:
-            raise EngineBusy(f"engine {self.name!r} is busy: {waiting} request(s) already "
-                             f"wait for a slot", name=self.name, waiting=waiting)
+            raise EngineBusy(
+                f"engine {self.name!r} is busy: {waiting} request(s) already wait for a slot",
+                name=self.name,
+                waiting=waiting,
+            )
         return await proc.acquire(slot, key, pin)
 
     def _on_lease(self, proc: EngineProcess, lease: SlotLease, make) -> RequestStream:
         async def start():
             return proc, await proc.begin(make, lease)
+
         return RequestStream(start, name=self.name)
 
-    def submit(self, prompt: Text, *, max_tokens: int = 16, temperature: float = 0.0,
-               top_p: float = 1.0, logprobs: int = 0, pin: bool = False,
-               slot: int | None = None, counters: bool = True, grammar: Text | None = None,
-               ids: bool = False, route: Text | None = None,
-               timeout: float | None = None) -> RequestStream:
+    def submit(
+        self,
+        prompt: Text,
+        *,
+        max_tokens: int = 16,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        logprobs: int = 0,
+        pin: bool = False,
+        slot: int | None = None,
+        counters: bool = True,
+        grammar: Text | None = None,
+        ids: bool = False,
+        route: Text | None = None,
+        timeout: float | None = None,
+    ) -> RequestStream:
         """``SUBMIT`` a prompt; iterate the reply events.
 
         ``prompt``: text (UTF-8) or bytes (with ``ids=True``: token ids, ASCII
@@ -350,17 +413,34 @@ class Engine:
             # Called by the serving process itself, so its CAPS are current.
             cur = self._sup.current
             x_counters = bool(cur is not None and cur.caps is not None and cur.caps.x_counters)
-            return Submit(id=rid, slot=slot_no, prompt=prompt_b, max_tokens=max_tokens,
-                          temperature=temperature, top_p=top_p, grammar=grammar_b,
-                          logprobs=logprobs, pin=pin, ids=ids,
-                          counters=bool(counters and x_counters))
+            return Submit(
+                id=rid,
+                slot=slot_no,
+                prompt=prompt_b,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                grammar=grammar_b,
+                logprobs=logprobs,
+                pin=pin,
+                ids=ids,
+                counters=bool(counters and x_counters),
+            )
 
-        return self.request(make, slot=slot, route=route if route is not None else prompt_b,
-                            timeout=timeout, pin=pin)
+        return self.request(make, slot=slot, route=route if route is not None else prompt_b, timeout=timeout, pin=pin)
 
-    async def read_out(self, prompt: Text, *, logprobs: int = 5, pin: bool = False,
-                       slot: int | None = None, counters: bool = True, ids: bool = False,
-                       route: Text | None = None, timeout: float | None = None) -> ReadOut:
+    async def read_out(
+        self,
+        prompt: Text,
+        *,
+        logprobs: int = 5,
+        pin: bool = False,
+        slot: int | None = None,
+        counters: bool = True,
+        ids: bool = False,
+        route: Text | None = None,
+        timeout: float | None = None,
+    ) -> ReadOut:
         """Read a prompt out: each fresh position's logprob and its ``logprobs`` top tokens.
 
         ``SUBMIT ... max_tokens=0 logprobs=k`` (``logprobs`` 1..32). Returns a
@@ -368,14 +448,33 @@ class Engine:
         """
         if not 1 <= logprobs <= 32:
             raise ValueError(f"logprobs: must be 1..32 for a read-out, got {logprobs}")
-        events = [ev async for ev in self.submit(
-            prompt, max_tokens=0, logprobs=logprobs, pin=pin, slot=slot, counters=counters,
-            ids=ids, route=route, timeout=timeout)]
+        events = [
+            ev
+            async for ev in self.submit(
+                prompt,
+                max_tokens=0,
+                logprobs=logprobs,
+                pin=pin,
+                slot=slot,
+                counters=counters,
+                ids=ids,
+                route=route,
+                timeout=timeout,
+            )
+        ]
         return _readout(events)
 
-    async def score(self, prefix: Text, groups: Groups, *, pin: bool = False,
-                    slot: int | None = None, route: Text | None = None,
-                    timeout: float | None = None, fast: bool | None = None) -> ScoreResult:
+    async def score(
+        self,
+        prefix: Text,
+        groups: Groups,
+        *,
+        pin: bool = False,
+        slot: int | None = None,
+        route: Text | None = None,
+        timeout: float | None = None,
+        fast: bool | None = None,
+    ) -> ScoreResult:
         """Log-probabilities of options in context: option ``o`` of group ``g`` is
         the text ``prefix + stem_g + option_o``, scored on its own tokens (spec 9.1).
 
@@ -395,8 +494,7 @@ class Engine:
         norm = _normalize_groups(groups)
         for gi, (stem, _) in enumerate(norm):
             if not prefix_b + stem:
-                raise ValueError(f"groups[{gi}].stem: prefix + stem is empty; the first "
-                                 "option token needs a context")
+                raise ValueError(f"groups[{gi}].stem: prefix + stem is empty; the first option token needs a context")
         key = _bytes(route, "route") if route is not None else prefix_b or norm[0][0]
         timeout = self.request_timeout if timeout is None else timeout
         deadline = anyio.current_time() + timeout if timeout is not None else float("inf")
@@ -408,41 +506,48 @@ class Engine:
             else:
                 result = await self._score_fallback(prefix_b, norm, pin, slot, key)
         if scope.cancelled_caught:
-            raise EngineTimeout(f"score on engine {self.name!r} did not finish within "
-                                f"{timeout} s; cancelled", name=self.name, what="request",
-                                seconds=timeout or 0.0)
+            raise EngineTimeout(
+                f"score on engine {self.name!r} did not finish within {timeout} s; cancelled",
+                name=self.name,
+                what="request",
+                seconds=timeout or 0.0,
+            )
         return result
 
-    async def _score_fast(self, prefix: bytes, groups, pin: bool, slot, key: bytes
-                          ) -> ScoreResult:
-        payload = orjson.dumps({
-            "prefix": _text(prefix),
-            "groups": [{"stem": _text(s), "options": [_text(o) for o in opts]}
-                       for s, opts in groups],
-            "pin": bool(pin)})
+    async def _score_fast(self, prefix: bytes, groups, pin: bool, slot, key: bytes) -> ScoreResult:
+        payload = orjson.dumps(
+            {
+                "prefix": _text(prefix),
+                "groups": [{"stem": _text(s), "options": [_text(o) for o in opts]} for s, opts in groups],
+                "pin": bool(pin),
+            }
+        )
         table: dict[tuple[int, int], OptionScore] = {}
         done = None
-        stream = self.request(lambda rid, s: Score(id=rid, slot=s, payload=payload),
-                              slot=slot, route=key, timeout=None, pin=pin)
+        stream = self.request(
+            lambda rid, s: Score(id=rid, slot=s, payload=payload), slot=slot, route=key, timeout=None, pin=pin
+        )
         async with stream:
             async for ev in stream:
                 if isinstance(ev, Scored):
                     option = _text(groups[ev.group][1][ev.option])
-                    table[ev.group, ev.option] = OptionScore(ev.context_tokens,
-                                                             tuple(ev.logprobs), option)
+                    table[ev.group, ev.option] = OptionScore(ev.context_tokens, tuple(ev.logprobs), option)
                 elif isinstance(ev, Done):
                     done = ev
-        missing = [(g, o) for g, (_, opts) in enumerate(groups) for o in range(len(opts))
-                   if (g, o) not in table]
+        missing = [(g, o) for g, (_, opts) in enumerate(groups) for o in range(len(opts)) if (g, o) not in table]
         if missing:
-            raise EngineProtocolError(f"engine {self.name!r} answered SCORE without "
-                                      f"SCORED for (group, option) {missing}", name=self.name)
-        return ScoreResult(groups=[[table[g, o] for o in range(len(opts))]
-                                   for g, (_, opts) in enumerate(groups)],
-                           done=done, computed=done.computed, reused=done.reused, fast=True)
+            raise EngineProtocolError(
+                f"engine {self.name!r} answered SCORE without SCORED for (group, option) {missing}", name=self.name
+            )
+        return ScoreResult(
+            groups=[[table[g, o] for o in range(len(opts))] for g, (_, opts) in enumerate(groups)],
+            done=done,
+            computed=done.computed,
+            reused=done.reused,
+            fast=True,
+        )
 
-    async def _score_fallback(self, prefix: bytes, groups, pin: bool, slot, key: bytes
-                              ) -> ScoreResult:
+    async def _score_fallback(self, prefix: bytes, groups, pin: bool, slot, key: bytes) -> ScoreResult:
         totals = {"computed": 0, "reused": 0, "counted": True}
         known_prefix: dict[int, bytes] = {}
         out = []
@@ -450,7 +555,7 @@ class Engine:
             proc = await self._sup.instance()
             # Only the first group may be refused as busy: a score once begun finishes.
             lease = await (self._acquire(proc, slot, key, pin) if gi == 0 else proc.acquire(slot, key))
-            slot = lease.slot   # every group on the slot that holds the snapshots
+            slot = lease.slot  # every group on the slot that holds the snapshots
             try:
                 if gi == 0 and prefix and stem and (pin or len(groups) > 1):
                     r = await self._read_on(proc, lease, prefix, True, totals)
@@ -462,24 +567,35 @@ class Engine:
                 row = []
                 for oi, opt in enumerate(options):
                     r = await self._read_on(proc, lease, prefix + stem + opt, False, totals)
-                    ctx, lps = option_tokens(r.echoes, known, context_len,
-                                             where=f"groups[{gi}].options[{oi}]")
+                    ctx, lps = option_tokens(r.echoes, known, context_len, where=f"groups[{gi}].options[{oi}]")
                     row.append(OptionScore(ctx, lps, _text(opt)))
                 out.append(row)
             finally:
                 lease.close()
         counted = totals["counted"]
-        return ScoreResult(groups=out, done=None,
-                           computed=totals["computed"] if counted else None,
-                           reused=totals["reused"] if counted else None, fast=False)
+        return ScoreResult(
+            groups=out,
+            done=None,
+            computed=totals["computed"] if counted else None,
+            reused=totals["reused"] if counted else None,
+            fast=False,
+        )
 
-    async def _read_on(self, proc: EngineProcess, lease: SlotLease, text: bytes, pin: bool,
-                       totals: dict) -> ReadOut:
+    async def _read_on(self, proc: EngineProcess, lease: SlotLease, text: bytes, pin: bool, totals: dict) -> ReadOut:
         counters = bool(proc.caps.x_counters)
 
         def make(rid: int, s: int) -> Submit:
-            return Submit(id=rid, slot=s, prompt=text, max_tokens=0, temperature=0.0,
-                          top_p=1.0, logprobs=1, pin=pin, counters=counters)
+            return Submit(
+                id=rid,
+                slot=s,
+                prompt=text,
+                max_tokens=0,
+                temperature=0.0,
+                top_p=1.0,
+                logprobs=1,
+                pin=pin,
+                counters=counters,
+            )
 
         stream = self._on_lease(proc, lease, make)
         async with stream:
@@ -491,8 +607,7 @@ class Engine:
             totals["reused"] += r.done.reused
         return r
 
-    async def decide(self, record: Union[Text, dict], *, slot: int = 0,
-                     timeout: float | None = None) -> tuple[dict, Done]:
+    async def decide(self, record: Text | dict, *, slot: int = 0, timeout: float | None = None) -> tuple[dict, Done]:
         """``DECIDE`` one decision record (spec/decision-record.md) on a ``decide=1`` engine.
 
         ``record``: the JSON record as text / bytes, or a dict (serialised as
@@ -503,15 +618,16 @@ class Engine:
         engine does not advertise ``decide=1``), the engine's errors.
         """
         # spec/decision-record.md "Serialisation": json.dumps with its default separators.
-        data = (json.dumps(record, ensure_ascii=False).encode("utf-8")
-                if isinstance(record, dict) else _bytes(record, "record"))
+        data = (
+            json.dumps(record, ensure_ascii=False).encode("utf-8")
+            if isinstance(record, dict)
+            else _bytes(record, "record")
+        )
         proc = await self._sup.instance()
         if not proc.caps.decide:
-            raise RequestError("NOT_SUPPORTED",
-                               f"engine {self.name!r} does not advertise decide=1")
+            raise RequestError("NOT_SUPPORTED", f"engine {self.name!r} does not advertise decide=1")
         decision = done = None
-        stream = self.request(lambda rid, s: Decide(id=rid, slot=s, record=data), slot=slot,
-                              timeout=timeout)
+        stream = self.request(lambda rid, s: Decide(id=rid, slot=s, record=data), slot=slot, timeout=timeout)
         async with stream:
             async for ev in stream:
                 if isinstance(ev, Decision):
@@ -519,13 +635,13 @@ class Engine:
                 elif isinstance(ev, Done):
                     done = ev
         if decision is None:
-            raise EngineProtocolError(f"engine {self.name!r} ended DECIDE without a DECISION",
-                                      name=self.name)
+            raise EngineProtocolError(f"engine {self.name!r} ended DECIDE without a DECISION", name=self.name)
         try:
             parsed = orjson.loads(decision.record)
         except orjson.JSONDecodeError as exc:
-            raise EngineProtocolError(f"engine {self.name!r} sent a DECISION that is not "
-                                      f"JSON: {exc}", name=self.name) from None
+            raise EngineProtocolError(
+                f"engine {self.name!r} sent a DECISION that is not JSON: {exc}", name=self.name
+            ) from None
         return parsed, done
 
     async def ping(self, *, timeout: float | None = 10.0) -> dict[str, str]:
@@ -535,15 +651,13 @@ class Engine:
         """
         proc = await self._sup.instance()
         if not proc.caps.x_health:
-            raise RequestError("NOT_SUPPORTED",
-                               f"engine {self.name!r} does not advertise x_health=1")
+            raise RequestError("NOT_SUPPORTED", f"engine {self.name!r} does not advertise x_health=1")
         stream = self.request(lambda rid, s: Ping(id=rid), slotless=True, timeout=timeout)
         async with stream:
             async for ev in stream:
                 if isinstance(ev, Pong):
                     return dict(ev.values)
-        raise EngineProtocolError(f"engine {self.name!r} ended PING without PONG",
-                                  name=self.name)
+        raise EngineProtocolError(f"engine {self.name!r} ended PING without PONG", name=self.name)
 
 
 def _readout(events: list) -> ReadOut:
@@ -553,4 +667,3 @@ def _readout(events: list) -> ReadOut:
     if done is None:
         raise EngineProtocolError("a read-out ended without DONE")
     return ReadOut(echoes=echoes, done=done, accept=accept)
-

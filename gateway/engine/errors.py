@@ -5,6 +5,7 @@ process is gone or unusable; every request in it fails with the same one.
 :class:`RequestError` means the engine refused or failed one request and keeps
 serving the others (an ``ERROR <id> <CODE> <reason>`` frame, spec section 7).
 """
+
 from __future__ import annotations
 
 
@@ -27,8 +28,7 @@ class EngineLoadError(EngineError):
     """
 
     def __init__(self, kind: str, detail: str, *, name: str = "") -> None:
-        super().__init__(f"engine {name!r} could not load its model: "
-                         f"kind={kind} {detail}".rstrip(), name=name)
+        super().__init__(f"engine {name!r} could not load its model: kind={kind} {detail}".rstrip(), name=name)
         self.kind = kind
         self.detail = detail
 
@@ -41,8 +41,9 @@ class EngineCrashed(EngineError):
     last lines it wrote on stderr, oldest first.
     """
 
-    def __init__(self, message: str, *, name: str = "", returncode: int | None = None,
-                 stderr_tail: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, message: str, *, name: str = "", returncode: int | None = None, stderr_tail: tuple[str, ...] = ()
+    ) -> None:
         if stderr_tail:
             message += "; last stderr: " + " | ".join(stderr_tail[-3:])
         super().__init__(message, name=name)
@@ -72,8 +73,7 @@ class EngineTimeout(EngineError):
     deadline that passed.
     """
 
-    def __init__(self, message: str, *, name: str = "", what: str = "request",
-                 seconds: float = 0.0) -> None:
+    def __init__(self, message: str, *, name: str = "", what: str = "request", seconds: float = 0.0) -> None:
         super().__init__(message, name=name)
         self.what = what
         self.seconds = seconds
@@ -84,8 +84,7 @@ class EngineUnavailable(EngineError):
     gave up after its restart intensity was exceeded (``last_error`` says why
     the last process ended)."""
 
-    def __init__(self, message: str, *, name: str = "",
-                 last_error: BaseException | None = None) -> None:
+    def __init__(self, message: str, *, name: str = "", last_error: BaseException | None = None) -> None:
         super().__init__(message, name=name)
         self.last_error = last_error
 

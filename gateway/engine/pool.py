@@ -8,18 +8,19 @@ name), the one that last served the same routing key unless it is
 :data:`AFFINITY_SLACK` requests busier than the least loaded, else the least
 loaded. ``submit`` / ``read_out`` / ``score`` / ``decide`` delegate to it.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Sequence
 
 import anyio
 import attrs
 
+from gateway.engine import Engine, RequestStream
 from gateway.engine.errors import EngineUnavailable
 from gateway.engine.process import unwrap_group
-from gateway.engine import Engine, RequestStream
 
 #: Routing keys remembered for engine affinity (least recently used first out).
 AFFINITY_KEYS = 4096
@@ -87,8 +88,9 @@ class Pool:
                     async with anyio.create_task_group() as starters:
                         for i in range(len(specs)):
                             starters.start_soon(start_one, i, tg)
-                    pool = cls(engines, {s.name: s.model or getattr(caps[s.name], "model", None) or s.name
-                                         for s in specs})
+                    pool = cls(
+                        engines, {s.name: s.model or getattr(caps[s.name], "model", None) or s.name for s in specs}
+                    )
                     pool.first_caps = caps
                     yield pool
                 finally:
@@ -120,11 +122,9 @@ class Pool:
         key then moves to the engine chosen. Raises :class:`EngineUnavailable`
         when none qualifies (naming the model).
         """
-        fits = [e for e in self.engines
-                if model is None or model in (self.model_of(e), e.name)]
+        fits = [e for e in self.engines if model is None or model in (self.model_of(e), e.name)]
         if not fits:
-            raise EngineUnavailable(f"model: no engine serves {model!r}; "
-                                    f"served: {self.models()}")
+            raise EngineUnavailable(f"model: no engine serves {model!r}; served: {self.models()}")
         live = [e for e in fits if e.healthy] or [e for e in fits if not e.gave_up]
         if not live:
             raise EngineUnavailable(f"every engine for {model!r} failed for good")
@@ -139,8 +139,7 @@ class Pool:
                     self._affinity.move_to_end(key)
                     return e
         self._turn += 1
-        best = min(range(len(live)), key=lambda i: (
-            live[i].in_flight + live[i].waiting, (i - self._turn) % len(live)))
+        best = min(range(len(live)), key=lambda i: (live[i].in_flight + live[i].waiting, (i - self._turn) % len(live)))
         chosen = live[best]
         if key is not None:
             self._affinity[key] = chosen.name
@@ -163,8 +162,11 @@ class Pool:
 
     async def decide(self, record, *, model: str | None = None, **kw):
         """:meth:`Engine.decide` on a decision engine (CAPS ``decide=1``) for ``model``."""
-        fits = [e for e in self.engines if e.healthy and e.caps.decide
-                and (model is None or model in (self.model_of(e), e.name))]
+        fits = [
+            e
+            for e in self.engines
+            if e.healthy and e.caps.decide and (model is None or model in (self.model_of(e), e.name))
+        ]
         if not fits:
             raise EngineUnavailable(f"model: no healthy decision engine for {model!r}")
         return await min(fits, key=lambda e: e.in_flight + e.waiting).decide(record, **kw)

@@ -9,6 +9,7 @@ transcode of the same weights (every 2-D tensor dequantized by ggml's own
 (``fixtures/oracle.py``) to 1e-4, for about 5.5 times the file size (92 MiB -> 515
 MiB for the default model).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,9 +41,11 @@ def parse_precision(text: str) -> str:
     """``text`` when it is one of :data:`PRECISIONS`, else ``ValueError`` naming the choices and what each means."""
     if text in PRECISIONS:
         return text
-    raise ValueError(f"{text!r} is not a precision: native (the GGUF's own weight types, the default) or "
-                     "f32 (the GGUF transcoded once to F32 with llama.cpp's quantizer: logprobs within "
-                     "1e-4 of the float64 oracle, about 5.5 times the file size)")
+    raise ValueError(
+        f"{text!r} is not a precision: native (the GGUF's own weight types, the default) or "
+        "f32 (the GGUF transcoded once to F32 with llama.cpp's quantizer: logprobs within "
+        "1e-4 of the float64 oracle, about 5.5 times the file size)"
+    )
 
 
 def f32_path(source: str | Path) -> Path:
@@ -80,8 +83,9 @@ def _all_f32(path: Path, want_source: str | None = None) -> bool:
     return bool(reader.tensors) and all(int(t.tensor_type) == _F32 for t in reader.tensors)
 
 
-def ensure_f32(source: str | Path, *, threads: int | None = None, quiet: bool = False,
-               tool: str | Path | None = None) -> Path:
+def ensure_f32(
+    source: str | Path, *, threads: int | None = None, quiet: bool = False, tool: str | Path | None = None
+) -> Path:
     """The path of an all-F32 GGUF with ``source``'s weights, transcoding it on the first call.
 
     A ``source`` already all F32 is returned as it is. Otherwise :func:`f32_path` is reused when
@@ -124,8 +128,14 @@ def ensure_f32(source: str | Path, *, threads: int | None = None, quiet: bool = 
     t0 = time.monotonic()
     tail: list[str] = []
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True, errors="replace")
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+        )
         with proc:
             for line in proc.stderr:
                 tail = (tail + [line.rstrip("\n")])[-20:]
@@ -139,6 +149,8 @@ def ensure_f32(source: str | Path, *, threads: int | None = None, quiet: bool = 
         os.replace(part, target)
     finally:
         part.unlink(missing_ok=True)
-    say(f"serveproto: precision f32: wrote {target} ({target.stat().st_size / (1 << 20):.0f} MiB, "
-        f"{time.monotonic() - t0:.1f} s)")
+    say(
+        f"serveproto: precision f32: wrote {target} ({target.stat().st_size / (1 << 20):.0f} MiB, "
+        f"{time.monotonic() - t0:.1f} s)"
+    )
     return target

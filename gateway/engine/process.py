@@ -12,6 +12,7 @@ nothing for ``stall_timeout`` seconds while requests are in flight is declared
 hung the same way. It never restarts anything: that is
 :mod:`gateway.engine.supervisor`'s job.
 """
+
 from __future__ import annotations
 
 import logging
@@ -20,20 +21,37 @@ import os
 import signal
 import subprocess
 from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Callable, Sequence
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 import serveproto
-from serveproto import (Cancel, Caps, ConnectionClosed, Done, Error, GatewayConnection,
-                        LoadFail, LocalProtocolError, Ping, Pong, RemoteProtocolError, Stat,
-                        Telemetry)
-
-from gateway.engine.errors import (EngineCrashed, EngineError, EngineLoadError,
-                                    EngineProtocolError, EngineTimeout, EngineUnavailable)
+from gateway.engine.errors import (
+    EngineCrashed,
+    EngineError,
+    EngineLoadError,
+    EngineProtocolError,
+    EngineTimeout,
+    EngineUnavailable,
+)
 from gateway.engine.slots import SlotLease, SlotRouter
+from serveproto import (
+    Cancel,
+    Caps,
+    ConnectionClosed,
+    Done,
+    Error,
+    GatewayConnection,
+    LoadFail,
+    LocalProtocolError,
+    Ping,
+    Pong,
+    RemoteProtocolError,
+    Stat,
+    Telemetry,
+)
 
 log = logging.getLogger("gateway.engine")
 
@@ -94,12 +112,24 @@ class EngineProcess:
     :class:`EngineProtocolError` (garbage instead of a handshake).
     """
 
-    def __init__(self, argv: Sequence[str], *, name: str, handshake_timeout: float | None,
-                 stall_timeout: float | None, health_interval: float | None,
-                 ping_timeout: float, drain_timeout: float, term_timeout: float,
-                 env: dict[str, str] | None, cwd: str | None,
-                 on_exit: Callable[[], None] | None, stderr_lines_per_s: int,
-                 max_line: int, max_payload: int) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        name: str,
+        handshake_timeout: float | None,
+        stall_timeout: float | None,
+        health_interval: float | None,
+        ping_timeout: float,
+        drain_timeout: float,
+        term_timeout: float,
+        env: dict[str, str] | None,
+        cwd: str | None,
+        on_exit: Callable[[], None] | None,
+        stderr_lines_per_s: int,
+        max_line: int,
+        max_payload: int,
+    ) -> None:
         self.argv = [os.fspath(a) for a in argv]
         self.name = name
         self.handshake_timeout = handshake_timeout
@@ -150,8 +180,7 @@ class EngineProcess:
     @property
     def healthy(self) -> bool:
         """True while the handshake is done and the process has neither failed nor been closed."""
-        return (self.caps is not None and self._failure is None and not self._closing
-                and not self._eof)
+        return self.caps is not None and self._failure is None and not self._closing and not self._eof
 
     @property
     def responsive(self) -> bool:
@@ -183,14 +212,24 @@ class EngineProcess:
 
     @classmethod
     @asynccontextmanager
-    async def start(cls, argv: Sequence[str], *, name: str | None = None,
-                    handshake_timeout: float | None = 60.0, stall_timeout: float | None = 60.0,
-                    health_interval: float | None = None, ping_timeout: float = 30.0,
-                    drain_timeout: float = 5.0, term_timeout: float = 2.0,
-                    env: dict[str, str] | None = None, cwd: str | None = None,
-                    on_exit: Callable[[], None] | None = None, stderr_lines_per_s: int = 1000,
-                    max_line: int = 4096, max_payload: int = 64 << 20,
-                    ) -> AsyncIterator[EngineProcess]:
+    async def start(
+        cls,
+        argv: Sequence[str],
+        *,
+        name: str | None = None,
+        handshake_timeout: float | None = 60.0,
+        stall_timeout: float | None = 60.0,
+        health_interval: float | None = None,
+        ping_timeout: float = 30.0,
+        drain_timeout: float = 5.0,
+        term_timeout: float = 2.0,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        on_exit: Callable[[], None] | None = None,
+        stderr_lines_per_s: int = 1000,
+        max_line: int = 4096,
+        max_payload: int = 64 << 20,
+    ) -> AsyncIterator[EngineProcess]:
         """Start ``argv``, complete the handshake, yield the process; shut it down on exit.
 
         On exit: close stdin (EOF, the spec's graceful shutdown), wait up to
@@ -199,13 +238,22 @@ class EngineProcess:
         """
         if not argv:
             raise ValueError("argv: the engine command is empty")
-        self = cls(argv, name=name or os.path.basename(os.fspath(argv[0])),
-                   handshake_timeout=handshake_timeout, stall_timeout=stall_timeout,
-                   health_interval=health_interval, ping_timeout=ping_timeout,
-                   drain_timeout=drain_timeout,
-                   term_timeout=term_timeout, env=env, cwd=cwd,
-                   on_exit=on_exit, stderr_lines_per_s=stderr_lines_per_s,
-                   max_line=max_line, max_payload=max_payload)
+        self = cls(
+            argv,
+            name=name or os.path.basename(os.fspath(argv[0])),
+            handshake_timeout=handshake_timeout,
+            stall_timeout=stall_timeout,
+            health_interval=health_interval,
+            ping_timeout=ping_timeout,
+            drain_timeout=drain_timeout,
+            term_timeout=term_timeout,
+            env=env,
+            cwd=cwd,
+            on_exit=on_exit,
+            stderr_lines_per_s=stderr_lines_per_s,
+            max_line=max_line,
+            max_payload=max_payload,
+        )
         try:
             # A session of its own: a terminal's Ctrl-C (SIGINT to the foreground
             # process group) reaches the gateway, which decides; never the engine.
@@ -214,14 +262,20 @@ class EngineProcess:
             # handshake below is cancellable and its failure path reaps the child.
             with anyio.CancelScope(shield=True):
                 self._proc = await anyio.open_process(
-                    self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True)
+                    self.argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=env,
+                    cwd=cwd,
+                    start_new_session=True,
+                )
         except OSError as exc:
-            self._mark_failed(EngineLoadError(
-                "io", f"cannot execute {self.argv[0]!r}: {exc.strerror or exc}", name=self.name))
+            self._mark_failed(
+                EngineLoadError("io", f"cannot execute {self.argv[0]!r}: {exc.strerror or exc}", name=self.name)
+            )
             raise self._failure from exc
-        log.info("engine %s: started pid %d: %s", self.name, self._proc.pid,
-                 " ".join(self.argv))
+        log.info("engine %s: started pid %d: %s", self.name, self._proc.pid, " ".join(self.argv))
         try:
             try:
                 async with anyio.create_task_group() as tg:
@@ -230,9 +284,11 @@ class EngineProcess:
                         await self._handshake()
                     except BaseException as exc:
                         with anyio.CancelScope(shield=True):
-                            self._mark_failed(exc if isinstance(exc, EngineError) else
-                                              EngineUnavailable("start was cancelled",
-                                                                name=self.name))
+                            self._mark_failed(
+                                exc
+                                if isinstance(exc, EngineError)
+                                else EngineUnavailable("start was cancelled", name=self.name)
+                            )
                             await self._shutdown(graceful=False)
                         tg.cancel_scope.cancel()
                         raise
@@ -250,13 +306,11 @@ class EngineProcess:
         finally:
             with anyio.CancelScope(shield=True):
                 await self._proc.aclose()
-            log.info("engine %s: pid %d ended with status %s", self.name, self._proc.pid,
-                     self._proc.returncode)
+            log.info("engine %s: pid %d ended with status %s", self.name, self._proc.pid, self._proc.returncode)
 
     async def _handshake(self) -> None:
         seconds = self.handshake_timeout
-        with anyio.CancelScope(deadline=anyio.current_time() + seconds
-                               if seconds is not None else math.inf) as scope:
+        with anyio.CancelScope(deadline=anyio.current_time() + seconds if seconds is not None else math.inf) as scope:
             while self.stat is None:
                 data = await self._receive()
                 self._conn.receive_data(data)
@@ -266,7 +320,9 @@ class EngineProcess:
                     except RemoteProtocolError as exc:
                         raise EngineProtocolError(
                             f"engine {self.name!r} broke the handshake: {exc}",
-                            name=self.name, code=getattr(exc, "code", "")) from None
+                            name=self.name,
+                            code=getattr(exc, "code", ""),
+                        ) from None
                     if ev is serveproto.NEED_DATA:
                         break
                     if isinstance(ev, LoadFail):
@@ -281,8 +337,12 @@ class EngineProcess:
                     elif isinstance(ev, Telemetry):
                         log.debug("engine %s telemetry: %r", self.name, ev.line)
         if scope.cancelled_caught:
-            raise EngineTimeout(f"engine {self.name!r} sent no handshake within {seconds} s",
-                                name=self.name, what="handshake", seconds=seconds or 0.0)
+            raise EngineTimeout(
+                f"engine {self.name!r} sent no handshake within {seconds} s",
+                name=self.name,
+                what="handshake",
+                seconds=seconds or 0.0,
+            )
         if self.caps is None:
             self.caps = self._conn.caps or Caps(values={})
         self.router = SlotRouter(max(1, self.caps.slots or 1))
@@ -301,8 +361,9 @@ class EngineProcess:
             await self._stderr_done.wait()
         rc = self._proc.returncode
         status = f"exit status {rc}" if rc is not None else "still running"
-        return EngineCrashed(f"engine {self.name!r} {what} ({status})", name=self.name,
-                             returncode=rc, stderr_tail=self.stderr_tail)
+        return EngineCrashed(
+            f"engine {self.name!r} {what} ({status})", name=self.name, returncode=rc, stderr_tail=self.stderr_tail
+        )
 
     async def _shutdown(self, *, graceful: bool) -> None:
         """The ladder: EOF on stdin, drain, SIGTERM, SIGKILL; always reaps. Call shielded."""
@@ -319,8 +380,9 @@ class EngineProcess:
                         await proc.stdin.aclose()
                     await proc.wait()
                 if proc.returncode is None:
-                    log.warning("engine %s: did not exit within %.1f s of EOF; terminating",
-                                self.name, self.drain_timeout)
+                    log.warning(
+                        "engine %s: did not exit within %.1f s of EOF; terminating", self.name, self.drain_timeout
+                    )
             if proc.returncode is None:
                 _signal(proc, signal.SIGTERM)
                 _signal(proc, signal.SIGCONT)  # a stopped engine (SIGSTOP) acts on the TERM only once resumed
@@ -331,8 +393,7 @@ class EngineProcess:
                 _signal(proc, signal.SIGKILL)
                 await proc.wait()
         finally:
-            self._mark_failed(EngineUnavailable(f"engine {self.name!r} was closed",
-                                                name=self.name))
+            self._mark_failed(EngineUnavailable(f"engine {self.name!r} was closed", name=self.name))
             self._exited.set()
 
     def _mark_failed(self, exc: BaseException) -> None:
@@ -373,27 +434,35 @@ class EngineProcess:
             if scope.cancelled_caught:
                 if not self._inflight:
                     continue
-                await self._fail(EngineTimeout(
-                    f"engine {self.name!r} wrote nothing for {self.stall_timeout} s with "
-                    f"{len(self._inflight)} request(s) in flight; killed", name=self.name,
-                    what="stall", seconds=self.stall_timeout or 0.0))
+                await self._fail(
+                    EngineTimeout(
+                        f"engine {self.name!r} wrote nothing for {self.stall_timeout} s with "
+                        f"{len(self._inflight)} request(s) in flight; killed",
+                        name=self.name,
+                        what="stall",
+                        seconds=self.stall_timeout or 0.0,
+                    )
+                )
                 return
             self._conn.receive_data(data)
             while True:
                 try:
                     ev = self._conn.next_event()
                 except RemoteProtocolError as exc:
-                    await self._fail(EngineProtocolError(
-                        f"engine {self.name!r} broke the protocol: {exc}", name=self.name,
-                        code=getattr(exc, "code", "")))
+                    await self._fail(
+                        EngineProtocolError(
+                            f"engine {self.name!r} broke the protocol: {exc}",
+                            name=self.name,
+                            code=getattr(exc, "code", ""),
+                        )
+                    )
                     return
                 if ev is serveproto.NEED_DATA:
                     break
                 if isinstance(ev, ConnectionClosed):
                     self._eof = True
                     if self._closing:
-                        self._mark_failed(EngineUnavailable(
-                            f"engine {self.name!r} was closed", name=self.name))
+                        self._mark_failed(EngineUnavailable(f"engine {self.name!r} was closed", name=self.name))
                     else:
                         await self._fail(await self._crash_error("exited"))
                     return
@@ -442,7 +511,7 @@ class EngineProcess:
                     self._ping_sent = None
                     return
                 try:
-                    await req.recv.receive()    # the PONG, or the engine's failure
+                    await req.recv.receive()  # the PONG, or the engine's failure
                 except (anyio.EndOfStream, anyio.ClosedResourceError):
                     pass
             self._ping_sent = None
@@ -452,9 +521,14 @@ class EngineProcess:
             if self._failure is not None or self._closing:
                 return
             if scope.cancelled_caught:
-                await self._fail(EngineTimeout(
-                    f"engine {self.name!r} did not answer PING within {self.ping_timeout:g} s; killed",
-                    name=self.name, what="stall", seconds=self.ping_timeout))
+                await self._fail(
+                    EngineTimeout(
+                        f"engine {self.name!r} did not answer PING within {self.ping_timeout:g} s; killed",
+                        name=self.name,
+                        what="stall",
+                        seconds=self.ping_timeout,
+                    )
+                )
                 return
 
     # ------------------------------------------------------------ stderr
@@ -476,8 +550,9 @@ class EngineProcess:
             if buf:
                 self._log_stderr(buf)
             if self._dropped_lines:
-                self._stderr_log.warning("(%d stderr lines not logged: over %d lines/s)",
-                                         self._dropped_lines, self._stderr_lines_per_s)
+                self._stderr_log.warning(
+                    "(%d stderr lines not logged: over %d lines/s)", self._dropped_lines, self._stderr_lines_per_s
+                )
             self._stderr_done.set()
 
     def _log_stderr(self, line: bytes) -> None:
@@ -490,8 +565,9 @@ class EngineProcess:
         now = anyio.current_time()
         if now - self._window_start >= 1.0:
             if self._dropped_lines:
-                self._stderr_log.warning("(%d stderr lines not logged: over %d lines/s)",
-                                         self._dropped_lines, self._stderr_lines_per_s)
+                self._stderr_log.warning(
+                    "(%d stderr lines not logged: over %d lines/s)", self._dropped_lines, self._stderr_lines_per_s
+                )
             self._window_start, self._window_lines, self._dropped_lines = now, 0, 0
         if self._window_lines < self._stderr_lines_per_s:
             self._window_lines += 1
@@ -512,8 +588,9 @@ class EngineProcess:
         self._check_open()
         return await self.router.acquire(slot, key, pin)
 
-    async def begin(self, make: Callable[[int, int], object], lease: SlotLease | None, *,
-                    shield: bool = True) -> Inflight:
+    async def begin(
+        self, make: Callable[[int, int], object], lease: SlotLease | None, *, shield: bool = True
+    ) -> Inflight:
         """Send one request and return its :class:`Inflight`.
 
         ``make(id, slot)`` builds the request event (``Submit``, ``Score``, ...)
@@ -532,8 +609,7 @@ class EngineProcess:
         if lease is not None:
             lease.begin()
         if self._read_scope is not None and self.stall_timeout is not None:
-            self._read_scope.deadline = min(self._read_scope.deadline,
-                                            anyio.current_time() + self.stall_timeout)
+            self._read_scope.deadline = min(self._read_scope.deadline, anyio.current_time() + self.stall_timeout)
         try:
             with anyio.CancelScope(shield=shield):
                 await self._write(event)

@@ -7,17 +7,17 @@ A :class:`RequestStream` starts its request lazily (first ``__anext__`` or
 or a cancellation of the caller sends ``CANCEL`` and detaches, through the
 same path.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable  # noqa: UP035  (Starter below is a runtime alias)
 
 import anyio
 
-from serveproto import Done, Error, Pong
-
 from gateway.engine.errors import EngineCrashed, EngineTimeout, RequestError
 from gateway.engine.process import EngineProcess, Inflight
+from serveproto import Done, Error, Pong
 
 Starter = Callable[[], Awaitable[tuple[EngineProcess, Inflight]]]
 
@@ -73,8 +73,7 @@ class RequestStream:
         if self._finished:
             raise StopAsyncIteration
         if self._deadline is None:
-            self._deadline = (anyio.current_time() + self._timeout
-                              if self._timeout is not None else math.inf)
+            self._deadline = anyio.current_time() + self._timeout if self._timeout is not None else math.inf
         item = None
         try:
             with anyio.CancelScope(deadline=self._deadline) as scope:
@@ -83,13 +82,11 @@ class RequestStream:
                 item = await self._req.recv.receive()
         except anyio.EndOfStream:
             self._finished = True
-            raise EngineCrashed(f"request {self._req.id} ended without DONE or ERROR",
-                                name=self.name) from None
+            raise EngineCrashed(f"request {self._req.id} ended without DONE or ERROR", name=self.name) from None
         except anyio.ClosedResourceError:
             # Another task closed this stream (aclose) while we waited for its frames.
             self._finished = True
-            raise RequestError("CANCELLED", "closed by aclose() in another task",
-                               request_id=self._req.id) from None
+            raise RequestError("CANCELLED", "closed by aclose() in another task", request_id=self._req.id) from None
         except BaseException:
             # Cancelled by the caller (or anything unexpected): CANCEL, then re-raise.
             with anyio.CancelScope(shield=True):
@@ -99,8 +96,11 @@ class RequestStream:
             with anyio.CancelScope(shield=True):
                 await self.aclose()
             raise EngineTimeout(
-                f"request to engine {self.name!r} did not finish within {self._timeout} s; "
-                f"cancelled", name=self.name, what="request", seconds=self._timeout or 0.0)
+                f"request to engine {self.name!r} did not finish within {self._timeout} s; cancelled",
+                name=self.name,
+                what="request",
+                seconds=self._timeout or 0.0,
+            )
         if isinstance(item, BaseException):
             self._finish()
             raise item

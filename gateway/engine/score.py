@@ -24,10 +24,11 @@ tokens of ``prefix + stem + option`` after its longest common token prefix with
 read-out of the option's SUBMIT: the first position whose token text differs
 from the stem's read-out at that position, or that lies past the stem's end.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
@@ -63,8 +64,9 @@ class OptionScore:
         return self.logprob / len(self.logprobs) if self.logprobs else float("nan")
 
 
-def option_tokens(echoes: Iterable, known: Mapping[int, bytes], context_len: int,
-                  *, where: str = "option") -> tuple[int, tuple[float, ...]]:
+def option_tokens(
+    echoes: Iterable, known: Mapping[int, bytes], context_len: int, *, where: str = "option"
+) -> tuple[int, tuple[float, ...]]:
     """``(context_tokens, logprobs)`` of an option from its SUBMIT's ECHO read-out.
 
     ``echoes``: the option's ``Echo`` events (``position``, ``logprob``, ``text``);
@@ -81,8 +83,9 @@ def option_tokens(echoes: Iterable, known: Mapping[int, bytes], context_len: int
         if ev.position >= context_len or (text is not None and text != ev.text):
             owned = echoes[i:]
             if ev.position == 0:
-                raise RequestError("BAD_REQUEST", f"{where}: its first token is the "
-                                   "text's first token; nothing conditions it")
+                raise RequestError(
+                    "BAD_REQUEST", f"{where}: its first token is the text's first token; nothing conditions it"
+                )
             return ev.position, tuple(float(e.logprob) for e in owned)
     raise RequestError("BAD_REQUEST", f"{where}: has no token of its own after the context")
 

@@ -28,6 +28,7 @@ the slot's key, in bytes), then the least recently used: a short prompt that
 is a prefix of a long document's (the content-free reading's) goes to an
 empty slot rather than truncating the document's.
 """
+
 from __future__ import annotations
 
 import functools

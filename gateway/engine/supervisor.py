@@ -14,11 +14,12 @@ supervisor's lifetime is one cancel scope: :meth:`Supervisor.close` cancels
 it, which ends a serving process gracefully (its shutdown is shielded), a
 start in progress or a backoff at once.
 """
+
 from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Sequence
+from collections.abc import Sequence
 
 import anyio
 
@@ -39,11 +40,15 @@ class RestartPolicy:
     negative value.
     """
 
-    def __init__(self, max_restarts: int | None = 3, period: float = 60.0,
-                 backoff_initial: float = 0.1, backoff_max: float = 5.0) -> None:
-        for field, value in (("max_restarts", max_restarts), ("period", period),
-                             ("backoff_initial", backoff_initial),
-                             ("backoff_max", backoff_max)):
+    def __init__(
+        self, max_restarts: int | None = 3, period: float = 60.0, backoff_initial: float = 0.1, backoff_max: float = 5.0
+    ) -> None:
+        for field, value in (
+            ("max_restarts", max_restarts),
+            ("period", period),
+            ("backoff_initial", backoff_initial),
+            ("backoff_max", backoff_max),
+        ):
             if value is not None and value < 0:
                 raise ValueError(f"{field}: must be >= 0, got {value}")
         self.max_restarts = max_restarts
@@ -64,8 +69,7 @@ class Supervisor:
     a task group and calls :meth:`close` on exit.
     """
 
-    def __init__(self, argv: Sequence[str], *, name: str, policy: RestartPolicy,
-                 **process_kw) -> None:
+    def __init__(self, argv: Sequence[str], *, name: str, policy: RestartPolicy, **process_kw) -> None:
         self.argv = list(argv)
         self.name = name
         self.policy = policy
@@ -164,8 +168,9 @@ class Supervisor:
                     started_at = anyio.current_time()
                     served: EngineProcess | None = None
                     try:
-                        async with EngineProcess.start(self.argv, name=self.name,
-                                                       on_exit=self._on_process_exit, **self._kw) as proc:
+                        async with EngineProcess.start(
+                            self.argv, name=self.name, on_exit=self._on_process_exit, **self._kw
+                        ) as proc:
                             served = proc
                             self._current = proc
                             self._ready.set()
@@ -190,13 +195,21 @@ class Supervisor:
                         self._gave_up = EngineUnavailable(
                             f"engine {self.name!r} gave up: more than {self.policy.max_restarts} "
                             f"restart(s) within {self.policy.period} s; last error: "
-                            f"{self.last_error}", name=self.name, last_error=self.last_error)
+                            f"{self.last_error}",
+                            name=self.name,
+                            last_error=self.last_error,
+                        )
                         log.error("%s", self._gave_up)
                         return
                     consecutive += 1
                     delay = self.policy.delay(consecutive)
-                    log.warning("engine %s: restarting in %.2f s (restart %d): %s", self.name,
-                                delay, self.restarts + 1, self.last_error)
+                    log.warning(
+                        "engine %s: restarting in %.2f s (restart %d): %s",
+                        self.name,
+                        delay,
+                        self.restarts + 1,
+                        self.last_error,
+                    )
                     await anyio.sleep(delay)
                     self._restart_times.append(anyio.current_time())
                     self.restarts += 1

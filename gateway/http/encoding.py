@@ -4,6 +4,7 @@ A compressed body is small on the wire and can be large decoded (a "zip
 bomb"); every decoder here stops at ``limit + 1`` output bytes so the caller
 can answer 413 without ever holding more than that.
 """
+
 from __future__ import annotations
 
 import io
@@ -57,7 +58,11 @@ def decode_body(data: bytes, content_encoding: str | None, limit: int) -> bytes:
     codings = [c.strip().lower() for c in content_encoding.split(",") if c.strip()]
     for coding in reversed(codings):
         if coding not in SUPPORTED:
-            raise HTTPError(415, "unsupported_media_type", f"Content-Encoding {coding!r} is not supported (use one of {', '.join(SUPPORTED)})")
+            raise HTTPError(
+                415,
+                "unsupported_media_type",
+                f"Content-Encoding {coding!r} is not supported (use one of {', '.join(SUPPORTED)})",
+            )
         try:
             if coding in ("gzip", "x-gzip"):
                 data = _zlib(data, limit, 16 + zlib.MAX_WBITS)

@@ -9,6 +9,7 @@ joined to the one before). :func:`check_head` refuses them instead: the
 server answers 400 and closes the connection, so nothing after such a head
 is ever read as a request.
 """
+
 from __future__ import annotations
 
 import re
@@ -48,8 +49,9 @@ def check_head(head: bytes) -> None:
     # the split leaves the text after the final LF (empty) last; every line before it ends in LF
     for line in lines[:-1]:
         if not line.endswith(b"\r"):
-            raise FramingError("a line of the request head ends in a bare LF: end every line with CRLF "
-                               "(RFC 9112 section 2.2)")
+            raise FramingError(
+                "a line of the request head ends in a bare LF: end every line with CRLF (RFC 9112 section 2.2)"
+            )
     lines = [line[:-1] for line in lines[:-1]]
     while lines and not lines[0]:
         lines.pop(0)  # empty lines before the request line (h11 refuses them on its own)
@@ -61,8 +63,9 @@ def check_head(head: bytes) -> None:
     content_length: list[bytes] = []
     for line in fields:
         if line[:1] in (b" ", b"\t"):
-            raise FramingError("a header line starts with whitespace (obs-fold): send each field on one line "
-                               "(RFC 9112 section 5.2)")
+            raise FramingError(
+                "a header line starts with whitespace (obs-fold): send each field on one line (RFC 9112 section 5.2)"
+            )
         name, _, value = line.partition(b":")
         name = name.lower()
         if name == b"transfer-encoding":
@@ -70,20 +73,25 @@ def check_head(head: bytes) -> None:
         elif name == b"content-length":
             content_length.append(value.strip(b" \t"))
     if transfer_encoding and content_length:
-        raise FramingError("Transfer-Encoding and Content-Length together: the body's length is ambiguous; "
-                           "send one of them (RFC 9112 section 6.1)")
+        raise FramingError(
+            "Transfer-Encoding and Content-Length together: the body's length is ambiguous; "
+            "send one of them (RFC 9112 section 6.1)"
+        )
     if transfer_encoding:
         if version == b"HTTP/1.0":
-            raise FramingError("Transfer-Encoding on an HTTP/1.0 request: its framing cannot be trusted; "
-                               "send Content-Length (RFC 9112 section 6.1)")
+            raise FramingError(
+                "Transfer-Encoding on an HTTP/1.0 request: its framing cannot be trusted; "
+                "send Content-Length (RFC 9112 section 6.1)"
+            )
         codings = [c.strip(b" \t").lower() for c in b",".join(transfer_encoding).split(b",")]
         if codings[-1] != b"chunked":
             shown = b", ".join(transfer_encoding).decode("latin-1")
-            raise FramingError(f"Transfer-Encoding {shown!r} does not end in chunked: the body's length cannot be "
-                               "determined (RFC 9112 section 6.3)")
+            raise FramingError(
+                f"Transfer-Encoding {shown!r} does not end in chunked: the body's length cannot be "
+                "determined (RFC 9112 section 6.3)"
+            )
     if len(content_length) > 1:
-        raise FramingError(f"Content-Length sent {len(content_length)} times: send it once "
-                           "(RFC 9112 section 6.3)")
+        raise FramingError(f"Content-Length sent {len(content_length)} times: send it once (RFC 9112 section 6.3)")
     if content_length and not _CONTENT_LENGTH.fullmatch(content_length[0]):
         shown = content_length[0].decode("latin-1")
         raise FramingError(f"Content-Length {shown!r} is not one decimal number (RFC 9112 section 6.3)")

@@ -4,6 +4,7 @@ A handler is ``async def handler(request: Request) -> Response``. Errors a
 handler wants the client to see are raised as :class:`HTTPError`; anything
 else becomes a 500 with the request id.
 """
+
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
@@ -68,14 +69,14 @@ class Response:
     body: bytes | AsyncIterator[bytes] = b""
 
     @classmethod
-    def json(cls, value: Any, status: int = 200, headers: list[tuple[str, str]] | None = None) -> "Response":
+    def json(cls, value: Any, status: int = 200, headers: list[tuple[str, str]] | None = None) -> Response:
         """A JSON response serialised with orjson (non-finite floats are an error upstream)."""
         h = [("content-type", "application/json")]
         h.extend(headers or [])
         return cls(status, h, orjson.dumps(value))
 
     @classmethod
-    def text(cls, value: str | bytes, status: int = 200, content_type: str = "text/plain; charset=utf-8") -> "Response":
+    def text(cls, value: str | bytes, status: int = 200, content_type: str = "text/plain; charset=utf-8") -> Response:
         body = value.encode() if isinstance(value, str) else value
         return cls(status, [("content-type", content_type)], body)
 

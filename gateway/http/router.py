@@ -1,4 +1,5 @@
 """A small router: exact paths, one handler per method; 404 and 405 as JSON."""
+
 from __future__ import annotations
 
 from gateway.http.message import HTTPError, Request
@@ -39,7 +40,9 @@ class Router:
         handler = methods.get(method)
         if handler is None:
             raise HTTPError(
-                405, "method_not_allowed", f"{request.method} is not allowed on {path} (allowed: {', '.join(sorted(methods))})",
+                405,
+                "method_not_allowed",
+                f"{request.method} is not allowed on {path} (allowed: {', '.join(sorted(methods))})",
                 headers=[("allow", ", ".join(sorted(methods)))],
             )
         return path, handler

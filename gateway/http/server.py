@@ -12,6 +12,7 @@ with a bound on their output. A head whose framing RFC 9112 says to distrust
 is refused before h11 reads it (:mod:`gateway.http.framing`: 400, closed), and
 a handler's ``screen`` sees each head before its body is read (auth first).
 """
+
 from __future__ import annotations
 
 import errno
@@ -97,8 +98,14 @@ class HTTPConnection:
     task and no timeout scope: timeouts are entered only to wait for bytes.
     """
 
-    def __init__(self, stream: anyio.abc.ByteStream, handler: Handler, limits: Limits, client: str = "",
-                 on_release: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        stream: anyio.abc.ByteStream,
+        handler: Handler,
+        limits: Limits,
+        client: str = "",
+        on_release: Callable[[], None] | None = None,
+    ) -> None:
         self.stream = stream
         self._on_release = on_release  # called once, when the peer's EOF is seen or serving ends
         self.handler = handler
@@ -106,12 +113,12 @@ class HTTPConnection:
         self.limits = limits
         self.client = client
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
-        self._eof = False                                 # the reader has fed h11 the peer's EOF
-        self._arrived: anyio.Event | None = None          # set by the reader when bytes (or EOF) arrive
-        self._resume: anyio.Event | None = None           # set to wake a reader paused by READ_AHEAD
-        self._draining = False                            # closing: read and drop what the client still sends
+        self._eof = False  # the reader has fed h11 the peer's EOF
+        self._arrived: anyio.Event | None = None  # set by the reader when bytes (or EOF) arrive
+        self._resume: anyio.Event | None = None  # set to wake a reader paused by READ_AHEAD
+        self._draining = False  # closing: read and drop what the client still sends
         self._handler_scope: anyio.CancelScope | None = None
-        self._stopping = False                            # the server drains: serve no request after this one
+        self._stopping = False  # the server drains: serve no request after this one
         self._idle_scope: anyio.CancelScope | None = None  # around the keep-alive wait for the next request
 
     def stop(self) -> None:
@@ -288,10 +295,14 @@ class HTTPConnection:
         try:
             head = await self._read_head()
         except h11.RemoteProtocolError as exc:
-            await self._send_error_and_close(exc.error_status_hint, "invalid_request_error", str(exc) or "malformed request", request_id)
+            await self._send_error_and_close(
+                exc.error_status_hint, "invalid_request_error", str(exc) or "malformed request", request_id
+            )
             return False
         except TimeoutError:
-            await self._send_error_and_close(408, "request_timeout", "the request head was not received in time", request_id)
+            await self._send_error_and_close(
+                408, "request_timeout", "the request head was not received in time", request_id
+            )
             return False
         except framing.FramingError as exc:
             # Close after answering: whatever follows this head cannot be told apart from its body.
@@ -314,10 +325,14 @@ class HTTPConnection:
             else:
                 body = decode_body(raw, encoding, self.limits.max_decoded_bytes)
         except h11.RemoteProtocolError as exc:
-            await self._send_error_and_close(exc.error_status_hint, "invalid_request_error", str(exc) or "malformed request", request_id)
+            await self._send_error_and_close(
+                exc.error_status_hint, "invalid_request_error", str(exc) or "malformed request", request_id
+            )
             return False
         except TimeoutError:
-            await self._send_error_and_close(408, "request_timeout", "the request body was not received in time", request_id)
+            await self._send_error_and_close(
+                408, "request_timeout", "the request body was not received in time", request_id
+            )
             return False
         except HTTPError as exc:
             # The rest of the body may still be on the wire: answer and close.
@@ -327,12 +342,20 @@ class HTTPConnection:
         response = await self._call_watching(request)
         if response is None:
             # nginx's 499 "client closed request": no response is sent, the line says why
-            access_log.info(access_line(request, 499, time.perf_counter() - started,
-                                 {"error": "the client closed the connection; the request was cancelled"}))
+            access_log.info(
+                access_line(
+                    request,
+                    499,
+                    time.perf_counter() - started,
+                    {"error": "the client closed the connection; the request was cancelled"},
+                )
+            )
             raise _Closed()
         await self._send_response(self._finish(response, request_id, close=self._stopping), request.method == "HEAD")
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s %s %s %.1fms", request_id, request.method, request.target, (time.perf_counter() - started) * 1e3)
+            log.debug(
+                "%s %s %s %.1fms", request_id, request.method, request.target, (time.perf_counter() - started) * 1e3
+            )
         return self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
 
     def _request(self, head: h11.Request, body: bytes, request_id: str) -> Request:
@@ -504,9 +527,13 @@ class HTTPServer:
             body = orjson.dumps({"detail": {"error_type": "overloaded_error", "message": "too many connections"}})
             with anyio.CancelScope(shield=True), anyio.move_on_after(1):
                 try:
-                    await stream.send(b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\nconnection: close\r\n"
-                                      b"content-type: application/json\r\ncontent-length: "
-                                      + str(len(body)).encode() + b"\r\n\r\n" + body)
+                    await stream.send(
+                        b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\nconnection: close\r\n"
+                        b"content-type: application/json\r\ncontent-length: "
+                        + str(len(body)).encode()
+                        + b"\r\n\r\n"
+                        + body
+                    )
                     # read what the client sent: closing over unread bytes would reset the
                     # connection and could destroy the answer before the client reads it
                     await stream.send_eof()
@@ -576,8 +603,13 @@ class HTTPServer:
                 raise PortInUse(host, port) from exc
             raise
 
-    async def start(self, tg: anyio.abc.TaskGroup, host: str = "127.0.0.1", port: int = 0,
-                    listener: anyio.abc.Listener | None = None) -> int:
+    async def start(
+        self,
+        tg: anyio.abc.TaskGroup,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        listener: anyio.abc.Listener | None = None,
+    ) -> int:
         """Serve in ``tg`` on ``listener``, or on a new one bound to ``host:port``. Returns the bound port."""
         if listener is None:
             listener = await self.bind(host, port)

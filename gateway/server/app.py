@@ -8,6 +8,7 @@ HTTP error :func:`gateway.server.errors.http_error` says (validation and
 refusals 422, the engine's per-request errors by their protocol code, an
 engine that is down 503 with ``Retry-After``), anything else a logged 500.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -22,10 +23,10 @@ import orjson
 from gateway.decision import pipeline
 from gateway.decision.chat_template import ChatTemplate, read_gguf
 from gateway.http import HTTPError, Request, Response, Router, access_line
-from gateway.server.metrics import Metrics
 from gateway.server import auth, routes_jev, routes_openai, routes_ops, routing
 from gateway.server.errors import RETRY_AFTER, http_error, log_note
 from gateway.server.fleet import Backend, Served
+from gateway.server.metrics import Metrics
 
 log = logging.getLogger("serveproto.access")
 
@@ -64,7 +65,7 @@ class ModelInfo:
     pieces: list[bytes] | None = None
 
     @classmethod
-    def load(cls, caps_model: str | None, path: str | Path | None = None) -> "ModelInfo":
+    def load(cls, caps_model: str | None, path: str | Path | None = None) -> ModelInfo:
         """From the engine's CAPS ``model`` and, when given, the GGUF (its chat template and file date).
 
         Blocking (reads the GGUF's metadata): call it in a worker thread.
@@ -79,8 +80,14 @@ class ModelInfo:
             date = _dt.date.fromtimestamp(p.stat().st_mtime).isoformat()
             if not caps_model:
                 name = p.stem
-        return cls(name, date, f"{name} served by serveproto: calibrated System One decisions by scoring options", template,
-                   None if path is None else str(path), pieces)
+        return cls(
+            name,
+            date,
+            f"{name} served by serveproto: calibrated System One decisions by scoring options",
+            template,
+            None if path is None else str(path),
+            pieces,
+        )
 
 
 class App:
@@ -107,8 +114,16 @@ class App:
     :class:`gateway.decision.decision_log.DecisionLog` or None, the server's).
     """
 
-    def __init__(self, engine: Any, model: "ModelInfo | dict[str, Served]", *, api_key: str | None = None,
-                 request_timeout: float = 120.0, max_inflight: int = 256, debias: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        model: ModelInfo | dict[str, Served],
+        *,
+        api_key: str | None = None,
+        request_timeout: float = 120.0,
+        max_inflight: int = 256,
+        debias: tuple[str, ...] = (),
+    ) -> None:
         self.max_inflight = max_inflight
         self.inflight = 0
         self.api_key = api_key
@@ -134,9 +149,15 @@ class App:
         self.default = next(iter(self.served))
         for s in self.served.values():
             s.settings.timeout = request_timeout
-        self.backends = [Backend(e, self.served[self.pool.model_of(e)] if self.pool is not None else self.served[self.default],
-                                 metrics=self.metrics, memory=pipeline.Memory())
-                         for e in engines]
+        self.backends = [
+            Backend(
+                e,
+                self.served[self.pool.model_of(e)] if self.pool is not None else self.served[self.default],
+                metrics=self.metrics,
+                memory=pipeline.Memory(),
+            )
+            for e in engines
+        ]
         self._by_engine = {id(b.engine): b for b in self.backends}
         self.decision_log = None
         self.router = Router()
@@ -265,8 +286,12 @@ class App:
                 auth.check(request, self.api_key)
             if request.method == "POST":
                 if self.inflight >= self.max_inflight:
-                    raise HTTPError(503, "overloaded_error", f"{self.inflight} requests are being served; retry shortly",
-                                    headers=[("retry-after", RETRY_AFTER)])
+                    raise HTTPError(
+                        503,
+                        "overloaded_error",
+                        f"{self.inflight} requests are being served; retry shortly",
+                        headers=[("retry-after", RETRY_AFTER)],
+                    )
                 self.inflight += 1
                 try:
                     response = await handler(request)

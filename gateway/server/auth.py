@@ -4,6 +4,7 @@ With no key configured every request passes (the SDKs always send some bearer
 token). With a key, a missing, malformed or wrong one is a 401
 ``authentication_error``.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -31,7 +32,11 @@ def check(request: Request, api_key: str | None) -> None:
     header = request.header("authorization") or ""
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token:
-        raise HTTPError(401, "authentication_error", "missing API key: send 'Authorization: Bearer <key>'",
-                        headers=[("www-authenticate", "Bearer")])
+        raise HTTPError(
+            401,
+            "authentication_error",
+            "missing API key: send 'Authorization: Bearer <key>'",
+            headers=[("www-authenticate", "Bearer")],
+        )
     if not hmac.compare_digest(token.strip().encode("utf-8"), api_key.encode("utf-8")):
         raise HTTPError(401, "authentication_error", "invalid API key", headers=[("www-authenticate", "Bearer")])

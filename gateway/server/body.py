@@ -1,4 +1,5 @@
 """A request body as JSON: decoded by orjson, refused with Jev's 422 shape, a repeated key refused."""
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,9 @@ def parse_json(request: Request) -> Any:
         msg = f"The key {key!r} is sent more than once in this object: send it once"
         param = ".".join(map(str, loc[1:]))
         detail = [{"loc": loc, "msg": msg, "type": "duplicate_key"}]
-        raise HTTPError(422, "invalid_request_error", f"{param}: {msg}",
-                        body=validation_body(detail, f"body.{param}: {msg}", param))
+        raise HTTPError(
+            422, "invalid_request_error", f"{param}: {msg}", body=validation_body(detail, f"body.{param}: {msg}", param)
+        )
     return value
 
 
@@ -73,6 +75,8 @@ def duplicate_key(body: bytes) -> tuple[list[Any], str] | None:
         path, node = stack.pop()
         if isinstance(node, _Repeats):
             return path, node.repeated
-        children = list(node.items()) if isinstance(node, dict) else list(enumerate(node)) if isinstance(node, list) else []
+        children = (
+            list(node.items()) if isinstance(node, dict) else list(enumerate(node)) if isinstance(node, list) else []
+        )
         stack.extend((path + [k], v) for k, v in reversed(children))
     return None

@@ -4,6 +4,7 @@
 the request's validation), the engine's (:mod:`gateway.engine.errors`) and the routes'
 own :class:`HTTPError`; :func:`validation_body` is the shape of every 422 body.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -68,8 +69,12 @@ def engine_http_error(exc: EngineError | RequestError) -> HTTPError:
             field, _, why = reason.partition(": ")
             loc = ["body", *[p for p in field.split(".") if p]] if why else ["body"]
             detail = [{"loc": loc, "msg": why or reason or "refused by the decision engine", "type": "decide_invalid"}]
-            return HTTPError(422, "invalid_request_error", reason,
-                             body=validation_body(detail, reason or "refused by the decision engine", ".".join(loc[1:])))
+            return HTTPError(
+                422,
+                "invalid_request_error",
+                reason,
+                body=validation_body(detail, reason or "refused by the decision engine", ".".join(loc[1:])),
+            )
         if code == "DECIDE_FAILED":
             return HTTPError(500, "api_error", f"the decision engine failed: {reason}")
         if code in ("SLOT_BUSY", "CANCELLED"):

@@ -8,6 +8,7 @@ through (``engine``, ``caps``, ``model``, ``prompts``, ``debias``,
 scoring memory (which states and fixed prefixes it holds as snapshots).
 :meth:`gateway.server.app.App.backend` picks one per request.
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,8 +28,9 @@ class Served:
     or None), ``model_sha256`` (the GGUF's, for the decision log; None when unknown) and the
     :class:`PromptBuilder` of its chat template (ChatML when the template is unusable)."""
 
-    def __init__(self, info: Any, debias: tuple[str, ...] = (), calibration: Any = None,
-                 model_sha256: str | None = None) -> None:
+    def __init__(
+        self, info: Any, debias: tuple[str, ...] = (), calibration: Any = None, model_sha256: str | None = None
+    ) -> None:
         self.info = info
         self.model_sha256 = model_sha256
         try:
@@ -125,7 +127,12 @@ class Backend:
         eng = self.engine
         state = getattr(eng, "state", None)
         healthy = bool(getattr(eng, "healthy", True))
-        return {"name": self.name, "model": self.served.name,
-                "state": state if isinstance(state, str) else ("serving" if healthy else "unavailable"),
-                "healthy": healthy, "restarts": int(getattr(eng, "restarts", 0) or 0),
-                "in_flight": int(getattr(eng, "in_flight", 0) or 0), "waiting": int(getattr(eng, "waiting", 0) or 0)}
+        return {
+            "name": self.name,
+            "model": self.served.name,
+            "state": state if isinstance(state, str) else ("serving" if healthy else "unavailable"),
+            "healthy": healthy,
+            "restarts": int(getattr(eng, "restarts", 0) or 0),
+            "in_flight": int(getattr(eng, "in_flight", 0) or 0),
+            "waiting": int(getattr(eng, "waiting", 0) or 0),
+        }

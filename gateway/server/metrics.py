@@ -6,12 +6,12 @@ type and path, the engine's restarts and health (read from the engine at
 scrape time), and the same per engine process (labels ``engine`` and ``model``:
 up, restarts, requests in flight and waiting, requests routed to it).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 #: Latency buckets in seconds: sub-millisecond gateway work up to cold model prefills.
@@ -21,25 +21,44 @@ BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 class Metrics:
     """The server's metrics. ``render()`` gives the text exposition format and its content type."""
 
-    def __init__(self, engine_restarts: Callable[[], float] | None = None, engine_up: Callable[[], float] | None = None,
-                 engines: Callable[[], list[dict]] | None = None) -> None:
+    def __init__(
+        self,
+        engine_restarts: Callable[[], float] | None = None,
+        engine_up: Callable[[], float] | None = None,
+        engines: Callable[[], list[dict]] | None = None,
+    ) -> None:
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("serveproto_http_requests", "HTTP requests answered", ["route", "method", "status"], registry=r)
-        self.latency = Histogram("serveproto_http_request_duration_seconds", "Time from a request's head to its answer",
-                                 ["route"], buckets=BUCKETS, registry=r)
-        self.positions = Counter("serveproto_prompt_positions", "Prompt positions the engine computed or reused",
-                                 ["kind"], registry=r)
-        self.snapshots = Counter("serveproto_snapshots", "Snapshot outcomes of scoring requests", ["result"], registry=r)
+        self.requests = Counter(
+            "serveproto_http_requests", "HTTP requests answered", ["route", "method", "status"], registry=r
+        )
+        self.latency = Histogram(
+            "serveproto_http_request_duration_seconds",
+            "Time from a request's head to its answer",
+            ["route"],
+            buckets=BUCKETS,
+            registry=r,
+        )
+        self.positions = Counter(
+            "serveproto_prompt_positions", "Prompt positions the engine computed or reused", ["kind"], registry=r
+        )
+        self.snapshots = Counter(
+            "serveproto_snapshots", "Snapshot outcomes of scoring requests", ["result"], registry=r
+        )
         self.questions = Counter("serveproto_questions", "Questions answered", ["type", "path"], registry=r)
-        self.option_tokens = Counter("serveproto_option_tokens", "Option tokens read (scored, not generated)", registry=r)
-        self.generated = Counter("serveproto_generated_tokens", "Tokens generated on the chat and completion routes", registry=r)
+        self.option_tokens = Counter(
+            "serveproto_option_tokens", "Option tokens read (scored, not generated)", registry=r
+        )
+        self.generated = Counter(
+            "serveproto_generated_tokens", "Tokens generated on the chat and completion routes", registry=r
+        )
         self._children: dict = {}
         restarts = Gauge("serveproto_engine_restarts", "Times the engine process was restarted", registry=r)
         up = Gauge("serveproto_engine_up", "1 when the engine is healthy", registry=r)
         restarts.set_function(engine_restarts or (lambda: 0.0))
         up.set_function(engine_up or (lambda: 1.0))
-        self.routed = Counter("serveproto_engine_requests", "Requests routed to each engine process",
-                              ["engine", "model"], registry=r)
+        self.routed = Counter(
+            "serveproto_engine_requests", "Requests routed to each engine process", ["engine", "model"], registry=r
+        )
         if engines is not None:
             r.register(_PerEngine(engines))
 
@@ -67,10 +86,12 @@ class _PerEngine:
     """Gauges read from every engine at scrape time: ``serveproto_engine_process_{up,restarts,in_flight,waiting}``
     labelled ``engine`` and ``model``; ``engines()`` gives ``gateway.server.fleet.Backend.status`` dicts."""
 
-    FIELDS = (("up", "1 when the engine process is healthy", "healthy"),
-              ("restarts", "Times the engine process was restarted", "restarts"),
-              ("in_flight", "Requests on the engine process now", "in_flight"),
-              ("waiting", "Requests queued for the engine process's slots", "waiting"))
+    FIELDS = (
+        ("up", "1 when the engine process is healthy", "healthy"),
+        ("restarts", "Times the engine process was restarted", "restarts"),
+        ("in_flight", "Requests on the engine process now", "in_flight"),
+        ("waiting", "Requests queued for the engine process's slots", "waiting"),
+    )
 
     def __init__(self, engines: Callable[[], list[dict]]) -> None:
         self.engines = engines

@@ -7,6 +7,7 @@ or :func:`parse_decisions` for the OpenAI shape), answered by the decision pipel
 and written in the route's reply shape. What the pipeline raises is mapped to HTTP by
 :mod:`gateway.server.errors` (``/v1/decisions`` gives a refusal OpenAI's envelope).
 """
+
 from __future__ import annotations
 
 import time
@@ -20,13 +21,14 @@ from gateway.decision.pipeline import Decided
 from gateway.decision.prompts import as_text
 from gateway.http import HTTPError, Request, Response
 from gateway.server.body import parse_json
-from gateway.server.routing import HEADER as ROUTE_HEADER, routing_key
+from gateway.server.routing import HEADER as ROUTE_HEADER
+from gateway.server.routing import routing_key
 
 if TYPE_CHECKING:
     from gateway.server.app import App
 
 
-async def decide(app: "App", parsed: SystemOneRequest) -> Decided:
+async def decide(app: App, parsed: SystemOneRequest) -> Decided:
     """The decision pipeline on one parsed request, counted in the app's metrics; ``app`` is the app or
     the :class:`gateway.server.fleet.Backend` the request was routed to (its engine, settings and memory)."""
     decided = await pipeline.decide(parsed, app.engine, app.settings, app.memory)
@@ -38,29 +40,42 @@ async def decide(app: "App", parsed: SystemOneRequest) -> Decided:
     return decided
 
 
-def log_decisions(app: "App", request_id: str, parsed: SystemOneRequest, decided: Decided) -> None:
+def log_decisions(app: App, request_id: str, parsed: SystemOneRequest, decided: Decided) -> None:
     """Append the request's answers to the server's decision log, when it keeps one (``--log-decisions``)."""
     if app.decision_log is None:
         return
-    config = {"model": app.model.name, "model_sha256": app.model_sha256, "x_debias": list(decided.debias),
-              "normalize": parsed.normalize}
-    app.decision_log.write(decision_log.lines(request_id, parsed.questions, decided.probs, decided.uncalibrated,
-                                              config, decided.calibration))
+    config = {
+        "model": app.model.name,
+        "model_sha256": app.model_sha256,
+        "x_debias": list(decided.debias),
+        "normalize": parsed.normalize,
+    }
+    app.decision_log.write(
+        decision_log.lines(
+            request_id, parsed.questions, decided.probs, decided.uncalibrated, config, decided.calibration
+        )
+    )
 
 
 def _headers(request: Request, decided: Decided) -> list[tuple[str, str]]:
     return [("x-serveproto-engine-ms", f"{decided.engine_ms:.3f}"), ("x-serveproto-path", decided.path)]
 
 
-async def systemone(app: "App", request: Request) -> Response:
+async def systemone(app: App, request: Request) -> Response:
     parsed = jev.parse_request(parse_json(request))
     key = routing_key(parsed.state, parsed.prefix)
     here = app.backend(parsed.model, key)  # the model named (else the default), by state affinity then load
     decided = await decide(here, parsed)
     log_decisions(here, request.request_id, parsed, decided)
-    answers = {q.id: {**jev.answer(q, decided.probs[q.id]), "x_calibration": decided.calibration.get(q.id, IDENTITY)}
-               for q in parsed.questions}
-    extra: dict[str, Any] = {"x_request_id": request.request_id, "x_engine_ms": round(decided.engine_ms, 3), "x_path": decided.path}
+    answers = {
+        q.id: {**jev.answer(q, decided.probs[q.id]), "x_calibration": decided.calibration.get(q.id, IDENTITY)}
+        for q in parsed.questions
+    }
+    extra: dict[str, Any] = {
+        "x_request_id": request.request_id,
+        "x_engine_ms": round(decided.engine_ms, 3),
+        "x_path": decided.path,
+    }
     if decided.computed is not None:
         extra["x_positions"] = {"computed": decided.computed, "reused": decided.reused, "snapshot": decided.snapshot}
     if decided.debias:
@@ -77,9 +92,15 @@ _OPENAI_TYPES = {"predicate": "noul", "choice": "choice", "score": "score"}
 
 
 def _openai_error(message: str, param: str) -> HTTPError:
-    return HTTPError(400, "invalid_request_error", message,
-                     body={"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None},
-                           "detail": {"error_type": "invalid_request_error", "message": message}})
+    return HTTPError(
+        400,
+        "invalid_request_error",
+        message,
+        body={
+            "error": {"message": message, "type": "invalid_request_error", "param": param, "code": None},
+            "detail": {"error_type": "invalid_request_error", "message": message},
+        },
+    )
 
 
 def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
@@ -114,9 +135,13 @@ def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
             crit = {}
             for j, c in enumerate(choices):
                 if not isinstance(c, dict) or not isinstance(c.get("value"), str) or not c["value"]:
-                    raise _openai_error(f"{param}.choices[{j}].value must be a non-empty string", f"{param}.choices[{j}].value")
+                    raise _openai_error(
+                        f"{param}.choices[{j}].value must be a non-empty string", f"{param}.choices[{j}].value"
+                    )
                 if c["value"] in crit:
-                    raise _openai_error(f"{param}.choices[{j}].value repeats {c['value']!r}", f"{param}.choices[{j}].value")
+                    raise _openai_error(
+                        f"{param}.choices[{j}].value repeats {c['value']!r}", f"{param}.choices[{j}].value"
+                    )
                 crit[c["value"]] = c.get("description")
             jq["criteria"] = crit
         elif q["type"] == "score":
@@ -133,7 +158,9 @@ def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
         converted[str(i)] = jq
     try:
         extension = {"x_debias": body["x_debias"]} if "x_debias" in body else {}
-        parsed = jev.parse_request({"state": body["input"], "questions": converted, "model": body.get("model"), **extension})
+        parsed = jev.parse_request(
+            {"state": body["input"], "questions": converted, "model": body.get("model"), **extension}
+        )
     except JevValidationError as exc:
         e = exc.errors[0]
         loc = e["loc"][1:]
@@ -155,15 +182,18 @@ def _openai_param(loc: list, sent: list[dict[str, Any]]) -> str:
     if rest[:1] == ["criteria"]:
         if q.get("type") == "choice":
             values = [c.get("value") for c in q.get("choices", [])]
-            return f"{param}.choices[{values.index(rest[1])}].value" if len(rest) > 1 and rest[1] in values \
+            return (
+                f"{param}.choices[{values.index(rest[1])}].value"
+                if len(rest) > 1 and rest[1] in values
                 else f"{param}.choices"
+            )
         if q.get("type") == "score":
             return f"{param}.levels[{rest[1]}]" if len(rest) > 1 else f"{param}.levels"
         return param
     return ".".join([param, *map(str, rest)])
 
 
-async def decisions(app: "App", request: Request) -> Response:
+async def decisions(app: App, request: Request) -> Response:
     parsed, sent = parse_decisions(parse_json(request))
     key = routing_key(parsed.state, parsed.prefix)
     here = app.backend(parsed.model, key)
@@ -184,20 +214,33 @@ async def decisions(app: "App", request: Request) -> Response:
         elif q.type == "choice":
             labels = list(q.criteria)
             best = max(range(len(p)), key=lambda i: (p[i], -i))
-            a.update(choice=labels[best], probabilities=[{"value": v, "probability": p[i]} for i, v in enumerate(labels)],
-                     confidence=scoring.r6(scoring.confidence(p)))
+            a.update(
+                choice=labels[best],
+                probabilities=[{"value": v, "probability": p[i]} for i, v in enumerate(labels)],
+                confidence=scoring.r6(scoring.confidence(p)),
+            )
         else:
-            a.update(score=scoring.r6(scoring.expected_level(p)),
-                     probabilities=[{"value": i, "label": lv["label"], "probability": p[i]} for i, lv in enumerate(raw["levels"])],
-                     confidence=scoring.r6(scoring.confidence(p)))
+            a.update(
+                score=scoring.r6(scoring.expected_level(p)),
+                probabilities=[
+                    {"value": i, "label": lv["label"], "probability": p[i]} for i, lv in enumerate(raw["levels"])
+                ],
+                confidence=scoring.r6(scoring.confidence(p)),
+            )
         a["x_calibration"] = decided.calibration.get(q.id, IDENTITY)
         answers.append(a)
-    body = {"id": request.request_id, "object": "decision", "created": int(time.time()), "model": here.model.name,
-            "answers": answers, "usage": {"input_tokens": decided.input_tokens, "output_tokens": decided.output_tokens}}
+    body = {
+        "id": request.request_id,
+        "object": "decision",
+        "created": int(time.time()),
+        "model": here.model.name,
+        "answers": answers,
+        "usage": {"input_tokens": decided.input_tokens, "output_tokens": decided.output_tokens},
+    }
     return Response.json(body, headers=_headers(request, decided) + [(ROUTE_HEADER, key)])
 
 
-def register(app: "App") -> None:
+def register(app: App) -> None:
     async def _systemone(request: Request) -> Response:
         return await systemone(app, request)
 

@@ -9,6 +9,7 @@ chunk, a whole reply merges the same choices into one, so the two carry the same
 logprobs. An engine with ``chat=0`` generates nothing: these routes answer 400 with a pointer to
 ``/v1/systemone``.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -23,11 +24,11 @@ import attrs
 import orjson
 
 from gateway.decision import refusals
-from gateway.server.body import parse_json
-from gateway.server.errors import engine_http_error
 from gateway.decision.chat_template import TemplateError
 from gateway.engine import EngineError, RequestError
 from gateway.http import HTTPError, Request, Response
+from gateway.server.body import parse_json
+from gateway.server.errors import engine_http_error
 from gateway.server.routes_ops import capabilities
 from serveproto import Accept, Data, Done, Echo
 
@@ -53,14 +54,22 @@ Item = tuple[str, Any, Any]
 
 def _bad(message: str, param: str | None = None) -> HTTPError:
     """A 400 in OpenAI's error envelope, with Jev's ``detail`` beside it (each client reads its own)."""
-    return HTTPError(400, "invalid_request_error", message,
-                     body={"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None},
-                           "detail": {"error_type": "invalid_request_error", "message": message}})
+    return HTTPError(
+        400,
+        "invalid_request_error",
+        message,
+        body={
+            "error": {"message": message, "type": "invalid_request_error", "param": param, "code": None},
+            "detail": {"error_type": "invalid_request_error", "message": message},
+        },
+    )
 
 
-def _require_chat(app: "App") -> None:
+def _require_chat(app: App) -> None:
     if not app.caps.chat:
-        raise _bad(f"{app.model.name} is a decision engine: it generates nothing. Ask it with POST /v1/systemone.", "model")
+        raise _bad(
+            f"{app.model.name} is a decision engine: it generates nothing. Ask it with POST /v1/systemone.", "model"
+        )
 
 
 def _body(request: Request) -> dict:
@@ -121,12 +130,18 @@ def _stops(body: dict) -> list[str]:
     raise _bad("'stop' must be a string or an array of up to 4 strings", "stop")
 
 
-def _sampling(app: "App", body: dict) -> dict[str, Any]:
+def _sampling(app: App, body: dict) -> dict[str, Any]:
     n_ctx = int(app.caps.n_ctx or 1 << 20)
     return {
         # the default is capped by the context: a field the client did not send is never refused
-        "max_tokens": _number(body, "max_tokens", body.get("max_completion_tokens") or min(DEFAULT_MAX_TOKENS, n_ctx),
-                              1, n_ctx, integer=True),
+        "max_tokens": _number(
+            body,
+            "max_tokens",
+            body.get("max_completion_tokens") or min(DEFAULT_MAX_TOKENS, n_ctx),
+            1,
+            n_ctx,
+            integer=True,
+        ),
         "temperature": float(_number(body, "temperature", 0.0, 0.0, 2.0)),
         "top_p": float(_number(body, "top_p", 1.0, 1e-9, 1.0)),
     }
@@ -151,9 +166,11 @@ class StopScan:
         if cut >= 0:
             self.held = ""
             return buf[:cut], True
-        keep = max((n for s in self.stops for n in range(min(len(s) - 1, len(buf)), 0, -1) if buf.endswith(s[:n])), default=0)
-        self.held = buf[len(buf) - keep:] if keep else ""
-        return buf[:len(buf) - keep], False
+        keep = max(
+            (n for s in self.stops for n in range(min(len(s) - 1, len(buf)), 0, -1) if buf.endswith(s[:n])), default=0
+        )
+        self.held = buf[len(buf) - keep :] if keep else ""
+        return buf[: len(buf) - keep], False
 
     def flush(self) -> str:
         held, self.held = self.held, ""
@@ -169,11 +186,16 @@ class Tally:
     completion_tokens: int = 0
 
     def usage(self) -> dict[str, int]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
 
 
-async def _generate(app: "App", prompt: str, params: dict, stops: list[str], logprobs: int, tally: Tally) -> AsyncIterator[Item]:
+async def _generate(
+    app: App, prompt: str, params: dict, stops: list[str], logprobs: int, tally: Tally
+) -> AsyncIterator[Item]:
     """Generate from ``prompt``: ``("readout", None, echo)`` per prompt position the engine reads out
     (when ``logprobs`` > 0), then the :data:`Item` s ``text`` ... ``done``; counts tokens into ``tally``.
 
@@ -183,8 +205,15 @@ async def _generate(app: "App", prompt: str, params: dict, stops: list[str], log
     """
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     scan = StopScan(stops)
-    agen = app.engine.submit(prompt, max_tokens=params["max_tokens"], temperature=params["temperature"],
-                             top_p=params["top_p"], logprobs=logprobs, pin=False, slot=None)
+    agen = app.engine.submit(
+        prompt,
+        max_tokens=params["max_tokens"],
+        temperature=params["temperature"],
+        top_p=params["top_p"],
+        logprobs=logprobs,
+        pin=False,
+        slot=None,
+    )
     try:
         async for ev in agen:
             if isinstance(ev, Data):
@@ -252,9 +281,15 @@ def _piece(pieces: list[bytes] | None, tid: int) -> bytes:
 
 def _chat_logprob(raw: bytes, logprob: float, top, pieces: list[bytes] | None) -> dict:
     """One entry of OpenAI's chat ``logprobs.content``: the token, its logprob, its bytes, the top alternatives."""
-    return {"token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw),
-            "top_logprobs": [{"token": _piece(pieces, t).decode("utf-8", "replace"), "logprob": lp, "bytes": list(_piece(pieces, t))}
-                             for t, lp in top]}
+    return {
+        "token": raw.decode("utf-8", "replace"),
+        "logprob": logprob,
+        "bytes": list(raw),
+        "top_logprobs": [
+            {"token": _piece(pieces, t).decode("utf-8", "replace"), "logprob": lp, "bytes": list(_piece(pieces, t))}
+            for t, lp in top
+        ],
+    }
 
 
 def _top(ev, k: int, pieces: list[bytes] | None) -> dict[str, float] | None:
@@ -297,7 +332,7 @@ class ChatChunks:
             return []
         lp = None
         if self.top_n is not None and ev is not None and ev.logprob is not None:
-            lp = {"content": [_chat_logprob(bytes(ev.text), ev.logprob, ev.top[:self.top_n], self.pieces)]}
+            lp = {"content": [_chat_logprob(bytes(ev.text), ev.logprob, ev.top[: self.top_n], self.pieces)]}
         if not value and lp is None:
             return []
         return [{"index": 0, "delta": {"content": value}, "logprobs": lp, "finish_reason": None}]
@@ -305,8 +340,12 @@ class ChatChunks:
     def whole(self, choices: list[dict]) -> dict:
         content = "".join(c["delta"].get("content", "") for c in choices)
         lps = [e for c in choices if c["logprobs"] for e in c["logprobs"]["content"]]
-        return {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": choices[-1]["finish_reason"],
-                "logprobs": {"content": lps} if self.top_n is not None else None}
+        return {
+            "index": 0,
+            "message": {"role": "assistant", "content": content},
+            "finish_reason": choices[-1]["finish_reason"],
+            "logprobs": {"content": lps} if self.top_n is not None else None,
+        }
 
 
 class CompletionChunks:
@@ -350,16 +389,24 @@ class CompletionChunks:
             for token, _, _ in rows:
                 offsets.append(self.offset)
                 self.offset += len(token)
-            lp = {"tokens": [r[0] for r in rows], "token_logprobs": [r[1] for r in rows],
-                  "top_logprobs": [r[2] for r in rows], "text_offset": offsets}
+            lp = {
+                "tokens": [r[0] for r in rows],
+                "token_logprobs": [r[1] for r in rows],
+                "top_logprobs": [r[2] for r in rows],
+                "text_offset": offsets,
+            }
         return {"text": text, "index": 0, "logprobs": lp, "finish_reason": None}
 
     def whole(self, choices: list[dict]) -> dict:
         lp = None
         if self.k is not None:
             lp = {key: [x for c in choices if c["logprobs"] for x in c["logprobs"][key]] for key in LOGPROB_KEYS}
-        return {"text": "".join(c["text"] for c in choices), "index": 0, "logprobs": lp,
-                "finish_reason": choices[-1]["finish_reason"]}
+        return {
+            "text": "".join(c["text"] for c in choices),
+            "index": 0,
+            "logprobs": lp,
+            "finish_reason": choices[-1]["finish_reason"],
+        }
 
 
 def _stream_error(exc: Exception, request_id: str) -> dict:
@@ -374,7 +421,7 @@ def _stream_error(exc: Exception, request_id: str) -> dict:
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}
 
 
-def _prompt_refusal(app: "App", exc: BaseException, param: str) -> HTTPError | None:
+def _prompt_refusal(app: App, exc: BaseException, param: str) -> HTTPError | None:
     """A 400 naming ``param`` (the request's field the prompt came from) for the engine's refusal of a
     prompt longer than its context, with the engine's token counts; None for any other error."""
     reason = getattr(exc, "reason", "") or ""
@@ -385,8 +432,18 @@ def _prompt_refusal(app: "App", exc: BaseException, param: str) -> HTTPError | N
     return _bad(f"'{param}': the prompt is longer than the engine's context{limit} (the engine said: {reason})", param)
 
 
-async def _reply(app: "App", request: Request, body: dict, items: AsyncIterator[Item], shape: Chunks, tally: Tally, *,
-                 ident: str, objects: tuple[str, str], param: str) -> Response:
+async def _reply(
+    app: App,
+    request: Request,
+    body: dict,
+    items: AsyncIterator[Item],
+    shape: Chunks,
+    tally: Tally,
+    *,
+    ident: str,
+    objects: tuple[str, str],
+    param: str,
+) -> Response:
     """Answer from ``items``: one JSON reply, or (``stream: true``) SSE chunks then ``data: [DONE]``.
 
     ``objects``: the ``object`` of the whole reply and of a chunk. A stream
@@ -448,7 +505,7 @@ async def _reply(app: "App", request: Request, body: dict, items: AsyncIterator[
     return Response(200, [("content-type", "text/event-stream"), ("cache-control", "no-cache")], events())
 
 
-async def chat_completions(app: "App", request: Request) -> Response:
+async def chat_completions(app: App, request: Request) -> Response:
     """``POST /v1/chat/completions``: the messages through the model's chat template, generated whole or streamed.
     ``model`` picks a served model (any other name: the default), then its least loaded engine."""
     body = _body(request)
@@ -466,12 +523,20 @@ async def chat_completions(app: "App", request: Request) -> Response:
         raise _bad(f"the model's chat template refuses these messages: {exc}", "messages") from None
     tally = Tally()
     items = _generate(app, prompt, params, stops, max(1, top_n) if want_lp else 0, tally)
-    return await _reply(app, request, body, items, ChatChunks(top_n, app.model.pieces), tally,
-                        ident="chatcmpl-" + request.request_id[4:], objects=("chat.completion", "chat.completion.chunk"),
-                        param="messages")
+    return await _reply(
+        app,
+        request,
+        body,
+        items,
+        ChatChunks(top_n, app.model.pieces),
+        tally,
+        ident="chatcmpl-" + request.request_id[4:],
+        objects=("chat.completion", "chat.completion.chunk"),
+        param="messages",
+    )
 
 
-async def full_readout(app: "App", prompt: str, k: int, echoes: list) -> list:
+async def full_readout(app: App, prompt: str, k: int, echoes: list) -> list:
     """The read-out of every position of ``prompt``, given the ``echoes`` the engine sent.
 
     The engine reads out from the end of the deepest snapshot it restored
@@ -491,9 +556,15 @@ async def full_readout(app: "App", prompt: str, k: int, echoes: list) -> list:
         head = data[: len(data) - tail]
         if not head:
             break
-        part = await app.engine.read_out(head.decode("utf-8", "surrogateescape"), logprobs=max(1, k), pin=False, slot=None)
+        part = await app.engine.read_out(
+            head.decode("utf-8", "surrogateescape"), logprobs=max(1, k), pin=False, slot=None
+        )
         got = [e for e in part.echoes if e.position < echoes[0].position]
-        if not got or got[-1].position != echoes[0].position - 1 or b"".join(bytes(e.text) for e in got) != head[len(head) - sum(len(bytes(e.text)) for e in got):]:
+        if (
+            not got
+            or got[-1].position != echoes[0].position - 1
+            or b"".join(bytes(e.text) for e in got) != head[len(head) - sum(len(bytes(e.text)) for e in got) :]
+        ):
             break
         echoes = got + echoes
     return echoes
@@ -512,7 +583,7 @@ class CompletionAsk:
     stops: list[str]
 
     @classmethod
-    def parse(cls, app: "App", body: dict) -> "CompletionAsk":
+    def parse(cls, app: App, body: dict) -> CompletionAsk:
         """Validate ``body``; raises a 400 (OpenAI's envelope) naming the field."""
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -526,7 +597,10 @@ class CompletionAsk:
         max_tokens = body.get("max_tokens", 16)
         if max_tokens == 0 and not isinstance(max_tokens, bool):
             if not (echo and k is not None):
-                raise _bad("max_tokens=0 needs echo=true and logprobs (it reads the prompt out and generates nothing)", "max_tokens")
+                raise _bad(
+                    "max_tokens=0 needs echo=true and logprobs (it reads the prompt out and generates nothing)",
+                    "max_tokens",
+                )
             params = _sampling(app, {**body, "max_tokens": 1})
         else:
             params = _sampling(app, {**body, "max_tokens": 16 if max_tokens is None else max_tokens})
@@ -534,7 +608,7 @@ class CompletionAsk:
         return cls(prompt, echo, k, max_tokens, params, _stops(body))
 
 
-async def _completion_items(app: "App", ask: CompletionAsk, tally: Tally) -> AsyncIterator[Item]:
+async def _completion_items(app: App, ask: CompletionAsk, tally: Tally) -> AsyncIterator[Item]:
     """The :data:`Item` s of a completion: with ``echo`` the prompt part first (its full read-out
     with logprobs), then the generated tokens and ``done``.
 
@@ -568,7 +642,7 @@ async def _completion_items(app: "App", ask: CompletionAsk, tally: Tally) -> Asy
         await gen.aclose()
 
 
-async def completions(app: "App", request: Request) -> Response:
+async def completions(app: App, request: Request) -> Response:
     """``POST /v1/completions``: a raw prompt, generated whole or streamed; ``echo`` + ``logprobs`` read it out.
     ``model`` picks a served model as on the chat route."""
     body = _body(request)
@@ -577,37 +651,60 @@ async def completions(app: "App", request: Request) -> Response:
     ask = CompletionAsk.parse(app, body)
     tally = Tally()
     shape = CompletionChunks(ask.prompt if ask.echo else "", ask.logprobs, app.model.pieces)
-    return await _reply(app, request, body, _completion_items(app, ask, tally), shape, tally,
-                        ident="cmpl-" + request.request_id[4:], objects=("text_completion", "text_completion"),
-                        param="prompt")
+    return await _reply(
+        app,
+        request,
+        body,
+        _completion_items(app, ask, tally),
+        shape,
+        tally,
+        ident="cmpl-" + request.request_id[4:],
+        objects=("text_completion", "text_completion"),
+        param="prompt",
+    )
 
 
-def _backend(app: "App", body: dict):
+def _backend(app: App, body: dict):
     """The engine (a :class:`gateway.server.fleet.Backend`) for ``body``'s ``model``; the prompt is
     read there, so it goes to the least loaded engine of that model (no routing key)."""
     model = body.get("model")
     return app.backend(model if isinstance(model, str) else None)
 
 
-async def models(app: "App", request: Request) -> Response:
+async def models(app: App, request: Request) -> Response:
     """``GET /v1/models``: every served model, the default first, in OpenAI's ``data`` and Jev's ``models``
     lists; with several engines each model lists its engines in ``x_engines``
     (:meth:`gateway.server.fleet.Backend.status`)."""
     created = int(app.started)
     data, jev_models = [], []
-    for name, served in app.served.items():
+    for name, served in app.served.items():  # noqa: B007  (name unused; kept as written)
         backends = [b for b in app.backends if b.served is served]
         caps = capabilities(backends[0])
         m = served.info
         extra = {"x_engines": [b.status() for b in backends]} if len(app.backends) > 1 else {}
-        data.append({"id": m.name, "object": "model", "created": created, "owned_by": "serveproto",
-                     "capabilities": caps, **extra})
-        jev_models.append({"name": m.name, "description": m.description, "release_date": m.release_date,
-                           "capabilities": caps, **extra})
+        data.append(
+            {
+                "id": m.name,
+                "object": "model",
+                "created": created,
+                "owned_by": "serveproto",
+                "capabilities": caps,
+                **extra,
+            }
+        )
+        jev_models.append(
+            {
+                "name": m.name,
+                "description": m.description,
+                "release_date": m.release_date,
+                "capabilities": caps,
+                **extra,
+            }
+        )
     return Response.json({"object": "list", "data": data, "models": jev_models})
 
 
-def register(app: "App") -> None:
+def register(app: App) -> None:
     async def _models(request: Request) -> Response:
         return await models(app, request)
 

@@ -1,6 +1,7 @@
 """Operational routes: ``GET /health``, ``GET /v1`` (the index), ``GET /metrics`` (Prometheus text),
 and the System One page (``GET /``, ``/style.css``, ``/app.js``: ``gateway/server/static``, no key needed;
 see ``docs/terminal-and-page.md``)."""
+
 from __future__ import annotations
 
 from importlib import resources
@@ -12,7 +13,7 @@ if TYPE_CHECKING:
     from gateway.server.app import App
 
 
-def capabilities(app: "App") -> list[str]:
+def capabilities(app: App) -> list[str]:
     """``["chat", "systemone"]`` for a language model, ``["systemone", "decision"]`` for a decision-only
     engine, ``["chat", "systemone", "decision"]`` for a chat engine with a decision head."""
     caps = app.caps
@@ -23,7 +24,7 @@ def capabilities(app: "App") -> list[str]:
     return out
 
 
-def _health_of_many(app: "App") -> Response:
+def _health_of_many(app: App) -> Response:
     """``/health`` of a server with several engines: ``{"status", "model" (the default), "engines": [...]}``
     (:meth:`gateway.server.fleet.Backend.status` each); 200 while every served model has a healthy
     engine, else 503 + ``Retry-After`` and ``unavailable`` naming the models that have none."""
@@ -36,7 +37,7 @@ def _health_of_many(app: "App") -> Response:
     return Response.json(body)
 
 
-def register(app: "App") -> None:
+def register(app: App) -> None:
     async def health(request: Request) -> Response:
         # 200 only while the engine serves and answers the supervisor's PINGs in time; a stalled
         # or stopped engine is "unresponsive" from one missed PING interval until it is restarted.
@@ -53,20 +54,38 @@ def register(app: "App") -> None:
         return Response.json(body, 503, [("retry-after", "1")])
 
     async def index(request: Request) -> Response:
-        return Response.json({
-            "object": "index",
-            "model": app.model.name,
-            "capabilities": capabilities(app),
-            "routes": [
-                {"method": "POST", "path": "/v1/systemone", "doc": "TypeSafe Jev System One: typed decisions with a probability per option"},
-                {"method": "POST", "path": "/v1/decisions", "doc": "OpenAI Decisions API shape, same scoring"},
-                {"method": "GET", "path": "/v1/models", "doc": "the served model (Jev models and OpenAI data)"},
-                {"method": "POST", "path": "/v1/chat/completions", "doc": "OpenAI chat completions (stream or not)"},
-                {"method": "POST", "path": "/v1/completions", "doc": "OpenAI completions, echo + logprobs read the prompt out"},
-                {"method": "GET", "path": "/health", "doc": "200 when the engine serves and answers its PINGs, 503 when it is unresponsive, restarting or has failed"},
-                {"method": "GET", "path": "/metrics", "doc": "Prometheus text format"},
-            ],
-        })
+        return Response.json(
+            {
+                "object": "index",
+                "model": app.model.name,
+                "capabilities": capabilities(app),
+                "routes": [
+                    {
+                        "method": "POST",
+                        "path": "/v1/systemone",
+                        "doc": "TypeSafe Jev System One: typed decisions with a probability per option",
+                    },
+                    {"method": "POST", "path": "/v1/decisions", "doc": "OpenAI Decisions API shape, same scoring"},
+                    {"method": "GET", "path": "/v1/models", "doc": "the served model (Jev models and OpenAI data)"},
+                    {
+                        "method": "POST",
+                        "path": "/v1/chat/completions",
+                        "doc": "OpenAI chat completions (stream or not)",
+                    },
+                    {
+                        "method": "POST",
+                        "path": "/v1/completions",
+                        "doc": "OpenAI completions, echo + logprobs read the prompt out",
+                    },
+                    {
+                        "method": "GET",
+                        "path": "/health",
+                        "doc": "200 when the engine serves and answers its PINGs, 503 when it is unresponsive, restarting or has failed",  # noqa: E501  (one documented sentence)
+                    },
+                    {"method": "GET", "path": "/metrics", "doc": "Prometheus text format"},
+                ],
+            }
+        )
 
     async def metrics(request: Request) -> Response:
         body, content_type = app.metrics.render()
@@ -77,10 +96,14 @@ def register(app: "App") -> None:
 
         async def handler(request: Request) -> Response:
             return Response(200, [("content-type", content_type), ("cache-control", "no-cache")], data)
+
         return handler
 
-    page = {"/": ("index.html", "text/html; charset=utf-8"), "/style.css": ("style.css", "text/css; charset=utf-8"),
-            "/app.js": ("app.js", "text/javascript; charset=utf-8")}
+    page = {
+        "/": ("index.html", "text/html; charset=utf-8"),
+        "/style.css": ("style.css", "text/css; charset=utf-8"),
+        "/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    }
     for path, (name, content_type) in page.items():
         try:
             app.router.route(path, "GET", static(name, content_type))

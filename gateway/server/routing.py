@@ -6,6 +6,7 @@ reply of ``/v1/systemone`` and ``/v1/decisions`` carries it in
 :data:`HEADER`, so that a balancer in front of several servers can hash on it
 (docs/http-api.md, "Several engines, several servers").
 """
+
 from __future__ import annotations
 
 import hashlib
