@@ -152,7 +152,6 @@ typedef struct engine {
     double thr_changed;         /* when n_threads last changed (monotonic s) */
     double thr_probe_s;         /* seconds after a change before trying one more thread */
     int thr_trying;             /* the last change added a thread, not yet found to hold */
-    uint64_t thr_changes;
     /* read-out of one batch: per row, its logits, logsumexp, top-k */
     const float **echo_rows;    /* n_batch */
     double *echo_lse;           /* n_batch */

@@ -93,5 +93,4 @@ void threads_after(engine *e)
     e->n_threads = n;
     e->thr_samples = 0;
     e->thr_changed = t;
-    e->thr_changes++;
 }

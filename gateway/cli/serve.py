@@ -134,7 +134,7 @@ def add_parsers(sub) -> None:
         default=None,
         help="KV slots of the llama engine: requests served at once, each llama_decode shared by "
         "all of them (default: the engine sizes them from the context and the memory free at "
-        "start, 1 to 4; spec/llama-engine.md)",
+        "start, 1 to 4, on a GPU 1 to 16; spec/llama-engine.md)",
     )
     p.add_argument("--ctx", type=int, default=None, help="context size per slot of the llama engine")
     p.add_argument(
