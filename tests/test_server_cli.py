@@ -74,6 +74,18 @@ def test_threads_flag_then_environment(tmp_path, monkeypatch):
     assert threads_of(llama_argv(tmp_path, monkeypatch, env="", cores=16)) == "auto"
 
 
+def test_bad_threads_flag_says_what_it_takes(capsys):
+    import pytest
+
+    from gateway.cli import build_parser
+
+    for value, says in (("many", "not an integer: 'many'"), ("0", "must be at least 1, got 0")):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", "--threads", value])
+        assert f"argument --threads: {says} (give an integer >= 1, or auto)" in capsys.readouterr().err
+    assert build_parser().parse_args(["serve", "--threads", "AUTO"]).threads == "auto"
+
+
 def test_bad_threads_environment_names_the_variable(tmp_path, monkeypatch):
     import pytest
 

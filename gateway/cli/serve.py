@@ -465,8 +465,13 @@ def load_calibration(choice: str | None, model_path: str | None):
 
 
 def _threads(value: str) -> int | str:
-    """``--threads``: an integer >= 1, or ``auto``."""
-    return "auto" if value == "auto" else _positive_int(value)
+    """``--threads``: an integer >= 1, or ``auto`` (any case)."""
+    if value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return _positive_int(value)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (give an integer >= 1, or auto)") from None
 
 
 def default_threads(threads: int | str | None, environ=os.environ) -> int | str:
