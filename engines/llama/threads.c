@@ -17,6 +17,7 @@
  * The thread count moves no digit: every kernel of invariant numerics
  * computes each output on one thread (tests/test_llama_digits.py). */
 #include <sched.h>
+#include <stdio.h>
 #include <sys/resource.h>
 #include <time.h>
 
@@ -89,6 +90,8 @@ void threads_after(engine *e)
     }
     if (n == e->n_threads)
         return;
+    fprintf(stderr, "serveproto-llama: decode threads %d -> %d (CPU share %.2f of %d cores over the last decodes)\n",
+            e->n_threads, n, e->thr_share, e->n_threads);
     llama_set_n_threads(e->ctx, n, n);
     e->n_threads = n;
     e->thr_samples = 0;

@@ -10,8 +10,11 @@ that can use the slot that frees.
 Which slot a request may use, when it names none, follows from its routing
 key (its state's text):
 
-* a slot whose last key shares at least half of both keys (and at least
-  ``MIN_SHARED_BYTES``) holds the request's state: an *affine* slot;
+* a slot whose last key shares at least ``AFFINE_SHARE`` of the request's key
+  and half of its own (and at least ``MIN_SHARED_BYTES``) holds the request's
+  state: an *affine* slot. Two support tickets that share the chat template's
+  head and little else are not affine: waiting for one slot to reuse that head
+  would serialise them;
 * while the state has no snapshot on the engine, the request waits for an
   affine slot, where its rows are (another slot would compute the state
   again);
@@ -36,10 +39,11 @@ from collections import OrderedDict, deque
 
 import anyio
 
-#: A routing key shares a slot's state when at least this many leading bytes
-#: match, and at least half of the key (shorter shared prefixes, such as a chat
-#: template's fixed system turn, do not pin unrelated states to one slot).
+#: A routing key shares a slot's state only when at least this many leading bytes match.
 MIN_SHARED_BYTES = 64
+
+#: The share of a request's routing key a slot's key must hold for the slot to hold its state.
+AFFINE_SHARE = 0.9
 
 #: Routing keys remembered as ready (their snapshot taken), least recently used forgotten first.
 READY_KEYS = 64
@@ -174,7 +178,7 @@ class SlotRouter:
 
     def _affine(self, key: bytes, s: _Slot) -> bool:
         n = _shared_prefix(key, s.key)
-        return n >= MIN_SHARED_BYTES and 2 * n >= len(key) and 2 * n >= len(s.key)
+        return n >= MIN_SHARED_BYTES and n >= AFFINE_SHARE * len(key) and 2 * n >= len(s.key)
 
     def _gain(self, key: bytes, s: _Slot) -> int:
         n = _shared_prefix(key, s.key)
