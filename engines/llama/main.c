@@ -68,7 +68,7 @@ static int parse_options(int argc, char **argv, options *o)
 {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     *o = (options){ .slots = 0, .pins = ENGINE_DEFAULT_PINS, .threads = ncpu > 0 ? (int)ncpu : 1,
-                    .score_seqs = ENGINE_SCORE_SEQS, .ubatch = ENGINE_UBATCH, .chunk = ENGINE_CHUNK, .seed = 42, .score_cache_mb = ENGINE_SCORE_CACHE_MB };
+                    .score_seqs = 0, .ubatch = ENGINE_UBATCH, .chunk = ENGINE_CHUNK, .seed = 42, .score_cache_mb = ENGINE_SCORE_CACHE_MB };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -321,7 +321,11 @@ static int load(engine *e, options *o)
     e->slots_auto = o->slots == 0;
     e->n_slots = o->slots ? o->slots : auto_slots(e, o);
     e->n_pins = o->pins;
-    e->n_score_seqs = o->score_seqs < 256 - o->slots ? o->score_seqs : 256 - o->slots;
+    /* --score-seqs unset: every sequence id above the slots (ENGINE_MAX_SEQ in all), so that many
+     * SCOREs in one decode each still get the sequences of a whole question or several: a question
+     * cut between two chunks computes its stem in both */
+    int seqs_left = ENGINE_MAX_SEQ - e->n_slots;
+    e->n_score_seqs = o->score_seqs && o->score_seqs < seqs_left ? o->score_seqs : seqs_left;
     e->n_batch = e->n_ctx < 2048 ? e->n_ctx : 2048;
 
     e->n_ubatch = e->n_batch < o->ubatch ? e->n_batch : o->ubatch;

@@ -382,14 +382,20 @@ static int pack(const score_state *st, int budget, int seqs, int *nodes)
     return last;
 }
 
+/* The fewest rows worth a decode: the trie of the next whole question (its
+ * stem and every option), so a decode shared by many SCOREs, each with a small
+ * share of the ubatch, does not cut a question and compute its stem twice. */
 int score_unit(engine *e, task *t)
 {
     score_state *st = t->st;
-    if (st->trunk_a < st->job.trunk)
+    const score_job *job = &st->job;
+    if (st->trunk_a < job->trunk)
         return 1;
-    int nodes;
+    int last = st->first, nodes;
     (void)e;
-    pack(st, 1 << 30, 1, &nodes);
+    while (last < st->n_todo && job->opts[st->todo[last]].group == job->opts[st->todo[st->first]].group)
+        last++;
+    pack(st, 1 << 30, last > st->first ? last - st->first : 1, &nodes);
     return nodes > 0 ? nodes : 1;
 }
 
