@@ -49,14 +49,15 @@ AFFINE_SHARE = 0.9
 READY_KEYS = 64
 
 
-@functools.lru_cache(maxsize=8192)
+@functools.lru_cache(maxsize=2048)
 def _shared_prefix(a: bytes, b: bytes) -> int:
     """Length in bytes of the longest common prefix of ``a`` and ``b``.
 
     A binary search over slice comparisons (each a memcmp): keys are whole
     documents, and a byte-by-byte loop in Python would cost a millisecond each.
     Remembered: a release asks it for every waiter and slot, mostly of the same
-    key objects again (a bytes object keeps its hash, so a lookup is cheap).
+    key objects again (a bytes object keeps its hash, so a lookup is cheap); the
+    2048 pairs kept hold their keys alive, a few MB for document-sized keys.
     """
     n = min(len(a), len(b))
     va, vb = memoryview(a), memoryview(b)
