@@ -529,7 +529,7 @@ def measure(
     """Every cell, workload by workload, client count by client count, the targets in turn; appended to
     ``cells`` as they end, each also reported on stderr."""
     for w in loads.values():
-        anyio.run(warm_up, targets, w, args.timeout)
+        _run(warm_up, targets, w, args.timeout)
         # a default that applies nothing is the none row already
         for name in {t.name for t in targets}:
             default = [t for t in targets if t.name == name and t.debias is None and t.peer is None]
@@ -538,7 +538,7 @@ def measure(
         for k, clients in enumerate(args.clients):
             for t in targets:
                 first = (k * n_settings + t.setting + 1) * SERIALS
-                cell = anyio.run(run_cell, t, w, clients, first, args.seconds, args.requests, args.timeout)
+                cell = _run(run_cell, t, w, clients, first, args.seconds, args.requests, args.timeout)
                 cells[w.name].append(cell)
                 print(
                     f"  {w.name}, {clients} clients, {t.name} ({t.label}): {len(cell.latencies)} answered, "
@@ -548,17 +548,48 @@ def measure(
                 )
 
 
+class Terminated(Exception):
+    """SIGTERM arrived (bench/gpu/run.sh's `timeout`): stop measuring, print the cells so far."""
+
+
 def _terminated(signum, frame):
-    raise KeyboardInterrupt
+    """SIGTERM between the event loops (starting servers, printing): plain Python, safe to raise in."""
+    raise Terminated
+
+
+async def _watched(fn: Callable, *args):
+    """``fn(*args)`` under a SIGTERM watch: inside the event loop the signal cancels the tasks in
+    order (raising from a signal handler there, mid-callback, once left the loop spinning at full CPU
+    after the signal instead of closing)."""
+    result = None
+    async with anyio.create_task_group() as tg:
+
+        async def watch() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+                async for _ in signals:
+                    raise Terminated
+
+        tg.start_soon(watch)
+        result = await fn(*args)
+        tg.cancel_scope.cancel()
+    return result
+
+
+def _run(fn: Callable, *args):
+    """:func:`anyio.run` of ``fn(*args)`` under :func:`_watched`; SIGTERM goes back to :func:`_terminated` after
+    (the loop leaves its own handler's default behind)."""
+    try:
+        return anyio.run(_watched, fn, *args)
+    finally:
+        signal.signal(signal.SIGTERM, _terminated)
 
 
 def _interrupted(exc: BaseException) -> bool:
-    """Whether ``exc`` is the interrupt :func:`_terminated` raised, bare or wrapped by a task group
-    (anyio gathers a child task's KeyboardInterrupt into a BaseExceptionGroup, depending on which
-    task the signal lands in)."""
+    """Whether ``exc`` is SIGTERM's :class:`Terminated` or a ^C, bare or wrapped by a task group."""
+    kinds = (Terminated, KeyboardInterrupt)
     if isinstance(exc, BaseExceptionGroup):
-        return exc.split(KeyboardInterrupt)[1] is None
-    return isinstance(exc, KeyboardInterrupt)
+        return exc.split(kinds)[1] is None
+    return isinstance(exc, kinds)
 
 
 def main(argv=None) -> int:
