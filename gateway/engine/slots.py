@@ -185,19 +185,25 @@ class SlotRouter:
         n = _shared_prefix(key, s.key)
         return n - (len(s.key) - n)
 
+    def _any_slot(self, w: _Waiter) -> bool:
+        """Whether routed waiter ``w`` may take any free slot: no key, a ready key, or no affine slot."""
+        return not w.key or self.is_ready(w.key) or not any(self._affine(w.key, t) for t in self._slots)
+
     def _may_take(self, w: _Waiter, s: _Slot) -> bool:
         """Whether ``w`` may take slot ``s`` now (module docstring)."""
         if s.busy:
             return False
         if w.slot is not None:
             return w.slot == s.index
-        if not w.key or self.is_ready(w.key) or self._affine(w.key, s):
-            return True
-        return not any(self._affine(w.key, t) for t in self._slots)
+        return self._affine(w.key, s) or self._any_slot(w)
 
     def _usable(self, w: _Waiter) -> list[_Slot]:
         """The free slots ``w`` may take now, best first."""
-        free = [s for s in self._slots if self._may_take(w, s)]
+        if w.slot is not None:
+            return [s for s in self._slots[w.slot : w.slot + 1] if not s.busy]
+        free = [s for s in self._slots if not s.busy]
+        if free and not self._any_slot(w):  # affinity decided once, not once per free slot
+            free = [s for s in free if self._affine(w.key, s)]
         return sorted(free, key=lambda s: (-self._gain(w.key, s), s.last_used, s.index))
 
     def route(self, key: bytes) -> int | None:
