@@ -141,7 +141,7 @@ class Caps(Event):
     """``CAPS key=value ...``: what the engine serves (section 3, "CAPS keys").
 
     ``values`` maps each key to its text value, in line order; unknown keys are
-    kept. Known keys are checked: ``chat decide vision x_score x_counters
+    kept. Known keys are checked: ``chat decide vision x_score x_score_base x_counters
     x_health`` are ``"0"``/``"1"``, ``slots n_ctx n_vocab pin_slots
     max_logprobs`` are uints. The typed properties apply the spec's defaults
     for absent keys.
@@ -226,6 +226,11 @@ class Caps(Event):
     def x_score(self) -> bool:
         """Extension 9.1: the engine takes SCORE and answers SCORED."""
         return self._flag("x_score")
+
+    @property
+    def x_score_base(self) -> bool:
+        """Extension 9.1: a SCORE group may carry ``base``, continuing a leading part of the prefix."""
+        return self._flag("x_score_base")
 
     @property
     def x_counters(self) -> bool:

@@ -44,6 +44,7 @@ CAPS_BOOL_KEYS = {
     "decide": False,
     "vision": False,
     "x_score": False,
+    "x_score_base": False,
     "x_counters": False,
     "x_health": False,
 }

@@ -133,8 +133,10 @@ async def test_cyclic_and_content_free_reach_the_engine_once_per_rotation_and_qu
     assert first.status_code == second.status_code == 200, first.text
     assert first.json()["x_debias"] == ["cyclic", "content_free"]
     scores = [c for c in eng.calls if c[0] == "score"]
-    # first request: the content-free reading ("N/A" under (2 + 3 + 5) rotations), then the state's rotations
-    free, real, real2 = scores
+    # first request: the state's rotations, with the content-free reading ("N/A" under (2 + 3 + 5) rotations)
+    # beside them (on this fake, as on an engine without x_score_base, a second call on the same slot)
+    real, free, real2 = scores
+    assert real[4] == free[4]
     assert len(real[2]) == 2 + 3 + 5 and len(free[2]) == 10 and len(real2[2]) == 10
     assert real[1].endswith(TICKET["state"]) and not free[1].endswith(TICKET["state"])
     # "N/A" takes the state's place in every stem
@@ -211,15 +213,22 @@ class GatedEngine(FakeEngine):
         super().__init__()
         self.gate = anyio.Event()
         self.free_reads = 0
+        self.cancelled = 0
 
-    async def score(self, prefix, groups, pin=False, slot=None, route=None):
+    async def score(self, prefix, groups, pin=False, slot=None, route=None, beside=None):
         if groups[0][0].startswith("N/A"):
             self.free_reads += 1
-            await self.gate.wait()
-        return await super().score(prefix, groups, pin, slot, route)
+            try:
+                await self.gate.wait()
+            except anyio.get_cancelled_exc_class():
+                self.cancelled += 1
+                raise
+        return await super().score(prefix, groups, pin, slot, route, beside)
 
 
-async def test_a_content_free_reading_outlives_its_client_and_is_shared():
+async def test_a_content_free_reading_ends_with_its_client_and_is_shared_by_the_others():
+    """Issue 30, item 1: a reading nobody waits for any more is cancelled (it was shielded, and a storm of
+    departed clients held the engine for minutes); requests that need it at the same time read it once."""
     eng = GatedEngine()
     body = {**TICKET, "x_debias": ["cyclic", "content_free"]}
     replies = []
@@ -227,6 +236,10 @@ async def test_a_content_free_reading_outlives_its_client_and_is_shared():
         async with httpx2.AsyncClient(base_url=base, timeout=0.5) as c:
             with pytest.raises(httpx2.TimeoutException):  # the client leaves while the reading waits
                 await c.post("/v1/systemone", content=orjson.dumps(body), headers={"content-type": "application/json"})
+        with anyio.fail_after(5):
+            while not eng.cancelled:
+                await anyio.sleep(0.01)
+        assert (eng.free_reads, eng.cancelled) == (1, 1)
 
         async def ask():
             replies.append(await post(base, body))
@@ -235,12 +248,12 @@ async def test_a_content_free_reading_outlives_its_client_and_is_shared():
             tg.start_soon(ask)
             tg.start_soon(ask)
             await anyio.sleep(0.3)
-            assert eng.free_reads == 1  # both wait on the first reading instead of reading again
+            assert eng.free_reads == 2  # one reads again; the other waits for it instead of reading too
             eng.gate.set()
-        replies.append(await post(base, body))
+        replies.append(await post(base, body))  # remembered: no reading at all
     assert [r.status_code for r in replies] == [200, 200, 200]
-    assert eng.free_reads == 1
-    assert replies[0].json()["answers"] == replies[2].json()["answers"]
+    assert (eng.free_reads, eng.cancelled) == (2, 1)
+    assert replies[0].json()["answers"] == replies[1].json()["answers"] == replies[2].json()["answers"]
 
 
 CHATML_TAIL = "<|im_end|>\n<|im_start|>assistant\n"
@@ -285,7 +298,7 @@ async def test_letters_and_cloze_reach_the_engine_as_their_prompts():
         cloze = await post(base, {**TICKET, "x_debias": ["cloze", "content_free"]})
     assert letters.status_code == cloze.status_code == 200, letters.text
     assert cloze.json()["x_debias"] == ["cloze", "content_free"]
-    lett, free, clz = [c for c in eng.calls if c[0] == "score"]
+    lett, clz, free = [c for c in eng.calls if c[0] == "score"]
     stem, options = lett[2][1]
     assert stem == (
         "\n\nWhich team should handle this?\nA. billing: payments, invoices\nB. technical: bugs, "
@@ -293,7 +306,7 @@ async def test_letters_and_cloze_reach_the_engine_as_their_prompts():
     )
     assert options == ["A", " A", "a", " a", "B", " B", "b", " b", "C", " C", "c", " c"]
     assert lett[2][2][1] == [s for k in range(5) for s in (str(k), f" {k}")]  # a score's levels: digits
-    # the content-free reading of the cloze prompts, then the state's
+    # the cloze prompts on the state, then their content-free reading
     assert [g for g in clz[2]] == [
         ("\n\nDoes this message express urgency?" + CHATML_TAIL, ["no", "yes"]),
         ("\n\nWhich team should handle this?" + CHATML_TAIL, ["billing", "sales", "technical"]),

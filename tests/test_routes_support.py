@@ -80,7 +80,16 @@ class FakeEngine:
         if self.fail is not None:
             raise self.fail
 
-    async def score(self, prefix, groups, pin=False, slot=None, route=None):
+    async def score(self, prefix, groups, pin=False, slot=None, route=None, beside=None):
+        if beside is not None:  # as Engine.score on an engine without x_score_base: a second call, same slot
+            main = await self.score(prefix, groups, pin, slot, route)
+            extra = await self.score(beside[0], beside[1], False, slot, route)
+            return attrs.evolve(
+                main,
+                groups=main.groups + extra.groups,
+                computed=main.computed + extra.computed,
+                reused=main.reused + extra.reused,
+            )
         self.calls.append(("score", prefix, groups, pin, slot))
         self._check()
         ctx = len(prefix)

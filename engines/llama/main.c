@@ -437,7 +437,7 @@ static void handshake(engine *e)
 {
     char caps[2048];
     snprintf(caps, sizeof caps,
-             "chat=1 slots=%d n_ctx=%d n_vocab=%d model=%s pin_slots=%d max_logprobs=%d x_score=1 x_counters=1 x_health=1 "
+             "chat=1 slots=%d n_ctx=%d n_vocab=%d model=%s pin_slots=%d max_logprobs=%d x_score=1 x_score_base=1 x_counters=1 x_health=1 "
              "x_numerics=%s x_batched=1 n_ubatch=%d n_chunk=%d x_threads=%s%d%s",
              e->n_slots, e->n_ctx, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS, e->numerics, e->n_ubatch,
              e->n_chunk, e->threads_auto ? "auto:" : "", e->threads_max, e->devices_caps);

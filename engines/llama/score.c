@@ -16,6 +16,13 @@
  * them). More options than scratch sequences, or more nodes than one batch,
  * spill into further chunks, each one llama_decode.
  *
+ * A group may continue a shorter part of the prefix (its "base", spec 9.1:
+ * the content-free reading of a question beside the question itself). Its
+ * options leave the trunk where their tokens leave the prefix's ("from"):
+ * their scratch sequences copy the trunk's cells before that position only,
+ * and their trie starts there, so they read the head of the prefix without
+ * the rest and the slot keeps the whole trunk.
+ *
  * A SCORE is a task of the scheduler (sched.c): its trunk is prefilled in
  * chunks like a SUBMIT's prompt, then each trie chunk is one fill of the
  * batch, its nodes after the other tasks' rows and its scratch sequences
@@ -33,6 +40,8 @@ typedef struct option_tokens {
     llama_token *toks; /* prefix + stem + option, owned */
     int n;
     int ctx;           /* context_tokens: lcp with prefix + stem */
+    int based;         /* its group continues prefix[:base] with base < the prefix's bytes */
+    int from;          /* where its path leaves the trunk: job->trunk, or earlier when based */
     int group, index;
     int *path;         /* node of positions trunk .. n-1 (chunk-local), owned */
     score_key key;     /* hash of toks (score_cache.c) */
@@ -42,6 +51,7 @@ typedef struct option_tokens {
 
 typedef struct trie_node {
     int first_child, next_sibling;
+    int root;          /* a root's position (its option's from), -1 below the roots */
     double lse;        /* logsumexp of its logits row once computed, else NAN */
 } trie_node;
 
@@ -49,6 +59,7 @@ typedef struct score_job {
     option_tokens *opts;
     int n_opts;
     int trunk;         /* tokens shared by every option, in the slot's sequence */
+    int src;           /* an option that holds the trunk's tokens (one whose from is the trunk) */
     int longest;       /* max ctx + scored tokens: ACCEPT's prompt_tokens */
 } score_job;
 
@@ -106,6 +117,13 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
             snprintf(msg, cap, "groups[%zu].options: expected a non-empty array", g);
             goto out;
         }
+        const spj_value *bv = spj_get(gr, "base");
+        if (bv && (bv->type != SPJ_NUMBER || !(bv->number >= 0) || bv->number != floor(bv->number) ||
+                   bv->number > (double)prefix->len)) {
+            snprintf(msg, cap, "groups[%zu].base: expected a whole number of bytes from 0 to the prefix's %zu", g,
+                     prefix->len);
+            goto out;
+        }
         total += os->n;
     }
     job->opts = calloc(total, sizeof *job->opts);
@@ -121,11 +139,29 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
     ptoks = pt->toks;
     np = pt->n;
     job->trunk = np;
+    int n_plain = 0; /* options of groups on the whole prefix: they alone set the trunk */
     for (size_t g = 0; g < groups->n; g++) {
         const spj_value *gr = &groups->items[g], *stem = spj_get(gr, "stem"), *os = spj_get(gr, "options");
+        const spj_value *bv = spj_get(gr, "base");
+        const size_t base = bv ? (size_t)bv->number : prefix->len;
+        const prefix_tokens *gp = pt;
+        if (base < prefix->len) {
+            gp = prefix_tokens_get(e, prefix->str, base);
+            if (!gp) {
+                snprintf(msg, cap, "groups[%zu].base: the prefix's first %zu bytes could not be tokenized", g, base);
+                goto out;
+            }
+            /* pt was the most recent entry, so gp's lookup evicted another: this finds it again */
+            pt = prefix_tokens_get(e, prefix->str, prefix->len);
+            if (!pt) {
+                snprintf(msg, cap, "prefix: could not be tokenized");
+                goto out;
+            }
+            ptoks = pt->toks;
+        }
         llama_token *gt = NULL;
         int ng = 0;
-        if (splice_tokenize(e, pt, stem->str, stem->len, "", 0, &gt, &ng) != 0) {
+        if (splice_tokenize(e, gp, stem->str, stem->len, "", 0, &gt, &ng) != 0) {
             snprintf(msg, cap, "groups[%zu].stem: could not be tokenized", g);
             goto out;
         }
@@ -139,7 +175,8 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
             option_tokens *ot = &job->opts[job->n_opts++];
             ot->group = (int)g;
             ot->index = (int)o;
-            if (splice_tokenize(e, pt, stem->str, stem->len, ov->str, ov->len, &ot->toks, &ot->n) != 0) {
+            ot->based = gp != pt;
+            if (splice_tokenize(e, gp, stem->str, stem->len, ov->str, ov->len, &ot->toks, &ot->n) != 0) {
                 free(gt);
                 snprintf(msg, cap, "groups[%zu].options[%zu]: could not be tokenized", g, o);
                 goto out;
@@ -160,15 +197,33 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
                 snprintf(msg, cap, "groups[%zu].options[%zu]: the text %s", g, o, why);
                 goto out;
             }
-            int t = lcp(ptoks, job->trunk, ot->toks, ot->n);
-            if (t < job->trunk)
-                job->trunk = t;
-            if (ot->ctx < job->trunk)
-                job->trunk = ot->ctx;
+            /* how far it runs along the prefix's tokens, no further than its context */
+            int lead = lcp(ptoks, np, ot->toks, ot->n);
+            ot->from = lead < ot->ctx ? lead : ot->ctx;
+            if (!ot->based) {
+                n_plain++;
+                if (ot->from < job->trunk)
+                    job->trunk = ot->from;
+            }
             if (ot->n > job->longest)
                 job->longest = ot->n;
         }
         free(gt);
+    }
+    if (n_plain == 0) /* every group on a shorter base: the trunk is what they all share */
+        for (int j = 0; j < job->n_opts; j++)
+            if (job->opts[j].from < job->trunk)
+                job->trunk = job->opts[j].from;
+    job->src = -1;
+    for (int j = 0; j < job->n_opts; j++) {
+        option_tokens *ot = &job->opts[j];
+        if (!ot->based || ot->from >= job->trunk) {
+            ot->from = job->trunk; /* its tokens start with the trunk's */
+            if (job->src < 0)
+                job->src = j;
+        } else if (ot->from == ot->ctx) {
+            ot->from = ot->ctx - 1; /* only the trunk's last logits are kept: recompute the one it needs */
+        }
     }
     rc = 0;
 out:
@@ -184,9 +239,11 @@ out:
 static int new_nodes(const score_job *job, const int *idx, int first, int j)
 {
     const option_tokens *ot = &job->opts[idx[j]];
-    int shared = job->trunk;
+    int shared = ot->from;
     for (int i = first; i < j; i++) {
         const option_tokens *oi = &job->opts[idx[i]];
+        if (oi->from != ot->from)
+            continue; /* paths leaving the trunk at different places share no node */
         int l = lcp(oi->toks, oi->n, ot->toks, ot->n);
         if (l > oi->n - 1)
             l = oi->n - 1;
@@ -255,7 +312,7 @@ static void trunk_loaded(engine *e, task *t)
     const int trunk = st->job.trunk;
     st->trunk_a = trunk;
     if (st->pin && trunk > 0)
-        snapshot_take(e, (int)t->rq.slot, st->job.opts[0].toks, trunk, st->pred);
+        snapshot_take(e, (int)t->rq.slot, st->job.opts[st->job.src].toks, trunk, st->pred);
     st->pred_lse = trunk > 0 && st->n_todo > 0 ? model_logsumexp(st->pred, e->n_vocab) : NAN;
 }
 
@@ -287,22 +344,28 @@ int score_start(engine *e, task *t)
     /* every option's key continues the trunk's hash: the trunk is hashed once */
     score_key trunk_key;
     score_key_init(&trunk_key);
-    score_key_add(&trunk_key, job->opts[0].toks, job->trunk);
+    score_key_add(&trunk_key, job->opts[job->src].toks, job->trunk);
     for (int j = 0; j < job->n_opts; j++) {
         option_tokens *ot = &job->opts[j];
-        if (ot->n - job->trunk > cap_nodes) {
+        if (ot->n - ot->from > cap_nodes) {
             sp_write_error(&e->w, rq->id, "BAD_REQUEST", "groups[%d].options[%d]: the text does not fit one batch of %d",
                            ot->group, ot->index, cap_nodes);
             return -1;
         }
-        ot->path = malloc((size_t)(ot->n - job->trunk + 1) * sizeof(int));
+        ot->path = malloc((size_t)(ot->n - ot->from + 1) * sizeof(int));
         ot->lps = malloc(ENGINE_MAX_SCORED * sizeof(double));
         if (!ot->path || !ot->lps) {
             sp_write_error(&e->w, rq->id, "BAD_REQUEST", "out of memory");
             return -1;
         }
-        ot->key = trunk_key;
-        score_key_add(&ot->key, ot->toks + job->trunk, ot->n - job->trunk);
+        /* the key hashes all of an option's tokens (score_key_add streams) */
+        if (ot->from == job->trunk) {
+            ot->key = trunk_key;
+            score_key_add(&ot->key, ot->toks + job->trunk, ot->n - job->trunk);
+        } else {
+            score_key_init(&ot->key);
+            score_key_add(&ot->key, ot->toks, ot->n);
+        }
         ot->n_lps = score_cache_get(&e->scores, &ot->key, ot->ctx, ot->lps, ENGINE_MAX_SCORED);
         if (ot->n_lps >= 0)
             st->cached[st->n_cached++] = j;
@@ -319,7 +382,7 @@ int score_start(engine *e, task *t)
     const snapshot *pinned = NULL;
     st->ri.snapshot = "none";
     if (st->n_todo == 0 && trunk > 0)
-        pinned = snapshot_find(e, job->opts[0].toks, trunk, trunk, &st->stale);
+        pinned = snapshot_find(e, job->opts[job->src].toks, trunk, trunk, &st->stale);
     if (!(st->n_todo > 0 || (st->pin && trunk > 0 && !(pinned && pinned->n == trunk)))) {
         /* every option answered from the cache: the trunk is not touched */
         st->ri.reused = trunk;
@@ -335,7 +398,7 @@ int score_start(engine *e, task *t)
         slot_truncate(e, slot, 0);
         trunk_loaded(e, t);
     } else {
-        snapshot *snap = snapshot_find(e, job->opts[0].toks, trunk, trunk, &stale);
+        snapshot *snap = snapshot_find(e, job->opts[job->src].toks, trunk, trunk, &stale);
         st->ri.snapshot = snap ? "hit" : stale ? "stale" : "none";
         if (snap && snap->n == trunk) {
             slot_restore(e, slot, snap);
@@ -343,7 +406,7 @@ int score_start(engine *e, task *t)
             st->ri.reused = trunk;
             trunk_loaded(e, t);
         } else {
-            st->trunk_a = slot_resume(e, slot, job->opts[0].toks, trunk, snap);
+            st->trunk_a = slot_resume(e, slot, job->opts[job->src].toks, trunk, snap);
             st->ri.reused = st->trunk_a;
         }
     }
@@ -420,7 +483,7 @@ int score_fill(engine *e, task *t, int budget, int seqs)
     if (st->trunk_a < trunk) {
         st->trunk_b = st->trunk_a + budget < trunk ? st->trunk_a + budget : trunk;
         for (int i = st->trunk_a; i < st->trunk_b; i++)
-            batch_add(b, job->opts[0].toks[i], i, &slot, 1, i == trunk - 1);
+            batch_add(b, job->opts[job->src].toks[i], i, &slot, 1, i == trunk - 1);
         return st->trunk_b - st->trunk_a;
     }
     if (seqs < 1)
@@ -438,12 +501,12 @@ int score_fill(engine *e, task *t, int budget, int seqs)
         int seq = st->seq0 + q, cur = -1;
         /* the option's last token predicts nothing: it is never computed, so a
          * one-token option costs no position at all */
-        for (int p = trunk; p < ot->n - 1; p++) {
+        for (int p = ot->from; p < ot->n - 1; p++) {
             int node = cur < 0 ? -1 : trie[cur].first_child;
             if (cur < 0) {
-                /* roots: this chunk's nodes at position trunk */
+                /* roots: this chunk's nodes that leave the trunk where this option does */
                 for (int i = 0; i < b->n_tokens - row0 && node < 0; i++)
-                    if (b->pos[row0 + i] == trunk && b->token[row0 + i] == ot->toks[p])
+                    if (trie[i].root == p && b->token[row0 + i] == ot->toks[p])
                         node = i;
             } else {
                 while (node >= 0 && b->token[row0 + node] != ot->toks[p])
@@ -454,6 +517,7 @@ int score_fill(engine *e, task *t, int budget, int seqs)
                 batch_add(b, ot->toks[p], p, &seq, 1, 0);
                 trie[node].first_child = -1;
                 trie[node].next_sibling = cur < 0 ? -1 : trie[cur].first_child;
+                trie[node].root = cur < 0 ? p : -1;
                 trie[node].lse = NAN;
                 if (cur >= 0)
                     trie[cur].first_child = node;
@@ -462,15 +526,16 @@ int score_fill(engine *e, task *t, int budget, int seqs)
             }
             if (p >= ot->ctx - 1 && p <= ot->n - 2)
                 b->logits[row0 + node] = 1;
-            ot->path[p - trunk] = node;
+            ot->path[p - ot->from] = node;
             cur = node;
         }
     }
     llama_memory_t mem = llama_get_memory(e->ctx);
     for (int q = 0; q < st->last - st->first; q++) {
+        const int from = job->opts[st->todo[st->first + q]].from;
         llama_memory_seq_rm(mem, st->seq0 + q, -1, -1);
-        if (trunk > 0)
-            llama_memory_seq_cp(mem, slot, st->seq0 + q, 0, trunk);
+        if (from > 0)
+            llama_memory_seq_cp(mem, slot, st->seq0 + q, 0, from);
     }
     int rows = b->n_tokens - row0;
     if (rows == 0) {
@@ -497,7 +562,7 @@ void score_decoded(engine *e, task *t)
     const int trunk = job->trunk;
     if (st->trunk_a < trunk) {
         int slot = (int)t->rq.slot;
-        slot_append(e, slot, job->opts[0].toks + st->trunk_a, st->trunk_b - st->trunk_a);
+        slot_append(e, slot, job->opts[job->src].toks + st->trunk_a, st->trunk_b - st->trunk_a);
         st->computed += st->trunk_b - st->trunk_a;
         if (st->trunk_b == trunk) {
             memcpy(st->pred, llama_get_logits_ith(e->ctx, t->row0 + trunk - 1 - st->trunk_a),
@@ -519,11 +584,11 @@ void score_decoded(engine *e, task *t)
             int prev = p - 1;
             const float *logits;
             double lse;
-            if (prev == trunk - 1) {
+            if (prev < ot->from) { /* only when from is the trunk: its last position */
                 logits = st->pred;
                 lse = st->pred_lse;
             } else {
-                int node = ot->path[prev - trunk];
+                int node = ot->path[prev - ot->from];
                 logits = llama_get_logits_ith(e->ctx, t->row0 + node);
                 if (isnan(trie[node].lse))
                     trie[node].lse = model_logsumexp(logits, e->n_vocab);

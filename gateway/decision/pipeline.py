@@ -260,16 +260,31 @@ async def _score_path(
                     ) from None
                 raise
             mem.fixed[key] = True
-    content_free = None
-    if "content_free" in methods:
-        content_free = await _content_free(
-            engine, settings, mem, request, questions, groups, read_owners, spans, slot, route, out
-        )
+    free = _FreeReading.plan(settings, mem, request, questions, method) if method.content_free else None
+    if free is not None:
+        await free.wait_for_others(mem)
+    beside = free.groups() if free is not None and free.missing else None
     try:
-        result = await _call(settings, engine.score, prefix_text, groups, pin=pin, slot=slot, **route)
-    except Exception as exc:
-        _refuse(engine, exc, owners, request, read_owners)
-        raise
+        if free is not None and free.missing:
+            free.claim(mem)
+        try:
+            extra = {"beside": beside} if beside else {}
+            result = await _call(settings, engine.score, prefix_text, groups, pin=pin, slot=slot, **route, **extra)
+        except Exception as exc:
+            _refuse(
+                engine,
+                exc,
+                owners + (free.owners() if beside else []),
+                request,
+                read_owners + (free.read_owners() if beside else []),
+            )
+            raise
+        content_free = (
+            free.finish(mem, result.groups[len(groups) :], request.normalize, out) if free is not None else None
+        )
+    finally:
+        if free is not None:
+            free.release(mem)
     out.engine_ms = (time.perf_counter() - t0) * 1e3
     out.path = "score"
     if methods:
@@ -307,116 +322,117 @@ async def _score_path(
         except ValueError as exc:
             raise UnusableScores(f"the engine's scores for {q.id!r} are unusable: {exc}") from None
     longest = 0
-    for group in result.groups:
+    for group in result.groups[: len(groups)]:  # the content-free groups are counted by finish()
         for o in group:
             longest = max(longest, int(o.context_tokens) + len(o.logprobs))
             out.output_tokens += len(o.logprobs)
     out.input_tokens = longest
 
 
-async def _content_free(
-    engine: Any,
-    settings: Settings,
-    mem: Memory,
-    request: SystemOneRequest,
-    questions: list[Question],
-    groups: list[tuple[str, list[str]]],
-    read_owners: list[tuple[int, ...]],
-    spans: list[tuple[int, int]],
-    slot: int | None,
-    route: dict[str, str],
-    out: Decided,
-) -> list[list[float]]:
-    """Each question's mean option log-probabilities on the content-free states (:mod:`gateway.decision.debias`).
+@attrs.define
+class _FreeReading:
+    """A request's content-free readings (:mod:`gateway.decision.debias`): what each question needs,
+    what is not remembered yet, and the groups that read it beside the state.
 
-    Read once per question (its rotations' stems and options, the fixed
-    prefix, ``normalize``) and remembered in ``mem``; the questions not seen
-    yet are read in one ``SCORE`` whose prefix is the prompt up to where the
-    state would start, each content-free state beginning the stems. That
-    reading is shielded from the client leaving, and a request that needs a
-    question another request is reading waits for it rather than reading it
-    again. Returns one list of ``n_options`` floats per question.
+    Each question's readings depend on its content-free reads
+    (:func:`gateway.decision.readings.content_free_plan`: stems and scored texts),
+    the fixed prefix and ``normalize``, never on the state: read once and
+    remembered in :class:`Memory`. The missing ones are read in the request's
+    own ``SCORE``, as groups on the prompt's head (up to where the state starts:
+    ``Engine.score(beside=...)``), so the slot keeps the state and the request
+    reports its snapshot. A request that needs a question another request is
+    reading waits for it rather than reading it again; nothing is shielded, so
+    a client that leaves cancels its reading and a waiter reads it itself.
     """
-    cf_prefix = settings.prompts.prefix("", request.prefix)
-    keys = [
-        (
-            cf_prefix,
-            request.normalize,
-            tuple(
-                (stem, tuple(opts), owner)
-                for (stem, opts), owner in zip(groups[start : start + k], read_owners[start : start + k])
-            ),
-        )
-        for start, k in spans
-    ]
-    owner_of: dict[tuple, Question] = {}
-    for key, q in zip(keys, questions):
-        owner_of.setdefault(key, q)
-    while True:
-        missing = [key for key in dict.fromkeys(keys) if key not in mem.content_free]
-        waiting = [mem.reading[key] for key in missing if key in mem.reading]
-        if not waiting:
-            break
-        for event in waiting:  # another request is reading them: share its result
-            await event.wait()
-    if missing:
-        event = anyio.Event()
-        for key in missing:
-            mem.reading[key] = event
-        try:
-            # Shielded: a client that leaves (the SDK's 10 s timeout) does not waste the reading;
-            # its retry finds it remembered. The engine call keeps its own time limit.
-            with anyio.CancelScope(shield=True):
-                await _read_content_free(engine, settings, mem, request, missing, owner_of, cf_prefix, slot, route, out)
-        finally:
-            for key in missing:
-                mem.reading.pop(key, None)
-            event.set()
-    return [mem.content_free[key] for key in keys]
 
+    prefix: str  # the prompt up to where the state would start
+    keys: list[tuple]  # per question: (prefix, normalize, ((stem, scored, owner), ...))
+    owner_of: dict[tuple, Question]
+    missing: list[tuple] = attrs.field(factory=list)
+    event: anyio.Event | None = None
 
-async def _read_content_free(
-    engine: Any,
-    settings: Settings,
-    mem: Memory,
-    request: SystemOneRequest,
-    missing: list[tuple],
-    owner_of: dict[tuple, Question],
-    cf_prefix: str,
-    slot: int | None,
-    route: dict[str, str],
-    out: Decided,
-) -> None:
-    cf_groups = [
-        (state + stem, list(opts))
-        for key in missing
-        for state in debias.CONTENT_FREE_STATES
-        for stem, opts, _ in key[2]
-    ]
-    owners: list[Question | None] = [
-        owner_of[key] for key in missing for _ in range(len(debias.CONTENT_FREE_STATES) * len(key[2]))
-    ]
-    read_owners = [owner for key in missing for _ in debias.CONTENT_FREE_STATES for _s, _o, owner in key[2]]
-    try:
-        result = await _call(settings, engine.score, cf_prefix, cf_groups, pin=False, slot=slot, **route)
-    except Exception as exc:
-        _refuse(engine, exc, owners, request, read_owners)
-        raise
-    out.computed = _add(out.computed, getattr(result, "computed", None))
-    out.reused = _add(out.reused, getattr(result, "reused", None))
-    g = 0
-    for key in missing:
-        per_read = []
-        for _ in debias.CONTENT_FREE_STATES:
-            for _stem, _opts, owner in key[2]:
-                lps = [tuple(o.logprobs) for o in result.groups[g]]
-                out.output_tokens += sum(len(x) for x in lps)
-                try:
-                    per_read.append(readings.log_probs(owner, lps, request.normalize))
-                except ValueError as exc:
-                    raise UnusableScores(f"the engine's content-free scores are unusable: {exc}") from None
-                g += 1
-        mem.remember_content_free(key, readings.mean_log_probs(per_read))
+    @classmethod
+    def plan(
+        cls, settings: Settings, mem: Memory, request: SystemOneRequest, questions: list[Question], method
+    ) -> _FreeReading:
+        prefix = settings.prompts.prefix("", request.prefix)
+        keys = []
+        for q in questions:
+            reads = readings.content_free_plan(q.type, q.instructions, q.criteria, q.n_options, method)
+            keys.append(
+                (
+                    prefix,
+                    request.normalize,
+                    tuple((settings.prompts.stem(rd.text), rd.scored, rd.owner) for rd in reads),
+                )
+            )
+        owner_of: dict[tuple, Question] = {}
+        for key, q in zip(keys, questions):
+            owner_of.setdefault(key, q)
+        return cls(prefix, keys, owner_of)
+
+    async def wait_for_others(self, mem: Memory) -> None:
+        """Wait while another request reads a question this one needs; then ``missing`` is what to read."""
+        while True:
+            self.missing = [key for key in dict.fromkeys(self.keys) if key not in mem.content_free]
+            waiting = [mem.reading[key] for key in self.missing if key in mem.reading]
+            if not waiting:
+                return
+            for event in waiting:
+                await event.wait()
+
+    def claim(self, mem: Memory) -> None:
+        """Say that this request reads ``missing`` (others wait for it)."""
+        self.event = anyio.Event()
+        for key in self.missing:
+            mem.reading[key] = self.event
+
+    def release(self, mem: Memory) -> None:
+        """Done (read, failed or cancelled): wake the waiters, who read what is still missing."""
+        if self.event is None:
+            return
+        for key in self.missing:
+            if mem.reading.get(key) is self.event:
+                del mem.reading[key]
+        self.event.set()
+        self.event = None
+
+    def groups(self) -> tuple[str, list[tuple[str, list[str]]]]:
+        """``(base, groups)`` for ``Engine.score(beside=...)``: each missing question's reads on each
+        content-free state."""
+        return self.prefix, [
+            (state + stem, list(scored))
+            for key in self.missing
+            for state in debias.CONTENT_FREE_STATES
+            for stem, scored, _ in key[2]
+        ]
+
+    def owners(self) -> list[Question | None]:
+        """The question of each of :meth:`groups`' groups (to name a refused option's field)."""
+        return [self.owner_of[key] for key in self.missing for _ in debias.CONTENT_FREE_STATES for _ in key[2]]
+
+    def read_owners(self) -> list[tuple[int, ...]]:
+        """The reply option of each scored text, per group of :meth:`groups`."""
+        return [owner for key in self.missing for _ in debias.CONTENT_FREE_STATES for _s, _o, owner in key[2]]
+
+    def finish(self, mem: Memory, scored: list, normalize: str, out: Decided) -> list[list[float]]:
+        """Remember the readings of ``missing`` from their groups' results (``scored``: one list of
+        :class:`gateway.engine.api.OptionScore` per group of :meth:`groups`); return each question's
+        mean content-free log-probabilities, one list of ``n_options`` floats per question."""
+        g = 0
+        for key in self.missing:
+            per_read = []
+            for _ in debias.CONTENT_FREE_STATES:
+                for _stem, _scored, owner in key[2]:
+                    lps = [tuple(o.logprobs) for o in scored[g]]
+                    out.output_tokens += sum(len(x) for x in lps)
+                    try:
+                        per_read.append(readings.log_probs(owner, lps, normalize))
+                    except ValueError as exc:
+                        raise UnusableScores(f"the engine's content-free scores are unusable: {exc}") from None
+                    g += 1
+            mem.remember_content_free(key, readings.mean_log_probs(per_read))
+        return [mem.content_free[key] for key in self.keys]
 
 
 async def _decide_path(

@@ -144,6 +144,18 @@ def plan(
     return reads
 
 
+def content_free_plan(
+    qtype: str, instructions: Any, criteria: Any, n_options: int, method: Method, order: Sequence[int] | None = None
+) -> list[Read]:
+    """The reads of a question's content-free side (``content_free``): what is read on each
+    content-free state (:data:`gateway.decision.debias.CONTENT_FREE_STATES`) in place of the state.
+
+    The same reads as :func:`plan` (the question as asked, under the same rotations), so that
+    :func:`combine` subtracts each read's own lean. Raises ``ValueError`` as :func:`plan`.
+    """
+    return plan(qtype, instructions, criteria, n_options, method, order)
+
+
 def log_probs(owner: Sequence[int], logprobs: Sequence[Sequence[float]], normalize: str = "sum") -> list[float]:
     """One read's log-softmax over the reply's options: shape ``(n_options,)``, nats.
 

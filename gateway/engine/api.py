@@ -131,6 +131,11 @@ class ScoreResult:
         return softmax(option_scores([o.logprobs for o in self.groups[group]], normalize))
 
 
+def _plus(a: int | None, b: int | None) -> int | None:
+    """The sum of two counters, None when either engine call had none."""
+    return None if a is None or b is None else a + b
+
+
 def _normalize_groups(groups: Groups) -> list[tuple[bytes, list[bytes]]]:
     if isinstance(groups, (str, bytes)) or not groups:
         raise ValueError("groups: expected a non-empty list of (stem, [options]) or of options")
@@ -474,12 +479,18 @@ class Engine:
         route: Text | None = None,
         timeout: float | None = None,
         fast: bool | None = None,
+        beside: tuple[Text, Groups] | None = None,
     ) -> ScoreResult:
         """Log-probabilities of options in context: option ``o`` of group ``g`` is
         the text ``prefix + stem_g + option_o``, scored on its own tokens (spec 9.1).
 
         ``groups``: ``[(stem, [option, ...]), ...]``, or ``[option, ...]`` for
         one group with an empty stem. ``pin``: keep a snapshot of the prefix.
+        ``beside``: ``(base, more_groups)``, groups scored on ``base``, a leading
+        part of ``prefix`` (a content-free reading beside the state): their
+        results follow ``groups``' in the result. On an engine that advertises
+        ``x_score_base`` they go in the same SCORE (spec 9.1, ``base``), so the
+        slot keeps the whole prefix; elsewhere in a second call on the same slot.
         ``fast``: ``None`` uses SCORE when the engine advertises ``x_score``,
         ``False`` forces the seed's fallback (``prefix + stem`` with
         ``pin=1 logprobs=1 max_tokens=0``, then each option's text with
@@ -495,16 +506,40 @@ class Engine:
         for gi, (stem, _) in enumerate(norm):
             if not prefix_b + stem:
                 raise ValueError(f"groups[{gi}].stem: prefix + stem is empty; the first option token needs a context")
+        base_b, more = b"", []
+        if beside is not None:
+            base_b, more = _bytes(beside[0], "beside.base"), _normalize_groups(beside[1])
+            if not prefix_b.startswith(base_b):
+                raise ValueError("beside.base: expected a leading part of the prefix")
+            for gi, (stem, _) in enumerate(more):
+                if not base_b + stem:
+                    raise ValueError(
+                        f"beside.groups[{gi}].stem: base + stem is empty; the first option token needs a context"
+                    )
         key = _bytes(route, "route") if route is not None else prefix_b or norm[0][0]
         timeout = self.request_timeout if timeout is None else timeout
         deadline = anyio.current_time() + timeout if timeout is not None else float("inf")
         with anyio.CancelScope(deadline=deadline) as scope:
             proc = await self._sup.instance()
             use_fast = proc.caps.x_score if fast is None else fast
-            if use_fast:
+            if use_fast and more and proc.caps.x_score_base:
+                result = await self._score_fast(prefix_b, norm + more, pin, slot, key, len(norm), len(base_b))
+            elif use_fast:
                 result = await self._score_fast(prefix_b, norm, pin, slot, key)
             else:
                 result = await self._score_fallback(prefix_b, norm, pin, slot, key)
+            if more and not (use_fast and proc.caps.x_score_base):
+                extra = await (
+                    self._score_fast(base_b, more, False, slot, key)
+                    if use_fast
+                    else self._score_fallback(base_b, more, False, slot, key)
+                )
+                result = attrs.evolve(
+                    result,
+                    groups=result.groups + extra.groups,
+                    computed=_plus(result.computed, extra.computed),
+                    reused=_plus(result.reused, extra.reused),
+                )
         if scope.cancelled_caught:
             raise EngineTimeout(
                 f"score on engine {self.name!r} did not finish within {timeout} s; cancelled",
@@ -514,11 +549,18 @@ class Engine:
             )
         return result
 
-    async def _score_fast(self, prefix: bytes, groups, pin: bool, slot, key: bytes) -> ScoreResult:
+    async def _score_fast(
+        self, prefix: bytes, groups, pin: bool, slot, key: bytes, n_plain: int | None = None, base: int = 0
+    ) -> ScoreResult:
+        # groups[n_plain:] continue the prefix's first `base` bytes (spec 9.1, x_score_base)
+        n_plain = len(groups) if n_plain is None else n_plain
         payload = orjson.dumps(
             {
                 "prefix": _text(prefix),
-                "groups": [{"stem": _text(s), "options": [_text(o) for o in opts]} for s, opts in groups],
+                "groups": [
+                    {"stem": _text(s), "options": [_text(o) for o in opts], **({"base": base} if g >= n_plain else {})}
+                    for g, (s, opts) in enumerate(groups)
+                ],
                 "pin": bool(pin),
             }
         )
