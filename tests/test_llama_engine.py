@@ -236,6 +236,7 @@ def test_handshake_announces_caps(tiny):
             "pin_slots": "3",
             "max_logprobs": "32",
             "x_score": "1",
+            "x_score_base": "1",
             "x_counters": "1",
             "x_health": "1",
             "x_numerics": "invariant",
