@@ -167,3 +167,32 @@ def test_caps_advertise_based_groups(model_path):
         assert eng.caps.values.get("x_score_base") == "1"
     finally:
         eng.close()
+
+
+# --- a question of more options than scratch sequences: the stem is kept for the next chunk ------------
+
+MANY = [f"queue_{k}" for k in range(40)]
+LISTING = "\n\nWhich queue?\n" + "\n".join(f"{o}: tickets of queue {k}" for k, o in enumerate(MANY))
+QMANY = (LISTING + "\nAnswer with one label.<|im_end|>\n<|im_start|>assistant\n", MANY)
+
+
+def many(model_path, seqs: str, *groups: dict) -> tuple[list[tuple], Done]:
+    eng = engine(model_path, "--score-seqs", seqs)
+    try:
+        return scored(eng.request(score(1, PREFIX, list(groups))))
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("seqs", ["7", "16"])
+def test_a_question_cut_between_chunks_keeps_its_stem_and_its_bits(model_path, seqs):
+    """40 options on 7 (or 16) scratch sequences: 6 (or 3) chunks, the stem computed in the first only
+    (each later chunk recomputes the stem's last position); the bits those of one chunk of 64."""
+    groups = (group(QMANY), group(QMANY, BASE, na=True), group(Q1))
+    want, whole = many(model_path, "64", *groups)
+    got, cut = many(model_path, seqs, *groups)
+    assert got == want
+    later = 2 * (-(-40 // int(seqs)) - 1)  # later chunks of the two questions of 40 (the state's, its twin's)
+    # each later chunk of a cut question recomputes the stem's last position and the nodes its options
+    # share ("queue", "_", a digit), at most 4; without the carry it computed the stem's 477 positions again
+    assert later <= cut.computed - whole.computed <= 4 * later

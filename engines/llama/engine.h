@@ -27,6 +27,7 @@
 #define ENGINE_DEFAULT_CTX    4096            /* tokens per slot, capped by the model's n_ctx_train */
 #define ENGINE_DEFAULT_PINS   4               /* snapshots kept (CAPS pin_slots) */
 #define ENGINE_MAX_SEQ        256             /* llama.cpp's sequence ids (LLAMA_MAX_SEQ): slots + SCORE scratch */
+#define ENGINE_MAX_SLOTS      120             /* slots and their SCORE carries, 2 ids each, leave 16 for scratch */
 #define ENGINE_MAX_SCORED     200             /* scored tokens per SCORE option (spec 9.1) */
 #define ENGINE_QUEUE_MAX      256             /* requests in flight */
 #define ENGINE_UBATCH         512             /* llama.cpp's physical batch (--ubatch): a CANCEL waits at most one */

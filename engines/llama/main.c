@@ -96,7 +96,7 @@ static int parse_options(int argc, char **argv, options *o)
         if (!strcmp(a, "--model"))
             o->model = v;
         else if (!strcmp(a, "--slots"))
-            rc = parse_int_arg(a, v, 1, 128, &o->slots);
+            rc = parse_int_arg(a, v, 1, ENGINE_MAX_SLOTS, &o->slots);
         else if (!strcmp(a, "--ctx"))
             rc = parse_int_arg(a, v, 8, 1 << 20, &o->ctx);
         else if (!strcmp(a, "--pin-slots"))
@@ -321,10 +321,11 @@ static int load(engine *e, options *o)
     e->slots_auto = o->slots == 0;
     e->n_slots = o->slots ? o->slots : auto_slots(e, o);
     e->n_pins = o->pins;
-    /* --score-seqs unset: every sequence id above the slots (ENGINE_MAX_SEQ in all), so that many
-     * SCOREs in one decode each still get the sequences of a whole question or several: a question
-     * cut between two chunks computes its stem in both */
-    int seqs_left = ENGINE_MAX_SEQ - e->n_slots;
+    /* --score-seqs unset: every sequence id above the slots and their carries (ENGINE_MAX_SEQ in
+     * all), so that many SCOREs in one decode each still get the sequences of a whole question or
+     * several. Each slot has one more sequence, its SCORE's carry: the stem of a question cut
+     * between two chunks, kept for the next one (score.c) */
+    int seqs_left = ENGINE_MAX_SEQ - 2 * e->n_slots;
     e->n_score_seqs = o->score_seqs && o->score_seqs < seqs_left ? o->score_seqs : seqs_left;
     e->n_batch = e->n_ctx < 2048 ? e->n_ctx : 2048;
 
@@ -338,7 +339,7 @@ static int load(engine *e, options *o)
     cp.n_ctx = (uint32_t)e->n_ctx * (uint32_t)(e->n_slots + 1); /* the slots + SCORE scratch */
     cp.n_batch = (uint32_t)e->n_batch;
     cp.n_ubatch = (uint32_t)e->n_ubatch;
-    cp.n_seq_max = (uint32_t)(e->n_slots + e->n_score_seqs);
+    cp.n_seq_max = (uint32_t)(2 * e->n_slots + e->n_score_seqs);
     /* llama.cpp reserves room for n_seq_max outputs: never fewer than that */
     cp.n_outputs_max = cp.n_batch > cp.n_seq_max ? cp.n_batch : cp.n_seq_max;
     cp.n_threads = o->threads;
@@ -390,7 +391,7 @@ static int load(engine *e, options *o)
     e->echo_top = malloc((size_t)e->n_batch * ENGINE_MAX_LOGPROBS * sizeof *e->echo_top);
     if (!e->echo_rows || !e->echo_lse || !e->echo_k || !e->echo_top)
         return load_fail(e, "nomem", "allocating the read-out buffers failed");
-    e->batch = llama_batch_init(e->n_batch, 0, e->n_score_seqs);
+    e->batch = llama_batch_init(e->n_batch, 0, e->n_score_seqs + 1); /* a stem's node: its options and the carry */
     /* kept numbers equal fresh ones only when the arithmetic is invariant */
     if (score_cache_init(&e->scores, o->fast ? 0 : (size_t)o->score_cache_mb << 20) != 0)
         return load_fail(e, "nomem", "allocating the score cache failed");

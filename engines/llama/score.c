@@ -23,6 +23,14 @@
  * and their trie starts there, so they read the head of the prefix without
  * the rest and the slot keeps the whole trunk.
  *
+ * A chunk that cuts a question (more options than scratch sequences: a
+ * choice of 255 labels) keeps the question's stem for the next chunk: its
+ * stem nodes are also tagged with the slot's *carry* sequence (one id per
+ * slot above the scratch ones), and the question's options in later chunks
+ * copy their context from the carry and recompute only the stem's last
+ * position, whose logits they need. So a stem is computed once whatever the
+ * number of options; the carry is dropped when the SCORE ends.
+ *
  * A SCORE is a task of the scheduler (sched.c): its trunk is prefilled in
  * chunks like a SUBMIT's prompt, then each trie chunk is one fill of the
  * batch, its nodes after the other tasks' rows and its scratch sequences
@@ -42,6 +50,8 @@ typedef struct option_tokens {
     int ctx;           /* context_tokens: lcp with prefix + stem */
     int based;         /* its group continues prefix[:base] with base < the prefix's bytes */
     int from;          /* where its path leaves the trunk: job->trunk, or earlier when based */
+    int from0;         /* from as parsed (from and carried change once its stem is in the carry) */
+    int carried;       /* its context is copied from the carry sequence, not from the slot */
     int group, index;
     int *path;         /* node of positions trunk .. n-1 (chunk-local), owned */
     score_key key;     /* hash of toks (score_cache.c) */
@@ -52,6 +62,7 @@ typedef struct option_tokens {
 typedef struct trie_node {
     int first_child, next_sibling;
     int root;          /* a root's position (its option's from), -1 below the roots */
+    int carried;       /* a root of options whose context is the carry's */
     double lse;        /* logsumexp of its logits row once computed, else NAN */
 } trie_node;
 
@@ -224,6 +235,7 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
         } else if (ot->from == ot->ctx) {
             ot->from = ot->ctx - 1; /* only the trunk's last logits are kept: recompute the one it needs */
         }
+        ot->from0 = ot->from;
     }
     rc = 0;
 out:
@@ -242,8 +254,8 @@ static int new_nodes(const score_job *job, const int *idx, int first, int j)
     int shared = ot->from;
     for (int i = first; i < j; i++) {
         const option_tokens *oi = &job->opts[idx[i]];
-        if (oi->from != ot->from)
-            continue; /* paths leaving the trunk at different places share no node */
+        if (oi->from != ot->from || oi->carried != ot->carried)
+            continue; /* paths leaving the trunk (or the carry) at different places share no node */
         int l = lcp(oi->toks, oi->n, ot->toks, ot->n);
         if (l > oi->n - 1)
             l = oi->n - 1;
@@ -268,14 +280,34 @@ typedef struct score_state {
     reuse_info ri;
     int stale;
     int computed, reused_nodes;
+    int carry_group;     /* the group whose stem the carry holds (positions [0, carry_end)), -1 none */
+    int carry_end;
+    int carry_next;      /* the group whose stem the decode being run tags with the carry, -1 none */
+    int carry_next_end;
+    int carry_used;      /* the carry sequence holds cells: drop them at the end */
 } score_state;
+
+/* The slot's carry sequence: above the slots and the scratch ones (main.c). */
+static int carry_seq(const engine *e, const task *t)
+{
+    return e->n_slots + e->n_score_seqs + (int)t->rq.slot;
+}
+
+static void drop_carry(engine *e, task *t)
+{
+    score_state *st = t->st;
+    if (st->carry_used)
+        llama_memory_seq_rm(llama_get_memory(e->ctx), carry_seq(e, t), -1, -1);
+    st->carry_used = 0;
+    st->carry_group = st->carry_next = -1;
+}
 
 void score_free(engine *e, task *t)
 {
-    (void)e;
     score_state *st = t->st;
     if (!st)
         return;
+    drop_carry(e, t);
     free(st->trie);
     free(st->todo);
     free(st->cached);
@@ -327,6 +359,7 @@ int score_start(engine *e, task *t)
         return -1;
     }
     t->st = st;
+    st->carry_group = st->carry_next = -1;
     score_job *job = &st->job;
     if (job_parse(e, rq, job, &st->pin, msg, sizeof msg) != 0) {
         sp_write_error(&e->w, rq->id, "BAD_REQUEST", "%s", msg);
@@ -472,6 +505,51 @@ int score_want(engine *e, task *t)
     return nodes > 0 ? nodes : 1;
 }
 
+/* When the chunk in the batch ends inside a question (its next option is
+ * the same question's), tags that question's stem nodes with the carry
+ * sequence too, so the next chunk's options of it read the stem from there.
+ * A question already carried keeps its carry; one whose options leave the
+ * trunk in different places, or whose stem adds fewer than two positions,
+ * is not carried (its stem is computed again, as before the carry). */
+static void keep_stem(engine *e, task *t, int row0)
+{
+    score_state *st = t->st;
+    const score_job *job = &st->job;
+    struct llama_batch *b = &e->batch;
+    st->carry_next = -1;
+    if (st->last >= st->n_todo || st->last == st->first)
+        return;
+    const option_tokens *lo = &job->opts[st->todo[st->last - 1]];
+    const int g = lo->group;
+    if (job->opts[st->todo[st->last]].group != g || g == st->carry_group)
+        return;
+    int first = st->last - 1, end = lo->ctx;
+    while (first > st->first && job->opts[st->todo[first - 1]].group == g)
+        first--;
+    for (int j = first; j < st->n_todo && job->opts[st->todo[j]].group == g; j++) {
+        const option_tokens *o = &job->opts[st->todo[j]];
+        if (o->from != lo->from || o->carried != lo->carried)
+            return;
+        if (o->ctx < end)
+            end = o->ctx;
+    }
+    if (end - lo->from < 2 || end - 1 > lo->n - 2)
+        return;
+    llama_memory_t mem = llama_get_memory(e->ctx);
+    const int carry = carry_seq(e, t);
+    llama_memory_seq_rm(mem, carry, -1, -1);
+    if (lo->from > 0)
+        llama_memory_seq_cp(mem, (int)t->rq.slot, carry, 0, lo->from);
+    for (int p = lo->from; p < end; p++) {
+        int row = row0 + lo->path[p - lo->from];
+        b->seq_id[row][b->n_seq_id[row]++] = carry;
+    }
+    st->carry_used = 1;
+    st->carry_group = -1; /* its old content is gone: nothing may copy from it until this decode ends */
+    st->carry_next = g;
+    st->carry_next_end = end;
+}
+
 /* Adds a trunk chunk, or the trie of the next options that fit. */
 int score_fill(engine *e, task *t, int budget, int seqs)
 {
@@ -506,7 +584,7 @@ int score_fill(engine *e, task *t, int budget, int seqs)
             if (cur < 0) {
                 /* roots: this chunk's nodes that leave the trunk where this option does */
                 for (int i = 0; i < b->n_tokens - row0 && node < 0; i++)
-                    if (trie[i].root == p && b->token[row0 + i] == ot->toks[p])
+                    if (trie[i].root == p && trie[i].carried == ot->carried && b->token[row0 + i] == ot->toks[p])
                         node = i;
             } else {
                 while (node >= 0 && b->token[row0 + node] != ot->toks[p])
@@ -518,6 +596,7 @@ int score_fill(engine *e, task *t, int budget, int seqs)
                 trie[node].first_child = -1;
                 trie[node].next_sibling = cur < 0 ? -1 : trie[cur].first_child;
                 trie[node].root = cur < 0 ? p : -1;
+                trie[node].carried = ot->carried;
                 trie[node].lse = NAN;
                 if (cur >= 0)
                     trie[cur].first_child = node;
@@ -531,12 +610,15 @@ int score_fill(engine *e, task *t, int budget, int seqs)
         }
     }
     llama_memory_t mem = llama_get_memory(e->ctx);
+    const int carry = carry_seq(e, t);
     for (int q = 0; q < st->last - st->first; q++) {
-        const int from = job->opts[st->todo[st->first + q]].from;
+        const option_tokens *ot = &job->opts[st->todo[st->first + q]];
         llama_memory_seq_rm(mem, st->seq0 + q, -1, -1);
-        if (from > 0)
-            llama_memory_seq_cp(mem, slot, st->seq0 + q, 0, from);
+        if (ot->from > 0)
+            llama_memory_seq_cp(mem, ot->carried ? carry : slot, st->seq0 + q, 0, ot->from);
     }
+    /* after those copies: the carry may now take the stem of the question this chunk cuts */
+    keep_stem(e, t, row0);
     int rows = b->n_tokens - row0;
     if (rows == 0) {
         /* every option of the chunk is one token after the trunk: nothing to
@@ -600,6 +682,17 @@ void score_decoded(engine *e, task *t)
         score_cache_put(&e->scores, &ot->key, ot->ctx, lps, n);
     }
     drop_scratch(e, st);
+    if (st->carry_next >= 0) {
+        /* the cut question's later options read its stem from the carry and compute its last position */
+        st->carry_group = st->carry_next;
+        st->carry_end = st->carry_next_end;
+        st->carry_next = -1;
+        for (int j = st->last; j < st->n_todo && job->opts[st->todo[j]].group == st->carry_group; j++) {
+            option_tokens *ot = &job->opts[st->todo[j]];
+            ot->from = (ot->ctx < st->carry_end ? ot->ctx : st->carry_end) - 1;
+            ot->carried = 1;
+        }
+    }
     /* rows of this chunk: the nodes the fill added (trie indices 0 .. rows-1) */
     st->computed += t->rows;
     st->first = st->last;
@@ -619,6 +712,18 @@ void score_undo(engine *e, task *t)
         return;
     }
     drop_scratch(e, st);
+    if (st->carry_next >= 0) {
+        /* the fill emptied the carry for a stem this decode did not keep: options that were to
+         * read the old one read their context from the slot again, as parsed */
+        for (int j = st->first; j < st->n_todo; j++) {
+            option_tokens *ot = &st->job.opts[st->todo[j]];
+            if (ot->carried) {
+                ot->from = ot->from0;
+                ot->carried = 0;
+            }
+        }
+        drop_carry(e, t);
+    }
 }
 
 void score_fail(engine *e, task *t, int rc)
