@@ -234,7 +234,15 @@ def add_parsers(sub) -> None:
         metavar="FILE",
         help="append one JSON line per answered question to FILE: request and question ids, options, "
         "probabilities (before and after calibration), model and x_debias; no state or question "
-        "text. Fill in each line's 'answer' and pass the file to `serveproto calibrate --data`",
+        "text. Fill in each line's 'answer' and pass the file to `serveproto calibrate --data`. "
+        "A request whose lines cannot be written (disk full) is answered all the same, its lines "
+        "counted as lost (/metrics) and warned about once a minute",
+    )
+    p.add_argument(
+        "--log-decisions-required",
+        action="store_true",
+        help="with --log-decisions: refuse (503 naming the log) a request whose lines cannot be "
+        "written, instead of answering it unlogged",
     )
     p.add_argument("--request-timeout", type=float, default=120.0, help="seconds one engine call may take (503 after)")
     p.add_argument("--handshake-timeout", type=float, default=180.0, help="seconds the engine may take to load")
@@ -673,6 +681,8 @@ async def serve(args, *, task_status=None) -> None:
     from gateway.server.app import App, ModelInfo
     from gateway.server.fleet import Served
 
+    if getattr(args, "log_decisions_required", False) and not getattr(args, "log_decisions", None):
+        raise SystemExit("serveproto serve: --log-decisions-required: needs --log-decisions FILE")
     plans = plan_engines(args)
     api_key = args.api_key or key_from_env()
     # the port first: a port in use is reported at once, before a model is loaded for nothing
@@ -701,7 +711,7 @@ async def serve(args, *, task_status=None) -> None:
         from gateway.decision.decision_log import DecisionLog
 
         try:
-            decisions = DecisionLog(args.log_decisions)
+            decisions = DecisionLog(args.log_decisions, required=bool(getattr(args, "log_decisions_required", False)))
         except OSError as exc:
             await listener.aclose()
             raise SystemExit(
@@ -765,7 +775,8 @@ async def serve(args, *, task_status=None) -> None:
                     )
             if decisions is not None:
                 print(
-                    f"serveproto: logging decisions to {decisions.path} (ids, options, probabilities; no text)",
+                    f"serveproto: logging decisions to {decisions.path} (ids, options, probabilities; no text)"
+                    + ("; a request it cannot log is refused" if decisions.required else ""),
                     flush=True,
                 )
             if task_status is not None:
