@@ -179,9 +179,7 @@ def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
         )
     except JevValidationError as exc:
         e = exc.errors[0]
-        loc = e["loc"][1:]
-        param = "input" if loc[:1] == ["state"] else ".".join(map(str, loc))
-        raise _openai_error(e["msg"], param) from None
+        raise _openai_error(e["msg"], _openai_param(e["loc"], qs)) from None
     return parsed, qs
 
 
