@@ -146,14 +146,26 @@ _BETA = "expected a number from 0.02 to 50 (where calibrate fits it)"
         ({"maps": {"choice": {"kind": "temperature", "beta": True}}}, f"maps.choice.beta: {_BETA}, got True"),
         ({"maps": {"noul": {"kind": "two_slope", "a_yes": 1.0}}}, f"maps.noul.a_no: {_BETA}, got None"),
         ({"model": "m"}, "model.sha256: expected the model file's sha256, 64 lowercase hex digits"),
-        ({"model": {"name": "m", "sha256": 7}}, "model.sha256: expected the model file's sha256, 64 lowercase hex digits"),
+        (
+            {"model": {"name": "m", "sha256": 7}},
+            "model.sha256: expected the model file's sha256, 64 lowercase hex digits",
+        ),
         ({"model": {"sha256": "AB" * 32}}, "model.sha256: expected the model file's sha256, 64 lowercase hex digits"),
-        ({"x_debias": None}, "x_debias: Input should be 'none', 'cloze', 'letters', 'canonical', 'cyclic', "
-         "'content_free' or a list of those"),
-        ({"x_debias": [1]}, "x_debias: Input should be 'none', 'cloze', 'letters', 'canonical', 'cyclic', "
-         "'content_free' or a list of those"),
-        ({"x_debias": "canonical,content-free"}, "x_debias: Unknown debias method 'content-free': use 'none', "
-         "'cloze', 'letters', 'canonical', 'cyclic', 'content_free' or a list of those"),
+        (
+            {"x_debias": None},
+            "x_debias: Input should be 'none', 'cloze', 'letters', 'canonical', 'cyclic', "
+            "'content_free' or a list of those",
+        ),
+        (
+            {"x_debias": [1]},
+            "x_debias: Input should be 'none', 'cloze', 'letters', 'canonical', 'cyclic', "
+            "'content_free' or a list of those",
+        ),
+        (
+            {"x_debias": "canonical,content-free"},
+            "x_debias: Unknown debias method 'content-free': use 'none', "
+            "'cloze', 'letters', 'canonical', 'cyclic', 'content_free' or a list of those",
+        ),
         ({"id": {"a": 1}}, "id: expected 'cal-' and 12 lowercase hex digits, as calibrate writes it"),
         ({"id": "cal-" + "x" * 1000}, "id: expected 'cal-' and 12 lowercase hex digits, as calibrate writes it"),
     ],
@@ -235,9 +247,14 @@ _SKIP = 'answers carry x_calibration "identity" (serveproto calibrate writes a n
 @pytest.mark.parametrize(
     "write, why",
     [
-        (lambda p: p.write_bytes(b"\x00garbage\xff"), "not JSON: str is not valid UTF-8: surrogates not allowed: line 1 column 1 (char 0)"),
-        (lambda p: p.write_bytes(orjson.dumps(_valid_doc(maps=[]))), "maps: expected an object keyed by question "
-         "type (noul, choice, score)"),
+        (
+            lambda p: p.write_bytes(b"\x00garbage\xff"),
+            "not JSON: str is not valid UTF-8: surrogates not allowed: line 1 column 1 (char 0)",
+        ),
+        (
+            lambda p: p.write_bytes(orjson.dumps(_valid_doc(maps=[]))),
+            "maps: expected an object keyed by question type (noul, choice, score)",
+        ),
         (
             lambda p: p.write_bytes(orjson.dumps(_valid_doc(maps={"noul": {"kind": "temperature", "beta": 1e308}}))),
             f"maps.noul.beta: {_BETA}, got 1e+308",
@@ -257,7 +274,9 @@ def test_serve_skips_a_bad_file_it_found_in_the_cache_and_refuses_one_it_was_giv
     write(path)
     said: list[str] = []
     assert load_calibration(None, str(model), say=said.append) is None
-    assert said == [f"serveproto serve: calibration: skipping {path}, found in the cache for this model: {why}; {_SKIP}"]
+    assert said == [
+        f"serveproto serve: calibration: skipping {path}, found in the cache for this model: {why}; {_SKIP}"
+    ]
     with pytest.raises(SystemExit) as e:  # named by the operator: still refused
         load_calibration(str(path), str(model), say=said.append)
     if why == "Is a directory":
@@ -270,7 +289,9 @@ def test_serve_skips_a_bad_file_it_found_in_the_cache_and_refuses_one_it_was_giv
 
 
 @pytest.mark.anyio
-async def test_serve_starts_past_a_corrupted_calibration_in_the_cache(tmp_path, monkeypatch, capfd, tiny, fixture_engine):
+async def test_serve_starts_past_a_corrupted_calibration_in_the_cache(
+    tmp_path, monkeypatch, capfd, tiny, fixture_engine
+):
     """The issue's case end to end: garbage under the model's sha256 no longer makes ``serve`` exit 1."""
     import anyio
     import httpx2

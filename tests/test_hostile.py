@@ -654,8 +654,12 @@ _HIDDEN = (
         (["billing", "billing\u200b"], "billing", "billing\u200b", f"only by {_HIDDEN}"),  # a zero-width space
         (["\ufeffbilling", "billing"], "\ufeffbilling", "billing", f"only by {_HIDDEN}"),  # a BOM
         (["caf\u00e9", "cafe\u0301"], "caf\u00e9", "cafe\u0301", f"only by {_HIDDEN}"),  # café composed, decomposed
-        (["Billing", " bil\u00adling\u200d"], "Billing", " bil\u00adling\u200d", f"only by case, surrounding "
-         f"whitespace, {_HIDDEN}"),
+        (
+            ["Billing", " bil\u00adling\u200d"],
+            "Billing",
+            " bil\u00adling\u200d",
+            f"only by case, surrounding whitespace, {_HIDDEN}",
+        ),
     ],
 )
 async def test_labels_that_differ_only_by_invisible_characters_or_normalization_are_422(labels, twin, label, how):
@@ -663,7 +667,9 @@ async def test_labels_that_differ_only_by_invisible_characters_or_normalization_
     async with running(make_app(FakeEngine())) as base:
         r = await post_json(base, "/v1/systemone", body)
         d = await post_json(
-            base, "/v1/decisions", {"input": "x", "questions": [{"type": "choice", "choices": [{"value": x} for x in labels]}]}
+            base,
+            "/v1/decisions",
+            {"input": "x", "questions": [{"type": "choice", "choices": [{"value": x} for x in labels]}]},
         )
     msg = f"The label {label!r} differs from {twin!r} {how}: the model cannot tell them apart; rename one"
     assert r.status_code == 422
@@ -704,11 +710,15 @@ async def test_question_ids_that_differ_only_by_invisible_characters_are_422():
     noul = {"type": "noul"}
     async with running(make_app(FakeEngine())) as base:
         zwsp = await post_json(base, "/v1/systemone", {"state": "s", "questions": {"q": noul, "q\u200b": noul}})
-        nfd = await post_json(base, "/v1/systemone", {"state": "s", "questions": {"caf\u00e9": noul, "cafe\u0301": noul}})
+        nfd = await post_json(
+            base, "/v1/systemone", {"state": "s", "questions": {"caf\u00e9": noul, "cafe\u0301": noul}}
+        )
         empty = await post_json(base, "/v1/systemone", {"state": "s", "questions": {"q": noul, "\ufeff": noul}})
         cased = await post_json(base, "/v1/systemone", {"state": "s", "questions": {"q": noul, "Q": noul}})
     zw, composed, decomposed = "q\u200b", "caf\u00e9", "cafe\u0301"
-    msg = f"The question id {zw!r} differs from 'q' only by {_HIDDEN}: their answers could not be told apart; rename one"
+    msg = (
+        f"The question id {zw!r} differs from 'q' only by {_HIDDEN}: their answers could not be told apart; rename one"
+    )
     assert zwsp.status_code == 422
     assert zwsp.json() == {
         "detail": [{"loc": ["body", "questions", "q\u200b"], "msg": msg, "type": "value_error"}],

@@ -90,7 +90,7 @@ def _not_f32(path: Path, want_source: str | None = None) -> str | None:
         if not reader.tensors:
             return "no tensors"
         other = sorted({t.tensor_type.name for t in reader.tensors if int(t.tensor_type) != _F32})
-    except Exception as exc:  # noqa: BLE001  (see the docstring)
+    except Exception as exc:  # any: see the docstring
         return f"not a readable GGUF ({type(exc).__name__}: {exc})"
     return f"tensors of type {', '.join(other)}" if other else None
 
