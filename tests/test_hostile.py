@@ -642,6 +642,111 @@ async def test_a_whitespace_only_label_is_422():
     ]
 
 
+_HIDDEN = (
+    "invisible characters (Unicode format characters: zero-width spaces and joiners, a BOM) "
+    "or Unicode normalization (NFC)"
+)
+
+
+@pytest.mark.parametrize(
+    "labels, twin, label, how",
+    [
+        (["billing", "billing\u200b"], "billing", "billing\u200b", f"only by {_HIDDEN}"),  # a zero-width space
+        (["\ufeffbilling", "billing"], "\ufeffbilling", "billing", f"only by {_HIDDEN}"),  # a BOM
+        (["caf\u00e9", "cafe\u0301"], "caf\u00e9", "cafe\u0301", f"only by {_HIDDEN}"),  # café composed, decomposed
+        (
+            ["Billing", " bil\u00adling\u200d"],
+            "Billing",
+            " bil\u00adling\u200d",
+            f"only by case, surrounding whitespace, {_HIDDEN}",
+        ),
+    ],
+)
+async def test_labels_that_differ_only_by_invisible_characters_or_normalization_are_422(labels, twin, label, how):
+    body = question_set(department={"type": "choice", "criteria": dict.fromkeys(labels)})
+    async with running(make_app(FakeEngine())) as base:
+        r = await post_json(base, "/v1/systemone", body)
+        d = await post_json(
+            base,
+            "/v1/decisions",
+            {"input": "x", "questions": [{"type": "choice", "choices": [{"value": x} for x in labels]}]},
+        )
+    msg = f"The label {label!r} differs from {twin!r} {how}: the model cannot tell them apart; rename one"
+    assert r.status_code == 422
+    assert r.json() == {
+        "detail": [{"loc": ["body", "questions", "department", "criteria", label], "msg": msg, "type": "value_error"}],
+        "error": {
+            "type": "invalid_request_error",
+            "message": f"body.questions.department.criteria.{label}: {msg}",
+            "param": f"questions.department.criteria.{label}",
+        },
+    }
+    assert d.status_code == 400
+    assert d.json()["error"] == {
+        "message": msg,
+        "type": "invalid_request_error",
+        "param": "questions[0].choices[1].value",
+        "code": None,
+    }
+
+
+@pytest.mark.parametrize("label", ["\u200b", "\ufeff", " \u200c\u200d ", "\u2060\u00ad"])
+async def test_a_label_of_invisible_characters_only_is_422(label):
+    body = question_set(department={"type": "choice", "criteria": {"billing": None, label: None}})
+    async with running(make_app(FakeEngine())) as base:
+        r = await post_json(base, "/v1/systemone", body)
+    assert r.status_code == 422
+    assert r.json()["detail"] == [
+        {
+            "loc": ["body", "questions", "department", "criteria", label],
+            "type": "value_error",
+            "msg": "A label must not be only invisible characters (Unicode format characters such as "
+            "zero-width spaces) and whitespace: it is the text the model is scored on",
+        }
+    ]
+
+
+async def test_question_ids_that_differ_only_by_invisible_characters_are_422():
+    noul = {"type": "noul"}
+    async with running(make_app(FakeEngine())) as base:
+        zwsp = await post_json(base, "/v1/systemone", {"state": "s", "questions": {"q": noul, "q\u200b": noul}})
+        nfd = await post_json(
+            base, "/v1/systemone", {"state": "s", "questions": {"caf\u00e9": noul, "cafe\u0301": noul}}
+        )
+        empty = await post_json(base, "/v1/systemone", {"state": "s", "questions": {"q": noul, "\ufeff": noul}})
+        cased = await post_json(base, "/v1/systemone", {"state": "s", "questions": {"q": noul, "Q": noul}})
+    zw, composed, decomposed = "q\u200b", "caf\u00e9", "cafe\u0301"
+    msg = (
+        f"The question id {zw!r} differs from 'q' only by {_HIDDEN}: their answers could not be told apart; rename one"
+    )
+    assert zwsp.status_code == 422
+    assert zwsp.json() == {
+        "detail": [{"loc": ["body", "questions", "q\u200b"], "msg": msg, "type": "value_error"}],
+        "error": {
+            "type": "invalid_request_error",
+            "message": f"body.questions.q\u200b: {msg}",
+            "param": "questions.q\u200b",
+        },
+    }
+    assert nfd.json()["detail"] == [
+        {
+            "loc": ["body", "questions", "cafe\u0301"],
+            "msg": f"The question id {decomposed!r} differs from {composed!r} only by {_HIDDEN}: their answers "
+            "could not be told apart; rename one",
+            "type": "value_error",
+        }
+    ]
+    assert empty.json()["detail"] == [
+        {
+            "loc": ["body", "questions", "\ufeff"],
+            "msg": "A question id must not be only invisible characters (Unicode format characters such as "
+            "zero-width spaces): it keys its answer in the reply",
+            "type": "string_too_short",
+        }
+    ]
+    assert cased.status_code == 200 and list(cased.json()["answers"]) == ["q", "Q"]  # ids keep their case
+
+
 async def test_an_empty_score_level_is_answered_with_a_warning():
     body = question_set(
         severity={"type": "score", "criteria": ["none", "", "  ", "total"]},

@@ -77,6 +77,23 @@ def test_a_changed_source_is_transcoded_again(tiny, tiny_q80, cache, tmp_path):
         assert not np.array_equal(f.tensor("blk.0.attn_q.weight"), before)
 
 
+def test_a_torn_transcode_in_the_cache_is_said_and_made_again(tiny_q80, cache, capfd):
+    """A file the server finds in its cache by itself and cannot use is named with why, then replaced
+    (issue 30, item 3): a transcode cut at 1000 bytes made the GGUF reader raise IndexError out of serve."""
+    _need_tool()
+    good = precision.ensure_f32(tiny_q80, threads=1, quiet=True)
+    whole = good.read_bytes()
+    good.write_bytes(whole[:1000])
+    capfd.readouterr()
+    again = precision.ensure_f32(tiny_q80, threads=1, quiet=True)
+    err = capfd.readouterr().err
+    assert again == good and again.read_bytes() == whole
+    assert err.splitlines() == [
+        f"serveproto: precision f32: not reusing {good}: not a readable GGUF "
+        "(IndexError: index 0 is out of bounds for axis 0 with size 0); transcoding again"
+    ]
+
+
 def test_an_all_f32_model_is_served_as_it_is(tiny, cache, tmp_path):
     assert precision.ensure_f32(tiny, tool=tmp_path / "no-such-tool", quiet=True) == tiny
     assert not (cache / "models").exists()

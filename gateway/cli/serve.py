@@ -234,7 +234,15 @@ def add_parsers(sub) -> None:
         metavar="FILE",
         help="append one JSON line per answered question to FILE: request and question ids, options, "
         "probabilities (before and after calibration), model and x_debias; no state or question "
-        "text. Fill in each line's 'answer' and pass the file to `serveproto calibrate --data`",
+        "text. Fill in each line's 'answer' and pass the file to `serveproto calibrate --data`. "
+        "A request whose lines cannot be written (disk full) is answered all the same, its lines "
+        "counted as lost (/metrics) and warned about once a minute",
+    )
+    p.add_argument(
+        "--log-decisions-required",
+        action="store_true",
+        help="with --log-decisions: refuse (503 naming the log) a request whose lines cannot be "
+        "written, instead of answering it unlogged",
     )
     p.add_argument("--request-timeout", type=float, default=120.0, help="seconds one engine call may take (503 after)")
     p.add_argument("--handshake-timeout", type=float, default=180.0, help="seconds the engine may take to load")
@@ -435,11 +443,14 @@ def default_debias(args) -> tuple[str, ...]:
     return DEFAULT_MODEL_DEBIAS if not args.model and not args.engine else ()
 
 
-def load_calibration(choice: str | None, model_path: str | None):
+def load_calibration(choice: str | None, model_path: str | None, *, say=None):
     """The calibration ``serve`` applies: ``choice`` (``--calibration``) ``"none"`` for none, a file, or
     None for the model's own (:func:`gateway.decision.calibration.default_path` of its sha256, when it exists).
 
-    Raises ``SystemExit`` for a file that cannot be read or that was fitted on another model file.
+    A file named by ``choice`` that cannot be read, does not validate or was fitted on another model
+    file raises ``SystemExit`` (the operator asked for it). The model's own file, found in the cache
+    by the server itself, is skipped instead: one line through ``say`` (default: stderr) names it
+    and says why, and the answers carry ``x_calibration: "identity"``.
     """
     from gateway.decision import calibration
 
@@ -447,14 +458,32 @@ def load_calibration(choice: str | None, model_path: str | None):
         return None
     sha = calibration.sha256_file(model_path) if model_path and Path(model_path).exists() else None
     if choice is None:
-        if sha is None or not calibration.default_path(sha).exists():
+        if sha is None:
             return None
         path = calibration.default_path(sha)
-    else:
-        path = Path(choice)
+        if not path.exists():
+            return None
+        why = None
+        try:
+            cal = calibration.load(path)
+        except (OSError, ValueError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else str(exc).removeprefix(f"{path}: ")
+        else:
+            if cal.model_sha256 != sha:
+                why = f"fitted on another model file (sha256 {cal.model_sha256[:12]}...)"
+        if why is None:
+            return cal
+        (say or _say_stderr)(
+            f"serveproto serve: calibration: skipping {path}, found in the cache for this model: {why}; "
+            'answers carry x_calibration "identity" (serveproto calibrate writes a new one)'
+        )
+        return None
+    path = Path(choice)
     try:
         cal = calibration.load(path)
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        raise SystemExit(f"serveproto serve: --calibration: cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
         raise SystemExit(f"serveproto serve: --calibration: {exc}") from None
     if sha is not None and cal.model_sha256 != sha:
         raise SystemExit(
@@ -462,6 +491,10 @@ def load_calibration(choice: str | None, model_path: str | None):
             f"(sha256 {cal.model_sha256[:12]}..., the served model's is {sha[:12]}...)"
         )
     return cal
+
+
+def _say_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _threads(value: str) -> int | str:
@@ -653,7 +686,9 @@ def load_calibrations(choice: str | None, paths: list[str | None]) -> list:
 
     try:
         cal = calibration.load(Path(choice))
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        raise SystemExit(f"serveproto serve: --calibration: cannot read {choice}: {exc.strerror or exc}") from None
+    except ValueError as exc:
         raise SystemExit(f"serveproto serve: --calibration: {exc}") from None
     shas = [calibration.sha256_file(p) if p and Path(p).exists() else None for p in paths]
     if cal.model_sha256 not in shas:
@@ -673,6 +708,8 @@ async def serve(args, *, task_status=None) -> None:
     from gateway.server.app import App, ModelInfo
     from gateway.server.fleet import Served
 
+    if getattr(args, "log_decisions_required", False) and not getattr(args, "log_decisions", None):
+        raise SystemExit("serveproto serve: --log-decisions-required: needs --log-decisions FILE")
     plans = plan_engines(args)
     api_key = args.api_key or key_from_env()
     # the port first: a port in use is reported at once, before a model is loaded for nothing
@@ -701,7 +738,7 @@ async def serve(args, *, task_status=None) -> None:
         from gateway.decision.decision_log import DecisionLog
 
         try:
-            decisions = DecisionLog(args.log_decisions)
+            decisions = DecisionLog(args.log_decisions, required=bool(getattr(args, "log_decisions_required", False)))
         except OSError as exc:
             await listener.aclose()
             raise SystemExit(
@@ -765,7 +802,8 @@ async def serve(args, *, task_status=None) -> None:
                     )
             if decisions is not None:
                 print(
-                    f"serveproto: logging decisions to {decisions.path} (ids, options, probabilities; no text)",
+                    f"serveproto: logging decisions to {decisions.path} (ids, options, probabilities; no text)"
+                    + ("; a request it cannot log is refused" if decisions.required else ""),
                     flush=True,
                 )
             if task_status is not None:

@@ -40,7 +40,7 @@ from typing import Any
 import attrs
 import orjson
 
-from gateway.decision import evaluation
+from gateway.decision import debias, evaluation
 
 FORMAT = "serveproto-calibration"
 VERSION = 1
@@ -308,33 +308,80 @@ def document(result: Fit, model_name: str, model_sha256: str, methods: Sequence[
     }
 
 
+#: The largest calibration file read, in bytes (``calibrate`` writes about 3 KiB).
+MAX_FILE_BYTES = 1 << 20
+
+#: Each map kind's parameters; each must lie in :data:`BETA_RANGE`, where ``calibrate`` fits them.
+PARAMS = {"temperature": ("beta",), "two_slope": ("a_yes", "a_no")}
+
+_HEX = frozenset("0123456789abcdef")
+
+
 def load(path: str | Path) -> Calibration:
-    """Read a calibration file. Raises ``ValueError`` naming the file for anything but this
-    :data:`FORMAT` at :data:`VERSION` with known map kinds."""
+    """Read a calibration file. Raises ``ValueError`` naming the file and the field for anything
+    :func:`load_document` refuses, a file over :data:`MAX_FILE_BYTES` or not JSON; ``OSError``
+    as reading does."""
+    p = Path(path)
+    size = p.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise ValueError(f"{path}: {size} bytes, more than a calibration file holds ({MAX_FILE_BYTES} at most)")
     try:
-        doc = orjson.loads(Path(path).read_bytes())
+        doc = orjson.loads(p.read_bytes())
     except orjson.JSONDecodeError as exc:
         raise ValueError(f"{path}: not JSON: {exc}") from None
     return load_document(doc, str(path))
 
 
+def _is_hex(text: Any, n: int) -> bool:
+    return isinstance(text, str) and len(text) == n and set(text) <= _HEX
+
+
 def load_document(doc: Any, path: str = "calibration") -> Calibration:
-    """A calibration from its decoded JSON (:func:`document`); errors as :func:`load`, naming ``path``."""
+    """A calibration from its decoded JSON (:func:`document`); errors as :func:`load`, naming ``path``.
+
+    Checked: ``format`` and ``version``; ``maps`` an object keyed by question type, each map a
+    known ``kind`` with its :data:`PARAMS` numbers in :data:`BETA_RANGE` (a slope of 1e308 would
+    make every answer a certainty); ``model.sha256`` 64 hex digits; ``x_debias`` as a request's
+    (:func:`gateway.decision.debias.parse`: a list of methods or the flag's comma-separated
+    string, kept in its canonical order); ``id`` ``cal-`` and 12 hex digits. The rest
+    (``data``, ``folds``, ``held_out``) is how it was fitted and is not read.
+    """
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ValueError(f"{path}: not a {FORMAT} file")
     if doc.get("version") != VERSION:
         raise ValueError(f"{path}: calibration version {doc.get('version')!r}, this server reads {VERSION}")
+    raw_maps = doc.get("maps", {})
+    if not isinstance(raw_maps, dict):
+        raise ValueError(f"{path}: maps: expected an object keyed by question type (noul, choice, score)")
+    lo, hi = BETA_RANGE
     maps = {}
-    for qtype, m in doc.get("maps", {}).items():
-        kind = m.get("kind")
-        names = {"temperature": ("beta",), "two_slope": ("a_yes", "a_no")}.get(kind)
+    for qtype, m in raw_maps.items():
+        kind = m.get("kind") if isinstance(m, dict) else None
+        names = PARAMS.get(kind) if isinstance(kind, str) else None
         if names is None or qtype not in ("noul", "choice", "score"):
             raise ValueError(f"{path}: maps.{qtype}: unknown map {kind!r}")
-        if not all(isinstance(m.get(n), (int, float)) and m[n] > 0 for n in names):
-            raise ValueError(f"{path}: maps.{qtype}: {', '.join(names)} must be positive numbers")
+        for n in names:
+            v = m.get(n)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+                raise ValueError(
+                    f"{path}: maps.{qtype}.{n}: expected a number from {lo:g} to {hi:g} "
+                    f"(where calibrate fits it), got {v!r}"
+                )
         maps[qtype] = TypeMap(kind, {n: float(m[n]) for n in names})
-    sha = doc.get("model", {}).get("sha256", "")
-    return Calibration(maps, sha, tuple(doc.get("x_debias", [])), doc.get("id", ""), doc)
+    model = doc.get("model")
+    sha = model.get("sha256") if isinstance(model, dict) else None
+    if not _is_hex(sha, 64):
+        raise ValueError(f"{path}: model.sha256: expected the model file's sha256, 64 lowercase hex digits")
+    if "x_debias" not in doc:
+        raise ValueError(f"{path}: x_debias: missing (the methods its scores were read under; [] for none)")
+    try:
+        methods = debias.parse(doc["x_debias"])
+    except ValueError as exc:
+        raise ValueError(f"{path}: x_debias: {exc}") from None
+    ident = doc.get("id")
+    if not (isinstance(ident, str) and ident.startswith("cal-") and _is_hex(ident[4:], 12)):
+        raise ValueError(f"{path}: id: expected 'cal-' and 12 lowercase hex digits, as calibrate writes it")
+    return Calibration(maps, sha, methods, ident, doc)
 
 
 def default_path(model_sha256: str, cache: str | Path | None = None) -> Path:

@@ -10,6 +10,7 @@ See ``../shared/notes/jev-contract.md`` and the seed's "The HTTP endpoint".
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any
 
 import attrs
@@ -86,6 +87,37 @@ class SystemOneRequest:
     debias: tuple[str, ...] | None = None
 
 
+def visible(text: str) -> str:
+    """``text`` as a reader sees it: its format characters (Unicode category Cf: zero-width spaces and
+    joiners, a BOM, soft hyphens, direction marks) removed, then NFC (``café`` composed or not is one
+    string). Two labels or question ids with the same :func:`visible` form cannot be told apart."""
+    return unicodedata.normalize("NFC", "".join(c for c in text if unicodedata.category(c) != "Cf"))
+
+
+def label_key(label: str) -> str:
+    """The form two labels the model cannot keep apart share: :func:`visible`, surrounding whitespace
+    stripped, case folded (and NFC again, which case folding can undo)."""
+    return unicodedata.normalize("NFC", visible(label).strip().casefold())
+
+
+#: The differences :func:`visible` removes, as a 422 names them.
+_HIDDEN = (
+    "invisible characters (Unicode format characters: zero-width spaces and joiners, a BOM) "
+    "or Unicode normalization (NFC)"
+)
+
+
+def _how_alike(a: str, b: str) -> str:
+    """What ``a`` and ``b`` (of one :func:`label_key` or :func:`visible` form) differ by, for their 422:
+    ``"only by case or surrounding whitespace"`` (the first rule, kept word for word), invisible
+    characters and normalization when those are all, or every kind when both play a part."""
+    if visible(a) == visible(b):
+        return f"only by {_HIDDEN}"
+    if visible(a) == a and visible(b) == b:
+        return "only by case or surrounding whitespace"
+    return f"only by case, surrounding whitespace, {_HIDDEN}"
+
+
 def _err(loc: list, msg: str, type_: str) -> dict[str, Any]:
     return {"loc": ["body", *loc], "msg": msg, "type": type_}
 
@@ -157,15 +189,24 @@ def _question(errors: list, qid: str, raw: Any) -> Question | None:
                             "value_error",
                         )
                     )
+                elif not visible(label).strip():
+                    errors.append(
+                        _err(
+                            [*cloc, label],
+                            "A label must not be only invisible characters (Unicode format characters such as "
+                            "zero-width spaces) and whitespace: it is the text the model is scored on",
+                            "value_error",
+                        )
+                    )
                 else:
                     # the model cannot keep apart labels that differ only so: the probability splits between them
-                    twin = seen.setdefault(label.strip().casefold(), label)
+                    twin = seen.setdefault(label_key(label), label)
                     if twin != label:
                         errors.append(
                             _err(
                                 [*cloc, label],
-                                f"The label {label!r} differs from {twin!r} only by case "
-                                "or surrounding whitespace: the model cannot tell them apart; rename one",
+                                f"The label {label!r} differs from {twin!r} {_how_alike(label, twin)}: "
+                                "the model cannot tell them apart; rename one",
                                 "value_error",
                             )
                         )
@@ -223,9 +264,32 @@ def parse_request(body: Any) -> SystemOneRequest:
             )
         )
     else:
+        ids: dict[str, str] = {}
         for qid, raw in raw_q.items():
             if qid == "":
                 errors.append(_err(["questions", qid], "A question id must not be empty", "string_too_short"))
+                continue
+            if visible(qid) == "":
+                errors.append(
+                    _err(
+                        ["questions", qid],
+                        "A question id must not be only invisible characters (Unicode format characters "
+                        "such as zero-width spaces): it keys its answer in the reply",
+                        "string_too_short",
+                    )
+                )
+                continue
+            # ids keep case and spaces (they are keys, not text the model reads), not what no reader can see
+            twin = ids.setdefault(visible(qid), qid)
+            if twin != qid:
+                errors.append(
+                    _err(
+                        ["questions", qid],
+                        f"The question id {qid!r} differs from {twin!r} {_how_alike(qid, twin)}: "
+                        "their answers could not be told apart; rename one",
+                        "value_error",
+                    )
+                )
                 continue
             q = _question(errors, qid, raw)
             if q is not None:

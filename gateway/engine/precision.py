@@ -70,17 +70,29 @@ def source_fingerprint(source: str | Path) -> str:
 def _all_f32(path: Path, want_source: str | None = None) -> bool:
     """True when ``path`` is a readable GGUF whose tensors are all F32 (and, when ``want_source``
     is given, whose :data:`SOURCE_KEY` equals it)."""
+    return _not_f32(path, want_source) is None
+
+
+def _not_f32(path: Path, want_source: str | None = None) -> str | None:
+    """Why ``path`` is not :func:`_all_f32` (``"missing"``, unreadable, another source, ...), or None when it is.
+    Never raises: a torn or garbage file makes the GGUF reader raise nearly anything (``IndexError``
+    on a truncated header), and a file found in the cache must not stop the server."""
     from gguf import GGUFReader
 
+    if not path.exists():
+        return "missing"
     try:
         reader = GGUFReader(path)
-    except (OSError, ValueError):
-        return False
-    if want_source is not None:
-        field = reader.get_field(SOURCE_KEY)
-        if field is None or field.contents() != want_source:
-            return False
-    return bool(reader.tensors) and all(int(t.tensor_type) == _F32 for t in reader.tensors)
+        if want_source is not None:
+            field = reader.get_field(SOURCE_KEY)
+            if field is None or field.contents() != want_source:
+                return f"transcoded from another file ({SOURCE_KEY} is not {want_source!r})"
+        if not reader.tensors:
+            return "no tensors"
+        other = sorted({t.tensor_type.name for t in reader.tensors if int(t.tensor_type) != _F32})
+    except Exception as exc:  # any: see the docstring
+        return f"not a readable GGUF ({type(exc).__name__}: {exc})"
+    return f"tensors of type {', '.join(other)}" if other else None
 
 
 def ensure_f32(
@@ -108,9 +120,12 @@ def ensure_f32(
     fingerprint = source_fingerprint(src)
     target = f32_path(src)
     say = (lambda msg: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    if _all_f32(target, fingerprint):
+    why = _not_f32(target, fingerprint)
+    if why is None:
         say(f"serveproto: precision f32: reusing {target}")
         return target
+    if why != "missing":  # found in the cache but unusable: said, then made again
+        print(f"serveproto: precision f32: not reusing {target}: {why}; transcoding again", file=sys.stderr, flush=True)
     if tool is None:
         try:
             tool = ensure_engine("serveproto-quantize")  # built on first use outside a clone

@@ -2,7 +2,7 @@
 
 Requests by route and status, request latency by route, prompt positions
 computed vs reused by the engine, snapshot outcomes, questions answered by
-type and path, the engine's restarts and health (read from the engine at
+type and path, decision-log lines lost, the engine's restarts and health (read from the engine at
 scrape time), and the same per engine process (labels ``engine`` and ``model``:
 up, restarts, requests in flight and waiting, requests routed to it).
 """
@@ -50,6 +50,12 @@ class Metrics:
         )
         self.generated = Counter(
             "serveproto_generated_tokens", "Tokens generated on the chat and completion routes", registry=r
+        )
+        self.log_lines_lost = Counter(
+            "serveproto_decision_log_lines_lost",
+            "Decision-log lines not written (disk full, short write): their requests were answered, "
+            "or refused with --log-decisions-required",
+            registry=r,
         )
         self._children: dict = {}
         restarts = Gauge("serveproto_engine_restarts", "Times the engine process was restarted", registry=r)

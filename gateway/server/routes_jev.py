@@ -21,6 +21,7 @@ from gateway.decision.pipeline import Decided
 from gateway.decision.prompts import as_text
 from gateway.http import HTTPError, Request, Response
 from gateway.server.body import parse_json
+from gateway.server.errors import RETRY_AFTER
 from gateway.server.routing import HEADER as ROUTE_HEADER
 from gateway.server.routing import routing_key
 
@@ -41,7 +42,12 @@ async def decide(app: App, parsed: SystemOneRequest) -> Decided:
 
 
 def log_decisions(app: App, request_id: str, parsed: SystemOneRequest, decided: Decided) -> None:
-    """Append the request's answers to the server's decision log, when it keeps one (``--log-decisions``)."""
+    """Append the request's answers to the server's decision log, when it keeps one (``--log-decisions``).
+
+    Lines that cannot be written are counted in ``serveproto_decision_log_lines_lost_total`` and the
+    request is answered all the same (the decision is not the log), unless the log is ``required``
+    (``--log-decisions-required``): then :class:`HTTPError` 503 naming the log.
+    """
     if app.decision_log is None:
         return
     config = {
@@ -50,11 +56,21 @@ def log_decisions(app: App, request_id: str, parsed: SystemOneRequest, decided: 
         "x_debias": list(decided.debias),
         "normalize": parsed.normalize,
     }
-    app.decision_log.write(
+    lost = app.decision_log.write(
         decision_log.lines(
             request_id, parsed.questions, decided.probs, decided.uncalibrated, config, decided.calibration
         )
     )
+    if lost:
+        app.metrics.log_lines_lost.inc(lost)
+        if app.decision_log.required:
+            raise HTTPError(
+                503,
+                "overloaded_error",
+                f"the decision log {app.decision_log.path.name} cannot be written ({app.decision_log.last_error}); "
+                "this server answers only what it logs (--log-decisions-required)",
+                headers=[("retry-after", RETRY_AFTER)],
+            )
 
 
 def _headers(request: Request, decided: Decided) -> list[tuple[str, str]]:
@@ -163,9 +179,7 @@ def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
         )
     except JevValidationError as exc:
         e = exc.errors[0]
-        loc = e["loc"][1:]
-        param = "input" if loc[:1] == ["state"] else ".".join(map(str, loc))
-        raise _openai_error(e["msg"], param) from None
+        raise _openai_error(e["msg"], _openai_param(e["loc"], qs)) from None
     return parsed, qs
 
 
