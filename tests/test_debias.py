@@ -241,7 +241,8 @@ def test_serve_flag_and_its_default():
     parse = build_parser().parse_args
     assert default_debias(parse(["serve"])) == (
         "canonical",
-        "content_free",
+        "spellings",
+        "content_free_listing",
     )  # the default model needs it (bench/quality.py)
     assert default_debias(parse(["serve", "--model", "m.gguf"])) == ()
     assert default_debias(parse(["serve", "--engine", "engines/bin/serveproto-fixture"])) == ()
