@@ -474,10 +474,10 @@ def noul_check(items, requests, golds, keys, reader) -> dict:
     return out
 
 
-#: The noul reads compared by :func:`noul_variants`: the listing (yes first, as canonical lists it, or no
-#: first) and the scored texts (the one spelling "yes" / "no" of the listed format, or every spelling
-#: summed, as the letter format reads them).
-NOUL_LISTINGS = {"yes first": "Answer yes or no.", "no first": "Answer no or yes."}
+#: The noul reads compared by :func:`noul_variants`: the listing (yes first, as canonical lists it, no
+#: first, or the instructions alone, as the cloze format asks) and the scored texts (the one spelling
+#: "yes" / "no" of the listed format, or every spelling summed, as the letter format reads them).
+NOUL_LISTINGS = {"yes first": "\nAnswer yes or no.", "no first": "\nAnswer no or yes.", "not listed (cloze)": ""}
 
 
 async def noul_variants(items, golds, requests, reader, prompts) -> list[dict]:
@@ -502,9 +502,9 @@ async def noul_variants(items, golds, requests, reader, prompts) -> list[dict]:
             ks = {}
             for name, tail in NOUL_LISTINGS.items():
                 ks[name] = (
-                    (prefix, prompts.stem(f"{head}\n{tail}"), scored),
-                    (cf_prefix, "N/A" + prompts.stem(f"{head}\n{tail}"), scored),
-                    (cf_prefix, "N/A" + prompts.stem(f"{DEFAULT_INSTRUCTIONS['noul']}\n{tail}"), scored),
+                    (prefix, prompts.stem(head + tail), scored),
+                    (cf_prefix, "N/A" + prompts.stem(head + tail), scored),
+                    (cf_prefix, "N/A" + prompts.stem(DEFAULT_INSTRUCTIONS["noul"] + tail), scored),
                 )
                 keys.extend(ks[name])
             rec.append((item.tasks[q.id], golds[0][i][q.id], ks))
