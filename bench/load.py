@@ -14,7 +14,7 @@ Servers, started here on loopback and measured in turns, cell by cell (a cell: o
 client count, one server), so that the load of the shared machine falls on all of them alike:
 
 - **this tree**: ``serveproto serve`` (``decisions.Server``), ``POST /v1/systemone``; once sending no
-  ``x_debias`` (the server's default, ``canonical,content_free`` on the default model, none on a model
+  ``x_debias`` (the server's default, ``canonical,spellings,content_free_listing`` on the default model, none on a model
   named with ``--model``; the reply's ``x_debias`` says which) and once with ``x_debias: "none"``
   (``--debias`` picks; when the default is none the second is not run again);
 - **the baseline**: the same from another source tree (``--baseline-tree DIR``, its engines built);

@@ -5,8 +5,10 @@ Asks the labelled requests of :mod:`gateway.decision.evalset` (the generated set
 configuration (:data:`CONFIGS`: a :class:`gateway.decision.readings.Method`, plus
 batch calibration or PriDe for two of them), one table row:
 
-- accuracy (all questions; nouls, choices and scores apart), the share of
-  nouls answered yes beside the gold share, macro-F1 (per task, averaged);
+- accuracy (all questions; nouls, choices and scores apart; the nouls of
+  mostly-"no" tasks and of mostly-"yes" tasks apart, each beside its majority
+  baseline, the accuracy of always answering the group's majority), the share
+  of nouls answered yes beside the gold share, macro-F1 (per task, averaged);
 - ECE (top label, 10 equal-mass bins) with its noise floor (the mean ECE of
   a perfectly calibrated model with the same confidences, by bootstrap),
   Brier and NLL (:mod:`gateway.decision.evaluation`);
@@ -21,11 +23,18 @@ batch calibration or PriDe for two of them), one table row:
 - cost: positions computed a request and seconds a request, measured by
   serving ``--cost-requests`` requests per domain through the server's own
   path (:func:`gateway.decision.pipeline.decide` over the same engine and
-  prompts, ``x_debias`` set to the configuration), state cold, content-free readings remembered after the
-  first request (that first request is the "first" column).
+  prompts, ``x_debias`` set to the configuration; the engine's score cache off), state cold, content-free
+  readings remembered after the first request (that first request is the "first" column); and each
+  later request asked again on its state with new instructions (``Question <k>.`` before each): new
+  questions on a known state and known options, the issue's document workload ("new questions").
+
+``--nouls`` also reads every noul with yes or no listed first, one spelling or every spelling summed,
+raw, against "N/A" under its own or the default instructions, and batch-calibrated
+(:func:`noul_variants`: why the nouls answer as they do).
 
 The quality columns are computed from the reads the server's path would make
-(:func:`gateway.decision.readings.plan`, the same prompts), each distinct read made
+(:func:`gateway.decision.readings.plan` and :func:`~gateway.decision.readings.content_free_plan`, the
+same prompts), each distinct read made
 once through ``Engine.score`` on the request's state and shared by every
 configuration that needs it, then combined by the server's functions
 (:mod:`gateway.decision.readings`); the cost requests check that serving the same
@@ -54,6 +63,7 @@ import time
 from pathlib import Path
 
 import anyio
+import attrs
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -77,6 +87,24 @@ CONFIGS = [
     ("canonical + cyclic", Method(canonical=True, cyclic=True), None),
     ("canonical + cyclic + content_free", Method(canonical=True, cyclic=True, content_free=True), None),
     ("canonical + batch calibration", Method(canonical=True), "batch"),
+    ("canonical + content_free_listing", Method(canonical=True, content_free=True, listing_only=True), None),
+    ("canonical + content_free + batch calibration", Method(canonical=True, content_free=True), "batch"),
+    (
+        "canonical + content_free_listing + batch calibration",
+        Method(canonical=True, content_free=True, listing_only=True),
+        "batch",
+    ),
+    ("canonical + spellings + content_free", Method(canonical=True, content_free=True, spellings=True), None),
+    (
+        "canonical + spellings + content_free_listing",
+        Method(canonical=True, content_free=True, listing_only=True, spellings=True),
+        None,
+    ),
+    (
+        "canonical + spellings + content_free_listing + batch calibration",
+        Method(canonical=True, content_free=True, listing_only=True, spellings=True),
+        "batch",
+    ),
     ("canonical + PriDe", Method(canonical=True), "pride"),
     ("letters, canonical order", Method("letters", canonical=True), None),
     ("letters, canonical order + content_free", Method("letters", canonical=True, content_free=True), None),
@@ -87,10 +115,26 @@ CONFIGS = [
 
 CONFIGS_ALL = list(CONFIGS)
 
+#: The rows of bench/README.md's table (``--configs readme``): the peer's read-out, raw, the default
+#: before and after issue 23, and the corrections that compute nothing extra, alone and with content-free.
+README_ROWS = [
+    "letters (peer baseline)",
+    "listed (x_debias none)",
+    "canonical",
+    "canonical + content_free",
+    "canonical + content_free_listing",
+    "canonical + spellings + content_free",
+    "canonical + spellings + content_free_listing",
+    "canonical + batch calibration",
+    "canonical + content_free + batch calibration",
+    "canonical + content_free_listing + batch calibration",
+    "canonical + spellings + content_free_listing + batch calibration",
+]
+
 PASSES = 3
 
 #: The columns ``--reuse`` takes from an earlier run: those that need the engine beyond the cached reads.
-REUSED = ("positions", "first", "seconds", "served_diff", "qorder_changed", "qorder_moved", "qorder_n")
+REUSED = ("positions", "first", "newq", "seconds", "served_diff", "qorder_changed", "qorder_moved", "qorder_n")
 README_START = "<!-- bench/quality.py table: start -->"
 README_END = "<!-- bench/quality.py table: end -->"
 
@@ -186,7 +230,7 @@ class Reader:
                 [
                     (cf_prefix, s + self.prompts.stem(rd.text), rd.scored)
                     for s in debias.CONTENT_FREE_STATES
-                    for rd in reads
+                    for rd in readings.content_free_plan(q.type, q.instructions, q.criteria, q.n_options, method)
                 ]
                 if method.content_free
                 else []
@@ -222,8 +266,9 @@ def probabilities(method: Method, q: jev.Question, keys: tuple, lookup) -> list[
     per_read = [readings.log_probs(rd.owner, lookup(k)) for rd, k in zip(reads, real)]
     cf = None
     if free:
+        cf_reads = readings.content_free_plan(q.type, q.instructions, q.criteria, q.n_options, method)
         cf = readings.mean_log_probs(
-            [readings.log_probs(rd.owner, lookup(k)) for k, rd in zip(free, itertools.cycle(reads))]
+            [readings.log_probs(rd.owner, lookup(k)) for k, rd in zip(free, itertools.cycle(cf_reads))]
         )
     return softmax(readings.combine(per_read, cf))
 
@@ -242,8 +287,8 @@ async def run(args) -> dict:
     from gateway.paths import engine_bin
 
     if args.configs:
-        wanted = [c.strip() for c in args.configs.split(";")]
-        CONFIGS[:] = [c for c in CONFIGS if c[0] in wanted]
+        wanted = README_ROWS if args.configs == "readme" else [c.strip() for c in args.configs.split(";")]
+        CONFIGS[:] = sorted((c for c in CONFIGS if c[0] in wanted), key=lambda c: wanted.index(c[0]))
         if len(CONFIGS) != len(wanted):
             raise SystemExit(f"--configs: unknown names; the rows are named {[c[0] for c in CONFIGS_ALL]}")
     items = evalset.read_jsonl(args.data) if args.data else evalset.generate(args.seed)
@@ -267,7 +312,16 @@ async def run(args) -> dict:
             cache = {(p, s, tuple(sc)): [tuple(x) for x in lp] for p, s, sc, lp in saved["reads"]}
             print(f"{len(cache)} reads from {cache_file}", flush=True)
 
-    cmd = [str(engine_bin("serveproto-llama")), "--model", args.model, "--threads", str(args.threads)]
+    # No score cache: the cost requests would be answered from the reads just made (and from each other).
+    cmd = [
+        str(engine_bin("serveproto-llama")),
+        "--model",
+        args.model,
+        "--threads",
+        str(args.threads),
+        "--score-cache-mb",
+        "0",
+    ]
     out: dict = {"items": len(items), "questions": n_q}
     async with Engine.spawn(cmd, name="quality") as eng:
         template, _ = await anyio.to_thread.run_sync(read_gguf, Path(args.model))
@@ -294,12 +348,16 @@ async def run(args) -> dict:
                     f"{time.perf_counter() - t0:.0f} s",
                     flush=True,
                 )
-        if cache_file:
-            cache_file.write_bytes(
-                orjson.dumps(
-                    {"model": ident, "reads": [[p, s, list(sc), lp] for (p, s, sc), lp in reader.cache.items()]}
+
+        def save() -> None:
+            if cache_file:
+                cache_file.write_bytes(
+                    orjson.dumps(
+                        {"model": ident, "reads": [[p, s, list(sc), lp] for (p, s, sc), lp in reader.cache.items()]}
+                    )
                 )
-            )
+
+        save()
         out["read_positions"] = reader.computed
         out["read_seconds"] = reader.seconds
 
@@ -319,6 +377,9 @@ async def run(args) -> dict:
             for m in (Method(), Method(content_free=True), Method(cyclic=True), Method(cyclic=True, content_free=True))
         ):
             out["noul_check"] = noul_check(items, requests, golds, keys, reader)
+        if args.nouls:
+            out["noul_variants"] = await noul_variants(items, golds, requests, reader, prompts)
+            save()
 
         # cost, and a check against the served path
         if reused:
@@ -363,7 +424,9 @@ def evaluate(items, requests, golds, keys, reader, reversed_reads) -> list[dict]
         rows.append(metrics(name, method, state, items, requests, golds, probs, rev))
         r = rows[-1]
         print(
-            f"{name:<52} acc {r['accuracy']:.3f} (noul {r['acc_noul']:.3f} choice {r['acc_choice']:.3f} "
+            f"{name:<52} acc {r['accuracy']:.3f} (noul {r['acc_noul']:.3f}: mostly no {r['acc_noul_no']:.3f} "
+            f"[{r['base_noul_no']:.3f}], mostly yes {r['acc_noul_yes']:.3f} [{r['base_noul_yes']:.3f}]; "
+            f"choice {r['acc_choice']:.3f} "
             f"score {r['acc_score']:.3f}) F1 {r['macro_f1']:.3f} ECE {r['ece']:.3f} (floor {r['ece_floor']:.3f}) "
             f"flips {r['flips']:.3f} JSD {r['jsd']:.4f}",
             flush=True,
@@ -390,7 +453,7 @@ def noul_check(items, requests, golds, keys, reader) -> dict:
             t = out.setdefault(item.tasks[q.id], {"n": 0, "gold_yes": 0, **{f"yes_{k}": 0 for k in methods}})
             # p(yes | "N/A") when yes is listed first and when no is
             _, free = keys[methods["cyc_cf"]][0][i][qi]
-            reads = readings.plan(q.type, q.instructions, q.criteria, q.n_options, methods["cyc_cf"])
+            reads = readings.content_free_plan(q.type, q.instructions, q.criteria, q.n_options, methods["cyc_cf"])
             t["p_yes_na"] = [math.exp(readings.log_probs(rd.owner, lookup(k))[1]) for rd, k in zip(reads, free)]
             for k, m in methods.items():
                 t[f"yes_{k}"] += probabilities(m, q, keys[m][0][i][qi], lookup)[1] > 0.5
@@ -409,6 +472,117 @@ def noul_check(items, requests, golds, keys, reader) -> dict:
             flush=True,
         )
     return out
+
+
+#: The noul reads compared by :func:`noul_variants`: the listing (yes first, as canonical lists it, no
+#: first, or the instructions alone, as the cloze format asks) and the scored texts (the one spelling
+#: "yes" / "no" of the listed format, or every spelling summed, as the letter format reads them).
+NOUL_LISTINGS = {"yes first": "\nAnswer yes or no.", "no first": "\nAnswer no or yes.", "not listed (cloze)": ""}
+
+
+async def noul_variants(items, golds, requests, reader, prompts) -> list[dict]:
+    """Why the nouls answer as they do: every noul read with yes or no listed first, one spelling or all
+    summed, raw, against "N/A" under its own instructions (``content_free``) or the default ones
+    (``content_free_listing``), and batch-calibrated. Per variant: accuracy and share answered yes on the
+    mostly-no and mostly-yes nouls, and the mean per-task AUC of log p(yes) - log p(no) (how well the
+    model tells yes from no at any threshold: 0.5 is no signal). Also the in-sample best threshold per
+    task (an optimistic bound for any per-question correction)."""
+    from gateway.decision.prompts import DEFAULT_INSTRUCTIONS, as_text, spellings
+
+    scored = spellings("no") + spellings("yes")
+    cf_prefix = prompts.prefix("", None)
+    rec = []  # (task, gold, {(listing, spell): (real, cf question, cf listing)})
+    keys = []
+    for i, item in enumerate(items):
+        prefix = prompts.prefix(requests[0][i].state, requests[0][i].prefix)
+        for q in requests[0][i].questions:
+            if q.type != "noul" or q.id not in golds[0][i] or q.criteria:
+                continue
+            head = as_text(q.instructions) if q.instructions is not None else DEFAULT_INSTRUCTIONS["noul"]
+            ks = {}
+            for name, tail in NOUL_LISTINGS.items():
+                ks[name] = (
+                    (prefix, prompts.stem(head + tail), scored),
+                    (cf_prefix, "N/A" + prompts.stem(head + tail), scored),
+                    (cf_prefix, "N/A" + prompts.stem(DEFAULT_INSTRUCTIONS["noul"] + tail), scored),
+                )
+                keys.extend(ks[name])
+            rec.append((item.tasks[q.id], golds[0][i][q.id], ks))
+    if not rec:
+        return []
+    got = await reader.read(keys)
+
+    def logit(key, spell):
+        p = [math.exp(math.fsum(lp)) for lp in got[key]]
+        no, yes = (math.fsum(p[:4]), math.fsum(p[4:])) if spell else (p[0], p[4])
+        return math.log(yes) - math.log(no)
+
+    tasks = sorted({t for t, _, _ in rec})
+    share = {t: sum(g for tt, g, _ in rec if tt == t) / sum(tt == t for tt, _, _ in rec) for t in tasks}
+    group = {t: "yes" if share[t] > 0.5 else "no" for t in tasks}
+
+    def auc(xs):
+        pos = [x for x, g in xs if g]
+        neg = [x for x, g in xs if not g]
+        if not pos or not neg:
+            return float("nan")
+        return sum((a > b) + 0.5 * (a == b) for a in pos for b in neg) / (len(pos) * len(neg))
+
+    out = []
+    for listing in NOUL_LISTINGS:
+        for spell in (False, True):
+            for corr in ("none", "content_free", "content_free_listing", "batch", "content_free + batch"):
+                per_task: dict[str, list[tuple[float, int]]] = {}
+                for t, g, ks in rec:
+                    real, cfq, cfl = ks[listing]
+                    x = logit(real, spell)
+                    if "content_free_listing" in corr:
+                        x -= logit(cfl, spell)
+                    elif "content_free" in corr:
+                        x -= logit(cfq, spell)
+                    per_task.setdefault(t, []).append((x, g))
+                if "batch" in corr:  # divide by the task's mean p(yes), p(no) (readings.batch_prior)
+                    for t, xs in per_task.items():
+                        m = math.fsum(1 / (1 + math.exp(-x)) for x, _ in xs) / len(xs)
+                        per_task[t] = [(x - math.log(m) + math.log(1 - m), g) for x, g in xs]
+                row = {"listing": listing, "spellings": "all summed" if spell else "one", "correction": corr}
+                for grp in ("no", "yes"):
+                    xs = [xg for t in tasks if group[t] == grp for xg in per_task[t]]
+                    row[f"acc_{grp}"] = sum((x > 0) == bool(g) for x, g in xs) / len(xs) if xs else float("nan")
+                    row[f"yes_{grp}"] = sum(x > 0 for x, _ in xs) / len(xs) if xs else float("nan")
+                    best = 0
+                    for t in tasks:
+                        if group[t] == grp:
+                            ts = per_task[t]
+                            best += max(
+                                sum((x >= th) == bool(g) for x, g in ts) for th in [x for x, _ in ts] + [math.inf]
+                            )
+                    row[f"oracle_{grp}"] = best / len(xs) if xs else float("nan")
+                row["auc"] = math.fsum(auc(per_task[t]) for t in tasks) / len(tasks)
+                out.append(row)
+    n = {grp: [g for t, g, _ in rec if group[t] == grp] for grp in ("no", "yes")}
+    print(
+        f"\nnouls read every way ({len(rec)}; mostly no: {len(n['no'])}, majority "
+        f"{1 - sum(n['no']) / max(1, len(n['no'])):.3f}; mostly yes: {len(n['yes'])}, majority "
+        f"{sum(n['yes']) / max(1, len(n['yes'])):.3f})",
+        flush=True,
+    )
+    print(noul_table(out))
+    return out
+
+
+def noul_table(rows: list[dict]) -> str:
+    lines = [
+        "| listed | spellings | correction | mostly no: accuracy (answered yes) | mostly yes: accuracy (answered yes) "
+        "| mean AUC per task | best threshold per task, in sample: no / yes |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['listing']} | {r['spellings']} | {r['correction']} | {r['acc_no']:.3f} ({r['yes_no']:.2f}) "
+            f"| {r['acc_yes']:.3f} ({r['yes_yes']:.2f}) | {r['auc']:.3f} | {r['oracle_no']:.3f} / {r['oracle_yes']:.3f} |"
+        )
+    return "\n".join(lines)
 
 
 def stateful(state, method, cyc, items, requests, keys, lookup, probs, rev, reversed_reads):
@@ -512,9 +686,26 @@ def metrics(name, method, state, items, requests, golds, probs, rev) -> dict:
             else float("nan")
         )
 
+    groups = noul_groups(rows_t, rows_g, rows_type)
+
+    def acc_group(group):
+        sel = [k for k, t in enumerate(rows_type) if t == "noul" and groups[rows_t[k][0]] == group]
+        if not sel:
+            return float("nan"), float("nan"), 0
+        majority = 1 if group == "yes" else 0
+        acc = evaluation.accuracy([rows_p[k] for k in sel], [rows_g[k] for k in sel], [rows_w[k] for k in sel])
+        return acc, sum(rows_g[k] == majority for k in sel) / len(sel), len(sel)
+
+    (acc_no, base_no, n_no), (acc_yes, base_yes, n_yes) = acc_group("no"), acc_group("yes")
     return {
         "name": name,
         "x_debias": ",".join(method.names) or "none",
+        "acc_noul_no": acc_no,
+        "base_noul_no": base_no,
+        "n_noul_no": n_no,
+        "acc_noul_yes": acc_yes,
+        "base_noul_yes": base_yes,
+        "n_noul_yes": n_yes,
         "state": state,
         "accuracy": evaluation.accuracy(rows_p, rows_g, rows_w),
         "acc_noul": acc_of("noul"),
@@ -534,6 +725,15 @@ def metrics(name, method, state, items, requests, golds, probs, rev) -> dict:
         "qorder_moved": moved / n_rev if n_rev else float("nan"),
         "qorder_n": n_rev,
     }
+
+
+def noul_groups(rows_t, rows_g, rows_type) -> dict[str, str]:
+    """Each noul task's group: ``"yes"`` when most of its labelled questions are true, else ``"no"``."""
+    yes: dict[str, list[int]] = {}
+    for (task, _), g, kind in zip(rows_t, rows_g, rows_type):
+        if kind == "noul":
+            yes.setdefault(task, []).append(g)
+    return {task: "yes" if sum(gs) > len(gs) / 2 else "no" for task, gs in yes.items()}
 
 
 def _label(task_order, index):
@@ -564,25 +764,31 @@ async def cost(eng, prompts, items, requests, keys, reader, per_domain):
     ):
         settings = pipeline.Settings(prompts, debias=method.names)
         memory = pipeline.Memory()
-        steady, first, secs, diff = [], [], [], 0.0
+        steady, first, newq, secs, diff = [], [], [], [], 0.0
         for i in picked:
             r = requests[0][i]
             t0 = time.perf_counter()
             decided = await pipeline.decide(r, eng, settings, memory)
             secs.append(time.perf_counter() - t0)
             (first if i in firsts else steady).append(decided.computed or 0)
+            if i not in firsts:
+                # new questions on the state just read, on option sets already seen (the document workload)
+                again = await pipeline.decide(new_questions(r, i), eng, settings, memory)
+                newq.append(again.computed or 0)
             for q, k in zip(r.questions, keys[method][0][i]):
                 composed = scoring.report(probabilities(method, q, k, lookup))
                 diff = max(diff, max(abs(a - b) for a, b in zip(composed, decided.probs[q.id])))
         measured[method] = {
             "positions": sum(steady) / max(1, len(steady)),
             "first": sum(first) / max(1, len(first)),
+            "newq": sum(newq) / max(1, len(newq)),
             "seconds": sum(secs) / len(secs),
             "served_diff": diff,
         }
         print(
             f"  cost {','.join(method.names) or 'none':<32} {measured[method]['positions']:.0f} positions a request "
-            f"({measured[method]['first']:.0f} first), {measured[method]['seconds']:.2f} s; served vs composed "
+            f"({measured[method]['first']:.0f} first, {measured[method]['newq']:.0f} new questions), "
+            f"{measured[method]['seconds']:.2f} s; served vs composed "
             f"max |dp| {diff:.6f}",
             flush=True,
         )
@@ -607,6 +813,24 @@ async def cost(eng, prompts, items, requests, keys, reader, per_domain):
     return out
 
 
+def new_questions(request: jev.SystemOneRequest, serial: int) -> jev.SystemOneRequest:
+    """``request`` with every question's instructions opened by ``Question <serial>.``: new questions (their
+    stems never read) on the same state and the same options."""
+    return attrs.evolve(
+        request,
+        questions=tuple(
+            attrs.evolve(q, instructions=f"Question {serial}. {prompts_text(q.instructions)}")
+            for q in request.questions
+        ),
+    )
+
+
+def prompts_text(instructions) -> str:
+    from gateway.decision.prompts import as_text
+
+    return as_text(instructions) if instructions is not None else ""
+
+
 # --- the table --------------------------------------------------------------------------------
 
 
@@ -614,21 +838,28 @@ def table(out: dict) -> str:
     rows = out["rows"]
     raw = next((r for r in rows if r["name"].startswith("listed (x_debias none)")), rows[0])
     lines = [
-        "| configuration (`x_debias`) | accuracy | noul / choice / score | nouls answered yes (gold) | macro-F1 "
+        "| configuration (`x_debias`) | accuracy | noul / choice / score | nouls mostly no (majority) "
+        "| nouls mostly yes (majority) | nouls answered yes (gold) | macro-F1 "
         "| ECE (noise floor) | Brier | NLL | order flips | order JSD (bits) | question order: changed, mean max dp "
-        "| positions a request (first) | x raw | s a request |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| positions a request (first) | x raw | new questions: positions, x raw | s a request |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         xd = r["x_debias"] + {"batch": " + batch", "pride": " + PriDe"}.get(r["state"], "")
         lines.append(
             f"| {r['name']} (`{xd}`) | {r['accuracy']:.3f} | {r['acc_noul']:.3f} / {r['acc_choice']:.3f} / {r['acc_score']:.3f} "
+            f"| {r['acc_noul_no']:.3f} ({r['base_noul_no']:.3f}) | {r['acc_noul_yes']:.3f} ({r['base_noul_yes']:.3f}) "
             f"| {r['noul_yes']:.2f} ({r['gold_yes']:.2f}) | {r['macro_f1']:.3f} | {r['ece']:.3f} ({r['ece_floor']:.3f}) "
             f"| {r['brier']:.3f} | {r['nll']:.3f} | {r['flips']:.3f} | {r['jsd']:.4f} "
             f"| {r['qorder_changed']:.3f}, {r['qorder_moved']:.4f} | {r['positions']:.0f} ({r['first']:.0f}) "
-            f"| {r['positions'] / raw['positions']:.2f} | {r['seconds']:.2f} |"
+            f"| {_ratio(r['positions'], raw['positions'])} | {r['newq']:.0f}, {_ratio(r['newq'], raw['newq'])} "
+            f"| {r['seconds']:.2f} |"
         )
     return "\n".join(lines)
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}" if b else "n/a"
 
 
 def write_readme(text: str, path: Path) -> None:
@@ -655,7 +886,10 @@ def main() -> None:
     )
     parser.add_argument("--cost-requests", type=int, default=2, help="requests per domain served for the cost columns")
     parser.add_argument("--cache", help="a file keeping the reads between runs of the same model")
-    parser.add_argument("--configs", help="only these rows, by name, separated by ';' (default: all)")
+    parser.add_argument(
+        "--configs",
+        help="only these rows, by name, separated by ';', in that order; 'readme': bench/README's (default: all)",
+    )
     parser.add_argument("--json", help="write the rows as JSON here")
     parser.add_argument(
         "--reuse",
@@ -663,6 +897,9 @@ def main() -> None:
         "(with --cache, the rest is recomputed from the reads without the engine)",
     )
     parser.add_argument("--readme", action="store_true", help="write the table into bench/README.md")
+    parser.add_argument(
+        "--nouls", action="store_true", help="also read every noul each way (listing, spellings, correction)"
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     out = anyio.run(run, args)

@@ -40,13 +40,16 @@ def anyio_backend():
         ("content_free,canonical", ("canonical", "content_free")),
         (["content_free", "cloze"], ("cloze", "content_free")),
         ("letters", ("letters",)),
+        ("content_free_listing,spellings,canonical", ("canonical", "spellings", "content_free_listing")),
+        (["cyclic", "content_free_listing"], ("cyclic", "content_free_listing")),
     ],
 )
 def test_parse_accepts_names_lists_and_the_flags_form(value, methods):
     assert debias.parse(value) == methods
 
 
-UNKNOWN = "Unknown debias method {!r}: use 'none', 'cloze', 'letters', 'canonical', 'cyclic', 'content_free' or a list of those"
+NAMES = "'none', 'cloze', 'letters', 'canonical', 'spellings', 'cyclic', 'content_free', 'content_free_listing'"
+UNKNOWN = "Unknown debias method {!r}: use " + NAMES + " or a list of those"
 
 
 @pytest.mark.parametrize(
@@ -59,9 +62,15 @@ UNKNOWN = "Unknown debias method {!r}: use 'none', 'cloze', 'letters', 'canonica
         ("cloze,letters", "'cloze' and 'letters' are two prompt formats: choose one"),
         ("cloze,cyclic", "a 'cloze' prompt lists no options: 'cyclic' and 'canonical' do not apply to it"),
         (["canonical", "cloze"], "a 'cloze' prompt lists no options: 'cyclic' and 'canonical' do not apply to it"),
-        (3, "Input should be 'none', 'cloze', 'letters', 'canonical', 'cyclic', 'content_free' or a list of those"),
-        ([1], "Input should be 'none', 'cloze', 'letters', 'canonical', 'cyclic', 'content_free' or a list of those"),
-        (None, "Input should be 'none', 'cloze', 'letters', 'canonical', 'cyclic', 'content_free' or a list of those"),
+        (3, f"Input should be {NAMES} or a list of those"),
+        ([1], f"Input should be {NAMES} or a list of those"),
+        (None, f"Input should be {NAMES} or a list of those"),
+        (
+            "content_free,content_free_listing",
+            "'content_free' and 'content_free_listing' are two content-free readings: choose one",
+        ),
+        ("letters,spellings", "'spellings' is a reading of the listed format ('letters' already sums spellings)"),
+        ("cloze,spellings", "'spellings' is a reading of the listed format ('letters' already sums spellings)"),
     ],
 )
 def test_parse_refuses_anything_else(value, message):
@@ -155,6 +164,46 @@ async def test_cyclic_and_content_free_reach_the_engine_once_per_rotation_and_qu
     assert first.json()["usage"]["output_tokens"] > second.json()["usage"]["output_tokens"]
 
 
+async def test_content_free_listing_reads_each_option_set_once_on_na():
+    """Issue 23, item 2: the content-free side reads the type's default instructions over the question's
+    listing, so a new question on options already read reads nothing beside the state."""
+    eng = FakeEngine()
+    methods = ["canonical", "spellings", "content_free_listing"]
+    asked_again = {
+        qid: {**q, "instructions": "Question 2. " + q["instructions"]} for qid, q in TICKET["questions"].items()
+    }
+    async with running(make_app(eng)) as base:
+        first = await post(base, {**TICKET, "x_debias": methods})
+        second = await post(base, {**TICKET, "x_debias": methods, "questions": asked_again})
+    assert first.status_code == second.status_code == 200, first.text
+    assert first.json()["x_debias"] == second.json()["x_debias"] == methods
+    real, free, real2 = [c for c in eng.calls if c[0] == "score"]  # the second request: its questions alone
+    assert real[1].endswith(TICKET["state"]) and real2[1] == real[1] and not free[1].endswith(TICKET["state"])
+    assert free[2] == [
+        (
+            "N/A\n\nIs this true of the text?\nAnswer yes or no." + CHATML_TAIL,
+            ["no", " no", "No", " No", "yes", " yes", "Yes", " Yes"],
+        ),
+        (
+            "N/A\n\nWhich of these fits the text best?\nbilling: payments, invoices\nsales\n"
+            "technical: bugs, integration errors\nAnswer with one label." + CHATML_TAIL,
+            ["billing", "sales", "technical"],
+        ),
+        (
+            "N/A\n\nWhich level fits the text best?\n1: no impact\n2: minor\n3: blocked\n4: losing money\n"
+            "5: business down\nAnswer with the number." + CHATML_TAIL,
+            ["1", "2", "3", "4", "5"],
+        ),
+    ]
+    assert real[2][0] == (
+        "\n\nDoes this message express urgency?\nAnswer yes or no." + CHATML_TAIL,
+        ["no", " no", "No", " No", "yes", " yes", "Yes", " Yes"],
+    )
+    assert real2[2][0][0] == "\n\nQuestion 2. Does this message express urgency?\nAnswer yes or no." + CHATML_TAIL
+    # the fake scores an option by its characters alone and the readings are the same texts: same answers
+    assert first.json()["answers"] == second.json()["answers"]
+
+
 async def test_the_server_default_applies_and_a_request_overrides_it():
     eng = FakeEngine()
     async with running(make_app(eng, debias=("cyclic",))) as base:
@@ -192,7 +241,8 @@ def test_serve_flag_and_its_default():
     parse = build_parser().parse_args
     assert default_debias(parse(["serve"])) == (
         "canonical",
-        "content_free",
+        "spellings",
+        "content_free_listing",
     )  # the default model needs it (bench/quality.py)
     assert default_debias(parse(["serve", "--model", "m.gguf"])) == ()
     assert default_debias(parse(["serve", "--engine", "engines/bin/serveproto-fixture"])) == ()

@@ -3,6 +3,8 @@ states, gold answers stated by the text) and the labelled JSONL reader."""
 
 from __future__ import annotations
 
+import hashlib
+
 import orjson
 import pytest
 
@@ -18,7 +20,7 @@ def test_the_set_is_fixed_by_its_seed(items):
     assert [i.body for i in evalset.generate()] == [i.body for i in items]
     assert [i.body for i in evalset.generate(seed=15)] != [i.body for i in items]
     assert len(items) == sum(evalset.SIZES.values()) == 64
-    assert sum(len(i.gold) for i in items) == 292
+    assert sum(len(i.gold) for i in items) == 400
 
 
 def test_every_type_option_count_and_state_kind(items):
@@ -32,11 +34,36 @@ def test_every_type_option_count_and_state_kind(items):
         assert set(item.gold) == set(item.body["questions"])
 
 
-def test_nouls_are_mostly_no(items):
-    nouls = [t for t in evalset.summary(items).values() if t["type"] == "noul"]
-    yes = sum(t["gold"].get(1, 0) for t in nouls)
-    total = sum(t["n"] for t in nouls)
-    assert (yes, total) == (33, 132)  # a quarter yes: always answering "no" scores 0.75
+MOSTLY_YES = {
+    "ticket.running",
+    "ticket.staying",
+    "review.kept",
+    "review.above_one_star",
+    "email.genuine",
+    "order.paid",
+    "order.on_time",
+}
+
+
+def test_nouls_mostly_no_and_mostly_yes(items):
+    nouls = {name: t for name, t in evalset.summary(items).items() if t["type"] == "noul"}
+    by_group = {"no": [0, 0], "yes": [0, 0]}
+    for name, t in nouls.items():
+        share = t["gold"].get(1, 0) / t["n"]
+        assert (share > 0.5) == (name in MOSTLY_YES), name  # every mostly-yes task is mostly yes, and only those
+        g = by_group["yes" if name in MOSTLY_YES else "no"]
+        g[0] += t["gold"].get(1, 0)
+        g[1] += t["n"]
+    # a quarter yes, and three quarters: always answering the majority scores 0.75 on each
+    assert by_group == {"no": [33, 132], "yes": [81, 108]}
+
+
+def test_the_mostly_yes_nouls_left_the_other_questions_as_they_were(items):
+    # they are read off facts already drawn (no new draw): the states and the other answers are those of
+    # the 292-question set before them (its digest, computed on that generator), so earlier reads still apply
+    old = [[i.body["state"], {q: g for q, g in i.gold.items() if i.tasks[q] not in MOSTLY_YES}] for i in items]
+    digest = hashlib.sha256(orjson.dumps(old, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+    assert digest == "d98d167ff4b6918b"
 
 
 def test_gold_answers_are_stated_by_the_text(items):
@@ -50,15 +77,27 @@ def test_gold_answers_are_stated_by_the_text(items):
             assert list(qs["department"]["criteria"])[item.gold["department"]] == evalset.AREAS[area][0]
             assert any(s in text for s in evalset.SEVERITY_SENTENCES[item.gold["severity"]])
             assert (item.gold["refund"] == 1) == any(s in text for s in evalset.REFUND_SENTENCES)
+            assert (item.gold["running"] == 1) == (item.gold["severity"] < 3)
+            assert (item.gold["running"] == 0) == any(s in text for s in evalset.SEVERITY_SENTENCES[3])
+            assert item.gold["staying"] == 1 - item.gold["competitor"]
+            assert (item.gold["staying"] == 0) == any(c in text for c in evalset.COMPETITORS)
         elif domain == "email":
             assert (item.gold["credentials"] == 1) == any(s in text for s in evalset.CREDENTIAL_SENTENCES)
             assert (item.gold["link"] == 1) == ("http" in text)
+            category = list(qs["category"]["criteria"])[item.gold["category"]]
+            assert (item.gold["genuine"] == 0) == (category == "phishing")
+            assert (item.gold["genuine"] == 0) == any(s in text for s in evalset.EMAIL_BODIES["phishing"])
         elif domain == "order":
             status = list(qs["status"]["criteria"])[item.gold["status"]]
             assert item.body["state"]["history"][-1] == evalset.ORDER_EVENTS[status]
             assert (item.gold["late"] == 1) == (item.body["state"]["days_past_promised_date"] > 0)
+            assert item.gold["on_time"] == 1 - item.gold["late"]
+            assert (item.gold["paid"] == 1) == (evalset.ORDER_EVENTS["paid"] in item.body["state"]["history"])
         elif domain == "review":
             assert any(s in text for s in evalset.STAR_SENTENCES[item.gold["stars"]])
+            assert (item.gold["above_one_star"] == 1) == (item.gold["stars"] >= 1)
+            assert item.gold["kept"] == 1 - item.gold["returned"]
+            assert (item.gold["kept"] == 0) == any(s in text for s in evalset.RETURN_SENTENCES)
 
 
 def test_jsonl_round_trip(items, tmp_path):
@@ -73,6 +112,8 @@ def test_jsonl_round_trip(items, tmp_path):
         "refund": False,
         "severity": 2,
         "competitor": False,
+        "running": True,
+        "staying": True,
     }
 
 

@@ -168,8 +168,8 @@ def answers(body: dict) -> dict:
 
 @pytest.mark.parametrize("cache_mb", ["0", "64"])
 async def test_systemone_answers_do_not_depend_on_order_or_traffic(model_path, cache_mb):
-    """Default model, default correction (canonical + content_free since bench/quality.py chose it; this test
-    was written under cyclic + content_free): the same answers, to the last digit of
+    """Default model, default correction (canonical + spellings + content_free_listing since issue 23, canonical
+    + content_free before; this test was written under cyclic + content_free): the same answers, to the last digit of
     the reply, for any question order, a rotated label order and after other requests; with the score
     cache off (every request computes) and on."""
     import httpx2
@@ -179,7 +179,7 @@ async def test_systemone_answers_do_not_depend_on_order_or_traffic(model_path, c
     async with serving("--score-cache-mb", cache_mb) as url:
         async with httpx2.AsyncClient(base_url=url, timeout=300) as c:
             first = await post(c, "/v1/systemone", TICKET)
-            assert first["x_debias"] == ["canonical", "content_free"]
+            assert first["x_debias"] == ["canonical", "spellings", "content_free_listing"]
             seen = [
                 await post(c, "/v1/systemone", reordered(TICKET, ["severity", "department", "urgency"])),
                 await post(c, "/v1/systemone", reordered(TICKET, ["department", "urgency", "severity"], 1)),

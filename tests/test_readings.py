@@ -100,8 +100,89 @@ def test_method_names_round_trip():
         ("canonical", "content_free"),
         ("cloze", "content_free"),
         ("letters",),
+        ("canonical", "content_free_listing"),
+        ("canonical", "spellings", "content_free_listing"),
     ]:
         assert Method.from_names(names).names == names
+    listing = Method.from_names(("canonical", "content_free_listing"))
+    assert listing.content_free and listing.listing_only and not listing.spellings
+
+
+def test_the_content_free_side_of_content_free_is_the_question_as_asked():
+    for qtype, instr, crit, n in [
+        ("choice", "Who?", CRIT, 3),
+        ("noul", "Urgent?", None, 2),
+        ("score", "How?", ["a", "b"], 2),
+    ]:
+        for method in (Method(canonical=True, content_free=True), Method(cyclic=True, content_free=True)):
+            assert readings.content_free_plan(qtype, instr, crit, n, method) == readings.plan(
+                qtype, instr, crit, n, method
+            )
+
+
+def test_the_content_free_side_of_content_free_listing_reads_the_listing_alone():
+    method = Method(canonical=True, content_free=True, listing_only=True)
+    free = readings.content_free_plan("choice", "Who should handle it?", CRIT, 3, method)
+    real = readings.plan("choice", "Who should handle it?", CRIT, 3, method)
+    assert [(r.text, r.scored, r.owner, r.places) for r in free] == [
+        (
+            "Which of these fits the text best?\nbilling: payments\nsales: plans\ntechnical\nAnswer with one label.",
+            ("billing", "sales", "technical"),
+            (1, 0, 2),
+            (1, 0, 2),
+        )
+    ]
+    # the scored texts and their owners are the question's own: the subtraction is option by option
+    assert (free[0].scored, free[0].owner, free[0].places) == (real[0].scored, real[0].owner, real[0].places)
+    assert real[0].text.startswith("Who should handle it?\n")
+    # another question on the same options (in any order) shares the reading
+    other = {"technical": None, "billing": "payments", "sales": "plans"}
+    assert [r.text for r in readings.content_free_plan("choice", "Which team?", other, 3, method)] == [free[0].text]
+    assert readings.content_free_plan("noul", "Urgent?", None, 2, method) == readings.content_free_plan(
+        "noul", "Is it spam?", None, 2, method
+    )
+    assert [r.text for r in readings.content_free_plan("noul", "Urgent?", None, 2, method)] == [
+        "Is this true of the text?\nAnswer yes or no."
+    ]
+    assert [r.text for r in readings.content_free_plan("noul", "Urgent?", {"true": "now"}, 2, method)] == [
+        "Is this true of the text?\nyes: now\nAnswer yes or no."
+    ]
+    assert [r.text for r in readings.content_free_plan("score", "How bad?", ["low", "high"], 2, method)] == [
+        "Which level fits the text best?\n1: low\n2: high\nAnswer with the number."
+    ]
+    cyc = Method(cyclic=True, content_free=True, listing_only=True)
+    assert [r.text for r in readings.content_free_plan("noul", "Urgent?", None, 2, cyc)] == [
+        "Is this true of the text?\nAnswer yes or no.",
+        "Is this true of the text?\nAnswer no or yes.",
+    ]
+    # the cloze format's content-free side: the default instructions, the same scored options
+    cloze = readings.content_free_plan("choice", "Who?", CRIT, 3, Method("cloze", content_free=True, listing_only=True))
+    assert [(r.text, r.scored) for r in cloze] == [
+        ("Which of these fits the text best?", ("billing", "sales", "technical"))
+    ]
+
+
+def test_spellings_read_a_nouls_words_in_every_spelling():
+    method = Method(canonical=True, spellings=True)
+    (read,) = readings.plan("noul", "Urgent?", None, 2, method)
+    assert read.text == "Urgent?\nAnswer yes or no."
+    assert read.scored == ("no", " no", "No", " No", "yes", " yes", "Yes", " Yes")
+    assert read.owner == (0, 0, 0, 0, 1, 1, 1, 1) and read.places == (1, 0)
+    # choices and scores are read as without it
+    for qtype, crit, n in [("choice", CRIT, 3), ("score", ["a", "b"], 2)]:
+        assert readings.plan(qtype, "Q?", crit, n, method) == readings.plan(
+            qtype, "Q?", crit, n, Method(canonical=True)
+        )
+    # the content-free side reads the same spellings
+    free = readings.content_free_plan(
+        "noul", "Urgent?", None, 2, Method(canonical=True, spellings=True, content_free=True, listing_only=True)
+    )
+    assert [(r.text, r.scored, r.owner) for r in free] == [
+        ("Is this true of the text?\nAnswer yes or no.", read.scored, read.owner)
+    ]
+    # no, No, ... summed against yes, Yes, ...: p(no) 0.1 + 0.4, p(yes) 0.3 + 0.1 (the others 0)
+    lps = [[math.log(x)] for x in (0.1, 1e-300, 0.4, 1e-300, 0.3, 1e-300, 1e-300, 0.1)]
+    assert [math.exp(x) for x in readings.log_probs(read.owner, lps)] == pytest.approx([5 / 9, 4 / 9], abs=1e-12)
 
 
 def test_log_probs_sum_each_options_spellings():

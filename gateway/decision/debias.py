@@ -37,10 +37,25 @@ reads. Two standard corrections, each opt-in (``x_debias`` on a request,
     log space. The content-free scores depend on the question only, not the
     state: the server computes them once per question and remembers them.
 
+``content_free_listing``
+    Contextual calibration as above, but "N/A" is asked the type's default
+    question (:data:`gateway.decision.prompts.DEFAULT_INSTRUCTIONS`, "Is this
+    true of the text?" for a noul) over the question's own listing of its
+    options, so the reading depends on the options alone: questions that list
+    the same options share it, and a new question on options the server has
+    read costs no extra position (``bench/quality.py``: the new-question
+    column). It corrects the model's lean to an option or a place, not a
+    question's own wording (Zhao et al.'s content-free input keeps the
+    prompt; this keeps the listing). A separate name rather than a new
+    meaning of ``content_free``: answers and calibration files
+    (:mod:`gateway.decision.calibration`, keyed by these names) read under one
+    are not mistaken for the other.
+
 The two combine: the content-free scores are then read under the same
-rotations. Three more names choose how the question is asked
+rotations. Four more names choose how the question is asked
 (:mod:`gateway.decision.readings`): ``canonical`` (the options listed in a fixed
 order, a choice's labels sorted, whatever order the request sent them in),
+``spellings`` (a listed noul's yes and no each read in every spelling, summed),
 ``cloze`` (options not listed, each scored as the answer; with
 ``content_free`` this is the domain-conditional PMI of Holtzman et al. 2021)
 and ``letters`` (the letter read-out of llama-server-based servers). All
@@ -52,7 +67,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-METHODS = ("cloze", "letters", "canonical", "cyclic", "content_free")
+METHODS = ("cloze", "letters", "canonical", "spellings", "cyclic", "content_free", "content_free_listing")
 
 _NAMES = "'none', " + ", ".join(repr(m) for m in METHODS)
 
@@ -71,8 +86,10 @@ def parse(value: Any) -> tuple[str, ...]:
     flag's form), or a list of method names. ``None`` is not taken here: a
     request's ``null`` means the server's default (:mod:`gateway.decision.jev`).
     Raises ``ValueError`` with a message fit for a 422 for anything else:
-    ``"none"`` mixed with a method, ``cloze`` with ``letters``, or ``cloze``
-    with ``canonical`` or ``cyclic`` (a cloze prompt lists no options).
+    ``"none"`` mixed with a method, ``cloze`` with ``letters``, ``cloze``
+    with ``canonical`` or ``cyclic`` (a cloze prompt lists no options),
+    ``content_free`` with ``content_free_listing``, or ``spellings`` with
+    ``cloze`` or ``letters``.
     """
     if isinstance(value, str):
         names = [x.strip() for x in value.split(",")]
@@ -89,8 +106,12 @@ def parse(value: Any) -> tuple[str, ...]:
         raise ValueError(f"Unknown debias method {unknown[0]!r}: use {_NAMES} or a list of those")
     if "cloze" in names and "letters" in names:
         raise ValueError("'cloze' and 'letters' are two prompt formats: choose one")
+    if "content_free" in names and "content_free_listing" in names:
+        raise ValueError("'content_free' and 'content_free_listing' are two content-free readings: choose one")
     if "cloze" in names and ("cyclic" in names or "canonical" in names):
         raise ValueError("a 'cloze' prompt lists no options: 'cyclic' and 'canonical' do not apply to it")
+    if "spellings" in names and ("cloze" in names or "letters" in names):
+        raise ValueError("'spellings' is a reading of the listed format ('letters' already sums spellings)")
     return tuple(m for m in METHODS if m in names)
 
 

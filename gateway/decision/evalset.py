@@ -6,8 +6,12 @@ drawn first (a ticket's product area, a review's stars, an email's category
 and cues...), the text is assembled from phrase banks that state those facts,
 and each question's gold answer is read off the facts, so no model has seen
 the data and the answers are known. Every question type is there, 2 to 12
-options, text and JSON states, and the yes/no cue questions are mostly "no"
-(as in the issue's held-out set, where our nouls answered "yes").
+options, text and JSON states. The yes/no cue questions are mostly "no" (as in
+issue 14's held-out set, where our nouls answered "yes"); seven more are
+mostly "yes" (issue 23: a business still running, a product kept, more than one
+star, a genuine email, an order paid, on time, a customer staying), read off
+facts already drawn, so the states and the other answers are those of the set
+before them. A quarter of each group goes against its majority.
 
 A labelled file is JSON lines, one request each::
 
@@ -518,6 +522,8 @@ def _question_sets() -> dict[str, dict[str, dict]]:
                 "criteria": list(SEVERITY_LEVELS),
             },
             "competitor": {"type": "noul", "instructions": "Does the customer mention a competitor?"},
+            "running": {"type": "noul", "instructions": "Is the customer's business still running?"},
+            "staying": {"type": "noul", "instructions": "Does the customer intend to stay with us?"},
         },
         "review": {
             "sentiment": {
@@ -539,6 +545,8 @@ def _question_sets() -> dict[str, dict[str, dict]]:
                 "type": "noul",
                 "instructions": "Does the reviewer say they returned or will return the product?",
             },
+            "kept": {"type": "noul", "instructions": "Does the reviewer keep the product?"},
+            "above_one_star": {"type": "noul", "instructions": "Did the reviewer give more than one star?"},
         },
         "email": {
             "credentials": {"type": "noul", "instructions": "Does the sender ask for a password or login details?"},
@@ -554,6 +562,7 @@ def _question_sets() -> dict[str, dict[str, dict]]:
                 "instructions": "How risky is it to follow this email?",
                 "criteria": list(EMAIL_RISK),
             },
+            "genuine": {"type": "noul", "instructions": "Is this a genuine email rather than a scam?"},
         },
         "order": {
             "status": {
@@ -563,6 +572,8 @@ def _question_sets() -> dict[str, dict[str, dict]]:
             },
             "late": {"type": "noul", "instructions": "Is the order late?"},
             "gift": {"type": "noul", "instructions": "Is the order a gift?"},
+            "paid": {"type": "noul", "instructions": "Has the order been paid for?"},
+            "on_time": {"type": "noul", "instructions": "Is the order on time?"},
             "priority": {
                 "type": "score",
                 "instructions": "How urgently does the customer need the order?",
@@ -595,7 +606,15 @@ def _ticket(rng: random.Random) -> tuple[Any, dict[str, Any]]:
         }
     else:
         state = text
-    gold = {"department": dept, "area": area, "refund": refund, "severity": severity, "competitor": competitor}
+    gold = {
+        "department": dept,
+        "area": area,
+        "refund": refund,
+        "severity": severity,
+        "competitor": competitor,
+        "running": severity < 3,
+        "staying": not competitor,
+    }
     return state, gold
 
 
@@ -617,6 +636,8 @@ def _review(rng: random.Random) -> tuple[Any, dict[str, Any]]:
         "stars": stars,
         "aspect": aspect,
         "returned": returned,
+        "kept": not returned,
+        "above_one_star": stars >= 1,
     }
     return state, gold
 
@@ -643,7 +664,14 @@ def _email(rng: random.Random) -> tuple[Any, dict[str, Any]]:
     else:
         state = f"From: {sender}\nSubject: {subject}\n\n{text_body}"
     risk = 2 if credentials else 1 if phishing or pressure else 0
-    gold = {"credentials": credentials, "link": link, "pressure": pressure, "category": cat, "risk": risk}
+    gold = {
+        "credentials": credentials,
+        "link": link,
+        "pressure": pressure,
+        "category": cat,
+        "risk": risk,
+        "genuine": not phishing,
+    }
     return state, gold
 
 
@@ -671,7 +699,14 @@ def _order(rng: random.Random) -> tuple[Any, dict[str, Any]]:
         "days_past_promised_date": rng.randrange(1, 9) if late else 0,
         "customer_note": " ".join(n for n in notes if n),
     }
-    gold = {"status": status, "late": late, "gift": gift, "priority": 1 if urgent else 0}
+    gold = {
+        "status": status,
+        "late": late,
+        "gift": gift,
+        "priority": 1 if urgent else 0,
+        "paid": status != "pending",
+        "on_time": not late,
+    }
     return state, gold
 
 

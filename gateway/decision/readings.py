@@ -18,12 +18,19 @@ The parts of a method (``x_debias`` names, :mod:`gateway.decision.debias`):
   level 0, a noul's yes then no. A canonical prompt is the same whatever order
   the request lists its labels in, so the answer cannot depend on it, and any
   prior or calibration read on it is keyed by label name;
+- ``spellings``: a listed noul's answer read in every spelling of each word, summed (``yes``,
+  `` yes``, ``Yes``, `` Yes`` against the same of ``no``; :func:`gateway.decision.prompts.spellings`),
+  as the letter format reads it: the toy model puts its "no" on ``No`` and its "yes" on ``yes``, so
+  the one spelling the listed format scores answers yes to almost every noul (``bench/README.md``).
+  Each spelling is one token, read from the logits the prompt's last position already holds;
 - ``cyclic``: one read per rotation of that order, log-probabilities averaged
   (Zheng et al. 2024, ICLR, arXiv:2309.03882: the cyclic permutation their
   PriDe estimates its prior from);
 - ``content_free``: each option's log-probability on a content-free state
   ("N/A") subtracted (Zhao et al. 2021, "Calibrate Before Use", ICML, sec.
-  5). With ``cloze`` this is the domain-conditional PMI of Holtzman et al.
+  5); ``content_free_listing`` the same with the type's default instructions
+  in place of the question's on "N/A" (:func:`content_free_plan`), read once per
+  option set, not once per question. With ``cloze`` this is the domain-conditional PMI of Holtzman et al.
   2021 ("Surface Form Competition", EMNLP, eq. 3), the content-free premise as
   the domain premise: ``log P(y | x, q) - log P(y | "N/A", q)``.
 
@@ -42,7 +49,7 @@ from typing import Any
 import attrs
 
 from gateway.decision import debias
-from gateway.decision.prompts import cloze_text, letters_text, listing_order, question_text
+from gateway.decision.prompts import cloze_text, letters_text, listing_order, question_text, spellings
 from gateway.engine.score import log_softmax, option_scores, softmax
 
 FORMATS = ("listed", "cloze", "letters")
@@ -57,12 +64,25 @@ class Method:
     canonical: bool = False
     cyclic: bool = False
     content_free: bool = False
+    #: with ``content_free``: the content-free side reads the type's default instructions in place of the
+    #: question's (``content_free_listing``, :func:`content_free_plan`)
+    listing_only: bool = False
+    #: a listed noul's yes and no each read in every spelling, summed (``spellings``)
+    spellings: bool = False
 
     @classmethod
     def from_names(cls, names: Sequence[str]) -> Method:
         """The method of a parsed ``x_debias`` (:func:`gateway.decision.debias.parse`): ``()`` is today's listed raw."""
         fmt = "cloze" if "cloze" in names else "letters" if "letters" in names else "listed"
-        return cls(fmt, "canonical" in names, "cyclic" in names, "content_free" in names)
+        listing = "content_free_listing" in names
+        return cls(
+            fmt,
+            "canonical" in names,
+            "cyclic" in names,
+            "content_free" in names or listing,
+            listing,
+            "spellings" in names,
+        )
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -71,8 +91,10 @@ class Method:
             "cloze": self.format == "cloze",
             "letters": self.format == "letters",
             "canonical": self.canonical,
+            "spellings": self.spellings,
             "cyclic": self.cyclic,
-            "content_free": self.content_free,
+            "content_free": self.content_free and not self.listing_only,
+            "content_free_listing": self.content_free and self.listing_only,
         }
         return tuple(m for m in debias.METHODS if on[m])
 
@@ -137,7 +159,8 @@ def plan(
             text, per_option = letters_text(qtype, instructions, criteria, listed)
         else:
             text, options = question_text(qtype, instructions, criteria, 0, listed)
-            per_option = tuple((o,) for o in options)
+            spelled = method.spellings and qtype == "noul"
+            per_option = tuple(spellings(o) if spelled else (o,) for o in options)
         scored = tuple(s for i in scored_order for s in per_option[i])
         owner = tuple(i for i in scored_order for _ in per_option[i])
         reads.append(Read(text, scored, owner, places))
@@ -150,10 +173,15 @@ def content_free_plan(
     """The reads of a question's content-free side (``content_free``): what is read on each
     content-free state (:data:`gateway.decision.debias.CONTENT_FREE_STATES`) in place of the state.
 
-    The same reads as :func:`plan` (the question as asked, under the same rotations), so that
-    :func:`combine` subtracts each read's own lean. Raises ``ValueError`` as :func:`plan`.
+    ``content_free``: the same reads as :func:`plan` (the question as asked, under the same
+    rotations), so that :func:`combine` subtracts each read's own lean (Zhao et al. 2021: the prompt
+    with the input replaced). ``content_free_listing`` (``method.listing_only``): the same listing,
+    rotations and scored texts, with the type's :data:`gateway.decision.prompts.DEFAULT_INSTRUCTIONS`
+    in place of the question's instructions, so the reading depends on the options alone: questions
+    that list the same options share it, and a new question on known options reads nothing extra.
+    Raises ``ValueError`` as :func:`plan`.
     """
-    return plan(qtype, instructions, criteria, n_options, method, order)
+    return plan(qtype, None if method.listing_only else instructions, criteria, n_options, method, order)
 
 
 def log_probs(owner: Sequence[int], logprobs: Sequence[Sequence[float]], normalize: str = "sum") -> list[float]:
