@@ -44,10 +44,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from decisions import QUESTIONS_16, Server  # noqa: E402
+from gateway.paths import default_model_path, engine_bin  # noqa: E402
 from load import DOCUMENT, PeerPrompts  # noqa: E402
 from repeat import LlamaServer  # noqa: E402
-
-from gateway.paths import default_model_path, engine_bin  # noqa: E402
 
 QUESTION_COUNTS = (1, 3, 8, 16)
 OPTION_COUNTS = (2, 26, 128, 255)
@@ -180,7 +179,7 @@ def main(argv=None) -> int:
     if not set(args.sweeps) <= {"questions", "options"} or not set(args.kinds) <= {"known", "new"}:
         ap.error("--sweeps: questions,options; --kinds: known,new")
     model = default_model_path()
-    srv = Server("--model", str(model), "--debias", "canonical,content_free", "--threads", args.threads)
+    srv = Server("--threads", args.threads)  # the default model, with its default x_debias
     llama = None
     try:
         prompts = None

@@ -31,8 +31,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from decisions import QUESTIONS_16, TICKET, Server  # noqa: E402
 
-from gateway.paths import default_model_path  # noqa: E402
-
 
 def body(state: str, serial: int, n: int) -> bytes:
     qs = {
@@ -92,7 +90,7 @@ def main(argv=None) -> int:
     ap.add_argument("--alone", type=int, default=5, help="live requests measured before the storm")
     ap.add_argument("--threads", default="2")
     args = ap.parse_args(argv)
-    srv = Server("--model", str(default_model_path()), "--debias", "canonical,content_free", "--threads", args.threads)
+    srv = Server("--threads", args.threads)  # the default model, with its default x_debias
     try:
         out = anyio.run(run, args, srv.base)
     finally:
