@@ -426,7 +426,8 @@ def parse_args(argv):
         "--debias",
         default="default,none",
         help="this tree's (and the baseline's) rows: default (no x_debias sent), none, or any x_debias value, "
-        "comma-separated (default: default,none)",
+        "comma-separated, or semicolon-separated when a value holds commas ('canonical,content_free;none'); "
+        "default: default,none",
     )
     ap.add_argument("--seed", type=int, default=15, help="the tickets' seed (default 15)")
     ap.add_argument(
@@ -462,7 +463,8 @@ def parse_args(argv):
     args.workloads = args.workloads.split(",")
     if not set(args.workloads) <= {"tickets", "document"} or not args.workloads:
         ap.error(f"--workloads: tickets and/or document, not {','.join(args.workloads)}")
-    args.debias = args.debias.split(",")
+    # x_debias values that hold commas themselves are separated by semicolons
+    args.debias = args.debias.split(";") if ";" in args.debias else args.debias.split(",")
     if args.requests < 1 or args.requests >= SERIALS:
         ap.error(f"--requests: 1 to {SERIALS - 1}, not {args.requests}")
     if args.engine is not None:
