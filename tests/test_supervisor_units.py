@@ -10,7 +10,7 @@ import pytest
 
 from gateway.engine import RequestError
 from gateway.engine.score import OptionScore, option_tokens, softmax
-from gateway.engine.slots import MIN_SHARED_BYTES, SlotRouter
+from gateway.engine.slots import MAX_KEY_BYTES, MIN_SHARED_BYTES, PREFIX_CACHE_BYTES, READY_BYTES, SlotRouter
 from gateway.engine.supervisor import RestartPolicy
 from serveproto import Echo
 
@@ -127,6 +127,41 @@ async def test_router_a_pinned_request_that_failed_does_not_make_its_state_ready
     lease.close()
     lease.end(ok=False)
     assert not r.is_ready(DOC) and r.route(DOC) == 0
+
+
+async def test_router_keeps_no_more_than_its_byte_bounds_of_refused_keys():
+    # issue 30, item 0: 100 refused 15 MB states kept 1.5 GB alive through the shared-prefix cache
+    # (an lru_cache of 2048 pairs). 2 MB keys here: the cache, the slots and the ready keys are
+    # bounded by bytes, and a key is routed by (and kept as) its first MAX_KEY_BYTES bytes.
+    import tracemalloc
+
+    r = SlotRouter(2)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(100):
+        key = b"%06d" % i + b"x" * (2 << 20)
+        lease = await r.acquire(key=key, pin=True)
+        lease.begin()
+        lease.close()
+        lease.end(ok=False)  # the engine refused it
+        del key, lease
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert grown < 2 * MAX_KEY_BYTES + PREFIX_CACHE_BYTES + (1 << 20)
+    # both slots hold a truncated key; the cache is full: 16 pairs of two 1 MiB keys
+    assert [len(s.key) for s in r._slots] == [MAX_KEY_BYTES, MAX_KEY_BYTES]
+    assert r.kept_bytes() == 2 * MAX_KEY_BYTES + PREFIX_CACHE_BYTES
+    assert len(r._prefix) == PREFIX_CACHE_BYTES // (2 * MAX_KEY_BYTES)
+
+
+async def test_router_ready_keys_are_bounded_by_bytes_and_a_long_key_by_its_head():
+    r = SlotRouter(1)
+    for i in range(40):
+        r.mark_ready(b"%06d" % i + b"r" * (2 << 20))
+    assert r.kept_bytes() == READY_BYTES  # 16 keys of 1 MiB, not 40 of 2 MiB
+    assert r.is_ready(b"%06d" % 39 + b"r" * (2 << 20)) and r.is_ready(b"%06d" % 39 + b"r" * MAX_KEY_BYTES)
+    assert not r.is_ready(b"%06d" % 23 + b"r" * (2 << 20))  # the 17th newest was forgotten
+    assert r.is_ready(b"%06d" % 24 + b"r" * (2 << 20))
 
 
 async def test_router_a_prefix_of_a_document_goes_to_an_empty_slot_not_the_documents():

@@ -34,7 +34,6 @@ empty slot rather than truncating the document's.
 
 from __future__ import annotations
 
-import functools
 from collections import OrderedDict, deque
 
 import anyio
@@ -48,16 +47,23 @@ AFFINE_SHARE = 0.9
 #: Routing keys remembered as ready (their snapshot taken), least recently used forgotten first.
 READY_KEYS = 64
 
+#: The router routes by the first this many bytes of a key (1 MiB): a prompt that fits a context
+#: is far shorter (4,096 tokens are about 16 KB of text), and a longer one, which the engine will
+#: refuse, must not be kept whole by a slot, the ready keys or the shared-prefix cache.
+MAX_KEY_BYTES = 1 << 20
 
-@functools.lru_cache(maxsize=2048)
+#: What the ready keys may hold, in bytes of key (16 MiB), besides :data:`READY_KEYS`.
+READY_BYTES = 16 << 20
+
+#: What the shared-prefix cache may hold, in bytes of the key pairs it keeps alive (32 MiB).
+PREFIX_CACHE_BYTES = 32 << 20
+
+
 def _shared_prefix(a: bytes, b: bytes) -> int:
     """Length in bytes of the longest common prefix of ``a`` and ``b``.
 
     A binary search over slice comparisons (each a memcmp): keys are whole
     documents, and a byte-by-byte loop in Python would cost a millisecond each.
-    Remembered: a release asks it for every waiter and slot, mostly of the same
-    key objects again (a bytes object keeps its hash, so a lookup is cheap); the
-    2048 pairs kept hold their keys alive, a few MB for document-sized keys.
     """
     n = min(len(a), len(b))
     va, vb = memoryview(a), memoryview(b)
@@ -71,6 +77,42 @@ def _shared_prefix(a: bytes, b: bytes) -> int:
         else:
             hi = mid
     return lo
+
+
+class _PrefixCache:
+    """:func:`_shared_prefix` remembered per key pair, least recently used forgotten first, within
+    ``max_bytes`` bytes of the keys the pairs keep alive (``len(a) + len(b)`` per pair: an upper
+    bound, since pairs share key objects).
+
+    A release asks for every waiter and slot, mostly of the same key objects again (a bytes object
+    keeps its hash, so a lookup is cheap). Bounded by bytes, not pairs: 2,048 pairs of refused
+    15 MB states once kept 1.5 GB alive (issue 30, item 0).
+    """
+
+    def __init__(self, max_bytes: int = PREFIX_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.held = 0  # bytes of keys kept alive by the pairs, counted per pair
+        self._pairs: OrderedDict[tuple[bytes, bytes], int] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def shared(self, a: bytes, b: bytes) -> int:
+        """:func:`_shared_prefix` of ``a`` and ``b``, remembered."""
+        pair = (a, b)
+        n = self._pairs.get(pair)
+        if n is not None:
+            self._pairs.move_to_end(pair)
+            return n
+        n = _shared_prefix(a, b)
+        size = len(a) + len(b)
+        if size <= self.max_bytes:
+            self._pairs[pair] = n
+            self.held += size
+            while self.held > self.max_bytes:
+                (x, y), _ = self._pairs.popitem(last=False)
+                self.held -= len(x) + len(y)
+        return n
 
 
 class _Slot:
@@ -152,6 +194,8 @@ class SlotRouter:
         self._slots = [_Slot(i) for i in range(n_slots)]
         self._waiters: deque[_Waiter] = deque()
         self._ready: OrderedDict[bytes, None] = OrderedDict()
+        self._ready_bytes = 0
+        self._prefix = _PrefixCache()
         self._closed: BaseException | None = None
         self._clock = 0
 
@@ -167,22 +211,34 @@ class SlotRouter:
         """How many callers wait for a slot."""
         return len(self._waiters)
 
+    def kept_bytes(self) -> int:
+        """Bytes of routing keys this router keeps alive, at most: the slots' last keys, the ready
+        keys and the shared-prefix cache's pairs, each counted where it is kept (an upper bound).
+        At most ``n_slots * MAX_KEY_BYTES + READY_BYTES + PREFIX_CACHE_BYTES``."""
+        return sum(len(s.key) for s in self._slots) + self._ready_bytes + self._prefix.held
+
     def mark_ready(self, key: bytes) -> None:
-        """The engine holds a snapshot of ``key``'s state: its requests may take any slot."""
+        """The engine holds a snapshot of ``key``'s state: its requests may take any slot.
+
+        The :data:`READY_KEYS` latest keys are remembered, within :data:`READY_BYTES` bytes."""
+        key = key[:MAX_KEY_BYTES]
+        if key not in self._ready:
+            self._ready_bytes += len(key)
         self._ready[key] = None
         self._ready.move_to_end(key)
-        while len(self._ready) > READY_KEYS:
-            self._ready.popitem(last=False)
+        while len(self._ready) > READY_KEYS or self._ready_bytes > READY_BYTES:
+            old, _ = self._ready.popitem(last=False)
+            self._ready_bytes -= len(old)
 
     def is_ready(self, key: bytes) -> bool:
-        return key in self._ready
+        return key[:MAX_KEY_BYTES] in self._ready
 
     def _affine(self, key: bytes, s: _Slot) -> bool:
-        n = _shared_prefix(key, s.key)
+        n = self._prefix.shared(key, s.key)
         return n >= MIN_SHARED_BYTES and n >= AFFINE_SHARE * len(key) and 2 * n >= len(s.key)
 
     def _gain(self, key: bytes, s: _Slot) -> int:
-        n = _shared_prefix(key, s.key)
+        n = self._prefix.shared(key, s.key)
         return n - (len(s.key) - n)
 
     def _any_slot(self, w: _Waiter) -> bool:
@@ -208,7 +264,7 @@ class SlotRouter:
 
     def route(self, key: bytes) -> int | None:
         """The free slot a request with routing ``key`` would take now, or ``None`` (it would wait)."""
-        usable = self._usable(_Waiter(key, None))
+        usable = self._usable(_Waiter(key[:MAX_KEY_BYTES], None))
         return usable[0].index if usable else None
 
     def _grant(self, w: _Waiter, s: _Slot) -> None:
@@ -225,8 +281,10 @@ class SlotRouter:
         ``slot``: an explicit slot (overrides routing), or ``None`` to route by
         ``key`` (module docstring). ``pin``: the requests of this window pin
         ``key``'s state; one that ends with DONE makes the key ready.
+        Only the first :data:`MAX_KEY_BYTES` bytes of ``key`` are routed by and kept.
         Cancellation while waiting leaves the queue cleanly.
         """
+        key = key[:MAX_KEY_BYTES]  # the same object when shorter
         if self._closed is not None:
             raise self._closed
         if slot is not None and not 0 <= slot < len(self._slots):
