@@ -882,6 +882,8 @@ def run(args) -> int:
         print(exc, file=sys.stderr)
         return 1
     except EngineError as exc:
-        print(f"serveproto serve: the engine did not start: {exc}", file=sys.stderr)
+        tail = getattr(exc, "stderr_tail", ())  # the operator's terminal: the engine's own words help here
+        said = f"; its last stderr lines: {' | '.join(tail[-3:])}" if tail else ""
+        print(f"serveproto serve: the engine did not start: {exc}{said}", file=sys.stderr)
         return 1
     return 0

@@ -38,14 +38,14 @@ class EngineCrashed(EngineError):
 
     ``returncode``: the exit status (negative: killed by that signal), or
     ``None`` when the process had not been reaped yet. ``stderr_tail``: the
-    last lines it wrote on stderr, oldest first.
+    last lines it wrote on stderr, oldest first: for the server's log (the
+    gateway logs them when the engine dies), never in the message, which a
+    client may read in a 503 (a start-up warning is not why an engine died).
     """
 
     def __init__(
         self, message: str, *, name: str = "", returncode: int | None = None, stderr_tail: tuple[str, ...] = ()
     ) -> None:
-        if stderr_tail:
-            message += "; last stderr: " + " | ".join(stderr_tail[-3:])
         super().__init__(message, name=name)
         self.returncode = returncode
         self.stderr_tail = stderr_tail

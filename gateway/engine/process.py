@@ -100,6 +100,22 @@ class Inflight:
         self.detached = False
 
 
+def exit_words(returncode: int | None, what: str = "exited") -> str:
+    """How a process ended, in words: ``"exited (exit status 3)"``, ``"was killed by signal 9
+    (SIGKILL)"``, ``"exited (still running)"`` (its stdout closed, not reaped yet). ``what``: the
+    verb phrase of a normal exit, e.g. ``"exited before its handshake"``, whose tail (``"before its
+    handshake"``) follows a signal's words too."""
+    if returncode is None or returncode >= 0:
+        status = f"exit status {returncode}" if returncode is not None else "still running"
+        return f"{what} ({status})"
+    try:
+        name = f" ({signal.Signals(-returncode).name})"
+    except ValueError:
+        name = ""
+    rest = what.removeprefix("exited")
+    return f"was killed by signal {-returncode}{name}{rest}"
+
+
 class EngineProcess:
     """A running engine process and its serve-protocol connection.
 
@@ -129,6 +145,7 @@ class EngineProcess:
         stderr_lines_per_s: int,
         max_line: int,
         max_payload: int,
+        will_restart: Callable[[], bool] | None = None,
     ) -> None:
         self.argv = [os.fspath(a) for a in argv]
         self.name = name
@@ -142,6 +159,7 @@ class EngineProcess:
         self._env = env
         self._cwd = cwd
         self._on_exit = on_exit
+        self._will_restart = will_restart
         self._stderr_lines_per_s = stderr_lines_per_s
         self._conn = GatewayConnection(max_line=max_line, max_payload=max_payload)
         self._proc: anyio.abc.Process | None = None
@@ -229,8 +247,12 @@ class EngineProcess:
         stderr_lines_per_s: int = 1000,
         max_line: int = 4096,
         max_payload: int = 64 << 20,
+        will_restart: Callable[[], bool] | None = None,
     ) -> AsyncIterator[EngineProcess]:
         """Start ``argv``, complete the handshake, yield the process; shut it down on exit.
+
+        ``will_restart``: asked when the process dies on its own, whether its owner will start
+        another (the error then says ``"; restarting"``).
 
         On exit: close stdin (EOF, the spec's graceful shutdown), wait up to
         ``drain_timeout`` for the engine to finish its requests and exit, then
@@ -253,6 +275,7 @@ class EngineProcess:
             stderr_lines_per_s=stderr_lines_per_s,
             max_line=max_line,
             max_payload=max_payload,
+            will_restart=will_restart,
         )
         try:
             # A session of its own: a terminal's Ctrl-C (SIGINT to the foreground
@@ -354,16 +377,21 @@ class EngineProcess:
         except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
             return b""
 
-    async def _crash_error(self, what: str) -> EngineCrashed:
-        """An EngineCrashed for a closed stdout, with the exit status when it comes soon."""
+    async def _crash_error(self, what: str, serving: bool = False) -> EngineCrashed:
+        """An EngineCrashed for a closed stdout, with the exit status when it comes soon. ``serving``:
+        it died after its handshake (its requests get this error; ``"; restarting"`` when its owner
+        starts another); its last stderr lines go to the log, not the message."""
         with anyio.move_on_after(REAP_GRACE):
             await self._proc.wait()
             await self._stderr_done.wait()
         rc = self._proc.returncode
-        status = f"exit status {rc}" if rc is not None else "still running"
-        return EngineCrashed(
-            f"engine {self.name!r} {what} ({status})", name=self.name, returncode=rc, stderr_tail=self.stderr_tail
-        )
+        message = f"engine {self.name!r} {exit_words(rc, what)}"
+        if serving and self._will_restart is not None and self._will_restart():
+            message += "; restarting"
+        tail = self.stderr_tail
+        if tail:  # the server's log keeps them; the client's 503 does not (issue 30, item 4)
+            log.warning("%s; its last stderr lines: %s", message, " | ".join(tail[-3:]))
+        return EngineCrashed(message, name=self.name, returncode=rc, stderr_tail=tail)
 
     async def _shutdown(self, *, graceful: bool) -> None:
         """The ladder: EOF on stdin, drain, SIGTERM, SIGKILL; always reaps. Call shielded."""
@@ -464,7 +492,7 @@ class EngineProcess:
                     if self._closing:
                         self._mark_failed(EngineUnavailable(f"engine {self.name!r} was closed", name=self.name))
                     else:
-                        await self._fail(await self._crash_error("exited"))
+                        await self._fail(await self._crash_error("exited", serving=True))
                     return
                 self._dispatch(ev)
 

@@ -146,6 +146,10 @@ class Supervisor:
         if self._ready.is_set() and not self._scope.cancel_called:
             self._ready = anyio.Event()
 
+    def _will_restart(self) -> bool:
+        """Whether a process that dies now is restarted: not closed, and within the intensity."""
+        return not self._scope.cancel_called and self._allow_restart()
+
     def _allow_restart(self) -> bool:
         if self.policy.max_restarts is None:
             return True
@@ -169,7 +173,11 @@ class Supervisor:
                     served: EngineProcess | None = None
                     try:
                         async with EngineProcess.start(
-                            self.argv, name=self.name, on_exit=self._on_process_exit, **self._kw
+                            self.argv,
+                            name=self.name,
+                            on_exit=self._on_process_exit,
+                            will_restart=self._will_restart,
+                            **self._kw,
                         ) as proc:
                             served = proc
                             self._current = proc
