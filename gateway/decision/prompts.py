@@ -31,12 +31,12 @@ Two other formats, compared in ``bench/quality.py`` and served on request
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
+from gateway.decision import jsontext
 from gateway.decision.chat_template import ChatTemplate
 
 #: The system turn of every decision prompt.
@@ -75,11 +75,12 @@ def as_text(value: Any) -> str:
     """A state, instructions or criterion as text: a string as sent, anything else as JSON.
 
     JSON is ``json.dumps(value, ensure_ascii=False)``, the serialization the
-    seed's decision record uses, so both paths read the same bytes.
+    seed's decision record uses, so both paths read the same bytes; at any depth the parser
+    accepts (:func:`gateway.decision.jsontext.dumps`).
     """
     if isinstance(value, str):
         return value
-    return json.dumps(value, ensure_ascii=False)
+    return jsontext.dumps(value)
 
 
 @attrs.frozen

@@ -18,6 +18,7 @@ import json
 import math
 from typing import Any
 
+from gateway.decision import jsontext
 from gateway.decision.errors import UnusableDecision
 from gateway.decision.jev import Question, SystemOneRequest
 from gateway.decision.prompts import DEFAULT_INSTRUCTIONS
@@ -31,11 +32,11 @@ def state_type(value: Any) -> str:
 def _default_text(value: Any) -> str | None:
     if value is None or value == "":
         return None
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return value if isinstance(value, str) else jsontext.dumps(value)
 
 
 def _raw_json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    return jsontext.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
 def _raw_option(label: str, value: Any, described: bool = True) -> dict[str, Any]:
@@ -74,7 +75,7 @@ def build(
     if raw:
         state_text = state if isinstance(state, str) else _raw_json(state)
     else:
-        state_text = state if isinstance(state, str) else json.dumps(state, ensure_ascii=False)
+        state_text = state if isinstance(state, str) else jsontext.dumps(state)
     out_q = []
     for q in qs:
         if raw:
