@@ -72,3 +72,31 @@ def test_100_refused_15_mb_states_do_not_keep_their_memory(fixture_engine):
         }
     ]
     assert after - before < RSS_GROWTH_BOUND, (before >> 20, after >> 20)
+
+
+def test_the_fixed_prefixes_remembered_keep_no_text_and_are_bounded():
+    # Memory.fixed once kept every fixed prefix photographed, as its whole prompt, for ever.
+    import tracemalloc
+
+    from gateway.decision.pipeline import SEEN_STATES, Memory
+
+    mem = Memory()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(2 * SEEN_STATES):
+        key = (None, "P" * 10_000 + str(i))
+        assert key not in mem.fixed
+        mem.fixed[key] = True
+        del key
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert len(mem.fixed) == SEEN_STATES
+    assert grown < 1 << 20  # 2,048 prefixes of 10 kB kept were 20 MB
+    assert (None, "P" * 10_000 + str(2 * SEEN_STATES - 1)) in mem.fixed
+    assert (None, "P" * 10_000 + "0") not in mem.fixed
+    assert mem.fixed.pop((None, "P" * 10_000 + str(2 * SEEN_STATES - 1)), None) is True
+    assert mem.fixed.pop((None, "P" * 10_000 + str(2 * SEEN_STATES - 1)), None) is None
+    from gateway.decision.keyset import KeySet
+
+    with pytest.raises(ValueError, match="limit"):
+        KeySet(0)

@@ -30,6 +30,7 @@ from gateway.decision import debias, readings, record, refusals, scoring
 from gateway.decision.calibration import IDENTITY
 from gateway.decision.errors import DecisionTimeout, Refused, UnusableDecision, UnusableScores
 from gateway.decision.jev import Question, SystemOneRequest
+from gateway.decision.keyset import KeySet
 from gateway.decision.prompts import PromptBuilder
 from gateway.engine.errors import RequestError
 from gateway.engine.score import option_scores, softmax
@@ -94,7 +95,7 @@ class Memory:
 
     def __init__(self) -> None:
         self.states: OrderedDict[int, None] = OrderedDict()
-        self.fixed: dict[tuple[int | None, str], bool] = {}
+        self.fixed = KeySet(SEEN_STATES)  # (slot, fixed prefix) by hash: no prompt text kept
         self.content_free: OrderedDict[tuple, list[float]] = OrderedDict()
         self.reading: dict[tuple, anyio.Event] = {}  # content-free readings in progress
 
