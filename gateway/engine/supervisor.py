@@ -216,7 +216,7 @@ class Supervisor:
                         self.name,
                         delay,
                         self.restarts + 1,
-                        self.last_error,
+                        str(self.last_error).removesuffix("; restarting"),  # this line says so
                     )
                     await anyio.sleep(delay)
                     self._restart_times.append(anyio.current_time())
