@@ -100,3 +100,79 @@ def test_the_fixed_prefixes_remembered_keep_no_text_and_are_bounded():
 
     with pytest.raises(ValueError, match="limit"):
         KeySet(0)
+
+
+def test_a_part_over_any_context_is_refused_before_the_engine():
+    from gateway.decision.jev import parse_request
+    from gateway.decision.refusals import over_any_context
+
+    def detail(q: str, *loc):
+        return {
+            "loc": ["body", *loc],
+            "type": "too_long",
+            "msg": f"The prompt of question {q!r} (the state, then the question and its options) is longer than the "
+            "engine's context of 100 tokens; this is its longest part",
+        }
+
+    questions = {"a": {"type": "noul"}, "b": {"type": "noul", "instructions": "y" * 1001}}
+    # 100 tokens of at most 10 bytes: 1,000 bytes at most
+    assert over_any_context(parse_request({"state": "x" * 1000, "questions": {"a": {"type": "noul"}}}), 100, 10) is None
+    assert over_any_context(parse_request({"state": "x" * 1001, "questions": questions}), 100, 10) == detail(
+        "a", "state"
+    )
+    assert over_any_context(parse_request({"state": "é" * 501, "questions": questions}), 100, 10) == detail(
+        "a", "state"
+    )  # 1,002 bytes
+    assert over_any_context(parse_request({"state": "s", "questions": questions}), 100, 10) == detail(
+        "b", "questions", "b"
+    )
+    big = parse_request({"state": "x" * 5000, "questions": questions})
+    assert over_any_context(big, None, 10) is None and over_any_context(big, 100, None) is None
+
+
+@pytest.mark.anyio
+async def test_15_mb_texts_are_refused_before_the_llama_engine_reads_them(llama_engine):
+    # On this 2-core machine the llama engine spent more than its 30 s PING timeout tokenizing one
+    # 15 MB state: it was killed and restarted, the client got a 503, and four such requests in a
+    # minute would have made the server give up. The gateway refuses them itself now (81 bytes is
+    # SmolLM2's longest token piece: 1024 tokens are at most 82,944 bytes).
+    import anyio
+
+    from gateway.server.app import ModelInfo
+    from test_routes_support import serving
+
+    model = llama_engine[llama_engine.index("--model") + 1]
+    big = "x" * STATE_BYTES
+    info = ModelInfo.load(None, model)
+    assert info.max_token_bytes == 81
+    chat_bytes = len(info.template.render([{"role": "user", "content": big}]).encode())
+    async with serving("--model", model, "--ctx", "1024", "--threads", "1", "--debias", "none") as base:
+        async with httpx2.AsyncClient(base_url=base, timeout=120) as c:
+            with anyio.fail_after(60):
+                state = await c.post("/v1/systemone", json={"state": big, "questions": {"q": {"type": "noul"}}})
+                chat = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": big}]})
+                completion = await c.post("/v1/completions", json={"prompt": big, "max_tokens": 1})
+                restarts = (await c.get("/metrics")).text
+    assert state.status_code == 422
+    assert state.json()["detail"] == [
+        {
+            "loc": ["body", "state"],
+            "type": "too_long",
+            "msg": "The prompt of question 'q' (the state, then the question and its options) is longer than the "
+            "engine's context of 1024 tokens; this is its longest part",
+        }
+    ]
+    assert chat.status_code == 400
+    assert chat.json()["error"] == {
+        "message": f"'messages': the prompt is longer than the engine's context of 1024 tokens ({chat_bytes} bytes; "
+        "a token of this model stands for at most 81 bytes)",
+        "type": "invalid_request_error",
+        "param": "messages",
+        "code": None,
+    }
+    assert completion.status_code == 400
+    assert completion.json()["error"]["message"] == (
+        f"'prompt': the prompt is longer than the engine's context of 1024 tokens ({STATE_BYTES} bytes; "
+        "a token of this model stands for at most 81 bytes)"
+    )
+    assert "serveproto_engine_restarts 0.0" in restarts

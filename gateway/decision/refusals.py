@@ -61,6 +61,40 @@ def _longest_part(request: SystemOneRequest, questions: Sequence[Question]) -> l
     return max(parts, key=lambda p: p[0])[1]
 
 
+def over_any_context(
+    request: SystemOneRequest, n_ctx: int | None, max_token_bytes: int | None
+) -> dict[str, Any] | None:
+    """The 422 ``detail`` entry for a request with a part no context of ``n_ctx`` tokens can hold,
+    found before the engine reads anything; None when every part might fit (the engine decides).
+
+    A token stands for at most ``max_token_bytes`` bytes of text (the model's longest token piece),
+    so a part (``prefix``, ``state``, a question's text) of ``B`` UTF-8 bytes is at least
+    ``ceil(B / max_token_bytes)`` tokens: over ``n_ctx * max_token_bytes`` bytes it cannot fit, and
+    the engine need not spend seconds tokenizing it to say so (a 15 MB state once kept the llama
+    engine past its PING timeout: killed, restarted, a 503; issue 30, item 0). The entry is the one
+    the engine's refusal gives (:func:`scoring_refusal`): the first question whose prompt holds the
+    part, and its longest part. ``None`` for either bound: no check.
+    """
+    if not n_ctx or not max_token_bytes or not request.questions:
+        return None
+    bound = n_ctx * max_token_bytes  # bytes
+
+    def over(text: str) -> bool:
+        # a str of n code points is n to 4n UTF-8 bytes: encode only where the bound lies between
+        return len(text) > bound or (4 * len(text) > bound and len(text.encode("utf-8", "surrogatepass")) > bound)
+
+    shared = (request.prefix is not None and over(request.prefix)) or over(as_text(request.state))
+    for q in request.questions:
+        if shared or over(question_text(q.type, q.instructions, q.criteria)[0]):
+            return {
+                "loc": _longest_part(request, [q]),
+                "type": "too_long",
+                "msg": f"The prompt of question {q.id!r} (the state, then the question and its options) is "
+                f"longer than the engine's context of {n_ctx} tokens; this is its longest part",
+            }
+    return None
+
+
 def scoring_refusal(
     reason: str,
     owners: Sequence[Question | None],

@@ -12,6 +12,7 @@ engine that is down 503 with ``Retry-After``), anything else a logged 500.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import logging
 import time
 from pathlib import Path
@@ -63,6 +64,12 @@ class ModelInfo:
     template: ChatTemplate
     path: str | None = None
     pieces: list[bytes] | None = None
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int | None:
+        """Bytes of the model's longest token piece (81 for SmolLM2), None when the pieces are not
+        known: no token stands for more text, so a text of B bytes is at least B / this many tokens."""
+        return max((len(p) for p in self.pieces), default=None) if self.pieces else None
 
     @classmethod
     def load(cls, caps_model: str | None, path: str | Path | None = None) -> ModelInfo:

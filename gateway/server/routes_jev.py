@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from gateway.decision import decision_log, jev, pipeline, scoring
+from gateway.decision import decision_log, jev, pipeline, refusals, scoring
 from gateway.decision.calibration import IDENTITY
 from gateway.decision.errors import Refused
 from gateway.decision.jev import JevValidationError, SystemOneRequest
@@ -31,7 +31,18 @@ if TYPE_CHECKING:
 
 async def decide(app: App, parsed: SystemOneRequest) -> Decided:
     """The decision pipeline on one parsed request, counted in the app's metrics; ``app`` is the app or
-    the :class:`gateway.server.fleet.Backend` the request was routed to (its engine, settings and memory)."""
+    the :class:`gateway.server.fleet.Backend` the request was routed to (its engine, settings and memory).
+
+    A request with a part no context can hold is refused (:class:`Refused`, the engine's own 422)
+    before the engine reads it (:func:`gateway.decision.refusals.over_any_context`)."""
+    caps = app.caps
+    if not getattr(caps, "decide", False):
+        n_ctx = getattr(caps, "n_ctx", None)
+        over = refusals.over_any_context(
+            parsed, n_ctx if isinstance(n_ctx, int) else None, getattr(app.model, "max_token_bytes", None)
+        )
+        if over is not None:
+            raise Refused([over])
     decided = await pipeline.decide(parsed, app.engine, app.settings, app.memory)
     metrics = app.metrics
     for q in parsed.questions:

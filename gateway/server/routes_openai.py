@@ -421,6 +421,23 @@ def _stream_error(exc: Exception, request_id: str) -> dict:
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}
 
 
+def _check_prompt_bytes(app: App, prompt: str, param: str) -> None:
+    """A 400 naming ``param`` for a prompt that no context of the engine's ``n_ctx`` tokens can hold,
+    before the engine reads it: over ``n_ctx`` times the model's longest token piece in bytes
+    (:func:`gateway.decision.refusals.over_any_context`; no check when either is unknown)."""
+    n_ctx = getattr(app.caps, "n_ctx", None)
+    longest = getattr(app.model, "max_token_bytes", None)
+    if not isinstance(n_ctx, int) or n_ctx <= 0 or not longest or len(prompt) <= n_ctx * longest // 4:
+        return
+    n = len(prompt.encode("utf-8", "surrogatepass"))
+    if n > n_ctx * longest:
+        raise _bad(
+            f"'{param}': the prompt is longer than the engine's context of {n_ctx} tokens ({n} bytes; a token "
+            f"of this model stands for at most {longest} bytes)",
+            param,
+        )
+
+
 def _prompt_refusal(app: App, exc: BaseException, param: str) -> HTTPError | None:
     """A 400 naming ``param`` (the request's field the prompt came from) for the engine's refusal of a
     prompt longer than its context, with the engine's token counts; None for any other error."""
@@ -521,6 +538,7 @@ async def chat_completions(app: App, request: Request) -> Response:
         prompt = app.prompts.chat(messages)
     except TemplateError as exc:
         raise _bad(f"the model's chat template refuses these messages: {exc}", "messages") from None
+    _check_prompt_bytes(app, prompt, "messages")
     tally = Tally()
     items = _generate(app, prompt, params, stops, max(1, top_n) if want_lp else 0, tally)
     return await _reply(
@@ -590,6 +608,7 @@ class CompletionAsk:
             prompt = prompt[0]
         if not isinstance(prompt, str) or not prompt:
             raise _bad("'prompt' must be a non-empty string", "prompt")
+        _check_prompt_bytes(app, prompt, "prompt")
         echo = _flag(body, "echo")
         _one_choice(body, "n")
         _one_choice(body, "best_of")
