@@ -153,18 +153,19 @@ _BETA = "expected a number from 0.02 to 50 (where calibrate fits it)"
         ({"model": {"sha256": "AB" * 32}}, "model.sha256: expected the model file's sha256, 64 lowercase hex digits"),
         (
             {"x_debias": None},
-            "x_debias: Input should be 'none', 'cloze', 'letters', 'canonical', 'cyclic', "
-            "'content_free' or a list of those",
+            "x_debias: Input should be 'none', 'cloze', 'letters', 'canonical', 'spellings', 'cyclic', "
+            "'content_free', 'content_free_listing' or a list of those",
         ),
         (
             {"x_debias": [1]},
-            "x_debias: Input should be 'none', 'cloze', 'letters', 'canonical', 'cyclic', "
-            "'content_free' or a list of those",
+            "x_debias: Input should be 'none', 'cloze', 'letters', 'canonical', 'spellings', 'cyclic', "
+            "'content_free', 'content_free_listing' or a list of those",
         ),
         (
             {"x_debias": "canonical,content-free"},
             "x_debias: Unknown debias method 'content-free': use 'none', "
-            "'cloze', 'letters', 'canonical', 'cyclic', 'content_free' or a list of those",
+            "'cloze', 'letters', 'canonical', 'spellings', 'cyclic', 'content_free', 'content_free_listing' "
+            "or a list of those",
         ),
         ({"id": {"a": 1}}, "id: expected 'cal-' and 12 lowercase hex digits, as calibrate writes it"),
         ({"id": "cal-" + "x" * 1000}, "id: expected 'cal-' and 12 lowercase hex digits, as calibrate writes it"),
