@@ -25,6 +25,8 @@
                                                  little more than one of a few: batching pays */
 #define ENGINE_AUTO_KV_SHARE  8               /* --slots unset: the KV cache takes at most 1/this of free memory */
 #define ENGINE_DEFAULT_CTX    4096            /* tokens per slot, capped by the model's n_ctx_train */
+#define ENGINE_DEFAULT_CTX_MAX 32768          /* --ctx-max unset: the longest prompt is the model's n_ctx_train,
+                                                 at most this many tokens (and never fewer than a slot's) */
 #define ENGINE_DEFAULT_PINS   4               /* snapshots kept (CAPS pin_slots) */
 #define ENGINE_MAX_SEQ        256             /* llama.cpp's sequence ids (LLAMA_MAX_SEQ): slots + SCORE scratch */
 #define ENGINE_MAX_SLOTS      120             /* slots and their SCORE carries, 2 ids each, leave 16 for scratch */
@@ -128,6 +130,8 @@ typedef struct engine {
     int n_vocab;
     int n_slots;
     int n_ctx;           /* per slot */
+    int n_ctx_max;       /* the longest prompt (CAPS x_max_prompt, --ctx-max): a slot past n_ctx holds the lease */
+    int lease_slot;      /* the one slot whose sequence may pass n_ctx, up to n_ctx_max (-1: none; sched.c) */
     int n_pins;
     int n_score_seqs;
     int n_batch;
@@ -238,6 +242,7 @@ void threads_after(engine *e);
 /* sched.c: tasks and the decode loop */
 int sched_step(engine *e);
 void task_end(engine *e, task *t);
+int sched_lease(engine *e, int slot);
 
 /* submit.c / score.c: a request as a task. start: tokenize, reuse, ACCEPT
  * (0), or answer it whole (-1: the task is ended). unit / want: the fewest

@@ -25,7 +25,7 @@
 
 typedef struct options {
     const char *model;
-    int slots, ctx, pins, threads, threads_auto, score_seqs;
+    int slots, ctx, ctx_max, pins, threads, threads_auto, score_seqs;
     int ubatch;         /* --ubatch: llama.cpp's physical batch, the cancellation grain */
     int chunk;          /* --chunk: a request's rows in a shared decode */
     int score_cache_mb; /* --score-cache-mb: SCORE results kept between requests */
@@ -42,7 +42,7 @@ typedef struct options {
 static void usage(void)
 {
     fprintf(stderr,
-            "usage: serveproto-llama --model PATH [--slots N] [--ctx N] [--pin-slots N]\n"
+            "usage: serveproto-llama --model PATH [--slots N] [--ctx N] [--ctx-max N] [--pin-slots N]\n"
             "                        [--threads N|auto] [--score-seqs N] [--ubatch N] [--chunk N] [--seed N] [--kv-type f32|f16]\n"
             "                        [--numerics invariant|fast] [--score-cache-mb N] [--flash-attn]\n"
             "                        [--float-digits 9..17] [--splice-check] [--verbose]\n"
@@ -99,6 +99,8 @@ static int parse_options(int argc, char **argv, options *o)
             rc = parse_int_arg(a, v, 1, ENGINE_MAX_SLOTS, &o->slots);
         else if (!strcmp(a, "--ctx"))
             rc = parse_int_arg(a, v, 8, 1 << 20, &o->ctx);
+        else if (!strcmp(a, "--ctx-max"))
+            rc = parse_int_arg(a, v, 8, 1 << 20, &o->ctx_max);
         else if (!strcmp(a, "--pin-slots"))
             rc = parse_int_arg(a, v, 1, 1024, &o->pins);
         else if (!strcmp(a, "--threads") && v && !strcmp(v, "auto")) {
@@ -229,7 +231,8 @@ static void model_name(const char *path, char *out, size_t cap)
 }
 
 /* --slots unset: as many slots as the KV cache of n_ctx cells each (plus
- * SCORE's scratch share) fits in 1/ENGINE_AUTO_KV_SHARE of the memory free now
+ * SCORE's scratch share and the long prompt's n_ctx_max - n_ctx) fits in
+ * 1/ENGINE_AUTO_KV_SHARE of the memory free now
  * (the host's; a GPU build's first GPU's), at least 1, at most
  * ENGINE_AUTO_SLOTS_MAX (on a GPU ENGINE_AUTO_SLOTS_GPU). A slot's cells: n_layer * (K + V) widths * the KV
  * type's bytes (an estimate from the model's shape: n_embd / n_head per head). */
@@ -256,7 +259,8 @@ static int auto_slots(engine *e, const options *o)
     }
     if (per_slot <= 0 || avail <= 0)
         return 1;
-    int n = (int)(avail / ENGINE_AUTO_KV_SHARE / per_slot) - 1; /* one share is SCORE's scratch */
+    double lease = per_token * (e->n_ctx_max - e->n_ctx); /* the long prompt's cells past its slot */
+    int n = (int)((avail / ENGINE_AUTO_KV_SHARE - lease) / per_slot) - 1; /* one share is SCORE's scratch */
     return n < 1 ? 1 : n > cap ? cap : n;
 }
 
@@ -318,6 +322,13 @@ static int load(engine *e, options *o)
     e->n_vocab = llama_vocab_n_tokens(e->vocab);
     int train = llama_model_n_ctx_train(e->model);
     e->n_ctx = o->ctx ? o->ctx : (train > 0 && train < ENGINE_DEFAULT_CTX ? train : ENGINE_DEFAULT_CTX);
+    /* The longest prompt: the model's trained context (at most ENGINE_DEFAULT_CTX_MAX unless --ctx-max
+     * says more), never less than a slot. One slot at a time may pass n_ctx (the lease, sched.c): the
+     * cache holds n_ctx_max - n_ctx cells more for it, so it never takes another slot's share. */
+    e->n_ctx_max = o->ctx_max ? o->ctx_max : (train > ENGINE_DEFAULT_CTX_MAX ? ENGINE_DEFAULT_CTX_MAX : train);
+    if (e->n_ctx_max < e->n_ctx)
+        e->n_ctx_max = e->n_ctx;
+    e->lease_slot = -1;
     e->slots_auto = o->slots == 0;
     e->n_slots = o->slots ? o->slots : auto_slots(e, o);
     e->n_pins = o->pins;
@@ -336,7 +347,8 @@ static int load(engine *e, options *o)
     model_name(o->model, e->model_name, sizeof e->model_name);
 
     struct llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = (uint32_t)e->n_ctx * (uint32_t)(e->n_slots + 1); /* the slots + SCORE scratch */
+    /* the slots + SCORE scratch + the long prompt's cells past its slot */
+    cp.n_ctx = (uint32_t)e->n_ctx * (uint32_t)(e->n_slots + 1) + (uint32_t)(e->n_ctx_max - e->n_ctx);
     cp.n_batch = (uint32_t)e->n_batch;
     cp.n_ubatch = (uint32_t)e->n_ubatch;
     cp.n_seq_max = (uint32_t)(2 * e->n_slots + e->n_score_seqs);
@@ -378,7 +390,7 @@ static int load(engine *e, options *o)
     e->cand = malloc((size_t)e->n_vocab * sizeof *e->cand);
     int ok = e->slots && e->snaps && e->cand;
     for (int s = 0; ok && s < e->n_slots; s++)
-        ok = (e->slots[s].tokens = malloc((size_t)e->n_ctx * sizeof(llama_token))) != NULL;
+        ok = (e->slots[s].tokens = malloc((size_t)e->n_ctx_max * sizeof(llama_token))) != NULL;
     if (!ok)
         return load_fail(e, "nomem", "allocating the engine's buffers failed");
     e->n_threads = o->threads;
@@ -438,9 +450,9 @@ static void handshake(engine *e)
 {
     char caps[2048];
     snprintf(caps, sizeof caps,
-             "chat=1 slots=%d n_ctx=%d n_vocab=%d model=%s pin_slots=%d max_logprobs=%d x_score=1 x_score_base=1 x_counters=1 x_health=1 "
-             "x_numerics=%s x_batched=1 n_ubatch=%d n_chunk=%d x_threads=%s%d%s",
-             e->n_slots, e->n_ctx, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS, e->numerics, e->n_ubatch,
+             "chat=1 slots=%d n_ctx=%d x_max_prompt=%d n_vocab=%d model=%s pin_slots=%d max_logprobs=%d x_score=1 x_score_base=1 "
+             "x_counters=1 x_health=1 x_numerics=%s x_batched=1 n_ubatch=%d n_chunk=%d x_threads=%s%d%s",
+             e->n_slots, e->n_ctx, e->n_ctx_max, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS, e->numerics, e->n_ubatch,
              e->n_chunk, e->threads_auto ? "auto:" : "", e->threads_max, e->devices_caps);
     sp_write_ready(&e->w);
     sp_write_caps(&e->w, caps);

@@ -76,6 +76,42 @@ static int start_new(engine *e)
     return n > 0;
 }
 
+/* The lease (spec/llama-engine.md, "Prompts longer than a slot"): a slot's
+ * sequence holds at most n_ctx positions, except one slot's at a time, the
+ * lease's, which may grow to n_ctx_max into the n_ctx_max - n_ctx cells the
+ * cache holds for it. So every slot always has its n_ctx cells, SCORE its
+ * scratch share, and the long prompt its own: nothing another request does
+ * can leave one without room. Returns 1 when `slot` holds the lease now (or
+ * takes it: no lease, or a lease slot back within n_ctx, or one whose slot
+ * serves no request, which is truncated to n_ctx: its cached positions past
+ * n_ctx go), 0 when a request in flight on another slot holds it (the caller
+ * waits: its rows wait for a later decode). */
+int sched_lease(engine *e, int slot)
+{
+    int ls = e->lease_slot;
+    if (ls == slot)
+        return 1;
+    if (ls >= 0 && e->slots[ls].n > e->n_ctx) {
+        for (int i = 0; i < ENGINE_QUEUE_MAX; i++)
+            if (e->tasks[i].used && e->tasks[i].started && (int)e->tasks[i].rq.slot == ls)
+                return 0;
+        slot_truncate(e, ls, e->n_ctx);
+    }
+    e->lease_slot = slot;
+    return 1;
+}
+
+/* The rows of t's fill (batch rows row0 .. row0+rows-1) that extend its
+ * slot's own sequence: a prefill or trunk chunk, a generation step (a SCORE's
+ * trie rows are in scratch sequences). */
+static int slot_rows(const engine *e, const task *t)
+{
+    int slot = (int)t->rq.slot, n = 0;
+    for (int i = t->row0; i < t->row0 + t->rows; i++)
+        n += e->batch.n_seq_id[i] >= 1 && e->batch.seq_id[i][0] == slot;
+    return n;
+}
+
 /* Rows the batch gives each runnable task. Alone, a task takes up to the
  * whole budget (one ubatch). Shared, each takes its share (budget / tasks,
  * at most n_chunk) and then what the others left, still at most n_chunk,
@@ -170,6 +206,15 @@ int sched_step(engine *e)
             seqs = seq_share;
         t->row0 = e->batch.n_tokens;
         t->rows = is_score(t) ? score_fill(e, t, tu[i].give, seqs) : submit_fill(e, t, tu[i].give);
+        if (t->rows > 0 && e->slots[t->rq.slot].n + slot_rows(e, t) > e->n_ctx && !sched_lease(e, (int)t->rq.slot)) {
+            /* past its slot while another request holds the lease: these rows wait (a trunk or
+             * prefill chunk, or a generation step: fills that change nothing but the batch) and
+             * the task goes to the end of the turn order, so a solo step picks another next */
+            e->batch.n_tokens = t->row0;
+            t->rows = 0;
+            t->served = e->decodes + 1;
+            continue;
+        }
         if (t->rows > 0)
             in[n_in++] = t;
     }

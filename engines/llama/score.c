@@ -201,7 +201,7 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
                 why = "has more than 200 scored tokens";
             else if (ot->ctx < 1)
                 why = "has no context before its first token";
-            else if (ot->n > e->n_ctx)
+            else if (ot->n > e->n_ctx_max)
                 why = "is longer than the context";
             if (why) {
                 free(gt);

@@ -79,6 +79,12 @@ snapshot *snapshot_find(engine *e, const llama_token *toks, int n, int max_len, 
  * else the least recently used one. Out of memory: no snapshot (logged). */
 void snapshot_take(engine *e, int slot, const llama_token *toks, int n, const float *logits)
 {
+    /* Positions past a slot's n_ctx are the lease's (sched.c), which moves to the next long prompt
+     * and truncates this slot: a snapshot of them would not outlive that, and restored on another
+     * slot its shared cells would outlive the lease. The slot's live prefix still serves the next
+     * request on the same tokens there. */
+    if (n > e->n_ctx)
+        return;
     snapshot *dst = NULL;
     for (int i = 0; i < e->n_pins && !dst; i++) {
         snapshot *s = &e->snaps[i];

@@ -75,9 +75,9 @@ static int prompt_tokens(engine *e, const sp_request *rq, llama_token **toks, in
         sp_write_error(&e->w, rq->id, "EMPTY_PROMPT", "the prompt has no tokens");
         return -1;
     }
-    if (*n > e->n_ctx) {
+    if (*n > e->n_ctx_max) {
         free(*toks);
-        sp_write_error(&e->w, rq->id, "BAD_REQUEST", "the prompt has %d tokens, the context %d", *n, e->n_ctx);
+        sp_write_error(&e->w, rq->id, "BAD_REQUEST", "the prompt has %d tokens, the context %d", *n, e->n_ctx_max);
         return -1;
     }
     return 0;
@@ -212,7 +212,9 @@ static void gen_step(engine *e, task *t, const float *logits)
         sp_write_data(&e->w, rq->id, piece, (size_t)len, 0, 0.0, 0, NULL);
     }
     st->d.emitted++;
-    if (st->d.emitted >= rq->max_tokens || e->slots[rq->slot].n >= e->n_ctx) {
+    /* a prompt that fits a slot generates to the slot's end, a longer one (the lease's) to n_ctx_max */
+    int end = st->n > e->n_ctx ? e->n_ctx_max : e->n_ctx;
+    if (st->d.emitted >= rq->max_tokens || e->slots[rq->slot].n >= end) {
         st->d.length_limited = 1;
         finish(e, t);
         return;
