@@ -138,6 +138,13 @@ def add_parsers(sub) -> None:
     )
     p.add_argument("--ctx", type=int, default=None, help="context size per slot of the llama engine")
     p.add_argument(
+        "--ctx-max",
+        type=int,
+        default=None,
+        help="the longest prompt in tokens the llama engine serves (default: the model's trained context, "
+        "at most 32768); one slot at a time may pass --ctx up to it (spec/llama-engine.md)",
+    )
+    p.add_argument(
         "--threads",
         type=_threads,
         default=None,
@@ -552,6 +559,7 @@ def engine_argv(args, model: str | None = None, threads: int | str | None = None
     for flag, value in (
         ("--slots", args.slots),
         ("--ctx", args.ctx),
+        ("--ctx-max", args.ctx_max),
         ("--threads", threads),
         ("--numerics", args.numerics),
         ("--score-cache-mb", args.score_cache_mb),

@@ -179,8 +179,7 @@ async def _call(settings: Settings, fn, *args, **kwargs):
 
 
 def _n_ctx(engine: Any) -> int | None:
-    n = getattr(engine.caps, "n_ctx", None)
-    return int(n) if isinstance(n, int) and n > 0 else None
+    return refusals.max_prompt(engine.caps)
 
 
 def _refuse(

@@ -31,6 +31,18 @@ _TOO_LONG = re.compile(r"longer than|does not fit|exceed|n_ctx|has \d+ tokens, t
 _OPTION_TOO_LONG = re.compile(r"more than \d+ scored tokens|\d+ scored tokens, expected")
 
 
+def max_prompt(caps: object) -> int | None:
+    """The longest prompt in tokens an engine accepts: CAPS ``x_max_prompt`` (the llama engine's
+    ``--ctx-max``, by default the model's trained context), else ``n_ctx`` (a slot's context, which
+    is the limit on an engine that does not say more); None when the engine says neither."""
+    values = getattr(caps, "values", None)
+    raw = values.get("x_max_prompt") if isinstance(values, dict) else None
+    if isinstance(raw, str) and raw.isdigit() and int(raw) > 0:
+        return int(raw)
+    n = getattr(caps, "n_ctx", None)
+    return n if isinstance(n, int) and n > 0 else None
+
+
 def too_long(reason: str) -> bool:
     """Whether an engine's refusal is of a text longer than its context (or one batch)."""
     return _TOO_LONG.search(reason) is not None

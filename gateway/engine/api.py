@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Sequence, Union  # noqa: UP035  (Text and Groups below are runtime aliases)
 
@@ -129,6 +130,17 @@ class ScoreResult:
         engine sends: a hand-made result).
         """
         return softmax(option_scores([o.logprobs for o in self.groups[group]], normalize))
+
+
+#: The group of a folded SCORE's refusal (always its group 0), renamed to the caller's group.
+_GROUP0 = re.compile(r"^groups\[0\]")
+
+
+def past_one_batch(exc: RequestError) -> bool:
+    """Whether a SCORE was refused because a stem and option do not fit one engine batch (the
+    llama engine's ``groups[g].options[o]: the text does not fit one batch of N``), which scoring
+    the group on ``prefix + stem`` avoids (:meth:`Engine._score_folded`)."""
+    return exc.code == "BAD_REQUEST" and "does not fit one batch" in (exc.reason or "")
 
 
 def _plus(a: int | None, b: int | None) -> int | None:
@@ -522,18 +534,30 @@ class Engine:
         with anyio.CancelScope(deadline=deadline) as scope:
             proc = await self._sup.instance()
             use_fast = proc.caps.x_score if fast is None else fast
-            if use_fast and more and proc.caps.x_score_base:
-                result = await self._score_fast(prefix_b, norm + more, pin, slot, key, len(norm), len(base_b))
-            elif use_fast:
-                result = await self._score_fast(prefix_b, norm, pin, slot, key)
-            else:
-                result = await self._score_fallback(prefix_b, norm, pin, slot, key)
+            together = bool(use_fast and more and proc.caps.x_score_base)
+            try:
+                if together:
+                    result = await self._score_fast(prefix_b, norm + more, pin, slot, key, len(norm), len(base_b))
+                elif use_fast:
+                    result = await self._score_fast(prefix_b, norm, pin, slot, key)
+                else:
+                    result = await self._score_fallback(prefix_b, norm, pin, slot, key)
+            except RequestError as exc:
+                if not (use_fast and past_one_batch(exc)):
+                    raise
+                parts = [(prefix_b, norm, key)] + ([(base_b, more, None)] if together else [])
+                result = await self._score_folded(parts, slot)
             if more and not (use_fast and proc.caps.x_score_base):
-                extra = await (
-                    self._score_fast(base_b, more, False, slot, key)
-                    if use_fast
-                    else self._score_fallback(base_b, more, False, slot, key)
-                )
+                try:
+                    extra = await (
+                        self._score_fast(base_b, more, False, slot, key)
+                        if use_fast
+                        else self._score_fallback(base_b, more, False, slot, key)
+                    )
+                except RequestError as exc:
+                    if not (use_fast and past_one_batch(exc)):
+                        raise
+                    extra = await self._score_folded([(base_b, more, None)], slot, first=len(norm))
                 result = attrs.evolve(
                     result,
                     groups=result.groups + extra.groups,
@@ -588,6 +612,41 @@ class Engine:
             reused=done.reused,
             fast=True,
         )
+
+    async def _score_folded(self, parts, slot, first: int = 0) -> ScoreResult:
+        """Score each group in a SCORE of its own whose prefix is ``prefix + stem`` (its stem folded
+        into the trunk), for groups whose stem is longer than one engine batch.
+
+        The engine computes a SCORE's stems in one batch (spec/llama-engine.md, "SCORE"), while its
+        prefix, the trunk, is read in chunks like any prompt, up to the engine's longest prompt
+        (CAPS ``x_max_prompt``); a stem past a batch (255 options listed with a description each,
+        about 3,400 tokens on the default model) is refused ``does not fit one batch``. Folded, the
+        texts are the same bytes, so the same tokens, the same ``context_tokens`` and (with
+        ``x_numerics=invariant``) the same digits; only the stems are no longer read together.
+        ``parts``: ``[(prefix, groups, route), ...]`` (route None: the folded prefix itself, so a
+        content-free reading does not evict the state it corrects); the result's groups are in
+        their order. A refusal names the group as the caller numbered it (``first`` + its index).
+        No snapshot is taken: the slot keeps the last folded prefix, and the next request on the
+        same prefix reuses it from there.
+        """
+        out: list = []
+        done = None
+        computed: int | None = 0
+        reused: int | None = 0
+        g = first
+        for prefix, groups, route in parts:
+            for stem, options in groups:
+                try:
+                    r = await self._score_fast(prefix + stem, [(b"", options)], False, slot, route or prefix + stem)
+                except RequestError as exc:
+                    raise RequestError(
+                        exc.code, _GROUP0.sub(f"groups[{g}]", exc.reason, count=1), request_id=exc.request_id
+                    ) from None
+                out.append(r.groups[0])
+                done = done or r.done
+                computed, reused = _plus(computed, r.computed), _plus(reused, r.reused)
+                g += 1
+        return ScoreResult(groups=out, done=done, computed=computed, reused=reused, fast=True)
 
     async def _score_fallback(self, prefix: bytes, groups, pin: bool, slot, key: bytes) -> ScoreResult:
         totals = {"computed": 0, "reused": 0, "counted": True}
