@@ -565,7 +565,10 @@ async def test_a_prompt_over_the_context_names_messages_or_prompt(fixture_engine
 async def test_the_llama_engine_refusals_name_the_request_field(llama_engine):
     model = llama_engine[llama_engine.index("--model") + 1]
     label = " ".join(["word"] * 250)
-    async with serving("--model", model, "--ctx", "1024", "--threads", "1", "--debias", "none") as base:
+    # --ctx-max: the longest prompt is a slot here (by default the model's trained 8192 would hold this state)
+    async with serving(
+        "--model", model, "--ctx", "1024", "--ctx-max", "1024", "--threads", "1", "--debias", "none"
+    ) as base:
         async with httpx2.AsyncClient(base_url=base, timeout=120) as c:
             state = await c.post(
                 "/v1/systemone", json={"state": "the cat sat on the mat. " * 200, "questions": {"q": {"type": "noul"}}}

@@ -231,6 +231,7 @@ def test_handshake_announces_caps(tiny):
             "chat": "1",
             "slots": "2",
             "n_ctx": "256",
+            "x_max_prompt": "2048",  # the fixture's trained context: one slot at a time may pass 256
             "n_vocab": str(len(Vocab(tiny))),
             "model": "tiny-v1",
             "pin_slots": "3",
@@ -571,7 +572,7 @@ ERROR_CASES = [
     (frame(b"SUBMIT 4 7| 1 0 1", b"hello"), b"4", b"BAD_REQUEST"),  # slot out of range
     (frame(b"SUBMIT 5 0| 1 0 1", b""), b"5", b"EMPTY_PROMPT"),
     (frame(b"SUBMIT 6 0| 1 0 1 ids=1", b"999999"), b"6", b"BAD_REQUEST"),  # id outside the vocabulary
-    (frame(b"SUBMIT 7 0| 1 0 1 ids=1", ids([5] * 40)), b"7", b"BAD_REQUEST"),  # longer than n_ctx=32
+    (frame(b"SUBMIT 7 0| 1 0 1 ids=1", ids([5] * 40)), b"7", b"BAD_REQUEST"),  # longer than --ctx-max 32
     (b"STOP 8\n", b"8", b"NOT_FOUND"),
     (b"CANCEL 9\n", b"9", b"NOT_FOUND"),
     (frame(b"DECIDE 10 0", b"{}"), b"10", b"NOT_SUPPORTED"),
@@ -584,7 +585,7 @@ ERROR_CASES = [
 
 
 def test_every_error_path_answers_its_code_and_the_engine_keeps_serving(tiny):
-    eng = Raw(tiny, "--ctx", "32")
+    eng = Raw(tiny, "--ctx", "32", "--ctx-max", "32")  # a prompt of 40 tokens is past the longest
     try:
         for frame, rid, code in ERROR_CASES:
             eng.write(frame)

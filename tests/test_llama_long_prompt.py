@@ -118,7 +118,9 @@ def test_a_prompt_longer_than_a_slot_answers_as_on_a_slot_that_holds_it(model_pa
     for r in (LONG, LONG_READ):
         assert alone_small[r.id], r
     assert max(n[3] for n in alone_small[LONG.id] if n[0] == "scored") > 600  # context_tokens past the slot
-    whole = alone(model_path, [LONG, LONG_READ], "--ctx", "1024", "--ubatch", "32", "--slots", "4", "--float-digits", "17")
+    whole = alone(
+        model_path, [LONG, LONG_READ], "--ctx", "1024", "--ubatch", "32", "--slots", "4", "--float-digits", "17"
+    )
     assert whole[LONG.id] == alone_small[LONG.id]
     assert whole[LONG_READ.id] == alone_small[LONG_READ.id]
 
