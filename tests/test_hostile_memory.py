@@ -146,7 +146,9 @@ async def test_15_mb_texts_are_refused_before_the_llama_engine_reads_them(llama_
     info = ModelInfo.load(None, model)
     assert info.max_token_bytes == 81
     chat_bytes = len(info.template.render([{"role": "user", "content": big}]).encode())
-    async with serving("--model", model, "--ctx", "1024", "--threads", "1", "--debias", "none") as base:
+    async with serving(
+        "--model", model, "--ctx", "1024", "--ctx-max", "1024", "--threads", "1", "--debias", "none"
+    ) as base:
         async with httpx2.AsyncClient(base_url=base, timeout=120) as c:
             with anyio.fail_after(60):
                 state = await c.post("/v1/systemone", json={"state": big, "questions": {"q": {"type": "noul"}}})

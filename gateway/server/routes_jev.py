@@ -37,10 +37,7 @@ async def decide(app: App, parsed: SystemOneRequest) -> Decided:
     before the engine reads it (:func:`gateway.decision.refusals.over_any_context`)."""
     caps = app.caps
     if not getattr(caps, "decide", False):
-        n_ctx = getattr(caps, "n_ctx", None)
-        over = refusals.over_any_context(
-            parsed, n_ctx if isinstance(n_ctx, int) else None, getattr(app.model, "max_token_bytes", None)
-        )
+        over = refusals.over_any_context(parsed, refusals.max_prompt(caps), getattr(app.model, "max_token_bytes", None))
         if over is not None:
             raise Refused([over])
     decided = await pipeline.decide(parsed, app.engine, app.settings, app.memory)

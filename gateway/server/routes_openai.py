@@ -425,7 +425,7 @@ def _check_prompt_bytes(app: App, prompt: str, param: str) -> None:
     """A 400 naming ``param`` for a prompt that no context of the engine's ``n_ctx`` tokens can hold,
     before the engine reads it: over ``n_ctx`` times the model's longest token piece in bytes
     (:func:`gateway.decision.refusals.over_any_context`; no check when either is unknown)."""
-    n_ctx = getattr(app.caps, "n_ctx", None)
+    n_ctx = refusals.max_prompt(app.caps)  # the longest prompt (CAPS x_max_prompt), else a slot's n_ctx
     longest = getattr(app.model, "max_token_bytes", None)
     if not isinstance(n_ctx, int) or n_ctx <= 0 or not longest or len(prompt) <= n_ctx * longest // 4:
         return
