@@ -252,7 +252,11 @@ def add_parsers(sub) -> None:
         help="with --log-decisions: refuse (503 naming the log) a request whose lines cannot be "
         "written, instead of answering it unlogged",
     )
-    p.add_argument("--request-timeout", type=float, default=120.0, help="seconds one engine call may take (503 after)")
+    # 600 s: a choice of 255 described labels (about 3,900 tokens) takes 1 to 3 minutes on 2 busy cores under the
+    # default correction; a hung engine is caught by the watchdog's PING, not by this
+    p.add_argument(
+        "--request-timeout", type=float, default=600.0, help="seconds one engine call may take (503 after; default 600)"
+    )
     p.add_argument("--handshake-timeout", type=float, default=180.0, help="seconds the engine may take to load")
     p.add_argument(
         "--ping-interval",
