@@ -260,7 +260,7 @@ async def _score_path(
                     ) from None
                 raise
             mem.fixed[key] = True
-    free = _FreeReading.plan(settings, mem, request, questions, method) if method.content_free else None
+    free = _FreeReading.plan(settings, request, questions, method) if method.content_free else None
     if free is not None:
         await free.wait_for_others(mem)
     beside = free.groups() if free is not None and free.missing else None
@@ -352,9 +352,7 @@ class _FreeReading:
     event: anyio.Event | None = None
 
     @classmethod
-    def plan(
-        cls, settings: Settings, mem: Memory, request: SystemOneRequest, questions: list[Question], method
-    ) -> _FreeReading:
+    def plan(cls, settings: Settings, request: SystemOneRequest, questions: list[Question], method) -> _FreeReading:
         prefix = settings.prompts.prefix("", request.prefix)
         keys = []
         for q in questions:

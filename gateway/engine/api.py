@@ -534,36 +534,23 @@ class Engine:
         with anyio.CancelScope(deadline=deadline) as scope:
             proc = await self._sup.instance()
             use_fast = proc.caps.x_score if fast is None else fast
-            together = bool(use_fast and more and proc.caps.x_score_base)
-            try:
-                if together:
-                    result = await self._score_fast(prefix_b, norm + more, pin, slot, key, len(norm), len(base_b))
-                elif use_fast:
-                    result = await self._score_fast(prefix_b, norm, pin, slot, key)
-                else:
-                    result = await self._score_fallback(prefix_b, norm, pin, slot, key)
-            except RequestError as exc:
-                if not (use_fast and past_one_batch(exc)):
-                    raise
-                parts = [(prefix_b, norm, key)] + ([(base_b, more, None)] if together else [])
-                result = await self._score_folded(parts, slot)
-            if more and not (use_fast and proc.caps.x_score_base):
+            if use_fast and more and proc.caps.x_score_base:
                 try:
-                    extra = await (
-                        self._score_fast(base_b, more, False, slot, key)
-                        if use_fast
-                        else self._score_fallback(base_b, more, False, slot, key)
-                    )
+                    result = await self._score_fast(prefix_b, norm + more, pin, slot, key, len(norm), len(base_b))
                 except RequestError as exc:
-                    if not (use_fast and past_one_batch(exc)):
+                    if not past_one_batch(exc):
                         raise
-                    extra = await self._score_folded([(base_b, more, None)], slot, first=len(norm))
-                result = attrs.evolve(
-                    result,
-                    groups=result.groups + extra.groups,
-                    computed=_plus(result.computed, extra.computed),
-                    reused=_plus(result.reused, extra.reused),
-                )
+                    result = await self._score_folded([(prefix_b, norm, key), (base_b, more, None)], slot)
+            else:
+                result = await self._score_one(prefix_b, norm, pin, slot, key, use_fast, key)
+                if more:
+                    extra = await self._score_one(base_b, more, False, slot, key, use_fast, None, first=len(norm))
+                    result = attrs.evolve(
+                        result,
+                        groups=result.groups + extra.groups,
+                        computed=_plus(result.computed, extra.computed),
+                        reused=_plus(result.reused, extra.reused),
+                    )
         if scope.cancelled_caught:
             raise EngineTimeout(
                 f"score on engine {self.name!r} did not finish within {timeout} s; cancelled",
@@ -612,6 +599,20 @@ class Engine:
             reused=done.reused,
             fast=True,
         )
+
+    async def _score_one(
+        self, prefix: bytes, groups, pin: bool, slot, key: bytes, fast: bool, fold_route: bytes | None, first: int = 0
+    ) -> ScoreResult:
+        """One prefix's groups: a SCORE (``fast``; its stems past one batch folded into the prefix,
+        :meth:`_score_folded` with ``fold_route``, refusals numbered from ``first``) or the fallback."""
+        if not fast:
+            return await self._score_fallback(prefix, groups, pin, slot, key)
+        try:
+            return await self._score_fast(prefix, groups, pin, slot, key)
+        except RequestError as exc:
+            if not past_one_batch(exc):
+                raise
+            return await self._score_folded([(prefix, groups, fold_route)], slot, first)
 
     async def _score_folded(self, parts, slot, first: int = 0) -> ScoreResult:
         """Score each group in a SCORE of its own whose prefix is ``prefix + stem`` (its stem folded
