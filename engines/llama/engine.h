@@ -14,6 +14,7 @@
 #define SERVEPROTO_LLAMA_ENGINE_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "frame.h"
@@ -123,6 +124,15 @@ typedef struct score_cache {
     uint64_t entries, hits, misses;
 } score_cache;
 
+/* profile.c: SERVEPROTO_PROFILE, a decode step's time by part (microseconds) */
+typedef struct engine_profile {
+    int on;
+    FILE *f;
+    uint64_t t0, reported, last_end;
+    uint64_t decodes, rows, outputs;
+    uint64_t us[5]; /* gap, fill, decode, sync, read */
+} engine_profile;
+
 typedef struct engine {
     struct llama_model *model;
     struct llama_context *ctx;
@@ -183,6 +193,7 @@ typedef struct engine {
     int scratch_used;           /* scratch sequences given to the batch being built */
     uint64_t polled_us;         /* when the abort callback last read stdin (CLOCK_MONOTONIC) */
     uint64_t skip_submit_id;    /* a refused IMAGE's id: its SUBMIT is dropped */
+    engine_profile prof;        /* SERVEPROTO_PROFILE (profile.c) */
 } engine;
 
 /* model.c */
@@ -233,6 +244,13 @@ void score_cache_free(score_cache *c);
 void engine_poll(engine *e);
 bool engine_decode_abort(void *data);
 void engine_log_aborting(int on);
+
+/* profile.c: SERVEPROTO_PROFILE */
+uint64_t profile_now_us(void);
+void profile_init(engine_profile *p);
+void profile_step(engine_profile *p, const uint64_t mark[5], int rows, int outputs);
+void profile_idle(engine_profile *p);
+void profile_free(engine_profile *p);
 
 /* threads.c: --threads auto */
 int threads_cores(void);

@@ -655,6 +655,7 @@ int main(int argc, char **argv)
         llama_backend_free();
         return 1;
     }
+    profile_init(&e.prof);
     handshake(&e);
     while (!e.w.failed) {
         engine_poll(&e);
@@ -676,6 +677,7 @@ int main(int argc, char **argv)
         fill(&e);
         drain(&e);
     }
+    profile_free(&e.prof);
     int rc = e.w.failed ? 1 : 0;
     if (e.w.failed)
         fprintf(stderr, "serveproto-llama: stdout is gone, exiting\n");

@@ -152,6 +152,9 @@ static void allot(turn *tu, int n, int budget, int chunk)
  * happened (0: no task, or none can run). */
 int sched_step(engine *e)
 {
+    uint64_t mark[5] = { 0 };
+    if (e->prof.on)
+        mark[0] = profile_now_us();
     int worked = start_new(e);
     for (int i = 0; i < ENGINE_QUEUE_MAX; i++) {
         task *t = &e->tasks[i];
@@ -181,8 +184,11 @@ int sched_step(engine *e)
         n_score += is_score(t);
         n++;
     }
-    if (n == 0)
+    if (n == 0) {
+        if (e->prof.on)
+            profile_idle(&e->prof);
         return worked;
+    }
     qsort(tu, (size_t)n, sizeof *tu, by_turn);
     if (e->solo)
         n = 1;
@@ -218,13 +224,23 @@ int sched_step(engine *e)
         if (t->rows > 0)
             in[n_in++] = t;
     }
-    if (n_in == 0)
+    if (n_in == 0) {
+        if (e->prof.on)
+            profile_idle(&e->prof);
         return worked;
+    }
 
     e->in_decode = 1;
     e->abort_decode = 0;
     threads_before(e);
+    if (e->prof.on)
+        mark[1] = profile_now_us();
     int rc = llama_decode(e->ctx, e->batch);
+    if (e->prof.on) {
+        mark[2] = profile_now_us();
+        llama_synchronize(e->ctx);
+        mark[3] = profile_now_us();
+    }
     threads_after(e);
     e->in_decode = 0;
     e->decodes++;
@@ -268,5 +284,12 @@ int sched_step(engine *e)
     }
     e->abort_decode = 0;
     engine_log_aborting(0);
+    if (e->prof.on) {
+        mark[4] = profile_now_us();
+        int outputs = 0;
+        for (int i = 0; i < e->batch.n_tokens; i++)
+            outputs += e->batch.logits[i] != 0;
+        profile_step(&e->prof, mark, e->batch.n_tokens, outputs);
+    }
     return 1;
 }

@@ -1,0 +1,58 @@
+#!/bin/bash
+# Issue 24's ceiling and time split, as one of bench/gpu/run.sh's BENCHES (run.sh has built the engine and
+# llama-prefill-ref and written $MODEL, the random 8B in Q4_K):
+#   BENCHES='extra ceiling bash bench/gpu/ceiling.sh $MODEL' EXTRAS=0 bash bench/gpu/run.sh
+#   1. the same random 8B written again in F16 (bench/gpu/make_model.py --type f16, meanwhile);
+#   2. llama.cpp's own prefill of each (llama-prefill-ref: 512 and 2048 tokens, ubatch 512 and 2048,
+#      F32/F16 KV with and without flash attention, best of 3);
+#   3. bench/load.py at 32 clients (STEPS: the engine variants), the engine profiled (SERVEPROTO_PROFILE,
+#      engines/llama/profile.c) and nvidia-smi dmon beside it; bench/gpu/profile_split.py's table per run.
+# Each step runs within the time run.sh has left (LEFT_S, exported by run.sh's extra as the timeout).
+set -u
+Q4=$1
+F16=/tmp/llama3-8b-random.F16.gguf
+RES=${RES:-/tmp/gpu-res}
+C=${CARRY:-bench/gpu/carry}
+T0=$(date +%s)
+BUDGET=${CEILING_S:-500}
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+[ -f $F16 ] || ( python3 bench/gpu/make_model.py model --tokenizer $C/tokenizer.gguf --out $F16 --type f16 \
+  > $RES/model-f16.log 2>&1; echo "F16 model: exit $? $(tail -1 $RES/model-f16.log)" ) &
+F16_PID=$!
+python3 -c "print('The quarterly report covers revenue, churn and support load across all regions. ' * 200)" > /tmp/prompt.txt
+
+prefill() {  # MODEL LABEL
+  for ub in 512 2048; do
+    [ "$(left)" -gt 40 ] || return
+    echo "== prefill $2, ubatch $ub"
+    timeout $(( $(left) - 20 )) engines/bin/llama-prefill-ref --model $1 --prompt-file /tmp/prompt.txt \
+      --ctx 4096 --reps 3 --ubatch $ub --tokens 512,2048 --modes f32,fa-f32,fa-f16
+  done
+}
+
+load() {  # TAG MODEL ENGINE_FLAGS...
+  local tag=$1 model=$2; shift 2
+  [ "$(left)" -gt 60 ] || { echo "== load $tag: skipped, $(left) s left"; return; }
+  echo "== load $tag: $*"
+  rm -f /tmp/prof-$tag.*
+  nvidia-smi dmon -s u -d 1 -o T > $RES/dmon-$tag.log 2>&1 &
+  local dm=$!
+  SERVEPROTO_PROFILE=/tmp/prof-$tag timeout $(( $(left) - 15 )) python3 bench/load.py --no-llama-server \
+    --model $model --workloads ${WORKLOADS:-document,tickets} --clients 32 --seconds ${SECONDS_CELL:-5} \
+    --debias none --json $RES/load-$tag.json --engine engines/bin/serveproto-llama --model $model "$@" \
+    > $RES/load-$tag.log 2>&1
+  echo "load $tag: exit $?"
+  kill $dm 2>/dev/null
+  grep "^|" $RES/load-$tag.log | grep -v "^|---" | cut -d'|' -f2-8
+  cp /tmp/prof-$tag.* $RES/ 2>/dev/null
+  python3 bench/gpu/profile_split.py --tag "$tag" --dmon $RES/dmon-$tag.log /tmp/prof-$tag.* 2>&1
+}
+
+prefill $Q4 "Q4_K"
+load q4 $Q4
+load q4-fa16 $Q4 --flash-attn --kv-type f16
+wait $F16_PID
+[ -f $F16 ] && prefill $F16 "F16"
+[ -f $F16 ] && load f16-fa16 $F16 --flash-attn --kv-type f16
+[ -f $F16 ] && load f16 $F16
+echo "ceiling.sh: $(( $(date +%s) - T0 )) s"

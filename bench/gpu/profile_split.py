@@ -1,0 +1,95 @@
+"""Where a decode step's time goes, from the engine's SERVEPROTO_PROFILE files (engines/llama/profile.c).
+
+    python3 bench/gpu/profile_split.py [--dmon FILE] [--tag NAME] PROFILE_FILE...
+
+Each file holds one line a second of running sums (decodes, rows, outputs, and milliseconds of gap, fill,
+decode, sync, read). The busy part of a run is the longest stretch of one-second intervals whose rows per
+second stay at half the busiest interval's or more (a load cell, not the warm-up or the idle tail); the
+table gives, over that stretch, the rows and outputs a decode, each part's milliseconds a decode and its
+share of the wall time. ``--dmon``: an ``nvidia-smi dmon -s u`` log of the same run; its mean SM
+utilisation over the samples above 5% is printed beside (the share of time a kernel ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+PARTS = ("gap", "fill", "decode", "sync", "read")
+
+
+def busy_stretch(lines: list[list[float]]) -> tuple[list[float], list[float]] | None:
+    """The first and last line of the busiest stretch (see the module docstring), or None when idle."""
+    rate = [(b[2] - a[2]) / max(b[0] - a[0], 1e-9) for a, b in zip(lines, lines[1:], strict=False)]
+    if not rate or max(rate) <= 0:
+        return None
+    floor = max(rate) / 2
+    best, start = (0, 0), None
+    for i, r in enumerate([*rate, 0.0]):
+        if r >= floor and start is None:
+            start = i
+        elif r < floor and start is not None:
+            if i - start > best[1] - best[0]:
+                best = (start, i)
+            start = None
+    return lines[best[0]], lines[best[1]]
+
+
+def split(path: Path) -> str | None:
+    """One table row for a profile file, or None when it saw no busy stretch."""
+    lines = [[float(x) for x in ln.split()] for ln in path.read_text().splitlines() if ln and not ln.startswith("#")]
+    stretch = busy_stretch(lines)
+    if stretch is None:
+        return None
+    a, b = stretch
+    wall_ms = (b[0] - a[0]) * 1e3
+    d = b[1] - a[1]
+    if d <= 0:
+        return None
+    ms = [b[4 + k] - a[4 + k] for k in range(5)]
+    cells = [f"{m / d:.2f} ({m / wall_ms:.0%})" for m in ms]
+    return (
+        f"| {path.name} | {wall_ms / 1e3:.1f} | {d:.0f} | {(b[2] - a[2]) / d:.0f} | {(b[3] - a[3]) / d:.1f} | "
+        f"{(b[2] - a[2]) / (wall_ms / 1e3):.0f} | " + " | ".join(cells) + " |"
+    )
+
+
+def dmon_mean(path: Path) -> str:
+    """Mean SM% of an ``nvidia-smi dmon -s u`` log over its samples above 5%."""
+    sm = []
+    for ln in path.read_text().splitlines():
+        f = ln.split()
+        if not f or ln.startswith("#"):
+            continue
+        try:
+            v = float(f[2] if len(f) > 2 and ":" in f[0] else f[1])
+        except (ValueError, IndexError):
+            continue
+        if v > 5:
+            sm.append(v)
+    return f"SM busy {sum(sm) / len(sm):.1f}% over {len(sm)} samples above 5%" if sm else "no busy SM samples"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+", type=Path)
+    ap.add_argument("--dmon", type=Path, default=None)
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args()
+    print(f"\n{args.tag}")
+    print(
+        "| engine | seconds | decodes | rows a decode | outputs a decode | rows/s | "
+        + " | ".join(f"{p} ms (share)" for p in PARTS)
+        + " |"
+    )
+    print("|" + "---|" * (6 + len(PARTS)))
+    for f in args.files:
+        row = split(f)
+        if row:
+            print(row)
+    if args.dmon and args.dmon.exists():
+        print(dmon_mean(args.dmon))
+
+
+if __name__ == "__main__":
+    main()

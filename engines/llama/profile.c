@@ -1,0 +1,97 @@
+/* profile.c: where a decode step's time goes (SERVEPROTO_PROFILE=PATH;
+ * bench/README.md, "Where a decode's time goes").
+ *
+ * With SERVEPROTO_PROFILE set, every decode step is cut into five parts on
+ * the engine's one thread, CLOCK_MONOTONIC:
+ *   gap    from the end of the last decode step to the start of this one
+ *          (stdin read, frames parsed, requests started outside a step),
+ *          counted only when both steps decoded: the time with work waiting;
+ *   fill   the step before llama_decode: tasks started, batch built;
+ *   decode llama_decode itself (on the CPU the whole forward pass; on a GPU
+ *          the graph built and queued, the kernels mostly still running);
+ *   sync   llama_synchronize after it: the wait for the device to finish
+ *          (about 0 on the CPU);
+ *   read   the rows read out: logsumexp, option logprobs, frames written.
+ * Every ENGINE_PROFILE_US the running sums go to PATH.<pid> as one line
+ * (milliseconds, and the rows and outputs per decode), so a load benchmark
+ * reads the split of its interval from the difference of two lines (and
+ * the last line is written at exit). Off by
+ * default: then the step makes no clock call and no llama_synchronize, and
+ * nothing changes (the synchronize is the one the read-out's first
+ * llama_get_logits_ith makes anyway, so the digits never move with it). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine.h"
+
+#define ENGINE_PROFILE_US 1000000u
+
+uint64_t profile_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+void profile_init(engine_profile *p)
+{
+    const char *path = getenv("SERVEPROTO_PROFILE");
+    if (!path || !*path)
+        return;
+    char name[4096];
+    snprintf(name, sizeof name, "%s.%ld", path, (long)getpid());
+    p->f = fopen(name, "w");
+    if (!p->f) {
+        fprintf(stderr, "serveproto-llama: SERVEPROTO_PROFILE: cannot write %s; not profiling\n", name);
+        return;
+    }
+    p->on = 1;
+    p->t0 = p->reported = profile_now_us();
+    fprintf(p->f, "# t_s decodes rows outputs gap_ms fill_ms decode_ms sync_ms read_ms\n");
+    fflush(p->f);
+}
+
+static void report(engine_profile *p, uint64_t now)
+{
+    p->reported = now;
+    fprintf(p->f, "%.3f %llu %llu %llu %.1f %.1f %.1f %.1f %.1f\n", (double)(now - p->t0) * 1e-6,
+            (unsigned long long)p->decodes, (unsigned long long)p->rows, (unsigned long long)p->outputs,
+            (double)p->us[0] * 1e-3, (double)p->us[1] * 1e-3, (double)p->us[2] * 1e-3, (double)p->us[3] * 1e-3,
+            (double)p->us[4] * 1e-3);
+    fflush(p->f);
+}
+
+/* One decode step's marks: start, before and after llama_decode, after the
+ * synchronize, end; rows in the batch and rows with logits. */
+void profile_step(engine_profile *p, const uint64_t mark[5], int rows, int outputs)
+{
+    if (p->last_end && mark[0] - p->last_end < 1000000u)
+        p->us[0] += mark[0] - p->last_end;
+    for (int i = 0; i < 4; i++)
+        p->us[i + 1] += mark[i + 1] - mark[i];
+    p->decodes++;
+    p->rows += (uint64_t)rows;
+    p->outputs += (uint64_t)outputs;
+    p->last_end = mark[4];
+    if (mark[4] - p->reported >= ENGINE_PROFILE_US)
+        report(p, mark[4]);
+}
+
+/* A step that did not decode: the next one's gap is not waiting work. */
+void profile_idle(engine_profile *p)
+{
+    p->last_end = 0;
+}
+
+/* The last sums, then the file closed (the engine's exit). */
+void profile_free(engine_profile *p)
+{
+    if (p->f) {
+        report(p, profile_now_us());
+        fclose(p->f);
+    }
+    p->f = NULL;
+    p->on = 0;
+}
