@@ -13,6 +13,7 @@ utilisation over the samples above 5% is printed beside (the share of time a ker
 from __future__ import annotations
 
 import argparse
+import itertools
 from pathlib import Path
 
 PARTS = ("gap", "fill", "decode", "sync", "read")
@@ -20,7 +21,7 @@ PARTS = ("gap", "fill", "decode", "sync", "read")
 
 def busy_stretch(lines: list[list[float]]) -> tuple[list[float], list[float]] | None:
     """The first and last line of the busiest stretch (see the module docstring), or None when idle."""
-    rate = [(b[2] - a[2]) / max(b[0] - a[0], 1e-9) for a, b in zip(lines, lines[1:], strict=False)]
+    rate = [(b[2] - a[2]) / max(b[0] - a[0], 1e-9) for a, b in itertools.pairwise(lines)]
     if not rate or max(rate) <= 0:
         return None
     floor = max(rate) / 2
