@@ -125,12 +125,13 @@ typedef struct score_cache {
 } score_cache;
 
 /* profile.c: SERVEPROTO_PROFILE, a decode step's time by part (microseconds) */
+#define ENGINE_PROFILE_PARTS 6 /* gap, start, fill, decode, sync, read */
 typedef struct engine_profile {
     int on;
     FILE *f;
     uint64_t t0, reported, last_end;
     uint64_t decodes, rows, outputs;
-    uint64_t us[5]; /* gap, fill, decode, sync, read */
+    uint64_t us[ENGINE_PROFILE_PARTS];
 } engine_profile;
 
 typedef struct engine {
@@ -248,7 +249,7 @@ void engine_log_aborting(int on);
 /* profile.c: SERVEPROTO_PROFILE */
 uint64_t profile_now_us(void);
 void profile_init(engine_profile *p);
-void profile_step(engine_profile *p, const uint64_t mark[5], int rows, int outputs);
+void profile_step(engine_profile *p, const uint64_t mark[ENGINE_PROFILE_PARTS], int rows, int outputs);
 void profile_idle(engine_profile *p);
 void profile_free(engine_profile *p);
 

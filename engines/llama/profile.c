@@ -1,12 +1,13 @@
 /* profile.c: where a decode step's time goes (SERVEPROTO_PROFILE=PATH;
  * bench/README.md, "Where a decode's time goes").
  *
- * With SERVEPROTO_PROFILE set, every decode step is cut into five parts on
+ * With SERVEPROTO_PROFILE set, every decode step is cut into six parts on
  * the engine's one thread, CLOCK_MONOTONIC:
  *   gap    from the end of the last decode step to the start of this one
  *          (stdin read, frames parsed, requests started outside a step),
  *          counted only when both steps decoded: the time with work waiting;
- *   fill   the step before llama_decode: tasks started, batch built;
+ *   start  the tasks that arrived started (tokenized, their slots set up);
+ *   fill   the rest of the step before llama_decode: the batch built;
  *   decode llama_decode itself (on the CPU the whole forward pass; on a GPU
  *          the graph built and queued, the kernels mostly still running);
  *   sync   llama_synchronize after it: the wait for the device to finish
@@ -49,34 +50,36 @@ void profile_init(engine_profile *p)
     }
     p->on = 1;
     p->t0 = p->reported = profile_now_us();
-    fprintf(p->f, "# t_s decodes rows outputs gap_ms fill_ms decode_ms sync_ms read_ms\n");
+    fprintf(p->f, "# t_s decodes rows outputs gap_ms start_ms fill_ms decode_ms sync_ms read_ms\n");
     fflush(p->f);
 }
 
 static void report(engine_profile *p, uint64_t now)
 {
     p->reported = now;
-    fprintf(p->f, "%.3f %llu %llu %llu %.1f %.1f %.1f %.1f %.1f\n", (double)(now - p->t0) * 1e-6,
-            (unsigned long long)p->decodes, (unsigned long long)p->rows, (unsigned long long)p->outputs,
-            (double)p->us[0] * 1e-3, (double)p->us[1] * 1e-3, (double)p->us[2] * 1e-3, (double)p->us[3] * 1e-3,
-            (double)p->us[4] * 1e-3);
+    fprintf(p->f, "%.3f %llu %llu %llu", (double)(now - p->t0) * 1e-6, (unsigned long long)p->decodes,
+            (unsigned long long)p->rows, (unsigned long long)p->outputs);
+    for (int i = 0; i < ENGINE_PROFILE_PARTS; i++)
+        fprintf(p->f, " %.1f", (double)p->us[i] * 1e-3);
+    fputc('\n', p->f);
     fflush(p->f);
 }
 
-/* One decode step's marks: start, before and after llama_decode, after the
- * synchronize, end; rows in the batch and rows with logits. */
-void profile_step(engine_profile *p, const uint64_t mark[5], int rows, int outputs)
+/* One decode step's marks: start, tasks started, before and after
+ * llama_decode, after the synchronize, end; rows in the batch and rows with
+ * logits. */
+void profile_step(engine_profile *p, const uint64_t mark[ENGINE_PROFILE_PARTS], int rows, int outputs)
 {
     if (p->last_end && mark[0] - p->last_end < 1000000u)
         p->us[0] += mark[0] - p->last_end;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i + 1 < ENGINE_PROFILE_PARTS; i++)
         p->us[i + 1] += mark[i + 1] - mark[i];
     p->decodes++;
     p->rows += (uint64_t)rows;
     p->outputs += (uint64_t)outputs;
-    p->last_end = mark[4];
-    if (mark[4] - p->reported >= ENGINE_PROFILE_US)
-        report(p, mark[4]);
+    p->last_end = mark[ENGINE_PROFILE_PARTS - 1];
+    if (p->last_end - p->reported >= ENGINE_PROFILE_US)
+        report(p, p->last_end);
 }
 
 /* A step that did not decode: the next one's gap is not waiting work. */

@@ -152,10 +152,12 @@ static void allot(turn *tu, int n, int budget, int chunk)
  * happened (0: no task, or none can run). */
 int sched_step(engine *e)
 {
-    uint64_t mark[5] = { 0 };
+    uint64_t mark[ENGINE_PROFILE_PARTS] = { 0 };
     if (e->prof.on)
         mark[0] = profile_now_us();
     int worked = start_new(e);
+    if (e->prof.on)
+        mark[1] = profile_now_us();
     for (int i = 0; i < ENGINE_QUEUE_MAX; i++) {
         task *t = &e->tasks[i];
         if (t->used && t->cancel) {
@@ -234,12 +236,12 @@ int sched_step(engine *e)
     e->abort_decode = 0;
     threads_before(e);
     if (e->prof.on)
-        mark[1] = profile_now_us();
+        mark[2] = profile_now_us();
     int rc = llama_decode(e->ctx, e->batch);
     if (e->prof.on) {
-        mark[2] = profile_now_us();
-        llama_synchronize(e->ctx);
         mark[3] = profile_now_us();
+        llama_synchronize(e->ctx);
+        mark[4] = profile_now_us();
     }
     threads_after(e);
     e->in_decode = 0;
@@ -285,7 +287,7 @@ int sched_step(engine *e)
     e->abort_decode = 0;
     engine_log_aborting(0);
     if (e->prof.on) {
-        mark[4] = profile_now_us();
+        mark[5] = profile_now_us();
         int outputs = 0;
         for (int i = 0; i < e->batch.n_tokens; i++)
             outputs += e->batch.logits[i] != 0;
