@@ -34,9 +34,10 @@ def _need_tool():
 
 
 def test_parse_precision_names_the_choices():
-    assert precision.parse_precision("f32") == "f32" and precision.parse_precision("native") == "native"
-    with pytest.raises(ValueError, match=r"'f16' is not a precision: native .* or f32"):
-        precision.parse_precision("f16")
+    for p in ("native", "f32", "f16", "bf16"):
+        assert precision.parse_precision(p) == p
+    with pytest.raises(ValueError, match=r"'f8' is not a precision: native .*, f32 .*, f16 or bf16 "):
+        precision.parse_precision("f8")
 
 
 def test_f32_path_is_in_the_cache(cache):
@@ -60,6 +61,28 @@ def test_transcode_once_then_reused(tiny_q80, cache, tmp_path, capfd):
     again = precision.ensure_f32(tiny_q80, tool=tmp_path / "no-such-tool")
     assert again == out and out.stat().st_ino == st.st_ino and out.stat().st_mtime_ns == st.st_mtime_ns
     assert "reusing" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("kind, type_id", [("f16", 1), ("bf16", 30)])
+def test_a_16_bit_transcode_rounds_the_f32_weights(tiny_q80, cache, kind, type_id, capfd):
+    """``--precision f16|bf16``: every matrix in that type, every 1-D tensor F32; the F16 matrices are
+    the F32 transcode's values rounded to nearest by numpy's own float16 (the same bits)."""
+    _need_tool()
+    out = precision.ensure_transcode(tiny_q80, kind, threads=1)
+    err = capfd.readouterr().err
+    assert out == precision.transcode_path(tiny_q80, kind) == cache / "models" / f"tiny-q80.{kind}.gguf"
+    assert f"transcoding tiny-q80.gguf to {kind.upper()}" in err and f"{kind.upper()}: 30/30 tensors" in err
+    f32 = precision.ensure_f32(tiny_q80, threads=1, quiet=True)
+    with GGUFFile(out) as f, GGUFFile(f32) as g:
+        assert f.get(precision.SOURCE_KEY) == precision.source_fingerprint(tiny_q80)
+        assert {(len(t.ne), t.ggml_type) for t in f.tensors.values()} == {(1, 0), (2, type_id)}
+        if kind == "f16":
+            for name, t in f.tensors.items():
+                want = g.tensor(name) if len(t.ne) == 1 else g.tensor(name).astype(np.float32).astype(np.float16)
+                np.testing.assert_array_equal(f.tensor(name), want.astype(np.float64), err_msg=name)
+    assert precision.ensure_transcode(out, kind, tool="/no/such/tool") == out  # already of its kind
+    with pytest.raises(ValueError, match=r"kind must be one of \['bf16', 'f16', 'f32'\], got 'q8'"):
+        precision.ensure_transcode(tiny_q80, "q8")
 
 
 def test_a_changed_source_is_transcoded_again(tiny, tiny_q80, cache, tmp_path):
@@ -128,11 +151,11 @@ def _serve(*argv: str) -> subprocess.CompletedProcess:
 
 
 def test_bad_precision_value_is_a_clear_error():
-    r = _serve("--precision", "f16")
+    r = _serve("--precision", "q8")
     assert r.returncode == 2
     assert (
-        "argument --precision: 'f16' is not a precision: native (the GGUF's own weight types, the default) "
-        "or f32" in r.stderr
+        "argument --precision: 'q8' is not a precision: native (the GGUF's own weight types, the default), "
+        "f32 (" in r.stderr
     )
 
 

@@ -1,7 +1,7 @@
 """``serveproto serve``: the decision server, an engine under the supervisor behind the HTTP server.
 
     serveproto serve [--model [NAME=]PATH ...] [--engines N] [--host H] [--port P] [--api-key KEY]
-                     [--keep-restarting] [--precision native|f32] [--engine CMD ...]
+                     [--keep-restarting] [--precision native|f32|f16|bf16] [--engine CMD ...]
 
 With no ``--engine`` it serves ``engines/bin/serveproto-llama --model PATH``
 (``PATH`` defaulting to the SmolLM2 model, fetched on first use). ``--engine``
@@ -158,11 +158,12 @@ def add_parsers(sub) -> None:
         "--precision",
         type=_precision,
         default="native",
-        metavar="{native,f32}",
-        help="the llama engine's weights: native (the GGUF's own types, default) or f32 (the GGUF "
+        metavar="{native,f32,f16,bf16}",
+        help="the llama engine's weights: native (the GGUF's own types, default), f32 (the GGUF "
         "transcoded once to F32 by llama.cpp's quantizer into the cache, then reused: logprobs "
         "within 1e-4 of the float64 oracle instead of ~0.15 nats off on average on a quantized "
-        "model, for about 5.5 times the file size; see bench/README.md)",
+        "model, for about 5.5 times the file size), or f16 / bf16 (16-bit matrices, the same way: "
+        "on a GPU the fast weights, 2.3x the prefill of Q4_K on an H200; see bench/README.md)",
     )
     p.add_argument(
         "--numerics",
@@ -678,15 +679,15 @@ def plan_engines(args, environ=os.environ, cpu_count: int | None = None) -> list
     return plans
 
 
-def _f32_argv(argv: list[str], threads: int | str | None) -> list[str]:
-    """``argv`` with its ``--model`` replaced by the model's F32 transcode (made once: ``gateway.engine.precision``)."""
-    from gateway.engine.precision import ensure_f32
+def _transcoded_argv(argv: list[str], threads: int | str | None, kind: str) -> list[str]:
+    """``argv`` with its ``--model`` replaced by the model's ``kind`` transcode (f32, f16, bf16; made once:
+    ``gateway.engine.precision``)."""
+    from gateway.engine.precision import ensure_transcode
 
     i = argv.index("--model") + 1
     n = default_threads(threads)
-    return (
-        argv[:i] + [str(ensure_f32(argv[i], threads=n if isinstance(n, int) else os.cpu_count() or 1))] + argv[i + 1 :]
-    )
+    out = ensure_transcode(argv[i], kind, threads=n if isinstance(n, int) else os.cpu_count() or 1)
+    return argv[:i] + [str(out)] + argv[i + 1 :]
 
 
 def load_calibrations(choice: str | None, paths: list[str | None]) -> list:
@@ -734,17 +735,19 @@ async def serve(args, *, task_status=None) -> None:
         ) from None
     except OSError as exc:
         raise ListenFailed(f"serveproto: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
-    if args.precision == "f32":  # after the bind: a port in use is still reported at once
+    if args.precision != "native":  # after the bind: a port in use is still reported at once
         from gateway.engine.precision import TranscodeError
 
         try:
             for j, plan in enumerate(plans):
-                argv = await anyio.to_thread.run_sync(_f32_argv, list(plan.specs[0].argv), args.threads)
+                argv = await anyio.to_thread.run_sync(
+                    _transcoded_argv, list(plan.specs[0].argv), args.threads, args.precision
+                )
                 plans[j] = attrs.evolve(plan, specs=tuple(attrs.evolve(s, argv=argv) for s in plan.specs))
         except BaseException as exc:
             await listener.aclose()
             if isinstance(exc, TranscodeError):
-                raise SystemExit(f"serveproto serve: --precision f32: {exc}") from None
+                raise SystemExit(f"serveproto serve: --precision {args.precision}: {exc}") from None
             raise
     decisions = None
     if getattr(args, "log_decisions", None):

@@ -1,4 +1,4 @@
-"""``serve --precision f32``: the model transcoded once to F32 by llama.cpp's own quantizer, then reused.
+"""``serve --precision f32|f16|bf16``: the model transcoded once by llama.cpp's own quantizer, then reused.
 
 On a quantized GGUF, ggml rounds activations to Q8 before each quantized matmul, so
 the served logprobs sit about 0.15 nats on average from the model's exact ones
@@ -8,6 +8,11 @@ transcode of the same weights (every 2-D tensor dequantized by ggml's own
 ``to_float``, ``engines/bin/serveproto-quantize``) they match the float64 oracle
 (``fixtures/oracle.py``) to 1e-4, for about 5.5 times the file size (92 MiB -> 515
 MiB for the default model).
+
+On a GPU the reason is speed, not exactness: ggml-cuda multiplies F16 and BF16 weights with
+cuBLAS on the tensor cores, and on an H200 llama.cpp's own prefill of a random Llama-3-8B runs
+2.3x faster in F16 than in Q4_K (bench/README.md, "The ceiling"). ``f16`` and ``bf16`` round the
+dequantized weights to 16 bits (1-D tensors stay F32); the logprobs then move by that rounding.
 """
 
 from __future__ import annotations
@@ -22,18 +27,19 @@ from pathlib import Path
 from gateway.engine.build import EngineBuildError, ensure_engine
 from gateway.paths import cache_dir
 
-#: ``--precision`` values: the GGUF's own tensor types, or everything F32.
-PRECISIONS = ("native", "f32")
+#: ``--precision`` values: the GGUF's own tensor types, or every matrix in F32, F16 or BF16.
+PRECISIONS = ("native", "f32", "f16", "bf16")
+#: GGML type ids of the transcodes' matrices (ggml.h: GGML_TYPE_F32, F16, BF16).
+_TYPE_IDS = {"f32": 0, "f16": 1, "bf16": 30}
 #: Metadata key of the transcode naming its source (``source_fingerprint``): a file
 #: of the same name whose source changed is transcoded again.
 SOURCE_KEY = "serveproto.transcode.source"
 #: Bytes hashed at each end of the source for its fingerprint.
 _EDGE = 1 << 20
-_F32 = 0
 
 
 class TranscodeError(RuntimeError):
-    """The F32 transcode could not be made (tool missing, llama.cpp refused the file, disk full);
+    """The transcode could not be made (tool missing, llama.cpp refused the file, disk full);
     the message says what happened and carries the end of the tool's stderr."""
 
 
@@ -42,15 +48,21 @@ def parse_precision(text: str) -> str:
     if text in PRECISIONS:
         return text
     raise ValueError(
-        f"{text!r} is not a precision: native (the GGUF's own weight types, the default) or "
+        f"{text!r} is not a precision: native (the GGUF's own weight types, the default), "
         "f32 (the GGUF transcoded once to F32 with llama.cpp's quantizer: logprobs within "
-        "1e-4 of the float64 oracle, about 5.5 times the file size)"
+        "1e-4 of the float64 oracle, about 5.5 times the file size), "
+        "f16 or bf16 (transcoded to 16-bit matrices: the fast weights on a GPU)"
     )
 
 
+def transcode_path(source: str | Path, kind: str = "f32") -> Path:
+    """Where the ``kind`` transcode of ``source`` lives: ``$SERVEPROTO_CACHE/models/<stem>.<kind>.gguf``."""
+    return cache_dir() / "models" / f"{Path(source).stem}.{kind}.gguf"
+
+
 def f32_path(source: str | Path) -> Path:
-    """Where the F32 transcode of ``source`` lives: ``$SERVEPROTO_CACHE/models/<stem>.f32.gguf``."""
-    return cache_dir() / "models" / f"{Path(source).stem}.f32.gguf"
+    """:func:`transcode_path` of the F32 transcode."""
+    return transcode_path(source, "f32")
 
 
 def source_fingerprint(source: str | Path) -> str:
@@ -67,14 +79,15 @@ def source_fingerprint(source: str | Path) -> str:
     return f"size={size} sha256_ends={digest.hexdigest()[:16]}"
 
 
-def _all_f32(path: Path, want_source: str | None = None) -> bool:
-    """True when ``path`` is a readable GGUF whose tensors are all F32 (and, when ``want_source``
-    is given, whose :data:`SOURCE_KEY` equals it)."""
-    return _not_f32(path, want_source) is None
+def _all_of(path: Path, kind: str, want_source: str | None = None) -> bool:
+    """True when ``path`` is a readable GGUF of ``kind`` (f32: every tensor F32; f16, bf16: every
+    tensor F32 or that type, and some of that type) and, when ``want_source`` is given, whose
+    :data:`SOURCE_KEY` equals it."""
+    return _not_of(path, kind, want_source) is None
 
 
-def _not_f32(path: Path, want_source: str | None = None) -> str | None:
-    """Why ``path`` is not :func:`_all_f32` (``"missing"``, unreadable, another source, ...), or None when it is.
+def _not_of(path: Path, kind: str, want_source: str | None = None) -> str | None:
+    """Why ``path`` is not :func:`_all_of` (``"missing"``, unreadable, another source, ...), or None when it is.
     Never raises: a torn or garbage file makes the GGUF reader raise nearly anything (``IndexError``
     on a truncated header), and a file found in the cache must not stop the server."""
     from gguf import GGUFReader
@@ -89,43 +102,64 @@ def _not_f32(path: Path, want_source: str | None = None) -> str | None:
                 return f"transcoded from another file ({SOURCE_KEY} is not {want_source!r})"
         if not reader.tensors:
             return "no tensors"
-        other = sorted({t.tensor_type.name for t in reader.tensors if int(t.tensor_type) != _F32})
+        want = _TYPE_IDS[kind]
+        types = {int(t.tensor_type): t.tensor_type.name for t in reader.tensors}
     except Exception as exc:  # any: see the docstring
         return f"not a readable GGUF ({type(exc).__name__}: {exc})"
-    return f"tensors of type {', '.join(other)}" if other else None
+    other = sorted(name for tid, name in types.items() if tid not in (want, _TYPE_IDS["f32"]))
+    if other:
+        return f"tensors of type {', '.join(other)}"
+    return None if want in types else f"no tensor of type {kind.upper()}"
 
 
 def ensure_f32(
     source: str | Path, *, threads: int | None = None, quiet: bool = False, tool: str | Path | None = None
 ) -> Path:
-    """The path of an all-F32 GGUF with ``source``'s weights, transcoding it on the first call.
+    """:func:`ensure_transcode` to F32."""
+    return ensure_transcode(source, "f32", threads=threads, quiet=quiet, tool=tool)
 
-    A ``source`` already all F32 is returned as it is. Otherwise :func:`f32_path` is reused when
-    it holds a transcode of this source (its :data:`SOURCE_KEY` equals
+
+def ensure_transcode(
+    source: str | Path,
+    kind: str,
+    *,
+    threads: int | None = None,
+    quiet: bool = False,
+    tool: str | Path | None = None,
+) -> Path:
+    """The path of a GGUF with ``source``'s weights in ``kind`` (``f32``, ``f16`` or ``bf16``: see
+    :func:`_all_of`), transcoding it on the first call.
+
+    A ``source`` already of that kind is returned as it is. Otherwise :func:`transcode_path` is
+    reused when it holds a transcode of this source (its :data:`SOURCE_KEY` equals
     :func:`source_fingerprint`); else ``tool`` (default ``engines/bin/serveproto-quantize``,
-    ``llama_model_quantize`` with ``LLAMA_FTYPE_ALL_F32``) writes it under a temporary name in
-    the same folder, it is checked (all tensors F32, the fingerprint present) and renamed into
-    place, so a reader never sees half a file and two servers racing both end with a whole one.
+    ``llama_model_quantize`` with ``LLAMA_FTYPE_ALL_F32``, ``MOSTLY_F16`` or ``MOSTLY_BF16``) writes
+    it under a temporary name in the same folder, it is checked (its tensor types, the fingerprint
+    present) and renamed into place, so a reader never sees half a file and two servers racing both
+    end with a whole one.
     Progress goes to stderr unless ``quiet``: one line before, the tool's quarter lines, one after.
     ``threads``: the tool's threads (default: llama.cpp's, all cores).
 
     Raises ``FileNotFoundError`` for a missing ``source`` and ``TranscodeError`` when the tool is
     not built or fails (the temporary file is removed).
     """
+    if kind not in _TYPE_IDS:
+        raise ValueError(f"kind must be one of {sorted(_TYPE_IDS)}, got {kind!r}")
     src = Path(source)
     if not src.is_file():
         raise FileNotFoundError(f"model {src} not found")
-    if _all_f32(src):
+    if _all_of(src, kind):
         return src
     fingerprint = source_fingerprint(src)
-    target = f32_path(src)
+    target = transcode_path(src, kind)
+    label, name = f"serveproto: precision {kind}", kind.upper()
     say = (lambda msg: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    why = _not_f32(target, fingerprint)
+    why = _not_of(target, kind, fingerprint)
     if why is None:
-        say(f"serveproto: precision f32: reusing {target}")
+        say(f"{label}: reusing {target}")
         return target
     if why != "missing":  # found in the cache but unusable: said, then made again
-        print(f"serveproto: precision f32: not reusing {target}: {why}; transcoding again", file=sys.stderr, flush=True)
+        print(f"{label}: not reusing {target}: {why}; transcoding again", file=sys.stderr, flush=True)
     if tool is None:
         try:
             tool = ensure_engine("serveproto-quantize")  # built on first use outside a clone
@@ -136,10 +170,10 @@ def ensure_f32(
         raise TranscodeError(f"{tool} is not built (run `make engines`)")
     target.parent.mkdir(parents=True, exist_ok=True)
     part = target.with_name(f"{target.name}.{os.getpid()}.part")
-    argv = [str(tool), "--tag", f"{SOURCE_KEY}={fingerprint}", str(src), str(part)]
+    argv = [str(tool), "--type", kind, "--tag", f"{SOURCE_KEY}={fingerprint}", str(src), str(part)]
     if threads is not None:
         argv[1:1] = ["--threads", str(threads)]
-    say(f"serveproto: precision f32: transcoding {src.name} to F32 with llama.cpp's quantizer, once, into {target}")
+    say(f"{label}: transcoding {src.name} to {name} with llama.cpp's quantizer, once, into {target}")
     t0 = time.monotonic()
     tail: list[str] = []
     try:
@@ -154,18 +188,19 @@ def ensure_f32(
         with proc:
             for line in proc.stderr:
                 tail = (tail + [line.rstrip("\n")])[-20:]
-                if line.startswith("serveproto-quantize: F32:"):
+                if line.startswith(f"serveproto-quantize: {name}:"):
                     say(line.rstrip("\n"))
         if proc.returncode != 0:
             raise TranscodeError(f"{tool.name} {src} failed (exit {proc.returncode}):\n" + "\n".join(tail))
-        if not _all_f32(part, fingerprint):
-            raise TranscodeError(f"{tool.name} wrote {part}, which is not an all-F32 GGUF of {src}")
+        if not _all_of(part, kind, fingerprint):
+            what = {"f32": "an all-F32", "f16": "an F16", "bf16": "a BF16"}[kind]
+            raise TranscodeError(f"{tool.name} wrote {part}, which is not {what} GGUF of {src}")
         os.chmod(part, 0o644)
         os.replace(part, target)
     finally:
         part.unlink(missing_ok=True)
     say(
-        f"serveproto: precision f32: wrote {target} ({target.stat().st_size / (1 << 20):.0f} MiB, "
+        f"{label}: wrote {target} ({target.stat().st_size / (1 << 20):.0f} MiB, "
         f"{time.monotonic() - t0:.1f} s)"
     )
     return target

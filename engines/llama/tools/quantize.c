@@ -1,11 +1,14 @@
-/* serveproto-quantize: a GGUF transcoded to F32 by llama.cpp's own quantizer.
+/* serveproto-quantize: a GGUF transcoded to F32, F16 or BF16 by llama.cpp's
+ * own quantizer.
  *
- *   serveproto-quantize [--threads N] [--tag KEY=VALUE]... IN.gguf OUT.gguf
+ *   serveproto-quantize [--type f32|f16|bf16] [--threads N] [--tag KEY=VALUE]... IN.gguf OUT.gguf
  *
  * Calls llama_model_quantize (src/llama-quant.cpp of the vendored tree) with
- * ftype LLAMA_FTYPE_ALL_F32 and allow_requantize, so every 2-D weight is
- * dequantized by ggml's own to_float (ggml-quants.c) and written as F32; 1-D
- * tensors (norms) are copied. --tag adds a string key to the output's metadata
+ * allow_requantize and ftype LLAMA_FTYPE_ALL_F32 (the default),
+ * LLAMA_FTYPE_MOSTLY_F16 or LLAMA_FTYPE_MOSTLY_BF16, so every 2-D weight is
+ * dequantized by ggml's own to_float (ggml-quants.c) and written in that type
+ * (F16 and BF16 round the dequantized F32 values to nearest); 1-D tensors
+ * (norms) stay F32. --tag adds a string key to the output's metadata
  * (the gateway records which file it came from). Progress goes to stderr, one
  * line per tensor on a terminal (carriage return), else every quarter; exit 0
  * on success, 1 when llama.cpp refuses (its error on stderr), 2 on bad usage.
@@ -23,6 +26,7 @@
 static int g_tty;
 static int g_last_quarter = -1;
 static enum ggml_log_level g_last_level = GGML_LOG_LEVEL_INFO;
+static const char *g_type = "F32";
 
 /* llama.cpp logs "[ i/ n] name - [shape], type = ..." before each tensor:
  * that line is the progress; other INFO/DEBUG lines are dropped, warnings
@@ -37,13 +41,13 @@ static void on_log(enum ggml_log_level level, const char *text, void *ud) {
     int i, n;
     if (level == GGML_LOG_LEVEL_INFO && sscanf(text, "[%d/%d]", &i, &n) == 2 && n > 0) {
         if (g_tty) {
-            fprintf(stderr, "\rserveproto-quantize: F32: %d/%d tensors", i, n);
+            fprintf(stderr, "\rserveproto-quantize: %s: %d/%d tensors", g_type, i, n);
             if (i == n) fputc('\n', stderr);
         } else {
             int quarter = 4 * i / n;
             if (quarter != g_last_quarter) {
                 g_last_quarter = quarter;
-                fprintf(stderr, "serveproto-quantize: F32: %d/%d tensors\n", i, n);
+                fprintf(stderr, "serveproto-quantize: %s: %d/%d tensors\n", g_type, i, n);
             }
         }
         return;
@@ -54,13 +58,14 @@ static void on_log(enum ggml_log_level level, const char *text, void *ud) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: serveproto-quantize [--threads N] [--tag KEY=VALUE]... IN.gguf OUT.gguf\n");
+    fprintf(stderr, "usage: serveproto-quantize [--type f32|f16|bf16] [--threads N] [--tag KEY=VALUE]... IN.gguf OUT.gguf\n");
     return 2;
 }
 
 int main(int argc, char **argv) {
     struct llama_model_kv_override tags[MAX_TAGS + 1];
     int n_tags = 0, threads = 0;
+    enum llama_ftype ftype = LLAMA_FTYPE_ALL_F32;
     const char *in = NULL, *out = NULL;
     memset(tags, 0, sizeof tags);
 
@@ -68,6 +73,18 @@ int main(int argc, char **argv) {
         if (strcmp(argv[a], "--threads") == 0 && a + 1 < argc) {
             threads = atoi(argv[++a]);
             if (threads < 1) return usage();
+        } else if (strcmp(argv[a], "--type") == 0 && a + 1 < argc) {
+            const char *t = argv[++a];
+            if (strcmp(t, "f32") == 0) {
+                ftype = LLAMA_FTYPE_ALL_F32, g_type = "F32";
+            } else if (strcmp(t, "f16") == 0) {
+                ftype = LLAMA_FTYPE_MOSTLY_F16, g_type = "F16";
+            } else if (strcmp(t, "bf16") == 0) {
+                ftype = LLAMA_FTYPE_MOSTLY_BF16, g_type = "BF16";
+            } else {
+                fprintf(stderr, "serveproto-quantize: --type %s: not f32, f16 or bf16\n", t);
+                return 2;
+            }
         } else if (strcmp(argv[a], "--tag") == 0 && a + 1 < argc) {
             const char *kv = argv[++a], *eq = strchr(kv, '=');
             if (!eq || eq == kv || n_tags == MAX_TAGS) return usage();
@@ -98,7 +115,7 @@ int main(int argc, char **argv) {
 
     struct llama_model_quantize_params p = llama_model_quantize_default_params();
     p.nthread = threads;
-    p.ftype = LLAMA_FTYPE_ALL_F32;
+    p.ftype = ftype;
     p.allow_requantize = true;        /* the source is quantized: dequantize it */
     p.quantize_output_tensor = true;  /* output.weight too, when the file has one */
     p.kv_overrides = n_tags ? tags : NULL;
