@@ -199,8 +199,5 @@ def ensure_transcode(
         os.replace(part, target)
     finally:
         part.unlink(missing_ok=True)
-    say(
-        f"{label}: wrote {target} ({target.stat().st_size / (1 << 20):.0f} MiB, "
-        f"{time.monotonic() - t0:.1f} s)"
-    )
+    say(f"{label}: wrote {target} ({target.stat().st_size / (1 << 20):.0f} MiB, {time.monotonic() - t0:.1f} s)")
     return target
