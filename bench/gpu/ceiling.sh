@@ -7,7 +7,8 @@
 #      F32/F16 KV with and without flash attention, best of 3);
 #   3. bench/load.py at 32 clients (STEPS: the engine variants), the engine profiled (SERVEPROTO_PROFILE,
 #      engines/llama/profile.c) and nvidia-smi dmon beside it; bench/gpu/profile_split.py's table per run.
-# Each step runs within the time run.sh has left (LEFT_S, exported by run.sh's extra as the timeout).
+# Each step runs within CEILING_S seconds in all (pass run.sh's time left). LOADS="TAG q4|f16 FLAGS" lines
+# instead run only those loads (the F16 model written meanwhile when one needs it).
 set -u
 Q4=$1
 F16=/tmp/llama3-8b-random.F16.gguf
@@ -16,9 +17,19 @@ C=${CARRY:-bench/gpu/carry}
 T0=$(date +%s)
 BUDGET=${CEILING_S:-500}
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
-[ -f $F16 ] || ( python3 bench/gpu/make_model.py model --tokenizer $C/tokenizer.gguf --out $F16 --type f16 \
-  > $RES/model-f16.log 2>&1; echo "F16 model: exit $? $(tail -1 $RES/model-f16.log)" ) &
-F16_PID=$!
+# written under another name and renamed, so that a file at $F16 is whole; a generation already running
+# (a call that started one before run.sh's build, the same way) is waited for, not repeated
+F16_PID=
+if [ ! -f $F16 ] && ! pgrep -f "make_model.py model .*--type f16" > /dev/null; then
+  ( python3 bench/gpu/make_model.py model --tokenizer $C/tokenizer.gguf --out $F16.part --type f16 \
+    > $RES/model-f16.log 2>&1 && mv $F16.part $F16; echo "F16 model: exit $? $(tail -1 $RES/model-f16.log)" ) &
+  F16_PID=$!
+fi
+f16_ready() {
+  [ -n "$F16_PID" ] && wait $F16_PID
+  while [ ! -f $F16 ] && pgrep -f "make_model.py model .*--type f16" > /dev/null; do sleep 2; done
+  [ -f $F16 ]
+}
 python3 -c "print('The quarterly report covers revenue, churn and support load across all regions. ' * 200)" > /tmp/prompt.txt
 
 prefill() {  # MODEL LABEL
@@ -48,11 +59,22 @@ load() {  # TAG MODEL ENGINE_FLAGS...
   python3 bench/gpu/profile_split.py --tag "$tag" --dmon $RES/dmon-$tag.log /tmp/prof-$tag.* 2>&1
 }
 
-prefill $Q4 "Q4_K"
-load q4 $Q4
-load q4-fa16 $Q4 --flash-attn --kv-type f16
-wait $F16_PID
-[ -f $F16 ] && prefill $F16 "F16"
-[ -f $F16 ] && load f16-fa16 $F16 --flash-attn --kv-type f16
-[ -f $F16 ] && load f16 $F16
+if [ -n "${LOADS:-}" ]; then
+  # LOADS: one load a line, "TAG q4|f16 [ENGINE_FLAGS...]" (no prefill table): a later call's cells
+  while read -r tag which flags; do
+    [ -n "$tag" ] || continue
+    m=$Q4
+    if [ "$which" = f16 ]; then f16_ready || { echo "== load $tag: no F16 model"; continue; }; m=$F16; fi
+    # shellcheck disable=SC2086
+    load "$tag" "$m" $flags
+  done <<< "$LOADS"
+else
+  prefill $Q4 "Q4_K"
+  load q4 $Q4
+  load q4-fa16 $Q4 --flash-attn --kv-type f16
+  f16_ready
+  [ -f $F16 ] && prefill $F16 "F16"
+  [ -f $F16 ] && load f16-fa16 $F16 --flash-attn --kv-type f16
+  [ -f $F16 ] && load f16 $F16
+fi
 echo "ceiling.sh: $(( $(date +%s) - T0 )) s"
