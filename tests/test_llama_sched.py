@@ -174,3 +174,76 @@ def test_a_cancelled_big_score_frees_the_engine_within_one_chunk(model_path):
     finally:
         if eng.proc.poll() is None:
             eng.proc.kill()
+
+
+#: One question whose trie is several ubatches of 32 rows: 24 options of about 8 tokens each.
+WIDE = Score(
+    id=30,
+    slot=0,
+    payload=json.dumps(
+        {
+            "prefix": f"Ticket 30: {text(30, 40)}\n",
+            "groups": [
+                {
+                    "stem": "\nWhich queue should take it? Answer:",
+                    "options": [f" queue {k} for {text(k, 6)}" for k in range(24)],
+                }
+            ],
+        }
+    ).encode(),
+)
+
+
+def test_no_decode_holds_more_than_one_ubatch(model_path, tmp_path, monkeypatch):
+    """A question larger than a ubatch is cut between decodes (its stem kept in the carry), so no decode
+    holds more than ``--ubatch`` rows, the most a CANCEL waits on a GPU build (the engine's profile,
+    SERVEPROTO_PROFILE, counts the rows of its largest decode); its numbers are those of one decode."""
+    one = Engine(model_path, "--float-digits", "17", "--slots", "8", "--ctx", "1024", "--ubatch", "512")
+    try:
+        want = numbers(one.request(WIDE))
+    finally:
+        one.close()
+    monkeypatch.setenv("SERVEPROTO_PROFILE", str(tmp_path / "prof"))
+    eng = engine(model_path)
+    try:
+        assert numbers(eng.request(WIDE)) == want
+        assert eng.close() == 0
+    finally:
+        if eng.proc.poll() is None:
+            eng.proc.kill()
+    (prof,) = tmp_path.glob("prof.*")
+    last = prof.read_text().splitlines()[-1].split()
+    decodes, rows, max_rows = int(last[1]), int(last[2]), int(last[-1])
+    assert rows > 3 * 32 and decodes >= 4 and max_rows <= 32, (decodes, rows, max_rows)
+
+
+def test_without_the_abort_callback_a_cancel_ends_a_big_score_between_decodes(model_path, monkeypatch):
+    """A GPU build's path on the CPU (SERVEPROTO_NO_ABORT_CALLBACK=1: llama.cpp never asks, stdin is read
+    between decodes only): a CANCEL of a SCORE of many decodes ends it at the next decode, the generation
+    beside it going on by at most the decode in flight and the next, and gives its own digits."""
+    gen = submit(31, 1, f"Write about: {text(9, 20)}", max_tokens=40, logprobs=1)
+    want_gen = alone(model_path, [gen])[31]
+    monkeypatch.setenv("SERVEPROTO_NO_ABORT_CALLBACK", "1")
+    eng = engine(model_path)
+    try:
+        eng.send(WIDE, gen)
+        events = {30: [], 31: []}
+        while sum(isinstance(e, Data) for e in events[31]) < 2:
+            ev = eng.next_event()
+            events[ev.id].append(ev)
+        assert isinstance(events[30][0], Accept) and len(events[30]) == 1  # its trie is decodes from done
+        eng.send(Cancel(id=30))
+        tokens_before = sum(isinstance(e, Data) for e in events[31])
+        while not events[30][1:]:
+            ev = eng.next_event()
+            events[ev.id].append(ev)
+        assert isinstance(events[30][-1], Error) and events[30][-1].code == "CANCELLED", events[30][-1]
+        assert sum(isinstance(e, Data) for e in events[31]) - tokens_before <= 2
+        while not isinstance(events[31][-1], (Done, Error)):
+            ev = eng.next_event()
+            events[ev.id].append(ev)
+        assert numbers(events[31]) == want_gen
+        assert eng.close() == 0
+    finally:
+        if eng.proc.poll() is None:
+            eng.proc.kill()

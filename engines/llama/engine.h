@@ -131,6 +131,7 @@ typedef struct engine_profile {
     FILE *f;
     uint64_t t0, reported, last_end;
     uint64_t decodes, rows, outputs;
+    int max_rows; /* the most rows one decode held */
     uint64_t us[ENGINE_PROFILE_PARTS];
 } engine_profile;
 

@@ -14,7 +14,8 @@
  *          (about 0 on the CPU);
  *   read   the rows read out: logsumexp, option logprobs, frames written.
  * Every ENGINE_PROFILE_US the running sums go to PATH.<pid> as one line
- * (milliseconds, and the rows and outputs per decode), so a load benchmark
+ * (milliseconds, the rows and outputs per decode, and the most rows one
+ * decode held), so a load benchmark
  * reads the split of its interval from the difference of two lines (and
  * the last line is written at exit). Off by
  * default: then the step makes no clock call and no llama_synchronize, and
@@ -50,7 +51,7 @@ void profile_init(engine_profile *p)
     }
     p->on = 1;
     p->t0 = p->reported = profile_now_us();
-    fprintf(p->f, "# t_s decodes rows outputs gap_ms start_ms fill_ms decode_ms sync_ms read_ms\n");
+    fprintf(p->f, "# t_s decodes rows outputs gap_ms start_ms fill_ms decode_ms sync_ms read_ms max_rows\n");
     fflush(p->f);
 }
 
@@ -61,7 +62,7 @@ static void report(engine_profile *p, uint64_t now)
             (unsigned long long)p->rows, (unsigned long long)p->outputs);
     for (int i = 0; i < ENGINE_PROFILE_PARTS; i++)
         fprintf(p->f, " %.1f", (double)p->us[i] * 1e-3);
-    fputc('\n', p->f);
+    fprintf(p->f, " %d\n", p->max_rows);
     fflush(p->f);
 }
 
@@ -76,6 +77,7 @@ void profile_step(engine_profile *p, const uint64_t mark[ENGINE_PROFILE_PARTS], 
         p->us[i + 1] += mark[i + 1] - mark[i];
     p->decodes++;
     p->rows += (uint64_t)rows;
+    p->max_rows = rows > p->max_rows ? rows : p->max_rows;
     p->outputs += (uint64_t)outputs;
     p->last_end = mark[ENGINE_PROFILE_PARTS - 1];
     if (p->last_end - p->reported >= ENGINE_PROFILE_US)

@@ -480,7 +480,12 @@ static int pack(const score_state *st, int budget, int seqs, int *nodes)
 
 /* The fewest rows worth a decode: the trie of the next whole question (its
  * stem and every option), so a decode shared by many SCOREs, each with a small
- * share of the ubatch, does not cut a question and compute its stem twice. */
+ * share of the ubatch, does not cut a question and compute its stem twice.
+ * A question larger than a ubatch is cut between decodes instead (its stem
+ * kept in the carry, keep_stem), so that no decode holds more than one
+ * ubatch of rows: the bound on how long a CANCEL waits where llama.cpp does
+ * not call the abort callback (a GPU build reads stdin between decodes
+ * only). Only one option longer than a ubatch by itself runs past it. */
 int score_unit(engine *e, task *t)
 {
     score_state *st = t->st;
@@ -488,10 +493,13 @@ int score_unit(engine *e, task *t)
     if (st->trunk_a < job->trunk)
         return 1;
     int last = st->first, nodes;
-    (void)e;
     while (last < st->n_todo && job->opts[st->todo[last]].group == job->opts[st->todo[st->first]].group)
         last++;
     pack(st, 1 << 30, last > st->first ? last - st->first : 1, &nodes);
+    if (nodes > e->n_ubatch) {
+        int one = new_nodes(job, st->todo, st->first, st->first);
+        nodes = one > e->n_ubatch ? one : e->n_ubatch;
+    }
     return nodes > 0 ? nodes : 1;
 }
 
