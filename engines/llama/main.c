@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "persist.h"
 
 /* ---- options ---- */
 
@@ -37,6 +38,10 @@ typedef struct options {
     int splice_check; /* --splice-check: SCORE tokenizes every text whole too and compares */
     int verbose;      /* --verbose: llama.cpp's informational log too, not only warnings and errors */
     device_options dev; /* --split-mode, --tensor-split, --main-gpu, --rpc (devices.c) */
+    const char *cache_dir;    /* --cache-dir: the score cache and snapshots kept on disk (persist.c) */
+    const char *model_sha256; /* --model-sha256: the model's identity there, else hashed at first use */
+    int cache_disk_mb;        /* --cache-disk-mb: the directory's disk budget */
+    int cache_read_only;      /* --cache-read-only: read the directory, never write it */
 } options;
 
 static void usage(void)
@@ -48,6 +53,7 @@ static void usage(void)
             "                        [--float-digits 9..17] [--splice-check] [--verbose]\n"
             "                        [--split-mode none|layer|row] [--tensor-split A,B,...] [--main-gpu N]\n"
             "                        [--rpc HOST:PORT,...]\n"
+            "                        [--cache-dir DIR [--cache-disk-mb N] [--cache-read-only] [--model-sha256 HEX]]\n"
             "Speaks the serve protocol (spec/serve-protocol.md) on stdin/stdout.\n");
 }
 
@@ -68,7 +74,8 @@ static int parse_options(int argc, char **argv, options *o)
 {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     *o = (options){ .slots = 0, .pins = ENGINE_DEFAULT_PINS, .threads = ncpu > 0 ? (int)ncpu : 1,
-                    .score_seqs = 0, .ubatch = ENGINE_UBATCH, .chunk = ENGINE_CHUNK, .seed = 42, .score_cache_mb = ENGINE_SCORE_CACHE_MB };
+                    .score_seqs = 0, .ubatch = ENGINE_UBATCH, .chunk = ENGINE_CHUNK, .seed = 42, .score_cache_mb = ENGINE_SCORE_CACHE_MB,
+                    .cache_disk_mb = ENGINE_CACHE_DISK_MB };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -85,6 +92,10 @@ static int parse_options(int argc, char **argv, options *o)
         }
         if (!strcmp(a, "--flash-attn")) {
             o->flash_attn = 1;
+            continue;
+        }
+        if (!strcmp(a, "--cache-read-only")) {
+            o->cache_read_only = 1;
             continue;
         }
         if (i + 1 >= argc) {
@@ -122,6 +133,12 @@ static int parse_options(int argc, char **argv, options *o)
             o->kv_f16 = !strcmp(v, "f16");
         } else if (!strcmp(a, "--score-cache-mb")) {
             rc = parse_int_arg(a, v, 0, 1 << 20, &o->score_cache_mb);
+        } else if (!strcmp(a, "--cache-dir")) {
+            o->cache_dir = v;
+        } else if (!strcmp(a, "--model-sha256")) {
+            o->model_sha256 = v;
+        } else if (!strcmp(a, "--cache-disk-mb")) {
+            rc = parse_int_arg(a, v, 0, 1 << 30, &o->cache_disk_mb);
         } else if (!strcmp(a, "--float-digits")) {
             rc = parse_int_arg(a, v, 9, 17, &sp_float_digits);
         } else if (!strcmp(a, "--numerics")) {
@@ -407,6 +424,16 @@ static int load(engine *e, options *o)
     /* kept numbers equal fresh ones only when the arithmetic is invariant */
     if (score_cache_init(&e->scores, o->fast ? 0 : (size_t)o->score_cache_mb << 20) != 0)
         return load_fail(e, "nomem", "allocating the score cache failed");
+    if (o->cache_dir && o->fast)
+        fprintf(stderr, "serveproto-llama: cache: --numerics fast: nothing read from or kept in %s\n", o->cache_dir);
+    else if (o->cache_dir && o->score_cache_mb == 0)
+        fprintf(stderr, "serveproto-llama: cache: --score-cache-mb 0: nothing read from or kept in %s\n", o->cache_dir);
+    else if (o->cache_dir) {
+        persist_options po = { .dir = o->cache_dir, .model_path = o->model, .model_sha256 = o->model_sha256,
+                               .kv_type = o->kv_f16 ? "f16" : "f32", .disk_budget = (size_t)o->cache_disk_mb << 20,
+                               .read_only = o->cache_read_only };
+        e->scores.disk = persist_open(&po, e);
+    }
     return 0;
 }
 
@@ -428,6 +455,10 @@ static void engine_free(engine *e)
     free(e->echo_k);
     free(e->echo_top);
     prefix_tokens_free(e);
+    if (e->scores.disk) {
+        persist_close(e->scores.disk); /* the results not yet written go now */
+        e->scores.disk = NULL;
+    }
     score_cache_free(&e->scores);
     if (e->splice_check)
         fprintf(stderr, "serveproto-llama: splice check: %llu spliced, %llu whole, %llu mismatched\n",
@@ -673,6 +704,9 @@ int main(int argc, char **argv)
         }
         if (e.in_eof)
             break;
+        /* idle: what was computed since the last write goes to disk before waiting for more */
+        if (e.scores.disk && persist_pending(e.scores.disk))
+            persist_flush(e.scores.disk);
         fill(&e);
         drain(&e);
     }
