@@ -81,12 +81,14 @@ async def test_a_restart_answers_an_exact_repeat_from_disk_with_a_cold_engines_b
     manifest = (root / "manifest.json").read_text()
     assert manifest == '{"format": "serveproto-cache", "version": 1}\n'
     async with spawn(model_path, "--cache-dir", str(root)) as eng:
+        assert eng.caps.values["x_persist"] == "1"
         again = await eng.score(STATE, GROUPS)
         assert again.computed == 0 and again.reused > 0
+        assert again.disk == again.reused  # DONE disk=: every reused position came from the file
         assert numbers(again) == cold
         # a question not on disk is computed, the known ones still come from disk
         grown = await eng.score(STATE, GROUPS + OTHER_GROUPS)
-        assert 0 < grown.computed < again.reused
+        assert 0 < grown.computed < again.reused and grown.disk == grown.reused > 0
         assert numbers(grown)[: len(GROUPS)] == cold
     # nothing new read from disk is written again; the new question is
     assert len(files(root)) == 2
@@ -259,3 +261,66 @@ async def test_the_disk_budget_keeps_the_most_recently_used_files(model_path, tm
     assert files(root) == []  # a budget of 0 keeps nothing
     await fill(model_path, root)
     assert len(files(root)) == 1
+
+
+# ---- through serveproto serve -----------------------------------------------------------------
+
+TICKET = {
+    "state": "The invoice was paid twice and the customer wants the money back before Friday.",
+    "questions": {
+        "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
+        "team": {
+            "type": "choice",
+            "instructions": "Who handles it?",
+            "criteria": {"billing": "invoices and payments", "customer success": None, "legal": "contracts"},
+        },
+    },
+}
+
+
+async def ask(url: str, root: Path) -> tuple[dict, str]:
+    """One /v1/systemone of TICKET and the /metrics text after it; waits until the engine wrote
+    what it computed (it writes when idle), so that stopping the server cannot cut it."""
+    import httpx2
+    import orjson
+
+    before = len(files(root))
+    async with httpx2.AsyncClient(base_url=url, timeout=120) as c:
+        r = await c.post("/v1/systemone", content=orjson.dumps(TICKET), headers={"content-type": "application/json"})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        if body["x_positions"]["computed"] > 0:
+            # each SCORE of the request is written once the engine is idle after it: wait for the
+            # files to stop coming
+            seen, still = before, 0
+            for _ in range(400):
+                await anyio.sleep(0.05)
+                now = len(files(root))
+                seen, still = now, (still + 1 if now == seen and now > before else 0)
+                if still >= 20:
+                    break
+        metrics = (await c.get("/metrics")).text
+    return body, metrics
+
+
+async def test_a_restarted_server_answers_a_repeat_and_its_content_free_readings_from_disk(model_path, tmp_path):
+    from test_routes_support import serving
+
+    root = tmp_path / "cache"
+    async with serving("--threads", "2", "--cache-dir", str(root)) as url:
+        first, _ = await ask(url, root)
+    async with serving("--threads", "2", "--cache-dir", str(root)) as url:
+        again, metrics = await ask(url, root)
+    # the default model's corrections read content-free prompts: after the restart the gateway
+    # has forgotten them and asks again, and the engine answers them from disk too
+    pos = first["x_positions"]
+    assert pos["computed"] > 0 and pos["disk"] == 0
+    assert again["x_positions"] == {
+        "computed": 0,
+        "reused": pos["computed"] + pos["reused"],
+        "snapshot": "none",
+        "disk": pos["computed"] + pos["reused"],
+    }
+    strip = ("x_request_id", "x_engine_ms", "x_positions", "id", "created")
+    assert {k: v for k, v in again.items() if k not in strip} == {k: v for k, v in first.items() if k not in strip}
+    assert f"serveproto_prompt_positions_from_disk_total {float(again['x_positions']['disk'])}" in metrics

@@ -482,9 +482,10 @@ static void handshake(engine *e)
     char caps[2048];
     snprintf(caps, sizeof caps,
              "chat=1 slots=%d n_ctx=%d x_max_prompt=%d n_vocab=%d model=%s pin_slots=%d max_logprobs=%d x_score=1 x_score_base=1 "
-             "x_counters=1 x_health=1 x_numerics=%s x_batched=1 n_ubatch=%d n_chunk=%d x_threads=%s%d%s",
+             "x_counters=1 x_health=1 x_numerics=%s x_batched=1 n_ubatch=%d n_chunk=%d x_threads=%s%d%s%s",
              e->n_slots, e->n_ctx, e->n_ctx_max, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS, e->numerics, e->n_ubatch,
-             e->n_chunk, e->threads_auto ? "auto:" : "", e->threads_max, e->devices_caps);
+             e->n_chunk, e->threads_auto ? "auto:" : "", e->threads_max, e->devices_caps,
+             e->scores.disk ? " x_persist=1" : "");
     sp_write_ready(&e->w);
     sp_write_caps(&e->w, caps);
     double stat[4] = { 0.0, 0.0, 0.0, rss_gb() };
