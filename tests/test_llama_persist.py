@@ -318,9 +318,77 @@ async def test_a_restarted_server_answers_a_repeat_and_its_content_free_readings
     assert again["x_positions"] == {
         "computed": 0,
         "reused": pos["computed"] + pos["reused"],
-        "snapshot": "none",
+        "snapshot": "hit",  # the prompt's fixed head, pinned by the gateway, restored from its file
         "disk": pos["computed"] + pos["reused"],
     }
     strip = ("x_request_id", "x_engine_ms", "x_positions", "id", "created")
     assert {k: v for k, v in again.items() if k not in strip} == {k: v for k, v in first.items() if k not in strip}
     assert f"serveproto_prompt_positions_from_disk_total {float(again['x_positions']['disk'])}" in metrics
+
+
+# ---- snapshots on disk ------------------------------------------------------------------------
+
+#: A state of about 2K tokens of the default model (a support log, each line different).
+LINES = [
+    f"Entry {i}: the customer wrote again about invoice {1000 + 7 * i}, which was charged {i % 3 + 2} times."
+    for i in range(80)
+]
+LONG_STATE = "<|im_start|>user\n" + " ".join(LINES)
+SHORT_STATE = "<|im_start|>user\n" + " ".join(LINES[:12])  # about 300 tokens: the refusal cases
+NEW_QUESTION = [("\nQ: Is the customer angry? A:", [" yes", " no"])]
+
+
+async def known_state(model_path, root: Path, state: str) -> None:
+    """Scores GROUPS on ``state`` with a snapshot (pin), in an engine that then exits."""
+    async with spawn(model_path, "--cache-dir", str(root), "--threads", "2") as eng:
+        await eng.score(state, GROUPS, pin=True)
+    assert len(files(root, "states/*/*.sps")) == 1
+
+
+async def test_a_restart_answers_a_known_states_new_question_computing_only_its_tokens(model_path, tmp_path):
+    root = tmp_path / "cache"
+    await known_state(model_path, root, LONG_STATE)
+    async with spawn(model_path, "--threads", "2") as eng:
+        cold = await eng.score(LONG_STATE, NEW_QUESTION)
+    assert cold.computed > 1900  # the state is about 2K tokens
+    async with spawn(model_path, "--cache-dir", str(root), "--threads", "2") as eng:
+        warm = await eng.score(LONG_STATE, NEW_QUESTION, pin=True)
+    assert numbers(warm) == numbers(cold)
+    assert warm.done.snapshot == "hit"
+    # only the question's own positions: the stem past the state and the option's tokens
+    assert 0 < warm.computed <= 16 and warm.computed + warm.disk == cold.computed
+    assert warm.reused == warm.disk
+
+
+@pytest.mark.parametrize("case", ["build", "corrupted", "tokens"])
+async def test_a_state_file_that_does_not_match_or_check_is_skipped_and_the_state_recomputed(
+    model_path, tmp_path, caplog, case
+):
+    caplog.set_level(logging.INFO)
+    root = tmp_path / "cache"
+    await known_state(model_path, root, SHORT_STATE)
+    (path,) = files(root, "states/*/*.sps")
+    if case == "build":
+        reseal(path, build=b"0123456789abcdef")
+        why = "another engine build (0123456789abcdef, this engine "
+    elif case == "corrupted":
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x10  # one bit of a KV row
+        path.write_bytes(bytes(data))
+        why = "payload checksum mismatch (torn or corrupted)"
+    else:  # a file whose name promises other tokens than it holds: renamed onto another state's name
+        other = path.with_name(path.name.replace(path.name[:4], "0000", 1))
+        path.rename(other)
+        path = other
+        why = None
+    async with spawn(model_path, "--threads", "2") as eng:
+        cold = await eng.score(SHORT_STATE, NEW_QUESTION)
+    caplog.clear()
+    async with spawn(model_path, "--cache-dir", str(root), "--threads", "2") as eng:
+        again = await eng.score(SHORT_STATE, NEW_QUESTION)
+    assert numbers(again) == numbers(cold) and again.computed == cold.computed and again.disk == 0
+    skipped = [m for m in cache_lines(caplog) if "skipped" in m]
+    if why is None:
+        assert skipped == []  # its name hashes no prefix of the prompt: never opened
+    else:
+        assert len(skipped) == 1 and f"{path} skipped: {why}" in skipped[0], skipped

@@ -82,6 +82,7 @@ typedef struct snapshot {
     int n;
     float *logits;       /* owned, n_vocab entries */
     uint64_t last_use;   /* LRU clock */
+    int on_disk;         /* --cache-dir: a file holds it (persist.c writes the others when idle) */
 } snapshot;
 
 /* How a request's prompt positions were obtained (counters of spec 9.2). */

@@ -706,8 +706,8 @@ int main(int argc, char **argv)
         if (e.in_eof)
             break;
         /* idle: what was computed since the last write goes to disk before waiting for more */
-        if (e.scores.disk && persist_pending(e.scores.disk))
-            persist_flush(e.scores.disk);
+        if (e.scores.disk && persist_idle_pending(e.scores.disk, &e))
+            persist_idle(e.scores.disk, &e);
         fill(&e);
         drain(&e);
     }

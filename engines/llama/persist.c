@@ -712,3 +712,227 @@ void persist_close(persist *p)
     free(p->pending);
     free(p);
 }
+
+/* ---- snapshots ----
+ * A state file (kind 2) holds one snapshot: its token ids, the logits of its last position and its
+ * sequence's KV rows as llama_state_seq_get_data gives them. Named <h1><h2>-<n>.sps after the
+ * score_key of its tokens, so a prompt finds the files of its prefixes by hashing its own tokens. */
+
+typedef struct state_head {
+    int32_t n, n_vocab;
+    uint64_t state_bytes;
+} state_head;
+
+typedef struct disk_state {
+    uint64_t h1, h2;
+    int n;
+} disk_state;
+
+static disk_state *g_states;
+static int g_n_states, g_cap_states;
+static struct timespec g_states_mtime; /* the folder's mtime when it was listed */
+
+static void states_add(uint64_t h1, uint64_t h2, int n)
+{
+    for (int i = 0; i < g_n_states; i++)
+        if (g_states[i].h1 == h1 && g_states[i].h2 == h2 && g_states[i].n == n)
+            return;
+    if (g_n_states == g_cap_states) {
+        int nc = g_cap_states ? 2 * g_cap_states : 64;
+        disk_state *g = realloc(g_states, (size_t)nc * sizeof *g);
+        if (!g)
+            return;
+        g_states = g;
+        g_cap_states = nc;
+    }
+    g_states[g_n_states++] = (disk_state){ h1, h2, n };
+}
+
+/* The state files on disk now (listed again when the folder changed: another engine wrote one). */
+static void states_list(persist *p)
+{
+    struct stat sb;
+    if (stat(p->states_dir, &sb) != 0)
+        return;
+    if (sb.st_mtim.tv_sec == g_states_mtime.tv_sec && sb.st_mtim.tv_nsec == g_states_mtime.tv_nsec)
+        return;
+    g_states_mtime = sb.st_mtim;
+    g_n_states = 0;
+    DIR *d = opendir(p->states_dir);
+    if (!d)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        unsigned long long h1, h2;
+        int n, used = 0;
+        if (sscanf(de->d_name, "%16llx%16llx-%d.sps%n", &h1, &h2, &n, &used) == 3 && used == (int)strlen(de->d_name))
+            states_add(h1, h2, n);
+    }
+    closedir(d);
+}
+
+static void state_name(char *out, size_t cap, const score_key *k)
+{
+    snprintf(out, cap, "%016llx%016llx-%d.sps", (unsigned long long)k->h1, (unsigned long long)k->h2, k->n);
+}
+
+/* Writes snapshot s (its rows are in its slot's first s->n positions) to a state file. Idle only:
+ * the rows are copied to the first scratch sequence, whose state alone is saved, then dropped. */
+static int state_write(persist *p, engine *e, snapshot *s)
+{
+    score_key k;
+    score_key_init(&k);
+    score_key_add(&k, s->tokens, s->n);
+    char name[128];
+    state_name(name, sizeof name, &k);
+    char path[PERSIST_PATH_CAP];
+    (void)join(path, sizeof path, "%s/%s", p->states_dir, name);
+    if (access(path, F_OK) == 0) {
+        utimensat(AT_FDCWD, path, NULL, 0); /* written before (by this engine or another): used now */
+        return 0;
+    }
+    llama_memory_t mem = llama_get_memory(e->ctx);
+    const int scratch = e->n_slots;
+    llama_memory_seq_rm(mem, scratch, -1, -1);
+    llama_memory_seq_cp(mem, s->slot, scratch, 0, s->n);
+    size_t size = llama_state_seq_get_size(e->ctx, scratch);
+    size_t head_bytes = sizeof(state_head) + (size_t)s->n * sizeof(int32_t) + (size_t)e->n_vocab * sizeof(float);
+    unsigned char *buf = malloc(head_bytes + size);
+    int rc = -1;
+    if (buf) {
+        size_t got = llama_state_seq_get_data(e->ctx, buf + head_bytes, size, scratch);
+        if (got > 0) {
+            state_head sh = { s->n, e->n_vocab, got };
+            memcpy(buf, &sh, sizeof sh);
+            memcpy(buf + sizeof sh, s->tokens, (size_t)s->n * sizeof(int32_t));
+            memcpy(buf + sizeof sh + (size_t)s->n * sizeof(int32_t), s->logits, (size_t)e->n_vocab * sizeof(float));
+            file_header h = p->id;
+            h.kind = PERSIST_KIND_STATE;
+            h.payload_bytes = head_bytes + got;
+            h.payload_sum = XXH3_64bits(buf, head_bytes + got);
+            h.n_records = 1;
+            header_seal(&h);
+            rc = write_atomic(p, p->states_dir, name, &h, buf, head_bytes + got, NULL, 0);
+            if (rc != 0) {
+                plog("%s is not writable (%s): serving on, nothing more will be written", p->states_dir,
+                     strerror(errno));
+                p->read_only = 1;
+            } else {
+                p->stats.states_written++;
+                states_add(k.h1, k.h2, k.n);
+            }
+        }
+    }
+    free(buf);
+    llama_memory_seq_rm(mem, scratch, -1, -1);
+    return rc;
+}
+
+int persist_idle_pending(const persist *p, const engine *e)
+{
+    if (p->read_only || p->off)
+        return 0;
+    for (int i = 0; i < e->n_pins; i++)
+        if (e->snaps[i].used && !e->snaps[i].on_disk)
+            return 1;
+    return persist_pending(p);
+}
+
+void persist_idle(persist *p, engine *e)
+{
+    if (!persist_idle_pending(p, e) || ensure_id(p) != 0)
+        return;
+    int wrote = 0;
+    for (int i = 0; i < e->n_pins && !p->read_only; i++) {
+        snapshot *s = &e->snaps[i];
+        if (!s->used || s->on_disk)
+            continue;
+        s->on_disk = 1; /* tried once: a failure is not retried at every idle moment */
+        if (snapshot_valid(e, s) && state_write(p, e, s) == 0)
+            wrote = 1;
+    }
+    if (wrote && !persist_pending(p))
+        evict(p);
+    persist_flush(p);
+}
+
+snapshot *persist_state_restore(persist *p, engine *e, int slot, const llama_token *toks, int n, int have)
+{
+    if (p->off || ensure_id(p) != 0)
+        return NULL;
+    states_list(p);
+    if (g_n_states == 0)
+        return NULL;
+    /* the live prefix of the slot is free: a file must go deeper */
+    const slot_state *sl = &e->slots[slot];
+    int live = lcp(sl->tokens, sl->n, toks, n);
+    if (live > have)
+        have = live;
+    /* hash the prompt's prefixes once, ascending, and keep the deepest that a file has */
+    int best = -1;
+    score_key k;
+    score_key_init(&k);
+    int at = 0;
+    for (;;) {
+        int next = -1;
+        for (int i = 0; i < g_n_states; i++)
+            if (g_states[i].n > at && g_states[i].n <= n && g_states[i].n <= e->n_ctx &&
+                (next < 0 || g_states[i].n < g_states[next].n))
+                next = i;
+        if (next < 0)
+            break;
+        int m = g_states[next].n;
+        score_key_add(&k, toks + at, m - at);
+        at = m;
+        for (int i = 0; i < g_n_states; i++)
+            if (g_states[i].n == m && g_states[i].h1 == k.h1 && g_states[i].h2 == k.h2 && m > have)
+                best = i;
+    }
+    if (best < 0)
+        return NULL;
+    char name[128], path[PERSIST_PATH_CAP];
+    score_key bk = { g_states[best].h1, g_states[best].h2, g_states[best].n };
+    state_name(name, sizeof name, &bk);
+    (void)join(path, sizeof path, "%s/%s", p->states_dir, name);
+    file_header h;
+    size_t len = 0;
+    unsigned char *buf = read_checked(p, path, PERSIST_KIND_STATE, &h, &len);
+    if (!buf) {
+        p->stats.states_skipped++;
+        return NULL;
+    }
+    state_head sh;
+    const int m = bk.n;
+    snapshot *snap = NULL;
+    size_t head_bytes = sizeof sh + (size_t)m * sizeof(int32_t) + (size_t)e->n_vocab * sizeof(float);
+    if (len >= sizeof sh)
+        memcpy(&sh, buf, sizeof sh);
+    if (len < head_bytes || sh.n != m || sh.n_vocab != e->n_vocab || head_bytes + sh.state_bytes != len ||
+        memcmp(buf + sizeof sh, toks, (size_t)m * sizeof(int32_t)) != 0) {
+        plog("%s skipped: its tokens are not the ones its name says", path);
+        p->stats.states_skipped++;
+        free(buf);
+        return NULL;
+    }
+    llama_memory_t mem = llama_get_memory(e->ctx);
+    llama_memory_seq_rm(mem, slot, -1, -1);
+    e->slots[slot].n = 0;
+    if (llama_state_seq_set_data(e->ctx, buf + head_bytes, sh.state_bytes, slot) == 0) {
+        plog("%s skipped: llama.cpp refused its rows (no room in the KV cache?)", path);
+        llama_memory_seq_rm(mem, slot, -1, -1);
+        p->stats.states_skipped++;
+        free(buf);
+        return NULL;
+    }
+    memcpy(e->slots[slot].tokens, toks, (size_t)m * sizeof *toks);
+    e->slots[slot].n = m;
+    snapshot_take(e, slot, toks, m, (const float *)(buf + sizeof sh + (size_t)m * sizeof(int32_t)));
+    free(buf);
+    int stale = 0;
+    snap = snapshot_find(e, toks, m, m, &stale);
+    if (snap && snap->n == m)
+        snap->on_disk = 1;
+    utimensat(AT_FDCWD, path, NULL, 0);
+    p->stats.states_restored++;
+    return snap;
+}

@@ -8,6 +8,7 @@
 struct engine;
 struct score_cache;
 struct score_key;
+struct snapshot;
 
 /* --cache-dir and its companions (main.c). */
 typedef struct persist_options {
@@ -34,6 +35,12 @@ void persist_scores_note(persist *p, const struct score_key *k, int ctx, const d
 void persist_scores_touch(persist *p, int file);
 int persist_pending(const persist *p);
 int persist_flush(persist *p);
+/* The engine is idle (no task): snapshots not yet on disk are written, then the scores. */
+void persist_idle(persist *p, struct engine *e);
+int persist_idle_pending(const persist *p, const struct engine *e);
+/* The deepest state file whose tokens are toks[0..k) with have < k <= n, restored into slot's
+ * sequence (its old rows dropped) and made a snapshot; NULL: none (or it failed its checks). */
+struct snapshot *persist_state_restore(persist *p, struct engine *e, int slot, const int32_t *toks, int n, int have);
 const persist_stats *persist_get_stats(const persist *p);
 void persist_close(persist *p);
 

@@ -42,6 +42,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "persist.h"
 #include "json.h"
 
 typedef struct option_tokens {
@@ -444,6 +445,15 @@ int score_start(engine *e, task *t)
         trunk_loaded(e, t);
     } else {
         snapshot *snap = snapshot_find(e, job->opts[job->src].toks, trunk, trunk, &stale);
+        if (e->scores.disk && !(snap && snap->n == trunk)) {
+            /* a state an earlier process kept on disk, deeper than what is here (persist.c) */
+            snapshot *kept = persist_state_restore(e->scores.disk, e, slot, job->opts[job->src].toks, trunk,
+                                                   snap ? snap->n : 0);
+            if (kept) {
+                snap = kept;
+                st->disk_trunk = kept->n;
+            }
+        }
         st->ri.snapshot = snap ? "hit" : stale ? "stale" : "none";
         if (snap && snap->n == trunk) {
             slot_restore(e, slot, snap);
