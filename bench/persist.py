@@ -22,7 +22,6 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from digits import numbers, spawn
-
 from gateway.paths import default_model_path
 
 FIRST = [("\nQ: Is it about billing? A:", [" yes", " no"])]  # read when the state is new
@@ -75,8 +74,10 @@ async def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", type=Path, default=default_model_path())
     args = ap.parse_args()
-    print("| state tokens | state file | recompute (cold engine) | restore (restarted engine) | ratio | "
-          "positions computed cold / restored (from disk) | same bits |")
+    print(
+        "| state tokens | state file | recompute (cold engine) | restore (restarted engine) | ratio | "
+        "positions computed cold / restored (from disk) | same bits |"
+    )
     print("|---|---|---|---|---|---|---|")
     for n in (int(x) for x in args.tokens.split(",")):
         r = await one(args.model, n, args.threads)
