@@ -148,7 +148,7 @@ async def test_a_file_that_does_not_match_or_check_is_skipped_with_its_reason(
     async with spawn(model_path, "--cache-dir", str(root), *extra) as eng:
         again = await eng.score(STATE, GROUPS)
     assert again.computed > 0 and numbers(again) == cold
-    skipped = [line for line in cache_lines(caplog) if "skipped" in line]
+    skipped = [line for line in cache_lines(caplog) if " skipped: " in line]
     assert len(skipped) == 1, cache_lines(caplog)
     assert f"{path} skipped: " in skipped[0] and why in skipped[0]
 
@@ -229,7 +229,7 @@ async def test_kill_9_during_a_write_leaves_a_readable_cache(model_path, cold, t
         other = await eng.score(STATE, OTHER_GROUPS)
     assert again.computed == 0 and numbers(again) == cold
     assert other.computed > 0  # what the killed engine was writing is computed again
-    assert not [m for m in cache_lines(caplog) if "skipped" in m]
+    assert not [m for m in cache_lines(caplog) if " skipped: " in m]
 
 
 async def test_two_engines_share_one_directory(model_path, cold, tmp_path):
@@ -387,7 +387,7 @@ async def test_a_state_file_that_does_not_match_or_check_is_skipped_and_the_stat
     async with spawn(model_path, "--cache-dir", str(root), "--threads", "2") as eng:
         again = await eng.score(SHORT_STATE, NEW_QUESTION)
     assert numbers(again) == numbers(cold) and again.computed == cold.computed and again.disk == 0
-    skipped = [m for m in cache_lines(caplog) if "skipped" in m]
+    skipped = [m for m in cache_lines(caplog) if " skipped: " in m]
     if why is None:
         assert skipped == []  # its name hashes no prefix of the prompt: never opened
     else:

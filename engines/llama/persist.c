@@ -698,16 +698,20 @@ int persist_flush(persist *p)
     return rc;
 }
 
-const persist_stats *persist_get_stats(const persist *p)
-{
-    return &p->stats;
-}
-
 void persist_close(persist *p)
 {
     if (!p)
         return;
     persist_flush(p);
+    const persist_stats *st = &p->stats;
+    if (st->files_loaded || st->files_written || st->files_skipped || st->states_written || st->states_restored)
+        plog("%llu scores files read (%llu entries, %llu answers from them), %llu written (%llu entries), "
+             "%llu skipped, %llu evicted; %llu states written, %llu restored, %llu refused",
+             (unsigned long long)st->files_loaded, (unsigned long long)st->entries_loaded,
+             (unsigned long long)st->disk_hits, (unsigned long long)st->files_written,
+             (unsigned long long)st->entries_written, (unsigned long long)st->files_skipped,
+             (unsigned long long)st->files_evicted, (unsigned long long)st->states_written,
+             (unsigned long long)st->states_restored, (unsigned long long)st->states_skipped);
     free(p->files);
     free(p->pending);
     free(p);
@@ -890,6 +894,8 @@ snapshot *persist_state_restore(persist *p, engine *e, int slot, const llama_tok
     }
     if (best < 0)
         return NULL;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     char name[128], path[PERSIST_PATH_CAP];
     score_key bk = { g_states[best].h1, g_states[best].h2, g_states[best].n };
     state_name(name, sizeof name, &bk);
@@ -934,5 +940,8 @@ snapshot *persist_state_restore(persist *p, engine *e, int slot, const llama_tok
         snap->on_disk = 1;
     utimensat(AT_FDCWD, path, NULL, 0);
     p->stats.states_restored++;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    plog("%s: a state of %d positions restored (%.1f MB) in %.1f ms", path, m, (double)len / 1e6,
+         (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
     return snap;
 }

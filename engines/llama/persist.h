@@ -20,7 +20,7 @@ typedef struct persist_options {
     int read_only;            /* --cache-read-only */
 } persist_options;
 
-/* What came from and went to disk (CAPS-free: PONG and stderr at exit). */
+/* What came from and went to disk (one stderr line at exit). */
 typedef struct persist_stats {
     uint64_t files_loaded, files_skipped, files_written, files_evicted;
     uint64_t entries_loaded, entries_written, disk_hits;
@@ -41,7 +41,6 @@ int persist_idle_pending(const persist *p, const struct engine *e);
 /* The deepest state file whose tokens are toks[0..k) with have < k <= n, restored into slot's
  * sequence (its old rows dropped) and made a snapshot; NULL: none (or it failed its checks). */
 struct snapshot *persist_state_restore(persist *p, struct engine *e, int slot, const int32_t *toks, int n, int have);
-const persist_stats *persist_get_stats(const persist *p);
 void persist_close(persist *p);
 
 #endif
