@@ -99,10 +99,11 @@ async def main() -> None:
     logging.getLogger("gateway.engine").addHandler(_Restored())
     logging.getLogger("gateway.engine").setLevel(logging.INFO)
     print(
-        "| state tokens | state file | recompute (cold engine) | restore (restarted engine) | ratio | "
-        "positions computed cold / restored (from disk) | same bits |"
+        "| state tokens | state file | recompute (cold engine) | restore (restarted engine) | of which the file "
+        "read + llama_state_seq_set_data | next question, state in memory | recompute / restore | positions "
+        "computed cold / restored (from disk) | same bits |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in (int(x) for x in args.tokens.split(",")):
         r = await one(args.model, n, args.threads)
         print(
