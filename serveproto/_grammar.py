@@ -87,8 +87,6 @@ REPLY_KINDS = frozenset(
 DONE_FIXED_FIELDS = 9
 #: DONE counters (section 9.2), in their written order.
 DONE_COUNTER_KEYS = (b"computed", b"reused", b"snapshot")
-#: The optional fourth counter (9.2, ``x_persist=1``): positions of ``reused`` read from disk.
-DONE_DISK_KEY = b"disk"
 SNAPSHOT_VALUES = frozenset({"none", "hit", "stale"})
 #: SCORED: at least 1 and at most this many scored tokens per option (9.1).
 MAX_SCORED_TOKENS = 200
