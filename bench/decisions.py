@@ -43,6 +43,9 @@ sys.path.insert(0, str(ROOT))
 
 from gateway.paths import default_model_path, engine_bin  # noqa: E402
 
+# The servers this starts keep nothing on disk (serve --cache-dir): each run measures its own cold costs.
+os.environ.setdefault("SERVEPROTO_PERSIST", "off")
+
 TICKET = (
     "Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing. "
     "I am losing sales. Please help ASAP. I already reinstalled the plugin twice and checked the API keys, "

@@ -32,6 +32,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from test_routes_support import TICKET  # noqa: E402
 
+# The servers this starts keep nothing on disk (serve --cache-dir): each run measures its own cold costs.
+os.environ.setdefault("SERVEPROTO_PERSIST", "off")
+
 
 def _fill(folder: Path, leave: int = 300) -> None:
     fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT, 0o600)

@@ -70,6 +70,9 @@ from gateway.decision import evalset  # noqa: E402
 from gateway.paths import default_model_path, engine_bin  # noqa: E402
 from repeat import LlamaServer  # noqa: E402
 
+# The servers this starts keep nothing on disk (serve --cache-dir): each run measures its own cold costs.
+os.environ.setdefault("SERVEPROTO_PERSIST", "off")
+
 #: The three questions of a ticket (ids of ``gateway.decision.evalset``'s ticket questions): a choice, a noul, a score.
 TICKET_QUESTIONS = ("department", "refund", "severity")
 

@@ -31,6 +31,20 @@ def cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "serveproto"
 
 
+#: ``serve --cache-dir``'s default when set: a folder, or ``off`` (nothing kept on disk).
+PERSIST_ENV = "SERVEPROTO_PERSIST"
+
+
+def persist_dir(environ=os.environ) -> Path | None:
+    """Where the llama engine keeps its score cache and snapshots across restarts
+    (``--cache-dir``, engines/llama/persist.c): ``$SERVEPROTO_PERSIST`` (``off``: None), else
+    ``<cache_dir()>/persist``."""
+    env = environ.get(PERSIST_ENV, "").strip()
+    if env.lower() == "off":
+        return None
+    return Path(env) if env else cache_dir() / "persist"
+
+
 def in_clone() -> bool:
     """True when running from a clone (``engines/Makefile`` beside the package)."""
     return (CLONE_ENGINES / "Makefile").is_file()

@@ -615,7 +615,9 @@ class Done(Event):
     generation stopped at ``max_tokens`` or the context end. Counters
     (extension 9.2, all three or none): ``computed`` prompt positions run
     through the model, ``reused`` positions taken from the KV cache or a
-    snapshot, ``snapshot`` ``"none"`` | ``"hit"`` | ``"stale"``.
+    snapshot, ``snapshot`` ``"none"`` | ``"hit"`` | ``"stale"``; ``disk``
+    (optional, only with the three, ``x_persist=1``): how many of ``reused``
+    were read from files an earlier engine process wrote.
     """
 
     id: int
@@ -628,6 +630,7 @@ class Done(Event):
     computed: int | None = None
     reused: int | None = None
     snapshot: str | None = None
+    disk: int | None = None
 
     def __attrs_post_init__(self) -> None:
         _id(self, self.id)
@@ -645,6 +648,12 @@ class Done(Event):
             _uint(self, "reused", self.reused, rid=rid)
             if self.snapshot not in g.SNAPSHOT_VALUES:
                 raise _bad(self, "snapshot", f"must be one of none, hit, stale; got {self.snapshot!r}", rid)
+        if self.disk is not None:
+            if not have[0]:
+                raise _bad(self, "disk", "disk comes only with computed, reused and snapshot", rid)
+            _uint(self, "disk", self.disk, rid=rid)
+            if self.disk > self.reused:  # type: ignore[operator]
+                raise _bad(self, "disk", f"disk={self.disk} is more than reused={self.reused}", rid)
 
     @property
     def has_counters(self) -> bool:

@@ -217,13 +217,15 @@ def read_done(parts: list[bytes]) -> ev.Done:
     counters: dict[str, object] = {}
     if len(parts) > g.DONE_FIXED_FIELDS:
         kv = pairs(parts[g.DONE_FIXED_FIELDS :])
-        if set(kv) != {"computed", "reused", "snapshot"}:
-            raise BadFrame(f"DONE keys must be computed, reused and snapshot, got {sorted(kv)}")
+        if set(kv) - {"disk"} != {"computed", "reused", "snapshot"}:
+            raise BadFrame(f"DONE keys must be computed, reused and snapshot (and disk), got {sorted(kv)}")
         counters = {
             "computed": uint(kv["computed"].encode()),
             "reused": uint(kv["reused"].encode()),
             "snapshot": kv["snapshot"],
         }
+        if "disk" in kv:
+            counters["disk"] = uint(kv["disk"].encode())
     return _build(
         ev.Done,
         rid(parts[1]),

@@ -117,6 +117,8 @@ def write_done(e: ev.Done) -> bytes:
     )
     if e.computed is not None:
         s += f" computed={e.computed} reused={e.reused} snapshot={e.snapshot}"
+        if e.disk is not None:
+            s += f" disk={e.disk}"
     return (s + "\n").encode()
 
 

@@ -74,6 +74,30 @@ def test_threads_flag_then_environment(tmp_path, monkeypatch):
     assert threads_of(llama_argv(tmp_path, monkeypatch, env="", cores=16)) == "auto"
 
 
+def cache_of(argv: list[str]) -> list[str]:
+    return argv[argv.index("--cache-dir") :] if "--cache-dir" in argv else []
+
+
+def test_the_cache_dir_defaults_to_the_cache_and_can_be_turned_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("SERVEPROTO_CACHE", str(tmp_path / "c"))
+    monkeypatch.delenv("SERVEPROTO_PERSIST", raising=False)
+    assert cache_of(llama_argv(tmp_path, monkeypatch)) == ["--cache-dir", str(tmp_path / "c" / "persist")]
+    monkeypatch.setenv("SERVEPROTO_PERSIST", str(tmp_path / "p"))
+    assert cache_of(llama_argv(tmp_path, monkeypatch)) == ["--cache-dir", str(tmp_path / "p")]
+    assert cache_of(
+        llama_argv(tmp_path, monkeypatch, "--cache-dir", "d", "--cache-disk-mb", "5", "--cache-read-only")
+    ) == [
+        "--cache-dir",
+        "d",
+        "--cache-disk-mb",
+        "5",
+        "--cache-read-only",
+    ]
+    assert cache_of(llama_argv(tmp_path, monkeypatch, "--cache-dir", "off")) == []
+    monkeypatch.setenv("SERVEPROTO_PERSIST", "off")
+    assert cache_of(llama_argv(tmp_path, monkeypatch)) == []
+
+
 def test_bad_threads_flag_says_what_it_takes(capsys):
     import pytest
 

@@ -23,7 +23,7 @@
  *       Echo{id, position, logprob, top: [[tid, lp]...], text},
  *       Data{id, text, logprob|null, top}, Decision{id, record},
  *       Done{id, emitted, tok_s, hit_pct, rss_gb, prompt_tokens,
- *            length_limited, computed|null, reused|null, snapshot|null},
+ *            length_limited, computed|null, reused|null, snapshot|null, disk?},
  *       Error{id, code, reason}, Scored{id, group, option, context_tokens, logprobs},
  *       Pong{id, values}.
  *   codec-check json
@@ -340,6 +340,11 @@ static int write_one(sp_writer *w, const spj_value *ev)
             d.computed = need_uint(ev, "computed");
             d.reused = need_uint(ev, "reused");
             d.snapshot = need(ev, "snapshot", SPJ_STRING)->str;
+            const spj_value *k = spj_get(ev, "disk");
+            if (k && k->type != SPJ_NULL) {
+                d.has_disk = 1;
+                d.disk = need_uint(ev, "disk");
+            }
         }
         return sp_write_done(w, id, &d);
     }

@@ -858,6 +858,8 @@ int sp_write_done(sp_writer *w, uint64_t id, const sp_done *d)
         r |= wb_printf(w, " computed=%llu reused=%llu snapshot=%s",
                        (unsigned long long)d->computed, (unsigned long long)d->reused,
                        d->snapshot ? d->snapshot : "none");
+    if (d->has_counters && d->has_disk)
+        r |= wb_printf(w, " disk=%llu", (unsigned long long)d->disk);
     r |= wb_bytes(w, "\n", 1);
     return emit(w, r);
 }

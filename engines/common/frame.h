@@ -219,6 +219,8 @@ typedef struct sp_done {
     int has_counters;        /* append computed= reused= snapshot= */
     uint64_t computed, reused;
     const char *snapshot;    /* "none", "hit" or "stale" */
+    int has_disk;            /* append disk= (x_persist=1): positions of reused read from disk */
+    uint64_t disk;
 } sp_done;
 
 /* Each writer returns 0 when the frame went to the sink, -1 otherwise.

@@ -38,6 +38,7 @@
 #define ENGINE_POLL_US        1000            /* the abort callback reads stdin at most this often (microseconds) */
 #define ENGINE_PREFIXES       4               /* SCORE prefixes whose tokens are kept (splice.c) */
 #define ENGINE_SCORE_CACHE_MB 64              /* SCORE results kept between requests (score_cache.c) */
+#define ENGINE_CACHE_DISK_MB  2048            /* --cache-dir's disk budget (persist.c) */
 
 #define DEVICES_MAX      16  /* llama_max_devices() of this llama.cpp: --tensor-split entries, --rpc servers */
 #define DEVICES_NAME_CAP 256 /* bytes of one --rpc host:port or --tensor-split entry */
@@ -82,6 +83,7 @@ typedef struct snapshot {
     int n;
     float *logits;       /* owned, n_vocab entries */
     uint64_t last_use;   /* LRU clock */
+    int on_disk;         /* --cache-dir: a file holds it (persist.c writes the others when idle) */
 } snapshot;
 
 /* How a request's prompt positions were obtained (counters of spec 9.2). */
@@ -122,6 +124,8 @@ typedef struct score_cache {
     struct score_entry *lru_head, *lru_tail;
     size_t bytes, budget;
     uint64_t entries, hits, misses;
+    struct persist *disk;   /* --cache-dir: loaded at the first lookup, new results noted (persist.c) */
+    int last_from_disk;     /* the last hit of score_cache_get was an entry read from disk */
 } score_cache;
 
 /* profile.c: SERVEPROTO_PROFILE, a decode step's time by part (microseconds) */
@@ -240,6 +244,7 @@ void score_key_add(score_key *k, const llama_token *toks, int n);
 int score_cache_init(score_cache *c, size_t budget);
 int score_cache_get(score_cache *c, const score_key *k, int ctx, double *lps, int cap);
 void score_cache_put(score_cache *c, const score_key *k, int ctx, const double *lps, int n_lps);
+void score_cache_insert(score_cache *c, const score_key *k, int ctx, const double *lps, int n_lps, int file);
 void score_cache_free(score_cache *c);
 
 /* main.c: frames in */

@@ -120,9 +120,16 @@ $(LLAMA_VARIANT_FILE): | $(BIN)
 	rm -f $(BIN)/.llama-cpu $(BIN)/.llama-cuda
 	touch $@
 
+# The build id a file kept on disk must match (persist.c): the engine's sources, llama.cpp's version,
+# patches and CMake flags, the compiler flags. sha256 and xxHash come from llama.cpp's vendor/hash.
+LLAMA_VENDOR_HASH := $(LLAMA_SRC)/vendor/hash
+SP_BUILD_ID := $(shell { cat $(sort $(LLAMA_ENGINE_SRCS) $(LLAMA_ENGINE_HDRS)) $(sort $(wildcard common/*.c common/*.h)) /dev/null; \
+  echo '$(LLAMA_PY_VERSION) $(LLAMA_BUILD_ID) $(LLAMA_VARIANT) $(LLAMA_CFLAGS)'; } | sha256sum | cut -c1-16)
+
 # The frame codec and JSON reader come from engines/common ($(COMMON_LIB)).
 $(BIN)/serveproto-llama: $(LLAMA_ENGINE_SRCS) $(LLAMA_ENGINE_HDRS) $(COMMON_LIB) $(COMMON_HDR) $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
-	$(CC) $(LLAMA_CFLAGS) -o $@ $(LLAMA_ENGINE_SRCS) $(COMMON_LIB) $(LLAMA_LDLIBS)
+	$(CC) $(LLAMA_CFLAGS) -I$(LLAMA_VENDOR_HASH) -DSP_BUILD_ID='"$(SP_BUILD_ID)"' -o $@ $(LLAMA_ENGINE_SRCS) \
+	  $(LLAMA_VENDOR_HASH)/sha256/sha256.c $(COMMON_LIB) $(LLAMA_LDLIBS)
 
 # The reference for bench/engine.py: llama.cpp's own batched decode of a prompt, nothing else.
 $(BIN)/llama-prefill-ref: llama/bench/prefill_ref.c $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "persist.h"
 
 /* ---- options ---- */
 
@@ -39,6 +40,10 @@ typedef struct options {
     int splice_check; /* --splice-check: SCORE tokenizes every text whole too and compares */
     int verbose;      /* --verbose: llama.cpp's informational log too, not only warnings and errors */
     device_options dev; /* --split-mode, --tensor-split, --main-gpu, --rpc (devices.c) */
+    const char *cache_dir;    /* --cache-dir: the score cache and snapshots kept on disk (persist.c) */
+    const char *model_sha256; /* --model-sha256: the model's identity there, else hashed at first use */
+    int cache_disk_mb;        /* --cache-disk-mb: the directory's disk budget */
+    int cache_read_only;      /* --cache-read-only: read the directory, never write it */
 } options;
 
 static void usage(void)
@@ -50,6 +55,7 @@ static void usage(void)
             "                        [--float-digits 9..17] [--splice-check] [--verbose]\n"
             "                        [--split-mode none|layer|row] [--tensor-split A,B,...] [--main-gpu N]\n"
             "                        [--rpc HOST:PORT,...]\n"
+            "                        [--cache-dir DIR [--cache-disk-mb N] [--cache-read-only] [--model-sha256 HEX]]\n"
             "Speaks the serve protocol (spec/serve-protocol.md) on stdin/stdout.\n");
 }
 
@@ -70,7 +76,8 @@ static int parse_options(int argc, char **argv, options *o)
 {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     *o = (options){ .slots = 0, .pins = ENGINE_DEFAULT_PINS, .threads = ncpu > 0 ? (int)ncpu : 1,
-                    .score_seqs = 0, .ubatch = ENGINE_UBATCH, .chunk = ENGINE_CHUNK, .seed = 42, .score_cache_mb = ENGINE_SCORE_CACHE_MB };
+                    .score_seqs = 0, .ubatch = ENGINE_UBATCH, .chunk = ENGINE_CHUNK, .seed = 42, .score_cache_mb = ENGINE_SCORE_CACHE_MB,
+                    .cache_disk_mb = ENGINE_CACHE_DISK_MB };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -88,6 +95,10 @@ static int parse_options(int argc, char **argv, options *o)
         if (!strcmp(a, "--flash-attn") || !strcmp(a, "--no-flash-attn")) {
             o->flash_attn = a[2] == 'f';
             o->no_flash_attn = !o->flash_attn;
+            continue;
+        }
+        if (!strcmp(a, "--cache-read-only")) {
+            o->cache_read_only = 1;
             continue;
         }
         if (i + 1 >= argc) {
@@ -126,6 +137,12 @@ static int parse_options(int argc, char **argv, options *o)
             o->kv_set = 1;
         } else if (!strcmp(a, "--score-cache-mb")) {
             rc = parse_int_arg(a, v, 0, 1 << 20, &o->score_cache_mb);
+        } else if (!strcmp(a, "--cache-dir")) {
+            o->cache_dir = v;
+        } else if (!strcmp(a, "--model-sha256")) {
+            o->model_sha256 = v;
+        } else if (!strcmp(a, "--cache-disk-mb")) {
+            rc = parse_int_arg(a, v, 0, 1 << 30, &o->cache_disk_mb);
         } else if (!strcmp(a, "--float-digits")) {
             rc = parse_int_arg(a, v, 9, 17, &sp_float_digits);
         } else if (!strcmp(a, "--numerics")) {
@@ -430,6 +447,16 @@ static int load(engine *e, options *o)
     /* kept numbers equal fresh ones only when the arithmetic is invariant */
     if (score_cache_init(&e->scores, o->fast ? 0 : (size_t)o->score_cache_mb << 20) != 0)
         return load_fail(e, "nomem", "allocating the score cache failed");
+    if (o->cache_dir && o->fast)
+        fprintf(stderr, "serveproto-llama: cache: --numerics fast: nothing read from or kept in %s\n", o->cache_dir);
+    else if (o->cache_dir && o->score_cache_mb == 0)
+        fprintf(stderr, "serveproto-llama: cache: --score-cache-mb 0: nothing read from or kept in %s\n", o->cache_dir);
+    else if (o->cache_dir) {
+        persist_options po = { .dir = o->cache_dir, .model_path = o->model, .model_sha256 = o->model_sha256,
+                               .kv_type = o->kv_f16 ? "f16" : "f32", .disk_budget = (size_t)o->cache_disk_mb << 20,
+                               .read_only = o->cache_read_only };
+        e->scores.disk = persist_open(&po, e);
+    }
     return 0;
 }
 
@@ -451,6 +478,10 @@ static void engine_free(engine *e)
     free(e->echo_k);
     free(e->echo_top);
     prefix_tokens_free(e);
+    if (e->scores.disk) {
+        persist_close(e->scores.disk); /* the results not yet written go now */
+        e->scores.disk = NULL;
+    }
     score_cache_free(&e->scores);
     if (e->splice_check)
         fprintf(stderr, "serveproto-llama: splice check: %llu spliced, %llu whole, %llu mismatched\n",
@@ -474,9 +505,10 @@ static void handshake(engine *e)
     char caps[2048];
     snprintf(caps, sizeof caps,
              "chat=1 slots=%d n_ctx=%d x_max_prompt=%d n_vocab=%d model=%s pin_slots=%d max_logprobs=%d x_score=1 x_score_base=1 "
-             "x_counters=1 x_health=1 x_numerics=%s x_batched=1 n_ubatch=%d n_chunk=%d x_threads=%s%d%s",
+             "x_counters=1 x_health=1 x_numerics=%s x_batched=1 n_ubatch=%d n_chunk=%d x_threads=%s%d%s%s",
              e->n_slots, e->n_ctx, e->n_ctx_max, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS, e->numerics, e->n_ubatch,
-             e->n_chunk, e->threads_auto ? "auto:" : "", e->threads_max, e->devices_caps);
+             e->n_chunk, e->threads_auto ? "auto:" : "", e->threads_max, e->devices_caps,
+             e->scores.disk ? " x_persist=1" : "");
     sp_write_ready(&e->w);
     sp_write_caps(&e->w, caps);
     double stat[4] = { 0.0, 0.0, 0.0, rss_gb() };
@@ -697,6 +729,9 @@ int main(int argc, char **argv)
         }
         if (e.in_eof)
             break;
+        /* idle: what was computed since the last write goes to disk before waiting for more */
+        if (e.scores.disk && persist_idle_pending(e.scores.disk, &e))
+            persist_idle(e.scores.disk, &e);
         fill(&e);
         drain(&e);
     }

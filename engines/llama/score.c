@@ -42,6 +42,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "persist.h"
 #include "json.h"
 
 typedef struct option_tokens {
@@ -57,6 +58,7 @@ typedef struct option_tokens {
     score_key key;     /* hash of toks (score_cache.c) */
     double *lps;       /* n_lps logprobs once scored or found in the cache, owned */
     int n_lps;         /* -1: not in the score cache, until scored */
+    int disk;          /* its numbers were read from a file of an earlier process (persist.c) */
 } option_tokens;
 
 typedef struct trie_node {
@@ -280,6 +282,8 @@ typedef struct score_state {
     reuse_info ri;
     int stale;
     int computed, reused_nodes;
+    int disk_nodes, n_disk; /* of reused_nodes and cached: the ones read from disk (DONE disk=) */
+    int disk_trunk;         /* the trunk's positions restored from a snapshot file */
     int carry_group;     /* the group whose stem the carry holds (positions [0, carry_end)), -1 none */
     int carry_end;
     int carry_next;      /* the group whose stem the decode being run tags with the carry, -1 none */
@@ -332,6 +336,8 @@ static void finish(engine *e, task *t)
     d.computed = (uint64_t)st->computed;
     d.reused = (uint64_t)(st->ri.reused + st->reused_nodes);
     d.snapshot = st->ri.snapshot;
+    d.has_disk = e->scores.disk != NULL;
+    d.disk = (uint64_t)(st->disk_nodes + st->disk_trunk);
     sp_write_done(&e->w, t->rq.id, &d);
     task_end(e, t);
 }
@@ -400,16 +406,21 @@ int score_start(engine *e, task *t)
             score_key_add(&ot->key, ot->toks, ot->n);
         }
         ot->n_lps = score_cache_get(&e->scores, &ot->key, ot->ctx, ot->lps, ENGINE_MAX_SCORED);
-        if (ot->n_lps >= 0)
+        if (ot->n_lps >= 0) {
             st->cached[st->n_cached++] = j;
-        else
+            ot->disk = e->scores.last_from_disk;
+            st->n_disk += ot->disk;
+        } else
             st->todo[st->n_todo++] = j;
     }
     sp_write_accept(&e->w, rq->id, (uint64_t)job->longest);
 
     /* the positions the cached options would have needed count as reused */
-    for (int j = 0; j < st->n_cached; j++)
-        st->reused_nodes += new_nodes(job, st->cached, 0, j);
+    for (int j = 0; j < st->n_cached; j++) {
+        int nodes = new_nodes(job, st->cached, 0, j);
+        st->reused_nodes += nodes;
+        st->disk_nodes += job->opts[st->cached[j]].disk ? nodes : 0;
+    }
 
     const int trunk = job->trunk;
     const snapshot *pinned = NULL;
@@ -420,6 +431,8 @@ int score_start(engine *e, task *t)
         /* every option answered from the cache: the trunk is not touched */
         st->ri.reused = trunk;
         st->ri.snapshot = pinned ? "hit" : st->stale ? "stale" : "none";
+        if (st->n_disk == st->n_cached) /* nothing but numbers from disk: the state's positions too */
+            st->disk_trunk = trunk;
         finish(e, t);
         return 0;
     }
@@ -432,6 +445,15 @@ int score_start(engine *e, task *t)
         trunk_loaded(e, t);
     } else {
         snapshot *snap = snapshot_find(e, job->opts[job->src].toks, trunk, trunk, &stale);
+        if (e->scores.disk && !(snap && snap->n == trunk)) {
+            /* a state an earlier process kept on disk, deeper than what is here (persist.c) */
+            snapshot *kept = persist_state_restore(e->scores.disk, e, slot, job->opts[job->src].toks, trunk,
+                                                   snap ? snap->n : 0);
+            if (kept) {
+                snap = kept;
+                st->disk_trunk = kept->n;
+            }
+        }
         st->ri.snapshot = snap ? "hit" : stale ? "stale" : "none";
         if (snap && snap->n == trunk) {
             slot_restore(e, slot, snap);

@@ -16,10 +16,12 @@
 #include <string.h>
 
 #include "engine.h"
+#include "persist.h"
 
 struct score_entry {
     score_key key;
     int ctx, n_lps;
+    int file;                           /* persist.c's file it was read from; -1: computed here */
     struct score_entry *next;           /* bucket chain */
     struct score_entry *lru_prev, *lru_next; /* most recently used at the head */
     double lps[];                       /* n_lps logprobs, nats */
@@ -122,12 +124,19 @@ int score_cache_get(score_cache *c, const score_key *k, int ctx, double *lps, in
 {
     if (!c->buckets)
         return -1;
+    if (c->disk)
+        persist_scores_load(c->disk, c); /* once: the files of earlier runs */
+    c->last_from_disk = 0;
     for (struct score_entry *x = *bucket_of(c, k, ctx); x; x = x->next) {
         if (x->ctx == ctx && key_eq(&x->key, k) && x->n_lps <= cap) {
             memcpy(lps, x->lps, (size_t)x->n_lps * sizeof *lps);
             lru_unlink(c, x);
             lru_push(c, x);
             c->hits++;
+            if (x->file >= 0 && c->disk) {
+                persist_scores_touch(c->disk, x->file);
+                c->last_from_disk = 1;
+            }
             return x->n_lps;
         }
     }
@@ -136,6 +145,14 @@ int score_cache_get(score_cache *c, const score_key *k, int ctx, double *lps, in
 }
 
 void score_cache_put(score_cache *c, const score_key *k, int ctx, const double *lps, int n_lps)
+{
+    if (c->buckets && c->disk)
+        persist_scores_note(c->disk, k, ctx, lps, n_lps);
+    score_cache_insert(c, k, ctx, lps, n_lps, -1);
+}
+
+/* put without noting it for the disk: `file` >= 0 names the persist.c file it was read from. */
+void score_cache_insert(score_cache *c, const score_key *k, int ctx, const double *lps, int n_lps, int file)
 {
     size_t need = entry_bytes(n_lps);
     if (!c->buckets || need > c->budget)
@@ -152,6 +169,7 @@ void score_cache_put(score_cache *c, const score_key *k, int ctx, const double *
     x->key = *k;
     x->ctx = ctx;
     x->n_lps = n_lps;
+    x->file = file;
     memcpy(x->lps, lps, (size_t)n_lps * sizeof *lps);
     b = bucket_of(c, k, ctx);
     x->next = *b;

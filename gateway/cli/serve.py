@@ -181,6 +181,26 @@ def add_parsers(sub) -> None:
         help="memory for scored options kept between requests, so a repeated question is not "
         "computed again (llama engine, invariant numerics; default 64, 0 turns it off)",
     )
+    p.add_argument(
+        "--cache-dir",
+        default=None,
+        metavar="DIR|off",
+        help="where the llama engine keeps scored options (and pinned states) across restarts, so a "
+        "restarted server computes nothing it computed before (invariant numerics only; default "
+        "$SERVEPROTO_PERSIST, else $SERVEPROTO_CACHE/persist; off keeps nothing on disk; docs/persistence.md)",
+    )
+    p.add_argument(
+        "--cache-disk-mb",
+        type=_non_negative_int,
+        default=None,
+        metavar="MB",
+        help="disk budget of --cache-dir, least recently used files out first (default 2048)",
+    )
+    p.add_argument(
+        "--cache-read-only",
+        action="store_true",
+        help="read --cache-dir, never write it (replicas sharing a folder another server fills)",
+    )
     dev = p.add_argument_group(
         "one model over several devices (the llama engine; llama.cpp's own options, passed through: docs/devices.md)"
     )
@@ -575,9 +595,30 @@ def engine_argv(args, model: str | None = None, threads: int | str | None = None
     ):
         if value is not None:
             argv += [flag, str(value)]
+    argv += cache_argv(args)
     if not os.access(argv[0], os.X_OK):
         raise SystemExit(f"serveproto serve: {argv[0]} is not built (run `make engines`)")
     return argv, model
+
+
+def cache_argv(args) -> list[str]:
+    """The llama engine's ``--cache-dir`` flags: ``args.cache_dir`` (``off``: none), else
+    :func:`gateway.paths.persist_dir`. The engine hashes the model file itself at its first lookup
+    (no ``--model-sha256`` from here: a file put in the default model's place is still hashed)."""
+    from gateway.paths import persist_dir
+
+    chosen = args.cache_dir
+    if chosen is not None and chosen.strip().lower() == "off":
+        return []
+    folder = Path(chosen) if chosen else persist_dir()
+    if folder is None:
+        return []
+    out = ["--cache-dir", str(folder)]
+    if args.cache_disk_mb is not None:
+        out += ["--cache-disk-mb", str(args.cache_disk_mb)]
+    if args.cache_read_only:
+        out.append("--cache-read-only")
+    return out
 
 
 def engine_or_exit(who: str, name: str) -> Path:

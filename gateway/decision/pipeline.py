@@ -82,6 +82,7 @@ class Decided:
     warnings: list[str] = attrs.field(factory=list)
     computed: int | None = None
     reused: int | None = None
+    disk: int | None = None
     snapshot: str | None = None
     debias: tuple[str, ...] = ()
     calibration: dict[str, str] = attrs.field(factory=dict)
@@ -292,6 +293,7 @@ async def _score_path(
     done = getattr(result, "done", None)
     out.computed = _add(out.computed, getattr(result, "computed", None))
     out.reused = _add(out.reused, getattr(result, "reused", None))
+    out.disk = _add(out.disk, getattr(result, "disk", None))
     out.snapshot = getattr(done, "snapshot", None) if done is not None else None
     if request.prefix and out.snapshot not in (None, "hit"):
         mem.fixed.pop((slot, prompts.fixed_prefix(request.prefix)), None)  # evicted: retake it next time

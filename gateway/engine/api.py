@@ -111,6 +111,8 @@ class ScoreResult:
     fallback path (several SUBMITs). ``computed`` / ``reused``: prompt
     positions run through the model / taken from the KV cache or a snapshot,
     summed over the request (``None`` when the engine has no counters).
+    ``disk``: how many of ``reused`` the engine read from files an earlier process of it wrote
+    (``None`` when it keeps nothing on disk: no ``x_persist``).
     ``fast``: True when the engine's SCORE did it in one request.
     """
 
@@ -119,6 +121,7 @@ class ScoreResult:
     computed: int | None = None
     reused: int | None = None
     fast: bool = False
+    disk: int | None = None
 
     def probabilities(self, group: int = 0, normalize: str = "sum") -> list[float]:
         """Softmax over group ``group``'s options of their sum (or ``"mean"``) logprob: ``(n_options,)``.
@@ -550,6 +553,7 @@ class Engine:
                         groups=result.groups + extra.groups,
                         computed=_plus(result.computed, extra.computed),
                         reused=_plus(result.reused, extra.reused),
+                        disk=_plus(result.disk, extra.disk),
                     )
         if scope.cancelled_caught:
             raise EngineTimeout(
@@ -598,6 +602,7 @@ class Engine:
             computed=done.computed,
             reused=done.reused,
             fast=True,
+            disk=done.disk,
         )
 
     async def _score_one(
@@ -634,6 +639,7 @@ class Engine:
         done = None
         computed: int | None = 0
         reused: int | None = 0
+        disk: int | None = 0
         g = first
         for prefix, groups, route in parts:
             for stem, options in groups:
@@ -646,8 +652,9 @@ class Engine:
                 out.append(r.groups[0])
                 done = done or r.done
                 computed, reused = _plus(computed, r.computed), _plus(reused, r.reused)
+                disk = _plus(disk, r.disk)
                 g += 1
-        return ScoreResult(groups=out, done=done, computed=computed, reused=reused, fast=True)
+        return ScoreResult(groups=out, done=done, computed=computed, reused=reused, fast=True, disk=disk)
 
     async def _score_fallback(self, prefix: bytes, groups, pin: bool, slot, key: bytes) -> ScoreResult:
         totals = {"computed": 0, "reused": 0, "counted": True}

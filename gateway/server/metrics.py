@@ -41,6 +41,12 @@ class Metrics:
         self.positions = Counter(
             "serveproto_prompt_positions", "Prompt positions the engine computed or reused", ["kind"], registry=r
         )
+        self.from_disk = Counter(
+            "serveproto_prompt_positions_from_disk",
+            "Reused prompt positions the engine read from its cache directory (--cache-dir), written by an "
+            "earlier engine process",
+            registry=r,
+        )
         self.snapshots = Counter(
             "serveproto_snapshots", "Snapshot outcomes of scoring requests", ["result"], registry=r
         )
@@ -76,7 +82,11 @@ class Metrics:
         pair[0].inc()
         pair[1].observe(seconds)
 
-    def observe_counters(self, computed: int | None, reused: int | None, snapshot: str | None) -> None:
+    def observe_counters(
+        self, computed: int | None, reused: int | None, snapshot: str | None, disk: int | None = None
+    ) -> None:
+        if disk is not None:
+            self.from_disk.inc(disk)
         if computed is not None:
             self.positions.labels("computed").inc(computed)
         if reused is not None:

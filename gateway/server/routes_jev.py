@@ -45,7 +45,7 @@ async def decide(app: App, parsed: SystemOneRequest) -> Decided:
     for q in parsed.questions:
         metrics.questions.labels(q.type, decided.path if q.n_options > 1 else "none").inc()
     metrics.option_tokens.inc(decided.output_tokens)
-    metrics.observe_counters(decided.computed, decided.reused, decided.snapshot)
+    metrics.observe_counters(decided.computed, decided.reused, decided.snapshot, decided.disk)
     return decided
 
 
@@ -102,6 +102,8 @@ async def systemone(app: App, request: Request) -> Response:
     }
     if decided.computed is not None:
         extra["x_positions"] = {"computed": decided.computed, "reused": decided.reused, "snapshot": decided.snapshot}
+        if decided.disk is not None:  # an engine that keeps results on disk (CAPS x_persist)
+            extra["x_positions"]["disk"] = decided.disk
     if decided.debias:
         extra["x_debias"] = list(decided.debias)
     if decided.warnings:

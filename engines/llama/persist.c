@@ -1,0 +1,947 @@
+/* persist.c: the score cache and pinned snapshots kept on disk, so a restart
+ * computes nothing it computed before (spec/llama-engine.md, "Kept on disk").
+ *
+ * Only with invariant numerics: there a number is a function of the model,
+ * the build and the token ids, so a number read back is the number a cold
+ * engine would compute. Every file names what it was computed under (model
+ * sha256, engine build, numerics, chat template, format version) and carries
+ * checksums; a file that does not match, or does not check, is skipped with
+ * one stderr line saying why. Files are written to a temporary name and
+ * renamed (a reader sees whole files or none); a disk budget removes the
+ * least recently used files; an flock on the directory's lock file keeps two
+ * engines from evicting at once.
+ *
+ * Layout under --cache-dir (DIR):
+ *   DIR/manifest.json                 {"format": "serveproto-cache", "version": 1}
+ *   DIR/lock                          flock: shared to load, exclusive to evict
+ *   DIR/scores/<model16>/<name>.spc   SCORE results (kind 1), one file per flush
+ *   DIR/states/<model16>/<key>.sps    a snapshot's tokens, logits and KV rows (kind 2)
+ * where <model16> is the first 16 hex digits of the model's sha256.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include "xxhash/xxhash.h"
+#include "sha256/sha256.h"
+
+#include "engine.h"
+#include "persist.h"
+
+#ifndef SP_BUILD_ID
+#define SP_BUILD_ID "unknown"
+#endif
+
+#define PERSIST_VERSION    1
+#define PERSIST_KIND_SCORES 1
+#define PERSIST_KIND_STATE  2
+#define PERSIST_PATH_CAP   4096
+#define PERSIST_DIR_MAX    2048  /* bytes of --cache-dir */
+#define PERSIST_MAX_FILES  65536
+#define PERSIST_TMP_AGE_S  600   /* a temporary file this old was left by a killed writer */
+#define PERSIST_PENDING_MAX (4u << 20) /* bytes of new results written at once, at most */
+
+static const char MAGIC[8] = { 'S', 'P', 'C', 'A', 'C', 'H', 'E', '\n' };
+
+/* Every file starts with this, little-endian (the engine refuses big-endian hosts' files by
+ * their checksums). header_sum: see header_sum(); payload_sum: XXH3_64bits of the payload. */
+typedef struct file_header {
+    char magic[8];
+    uint32_t version, kind;
+    char model[64];     /* the model's sha256, hex */
+    char build[32];     /* SP_BUILD_ID: the engine's sources, llama.cpp's version and patches, flags */
+    char numerics[32];  /* "invariant kv=f32" */
+    char tmpl[64];      /* sha256 of the model's chat template, hex ("" hashed when it has none) */
+    uint64_t payload_bytes, payload_sum, n_records;
+    char reserved[16];
+    uint64_t header_sum;
+} file_header;
+_Static_assert(sizeof(file_header) == 256, "the header is 256 bytes");
+
+/* A scores record: the score_key, the option's ctx, then n_lps doubles. */
+typedef struct score_record {
+    uint64_t h1, h2;
+    int32_t n, ctx, n_lps, pad;
+} score_record;
+
+typedef struct loaded_file {
+    char name[256];
+    int touched;        /* an entry of it was used: its mtime is moved to now at the next flush */
+} loaded_file;
+
+struct persist {
+    char dir[PERSIST_PATH_CAP];
+    char scores_dir[PERSIST_PATH_CAP], states_dir[PERSIST_PATH_CAP];
+    char model_path[PERSIST_PATH_CAP];
+    file_header id;     /* this engine's identity: the fields a file must match */
+    int have_id;
+    int read_only;      /* --cache-read-only, or the directory could not be written */
+    int off;            /* the manifest is another version: nothing read or written */
+    size_t budget;      /* bytes on disk */
+    int scores_loaded;
+    loaded_file *files;
+    int n_files, cap_files;
+    unsigned char *pending; /* score records not yet written */
+    size_t n_pending, cap_pending;
+    uint64_t pending_records;
+    uint64_t seq;       /* file names made by this process */
+    persist_stats stats;
+};
+
+static void plog(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("serveproto-llama: cache: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+/* snprintf that says whether the whole path fit (a cut path would name another file). */
+static int join(char *out, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(out, cap, fmt, ap);
+    va_end(ap);
+    return n >= 0 && (size_t)n < cap ? 0 : -1;
+}
+
+static void hex(const unsigned char *b, size_t n, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[b[i] >> 4];
+        out[2 * i + 1] = digits[b[i] & 15];
+    }
+}
+
+/* sha256 of a file, hex into out[64]. */
+static int sha256_file(const char *path, char *out)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return -1;
+    sha256_t s;
+    sha256_init(&s);
+    static unsigned char buf[1 << 20];
+    size_t r;
+    while ((r = fread(buf, 1, sizeof buf, f)) > 0)
+        sha256_update(&s, buf, r);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad)
+        return -1;
+    unsigned char d[32];
+    sha256_final(&s, d);
+    hex(d, 32, out);
+    return 0;
+}
+
+static void field(char *dst, size_t cap, const char *src)
+{
+    memset(dst, 0, cap);
+    size_t n = strlen(src);
+    memcpy(dst, src, n < cap ? n : cap);
+}
+
+static int mkdirs(const char *path)
+{
+    char tmp[PERSIST_PATH_CAP];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = '\0';
+            if (mkdir(tmp, 0777) && errno != EEXIST)
+                return -1;
+            *p = '/';
+        }
+    return mkdir(tmp, 0777) && errno != EEXIST ? -1 : 0;
+}
+
+/* Writes len bytes (and the header first when h) to dir/name through a temporary file and a
+ * rename, fsynced: a reader sees the whole file or none, even after kill -9 or a power cut. */
+static int write_atomic(persist *p, const char *dir, const char *name, const file_header *h, const void *a,
+                        size_t na, const void *b, size_t nb)
+{
+    char tmp[PERSIST_PATH_CAP], dst[PERSIST_PATH_CAP];
+    (void)join(tmp, sizeof tmp, "%s/.tmp-%d-%llu", dir, (int)getpid(), (unsigned long long)++p->seq);
+    (void)join(dst, sizeof dst, "%s/%s", dir, name);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
+    if (fd < 0)
+        return -1;
+    /* testing only: a pause after the header, so that a test can kill -9 the engine mid-write */
+    const char *delay = getenv("SERVEPROTO_CACHE_WRITE_DELAY_MS");
+    const void *parts[3] = { h, a, b };
+    size_t lens[3] = { h ? sizeof *h : 0, na, nb };
+    int ok = 1;
+    for (int i = 0; i < 3 && ok; i++) {
+        const char *c = parts[i];
+        size_t left = lens[i];
+        while (left > 0) {
+            ssize_t w = write(fd, c, left);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0) {
+                ok = 0;
+                break;
+            }
+            c += w;
+            left -= (size_t)w;
+        }
+        if (i == 0 && delay && *delay)
+            usleep((useconds_t)atoi(delay) * 1000u);
+    }
+    ok = ok && fsync(fd) == 0;
+    int err = errno;
+    ok = close(fd) == 0 && ok;
+    if (!ok || rename(tmp, dst) != 0) {
+        err = errno;
+        unlink(tmp);
+        errno = err;
+        return -1;
+    }
+    /* the rename itself made durable */
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return 0;
+}
+
+/* The manifest: the layout's version. Made when missing; another version turns the cache off. */
+static int check_manifest(persist *p)
+{
+    char path[PERSIST_PATH_CAP];
+    (void)join(path, sizeof path, "%s/manifest.json", p->dir);
+    FILE *f = fopen(path, "rb");
+    if (f) {
+        char buf[512];
+        size_t r = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[r] = '\0';
+        const char *v = strstr(buf, "\"version\"");
+        int version = -1;
+        if (strstr(buf, "\"serveproto-cache\"") && v && (v = strchr(v, ':')))
+            version = atoi(v + 1);
+        if (version != PERSIST_VERSION) {
+            plog("%s: format version %d, this engine reads version %d: the cache is not used", path, version,
+                 PERSIST_VERSION);
+            return -1;
+        }
+        return 0;
+    }
+    if (p->read_only)
+        return 0;
+    static const char body[] = "{\"format\": \"serveproto-cache\", \"version\": 1}\n";
+    if (write_atomic(p, p->dir, "manifest.json", NULL, body, sizeof body - 1, NULL, 0) != 0) {
+        plog("%s is not writable (%s): serving on, nothing will be written", p->dir, strerror(errno));
+        p->read_only = 1;
+    }
+    return 0;
+}
+
+persist *persist_open(const persist_options *o, engine *e)
+{
+    /* a bounded folder name: every path under it (names up to 255 bytes) fits PERSIST_PATH_CAP */
+    if (strlen(o->dir) > PERSIST_DIR_MAX) {
+        plog("--cache-dir is longer than %d bytes: the cache is not used", PERSIST_DIR_MAX);
+        return NULL;
+    }
+    persist *p = calloc(1, sizeof *p);
+    if (!p || join(p->model_path, sizeof p->model_path, "%s", o->model_path) != 0) {
+        free(p);
+        return NULL;
+    }
+    (void)join(p->dir, sizeof p->dir, "%s", o->dir);
+    p->budget = o->disk_budget;
+    p->read_only = o->read_only;
+    memcpy(p->id.magic, MAGIC, sizeof MAGIC);
+    p->id.version = PERSIST_VERSION;
+    field(p->id.build, sizeof p->id.build, SP_BUILD_ID);
+    char numerics[64];
+    snprintf(numerics, sizeof numerics, "%s kv=%s", e->numerics, o->kv_type);
+    field(p->id.numerics, sizeof p->id.numerics, numerics);
+    const char *tmpl = llama_model_chat_template(e->model, NULL);
+    unsigned char d[32];
+    sha256_hash(d, (const unsigned char *)(tmpl ? tmpl : ""), tmpl ? strlen(tmpl) : 0);
+    hex(d, 32, p->id.tmpl);
+    if (o->model_sha256 && *o->model_sha256) {
+        if (strlen(o->model_sha256) != 64) {
+            plog("--model-sha256 must be 64 hex digits: the cache is not used");
+            free(p);
+            return NULL;
+        }
+        for (int i = 0; i < 64; i++)
+            p->id.model[i] = (char)(o->model_sha256[i] | 0x20); /* lower case */
+        p->have_id = 1;
+    }
+    if (!p->read_only && mkdirs(p->dir) != 0) {
+        plog("%s cannot be made (%s): serving on, nothing will be written", p->dir, strerror(errno));
+        p->read_only = 1;
+    }
+    if (check_manifest(p) != 0)
+        p->off = 1;
+    return p;
+}
+
+/* The model's sha256 (hashing the file once, at the first use of the cache, unless
+ * --model-sha256 gave it), and the per-model folders. */
+static int ensure_id(persist *p)
+{
+    if (p->off)
+        return -1;
+    if (!p->have_id) {
+        char h[65];
+        if (sha256_file(p->model_path, h) != 0) {
+            plog("%s: cannot read the model to hash it (%s): the cache is not used", p->model_path, strerror(errno));
+            p->off = 1;
+            return -1;
+        }
+        memcpy(p->id.model, h, 64);
+        p->have_id = 1;
+    }
+    if (!p->scores_dir[0]) {
+        (void)join(p->scores_dir, sizeof p->scores_dir, "%s/scores/%.16s", p->dir, p->id.model);
+        (void)join(p->states_dir, sizeof p->states_dir, "%s/states/%.16s", p->dir, p->id.model);
+        if (!p->read_only && (mkdirs(p->scores_dir) != 0 || mkdirs(p->states_dir) != 0)) {
+            plog("%s is not writable (%s): serving on, nothing will be written", p->dir, strerror(errno));
+            p->read_only = 1;
+        }
+    }
+    return 0;
+}
+
+/* The header's checksum: the first 8 bytes of the sha256 of the 248 bytes before it, little-endian
+ * (sha256 here so that a tool in any language checks a header; the payload's is XXH3, for speed). */
+static uint64_t header_sum(const file_header *h)
+{
+    unsigned char d[32];
+    sha256_hash(d, (const unsigned char *)h, offsetof(file_header, header_sum));
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | d[i];
+    return v;
+}
+
+static void header_seal(file_header *h)
+{
+    h->header_sum = header_sum(h);
+}
+
+/* Why a header is not this engine's (NULL: it is). */
+static const char *header_mismatch(const persist *p, const file_header *h, uint32_t kind, char *why, size_t cap)
+{
+    if (memcmp(h->magic, MAGIC, sizeof MAGIC) != 0)
+        return "not a serveproto cache file (bad magic)";
+    if (h->header_sum != header_sum(h))
+        return "header checksum mismatch (torn or corrupted)";
+    if (h->version != PERSIST_VERSION) {
+        snprintf(why, cap, "format version %u, this engine reads version %u", h->version, PERSIST_VERSION);
+        return why;
+    }
+    if (h->kind != kind) {
+        snprintf(why, cap, "kind %u, expected %u", h->kind, kind);
+        return why;
+    }
+    if (memcmp(h->model, p->id.model, sizeof h->model) != 0) {
+        snprintf(why, cap, "another model (sha256 %.12s..., this model %.12s...)", h->model, p->id.model);
+        return why;
+    }
+    if (memcmp(h->build, p->id.build, sizeof h->build) != 0) {
+        snprintf(why, cap, "another engine build (%.32s, this engine %.32s)", h->build, p->id.build);
+        return why;
+    }
+    if (memcmp(h->numerics, p->id.numerics, sizeof h->numerics) != 0) {
+        snprintf(why, cap, "other numerics (%.32s, this engine %.32s)", h->numerics, p->id.numerics);
+        return why;
+    }
+    if (memcmp(h->tmpl, p->id.tmpl, sizeof h->tmpl) != 0) {
+        snprintf(why, cap, "another chat template (sha256 %.12s..., this model's %.12s...)", h->tmpl, p->id.tmpl);
+        return why;
+    }
+    return NULL;
+}
+
+/* Reads and checks a whole file of `kind`: its payload (malloc'd) or NULL, the reason logged. */
+static unsigned char *read_checked(persist *p, const char *path, uint32_t kind, file_header *h, size_t *n_out)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return NULL; /* removed meanwhile (another engine evicted it): nothing to say */
+    struct stat sb;
+    unsigned char *buf = NULL;
+    const char *why = NULL;
+    char whybuf[256];
+    if (fstat(fd, &sb) != 0 || (size_t)sb.st_size < sizeof *h) {
+        why = "shorter than its header (torn or corrupted)";
+        goto out;
+    }
+    if (pread(fd, h, sizeof *h, 0) != (ssize_t)sizeof *h) {
+        why = "unreadable header";
+        goto out;
+    }
+    if ((why = header_mismatch(p, h, kind, whybuf, sizeof whybuf)))
+        goto out;
+    if ((uint64_t)sb.st_size != sizeof *h + h->payload_bytes) {
+        snprintf(whybuf, sizeof whybuf, "%lld bytes, its header says %llu (torn or corrupted)", (long long)sb.st_size,
+                 (unsigned long long)(sizeof *h + h->payload_bytes));
+        why = whybuf;
+        goto out;
+    }
+    buf = malloc(h->payload_bytes ? h->payload_bytes : 1);
+    if (!buf) {
+        why = "out of memory reading it";
+        goto out;
+    }
+    size_t got = 0;
+    while (got < h->payload_bytes) {
+        ssize_t r = pread(fd, buf + got, h->payload_bytes - got, (off_t)(sizeof *h + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    if (got != h->payload_bytes) {
+        why = "short read";
+    } else if (XXH3_64bits(buf, h->payload_bytes) != h->payload_sum) {
+        why = "payload checksum mismatch (torn or corrupted)";
+    }
+out:
+    close(fd);
+    if (why) {
+        plog("%s skipped: %s", path, why);
+        p->stats.files_skipped++;
+        free(buf);
+        return NULL;
+    }
+    *n_out = h->payload_bytes;
+    return buf;
+}
+
+/* ---- listing, eviction ---- */
+
+typedef struct dir_file {
+    char path[PERSIST_PATH_CAP];
+    off_t size;
+    struct timespec mtime;
+    int tmp;
+} dir_file;
+
+static int is_cache_name(const char *n, int *tmp)
+{
+    size_t l = strlen(n);
+    *tmp = !strncmp(n, ".tmp-", 5);
+    return *tmp || (l > 4 && (!strcmp(n + l - 4, ".spc") || !strcmp(n + l - 4, ".sps")));
+}
+
+/* Appends the cache files of dir (and, depth > 0, of its subfolders) to *fs. */
+static void list_files(const char *dir, int depth, dir_file **fs, int *n, int *cap)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d)) && *n < PERSIST_MAX_FILES) {
+        if (de->d_name[0] == '.' && (!de->d_name[1] || (de->d_name[1] == '.' && !de->d_name[2])))
+            continue;
+        char path[PERSIST_PATH_CAP];
+        (void)join(path, sizeof path, "%s/%s", dir, de->d_name);
+        struct stat sb;
+        if (stat(path, &sb) != 0)
+            continue;
+        if (S_ISDIR(sb.st_mode)) {
+            if (depth > 0)
+                list_files(path, depth - 1, fs, n, cap);
+            continue;
+        }
+        int tmp;
+        if (!S_ISREG(sb.st_mode) || !is_cache_name(de->d_name, &tmp))
+            continue;
+        if (*n == *cap) {
+            int nc = *cap ? 2 * *cap : 64;
+            dir_file *g = realloc(*fs, (size_t)nc * sizeof *g);
+            if (!g)
+                break;
+            *fs = g;
+            *cap = nc;
+        }
+        dir_file *f = &(*fs)[(*n)++];
+        snprintf(f->path, sizeof f->path, "%s", path);
+        f->size = sb.st_size;
+        f->mtime = sb.st_mtim;
+        f->tmp = tmp;
+    }
+    closedir(d);
+}
+
+static int by_mtime(const void *a, const void *b)
+{
+    const dir_file *x = a, *y = b;
+    if (x->mtime.tv_sec != y->mtime.tv_sec)
+        return x->mtime.tv_sec < y->mtime.tv_sec ? -1 : 1;
+    if (x->mtime.tv_nsec != y->mtime.tv_nsec)
+        return x->mtime.tv_nsec < y->mtime.tv_nsec ? -1 : 1;
+    return strcmp(x->path, y->path);
+}
+
+static int lock_dir(const persist *p, int how)
+{
+    char path[PERSIST_PATH_CAP];
+    (void)join(path, sizeof path, "%s/lock", p->dir);
+    int fd = open(path, p->read_only ? O_RDONLY : O_RDWR | O_CREAT, 0666);
+    if (fd < 0)
+        return -1;
+    if (flock(fd, how) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void unlock_dir(int fd)
+{
+    if (fd >= 0) {
+        flock(fd, LOCK_UN);
+        close(fd);
+    }
+}
+
+/* Least recently used files out until the cache's files fit the budget (every model's: the budget
+ * is the directory's); temporary files of killed writers out too. One engine at a time: an
+ * engine that finds another evicting leaves it to that one. */
+static void evict(persist *p)
+{
+    int fd = lock_dir(p, LOCK_EX | LOCK_NB);
+    if (fd < 0)
+        return;
+    dir_file *fs = NULL;
+    int n = 0, cap = 0;
+    char sub[PERSIST_PATH_CAP];
+    (void)join(sub, sizeof sub, "%s/scores", p->dir);
+    list_files(sub, 1, &fs, &n, &cap);
+    (void)join(sub, sizeof sub, "%s/states", p->dir);
+    list_files(sub, 1, &fs, &n, &cap);
+    qsort(fs, (size_t)n, sizeof *fs, by_mtime);
+    uint64_t total = 0;
+    time_t now = time(NULL);
+    for (int i = 0; i < n; i++) {
+        if (fs[i].tmp && now - fs[i].mtime.tv_sec > PERSIST_TMP_AGE_S) {
+            unlink(fs[i].path);
+            fs[i].size = -1;
+            continue;
+        }
+        total += (uint64_t)fs[i].size;
+    }
+    for (int i = 0; i < n && total > p->budget; i++) {
+        if (fs[i].size < 0 || fs[i].tmp)
+            continue;
+        if (unlink(fs[i].path) == 0) {
+            total -= (uint64_t)fs[i].size;
+            p->stats.files_evicted++;
+        }
+    }
+    free(fs);
+    unlock_dir(fd);
+}
+
+/* ---- the score cache ---- */
+
+void persist_scores_load(persist *p, score_cache *c)
+{
+    if (p->scores_loaded)
+        return;
+    p->scores_loaded = 1;
+    if (ensure_id(p) != 0)
+        return;
+    int fd = lock_dir(p, LOCK_SH);
+    dir_file *fs = NULL;
+    int n = 0, cap = 0;
+    list_files(p->scores_dir, 0, &fs, &n, &cap);
+    /* oldest first: past the memory budget the most recently used files stay */
+    qsort(fs, (size_t)n, sizeof *fs, by_mtime);
+    for (int i = 0; i < n; i++) {
+        if (fs[i].tmp)
+            continue;
+        file_header h;
+        size_t len = 0;
+        unsigned char *buf = read_checked(p, fs[i].path, PERSIST_KIND_SCORES, &h, &len);
+        if (!buf)
+            continue;
+        if (p->n_files == p->cap_files) {
+            int nc = p->cap_files ? 2 * p->cap_files : 64;
+            loaded_file *g = realloc(p->files, (size_t)nc * sizeof *g);
+            if (!g) {
+                free(buf);
+                break;
+            }
+            p->files = g;
+            p->cap_files = nc;
+        }
+        int idx = p->n_files++;
+        const char *base = strrchr(fs[i].path, '/');
+        (void)join(p->files[idx].name, sizeof p->files[idx].name, "%s", base ? base + 1 : fs[i].path);
+        p->files[idx].touched = 0;
+        size_t off = 0;
+        uint64_t recs = 0;
+        while (off + sizeof(score_record) <= len) {
+            score_record r;
+            memcpy(&r, buf + off, sizeof r);
+            size_t need = sizeof r + (size_t)(r.n_lps > 0 ? r.n_lps : 0) * sizeof(double);
+            if (r.n_lps < 0 || r.n_lps > ENGINE_MAX_SCORED || off + need > len)
+                break; /* the checksum held: only a writer's bug gets here */
+            score_key k = { r.h1, r.h2, r.n };
+            double lps[ENGINE_MAX_SCORED];
+            memcpy(lps, buf + off + sizeof r, (size_t)r.n_lps * sizeof(double));
+            score_cache_insert(c, &k, r.ctx, lps, r.n_lps, idx);
+            off += need;
+            recs++;
+        }
+        p->stats.entries_loaded += recs;
+        p->stats.files_loaded++;
+        free(buf);
+    }
+    free(fs);
+    unlock_dir(fd);
+}
+
+void persist_scores_note(persist *p, const score_key *k, int ctx, const double *lps, int n_lps)
+{
+    if (p->read_only || p->off)
+        return;
+    size_t need = sizeof(score_record) + (size_t)n_lps * sizeof(double);
+    if (p->n_pending + need > p->cap_pending) {
+        size_t nc = p->cap_pending ? 2 * p->cap_pending : 65536;
+        while (nc < p->n_pending + need)
+            nc *= 2;
+        unsigned char *g = realloc(p->pending, nc);
+        if (!g)
+            return; /* not kept on disk: only costs a recomputation after a restart */
+        p->pending = g;
+        p->cap_pending = nc;
+    }
+    score_record r = { k->h1, k->h2, k->n, ctx, n_lps, 0 };
+    memcpy(p->pending + p->n_pending, &r, sizeof r);
+    memcpy(p->pending + p->n_pending + sizeof r, lps, (size_t)n_lps * sizeof(double));
+    p->n_pending += need;
+    p->pending_records++;
+}
+
+void persist_scores_touch(persist *p, int file)
+{
+    if (file >= 0 && file < p->n_files)
+        p->files[file].touched = 1;
+    p->stats.disk_hits++;
+}
+
+int persist_pending(const persist *p)
+{
+    if (p->read_only || p->off)
+        return 0;
+    for (int i = 0; i < p->n_files; i++)
+        if (p->files[i].touched)
+            return 1;
+    return p->n_pending > 0;
+}
+
+int persist_flush(persist *p)
+{
+    if (!persist_pending(p) || ensure_id(p) != 0)
+        return 0;
+    int rc = 0, wrote = 0;
+    if (p->n_pending > 0) {
+        file_header h = p->id;
+        h.kind = PERSIST_KIND_SCORES;
+        h.payload_bytes = p->n_pending;
+        h.payload_sum = XXH3_64bits(p->pending, p->n_pending);
+        h.n_records = p->pending_records;
+        header_seal(&h);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        char name[128];
+        snprintf(name, sizeof name, "%lld%09ld-%d-%llu.spc", (long long)ts.tv_sec, ts.tv_nsec, (int)getpid(),
+                 (unsigned long long)++p->seq);
+        if (write_atomic(p, p->scores_dir, name, &h, p->pending, p->n_pending, NULL, 0) != 0) {
+            plog("%s is not writable (%s): serving on, nothing more will be written", p->scores_dir, strerror(errno));
+            p->read_only = 1;
+            rc = -1;
+        } else {
+            p->stats.files_written++;
+            wrote = 1;
+            p->stats.entries_written += p->pending_records;
+        }
+        p->n_pending = 0;
+        p->pending_records = 0;
+    }
+    /* a file whose entries served is recently used: the disk budget keeps it longest */
+    for (int i = 0; i < p->n_files && !p->read_only; i++)
+        if (p->files[i].touched) {
+            char path[PERSIST_PATH_CAP];
+            (void)join(path, sizeof path, "%s/%s", p->scores_dir, p->files[i].name);
+            utimensat(AT_FDCWD, path, NULL, 0);
+            p->files[i].touched = 0;
+        }
+    if (wrote)
+        evict(p);
+    return rc;
+}
+
+void persist_close(persist *p)
+{
+    if (!p)
+        return;
+    persist_flush(p);
+    const persist_stats *st = &p->stats;
+    if (st->files_loaded || st->files_written || st->files_skipped || st->states_written || st->states_restored)
+        plog("%llu scores files read (%llu entries, %llu answers from them), %llu written (%llu entries), "
+             "%llu skipped, %llu evicted; %llu states written, %llu restored, %llu refused",
+             (unsigned long long)st->files_loaded, (unsigned long long)st->entries_loaded,
+             (unsigned long long)st->disk_hits, (unsigned long long)st->files_written,
+             (unsigned long long)st->entries_written, (unsigned long long)st->files_skipped,
+             (unsigned long long)st->files_evicted, (unsigned long long)st->states_written,
+             (unsigned long long)st->states_restored, (unsigned long long)st->states_skipped);
+    free(p->files);
+    free(p->pending);
+    free(p);
+}
+
+/* ---- snapshots ----
+ * A state file (kind 2) holds one snapshot: its token ids, the logits of its last position and its
+ * sequence's KV rows as llama_state_seq_get_data gives them. Named <h1><h2>-<n>.sps after the
+ * score_key of its tokens, so a prompt finds the files of its prefixes by hashing its own tokens. */
+
+typedef struct state_head {
+    int32_t n, n_vocab;
+    uint64_t state_bytes;
+} state_head;
+
+typedef struct disk_state {
+    uint64_t h1, h2;
+    int n;
+} disk_state;
+
+static disk_state *g_states;
+static int g_n_states, g_cap_states;
+static struct timespec g_states_mtime; /* the folder's mtime when it was listed */
+
+static void states_add(uint64_t h1, uint64_t h2, int n)
+{
+    for (int i = 0; i < g_n_states; i++)
+        if (g_states[i].h1 == h1 && g_states[i].h2 == h2 && g_states[i].n == n)
+            return;
+    if (g_n_states == g_cap_states) {
+        int nc = g_cap_states ? 2 * g_cap_states : 64;
+        disk_state *g = realloc(g_states, (size_t)nc * sizeof *g);
+        if (!g)
+            return;
+        g_states = g;
+        g_cap_states = nc;
+    }
+    g_states[g_n_states++] = (disk_state){ h1, h2, n };
+}
+
+/* The state files on disk now (listed again when the folder changed: another engine wrote one). */
+static void states_list(persist *p)
+{
+    struct stat sb;
+    if (stat(p->states_dir, &sb) != 0)
+        return;
+    if (sb.st_mtim.tv_sec == g_states_mtime.tv_sec && sb.st_mtim.tv_nsec == g_states_mtime.tv_nsec)
+        return;
+    g_states_mtime = sb.st_mtim;
+    g_n_states = 0;
+    DIR *d = opendir(p->states_dir);
+    if (!d)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        unsigned long long h1, h2;
+        int n, used = 0;
+        if (sscanf(de->d_name, "%16llx%16llx-%d.sps%n", &h1, &h2, &n, &used) == 3 && used == (int)strlen(de->d_name))
+            states_add(h1, h2, n);
+    }
+    closedir(d);
+}
+
+static void state_name(char *out, size_t cap, const score_key *k)
+{
+    snprintf(out, cap, "%016llx%016llx-%d.sps", (unsigned long long)k->h1, (unsigned long long)k->h2, k->n);
+}
+
+/* Writes snapshot s (its rows are in its slot's first s->n positions) to a state file. Idle only:
+ * the rows are copied to the first scratch sequence, whose state alone is saved, then dropped. */
+static int state_write(persist *p, engine *e, snapshot *s)
+{
+    score_key k;
+    score_key_init(&k);
+    score_key_add(&k, s->tokens, s->n);
+    char name[128];
+    state_name(name, sizeof name, &k);
+    char path[PERSIST_PATH_CAP];
+    (void)join(path, sizeof path, "%s/%s", p->states_dir, name);
+    if (access(path, F_OK) == 0) {
+        utimensat(AT_FDCWD, path, NULL, 0); /* written before (by this engine or another): used now */
+        return 0;
+    }
+    llama_memory_t mem = llama_get_memory(e->ctx);
+    const int scratch = e->n_slots;
+    llama_memory_seq_rm(mem, scratch, -1, -1);
+    llama_memory_seq_cp(mem, s->slot, scratch, 0, s->n);
+    size_t size = llama_state_seq_get_size(e->ctx, scratch);
+    size_t head_bytes = sizeof(state_head) + (size_t)s->n * sizeof(int32_t) + (size_t)e->n_vocab * sizeof(float);
+    unsigned char *buf = malloc(head_bytes + size);
+    int rc = -1;
+    if (buf) {
+        size_t got = llama_state_seq_get_data(e->ctx, buf + head_bytes, size, scratch);
+        if (got > 0) {
+            state_head sh = { s->n, e->n_vocab, got };
+            memcpy(buf, &sh, sizeof sh);
+            memcpy(buf + sizeof sh, s->tokens, (size_t)s->n * sizeof(int32_t));
+            memcpy(buf + sizeof sh + (size_t)s->n * sizeof(int32_t), s->logits, (size_t)e->n_vocab * sizeof(float));
+            file_header h = p->id;
+            h.kind = PERSIST_KIND_STATE;
+            h.payload_bytes = head_bytes + got;
+            h.payload_sum = XXH3_64bits(buf, head_bytes + got);
+            h.n_records = 1;
+            header_seal(&h);
+            rc = write_atomic(p, p->states_dir, name, &h, buf, head_bytes + got, NULL, 0);
+            if (rc != 0) {
+                plog("%s is not writable (%s): serving on, nothing more will be written", p->states_dir,
+                     strerror(errno));
+                p->read_only = 1;
+            } else {
+                p->stats.states_written++;
+                states_add(k.h1, k.h2, k.n);
+            }
+        }
+    }
+    free(buf);
+    llama_memory_seq_rm(mem, scratch, -1, -1);
+    return rc;
+}
+
+int persist_idle_pending(const persist *p, const engine *e)
+{
+    if (p->read_only || p->off)
+        return 0;
+    for (int i = 0; i < e->n_pins; i++)
+        if (e->snaps[i].used && !e->snaps[i].on_disk)
+            return 1;
+    return persist_pending(p);
+}
+
+void persist_idle(persist *p, engine *e)
+{
+    if (!persist_idle_pending(p, e) || ensure_id(p) != 0)
+        return;
+    int wrote = 0;
+    for (int i = 0; i < e->n_pins && !p->read_only; i++) {
+        snapshot *s = &e->snaps[i];
+        if (!s->used || s->on_disk)
+            continue;
+        s->on_disk = 1; /* tried once: a failure is not retried at every idle moment */
+        if (snapshot_valid(e, s) && state_write(p, e, s) == 0)
+            wrote = 1;
+    }
+    if (wrote && !persist_pending(p))
+        evict(p);
+    persist_flush(p);
+}
+
+snapshot *persist_state_restore(persist *p, engine *e, int slot, const llama_token *toks, int n, int have)
+{
+    if (p->off || ensure_id(p) != 0)
+        return NULL;
+    states_list(p);
+    if (g_n_states == 0)
+        return NULL;
+    /* the live prefix of the slot is free: a file must go deeper */
+    const slot_state *sl = &e->slots[slot];
+    int live = lcp(sl->tokens, sl->n, toks, n);
+    if (live > have)
+        have = live;
+    /* hash the prompt's prefixes once, ascending, and keep the deepest that a file has */
+    int best = -1;
+    score_key k;
+    score_key_init(&k);
+    int at = 0;
+    for (;;) {
+        int next = -1;
+        for (int i = 0; i < g_n_states; i++)
+            if (g_states[i].n > at && g_states[i].n <= n && g_states[i].n <= e->n_ctx &&
+                (next < 0 || g_states[i].n < g_states[next].n))
+                next = i;
+        if (next < 0)
+            break;
+        int m = g_states[next].n;
+        score_key_add(&k, toks + at, m - at);
+        at = m;
+        for (int i = 0; i < g_n_states; i++)
+            if (g_states[i].n == m && g_states[i].h1 == k.h1 && g_states[i].h2 == k.h2 && m > have)
+                best = i;
+    }
+    if (best < 0)
+        return NULL;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    char name[128], path[PERSIST_PATH_CAP];
+    score_key bk = { g_states[best].h1, g_states[best].h2, g_states[best].n };
+    state_name(name, sizeof name, &bk);
+    (void)join(path, sizeof path, "%s/%s", p->states_dir, name);
+    file_header h;
+    size_t len = 0;
+    unsigned char *buf = read_checked(p, path, PERSIST_KIND_STATE, &h, &len);
+    if (!buf) {
+        p->stats.states_skipped++;
+        return NULL;
+    }
+    state_head sh;
+    const int m = bk.n;
+    snapshot *snap = NULL;
+    size_t head_bytes = sizeof sh + (size_t)m * sizeof(int32_t) + (size_t)e->n_vocab * sizeof(float);
+    if (len >= sizeof sh)
+        memcpy(&sh, buf, sizeof sh);
+    if (len < head_bytes || sh.n != m || sh.n_vocab != e->n_vocab || head_bytes + sh.state_bytes != len ||
+        memcmp(buf + sizeof sh, toks, (size_t)m * sizeof(int32_t)) != 0) {
+        plog("%s skipped: its tokens are not the ones its name says", path);
+        p->stats.states_skipped++;
+        free(buf);
+        return NULL;
+    }
+    llama_memory_t mem = llama_get_memory(e->ctx);
+    llama_memory_seq_rm(mem, slot, -1, -1);
+    e->slots[slot].n = 0;
+    if (llama_state_seq_set_data(e->ctx, buf + head_bytes, sh.state_bytes, slot) == 0) {
+        plog("%s skipped: llama.cpp refused its rows (no room in the KV cache?)", path);
+        llama_memory_seq_rm(mem, slot, -1, -1);
+        p->stats.states_skipped++;
+        free(buf);
+        return NULL;
+    }
+    memcpy(e->slots[slot].tokens, toks, (size_t)m * sizeof *toks);
+    e->slots[slot].n = m;
+    snapshot_take(e, slot, toks, m, (const float *)(buf + sizeof sh + (size_t)m * sizeof(int32_t)));
+    free(buf);
+    int stale = 0;
+    snap = snapshot_find(e, toks, m, m, &stale);
+    if (snap && snap->n == m)
+        snap->on_disk = 1;
+    utimensat(AT_FDCWD, path, NULL, 0);
+    p->stats.states_restored++;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    plog("%s: a state of %d positions restored (%.1f MB) in %.1f ms", path, m, (double)len / 1e6,
+         (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
+    return snap;
+}
