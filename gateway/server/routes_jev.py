@@ -92,7 +92,11 @@ async def systemone(app: App, request: Request) -> Response:
     decided = await decide(here, parsed)
     log_decisions(here, request.request_id, parsed, decided)
     answers = {
-        q.id: {**jev.answer(q, decided.probs[q.id]), "x_calibration": decided.calibration.get(q.id, IDENTITY)}
+        q.id: {
+            **jev.answer(q, decided.probs[q.id]),
+            "x_calibration": decided.calibration.get(q.id, IDENTITY),
+            **({"x_head": decided.heads[q.id]} if q.id in decided.heads else {}),
+        }
         for q in parsed.questions
     }
     extra: dict[str, Any] = {
@@ -250,6 +254,8 @@ async def decisions(app: App, request: Request) -> Response:
                 confidence=scoring.r6(scoring.confidence(p)),
             )
         a["x_calibration"] = decided.calibration.get(q.id, IDENTITY)
+        if q.id in decided.heads:
+            a["x_head"] = decided.heads[q.id]
         answers.append(a)
     body = {
         "id": request.request_id,
