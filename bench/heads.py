@@ -43,8 +43,7 @@ async def collect(args) -> None:
     from gateway.decision.chat_template import read_gguf
     from gateway.decision.prompts import PromptBuilder
     from gateway.engine import Engine
-    from gateway.engine.default_model import default_model_path
-    from gateway.paths import engine_bin
+    from gateway.paths import default_model_path, engine_bin
 
     model = args.model or str(default_model_path())
     if args.data:
@@ -71,7 +70,7 @@ async def collect(args) -> None:
                 if item.id in done:
                     continue
                 parsed = jev.parse_request(item.body)
-                d_def = await pipeline.decide(parsed, eng, s_def, m_def)
+                d_def = await pipeline.decide(parsed, eng, s_def, m_def) if not args.train_only else None
                 d_none = await pipeline.decide(parsed, eng, s_none, m_none)
                 rows = []
                 for q in parsed.questions:
@@ -83,7 +82,7 @@ async def collect(args) -> None:
                             "task": item.tasks[q.id],
                             "type": q.type,
                             "gold": item.gold[q.id],
-                            "default": d_def.probs[q.id],
+                            "default": d_def.probs[q.id] if d_def is not None else None,
                             "none": d_none.probs[q.id],
                             "hidden": {str(la): list(v) for la, v in d_none.hidden.get(q.id, {}).items()},
                         }
@@ -92,6 +91,77 @@ async def collect(args) -> None:
                 f.flush()
                 if k % 20 == 0 or k == len(items):
                     print(f"  {k}/{len(items)} requests ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+
+async def cost(args) -> None:
+    """Positions computed and seconds per request, side by side in one run: ``x_debias: none`` (the
+    logprob reading), heads fitted on ``--fit-from`` (every question of the domain matched), the default
+    correction; each on fresh states (requests of ``--seed``), the engine's score cache off."""
+    import anyio
+    import numpy as np
+
+    from gateway.cli.serve import DEFAULT_MODEL_DEBIAS
+    from gateway.decision import head_fit, heads, pipeline
+    from gateway.decision.chat_template import read_gguf
+    from gateway.decision.prompts import PromptBuilder
+    from gateway.engine import Engine
+    from gateway.paths import default_model_path, engine_bin
+
+    model = args.model or str(default_model_path())
+    items = evalset.generate(args.seed, {d: args.per_domain for d in args.domains.split(",")})
+    # a head per question of the domain, fitted on the rows of --fit-from (the numbers do not matter here)
+    by_task = load(args.fit_from)
+    made = {}
+    for item in items:
+        for q in jev.parse_request(item.body).questions:
+            rows = by_task.get(item.tasks[q.id], [])
+            sig = heads.signature(q)
+            if sig in made or len(rows) < 4:
+                continue
+            X = np.array([r["hidden"]["19"] for r in rows])
+            h = head_fit.fit(X, np.array([r["gold"] for r in rows]), q.n_options, [r["id"] for r in rows])
+            made[sig] = heads.Head(
+                f"head-{sig}",
+                sig,
+                19,
+                tuple(h["mean"]),
+                tuple(h["scale"]),
+                tuple(map(tuple, h["W"])),
+                tuple(h["b"]),
+                h["T"],
+                (),
+            )
+    hs = heads.HeadSet("", made)
+    cmd = [str(engine_bin("serveproto-llama")), "--model", model, "--threads", str(args.threads)]
+    cmd += ["--score-cache-mb", "0"]
+    async with Engine.spawn(cmd, name="heads-cost") as eng:
+        template, _ = await anyio.to_thread.run_sync(read_gguf, Path(model))
+        prompts = PromptBuilder(template)
+        configs = {
+            "none": pipeline.Settings(prompts, debias=()),
+            "heads": pipeline.Settings(prompts, debias=DEFAULT_MODEL_DEBIAS, heads=hs),
+            "default": pipeline.Settings(prompts, debias=DEFAULT_MODEL_DEBIAS),
+        }
+        mems = {k: pipeline.Memory() for k in configs}
+        tot = {k: [0, 0.0, 0] for k in configs}
+        for i, item in enumerate(items):
+            parsed = jev.parse_request(item.body)
+            for name, st in configs.items():  # side by side: each request under each config in turn
+                t0 = time.perf_counter()
+                d = await pipeline.decide(parsed, eng, st, mems[name])
+                if i > 0:  # the first request reads the content-free readings: left out
+                    tot[name][0] += d.computed or 0
+                    tot[name][1] += time.perf_counter() - t0
+                    tot[name][2] += len(d.heads)
+    n = len(items) - 1
+    print(f"{n} requests after the first, fresh states, engine score cache off\n")
+    print("| reading | positions / request | seconds / request | questions answered by a head | vs none |")
+    print("|---|---|---|---|---|")
+    for name, (pos, sec, nh) in tot.items():
+        print(
+            f"| {name} | {pos / n:.1f} | {sec / n:.3f} | {nh} | "
+            f"{pos / tot['none'][0]:.3f}x positions, {sec / tot['none'][1]:.3f}x time |"
+        )
 
 
 def load(path: str) -> dict[str, list[dict]]:
@@ -113,6 +183,7 @@ def evaluate(args) -> None:
     from gateway.decision import evaluation, head_fit
 
     by_task = load(args.cache)
+    train_by_task = load(args.train) if args.train else None
     sizes = [int(x) for x in args.sizes.split(",")]
     layer = str(args.layer)
     folds = args.folds
@@ -134,6 +205,21 @@ def evaluate(args) -> None:
         fold_of = {ids[j]: int(i % folds) for i, j in enumerate(order)}
         X = np.array([r["hidden"][layer] for r in rows], dtype=np.float64)
         y = np.array(gold_all)
+        if train_by_task is not None:
+            tr_rows = [r for r in train_by_task.get(task, []) if layer in r["hidden"]]
+            Xt = np.array([r["hidden"][layer] for r in tr_rows], dtype=np.float64)
+            yt = np.array([r["gold"] for r in tr_rows])
+            for n in sizes:
+                if len(tr_rows) < n:
+                    continue
+                h = head_fit.fit(Xt[:n], yt[:n], k, [r["id"] for r in tr_rows[:n]], seed=args.seed)
+                P = head_fit.predict(h, X)
+                for i, r in enumerate(rows):
+                    results[n]["head"].append(list(P[i]))
+                    results[n]["none"].append(r["none"])
+                    results[n]["default"].append(r["default"])
+                    meta[n].append((r["type"], group, int(y[i]), task))
+            continue
         for f in range(folds):
             test = [i for i, r in enumerate(rows) if fold_of[r["id"]] == f]
             train_all = [i for i, r in enumerate(rows) if fold_of[r["id"]] != f]
@@ -148,7 +234,12 @@ def evaluate(args) -> None:
                     results[n]["none"].append(rows[i]["none"])
                     results[n]["default"].append(rows[i]["default"])
                     meta[n].append((rows[i]["type"], group, int(y[i]), task))
-    print(f"layer {layer}, {folds} folds by request, heads fitted on the first n labels of the other folds\n")
+    how = (
+        f"fitted on the first n rows of {args.train}"
+        if args.train
+        else f"{folds} folds by request, heads fitted on the first n labels of the other folds"
+    )
+    print(f"layer {layer}, {how}\n")
     print("| n | reader | accuracy | ECE | nouls mostly-no (majority) | nouls mostly-yes (majority) | questions |")
     print("|---|---|---|---|---|---|---|")
     for n in sizes:
@@ -210,18 +301,35 @@ def main() -> None:
     c.add_argument("--layers", default="19,29")
     c.add_argument("--threads", type=int, default=2)
     c.add_argument("--cache", required=True)
+    c.add_argument(
+        "--train-only",
+        action="store_true",
+        help="skip the default correction (rows for fitting only: evaluate --train)",
+    )
     e = sub.add_parser("evaluate")
     e.add_argument("--cache", required=True)
+    e.add_argument(
+        "--train",
+        help="fit on the first n rows per task of this cache (other requests) and read every row of --cache, "
+        "instead of folds of --cache",
+    )
     e.add_argument("--layer", type=int, default=19)
     e.add_argument("--sizes", default="25,50,100,300")
     e.add_argument("--folds", type=int, default=4)
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--plot")
+    k = sub.add_parser("cost")
+    k.add_argument("--model")
+    k.add_argument("--fit-from", required=True, help="a collect cache to fit the heads on")
+    k.add_argument("--seed", type=int, default=28)
+    k.add_argument("--per-domain", type=int, default=11)
+    k.add_argument("--domains", default="email")
+    k.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    if args.cmd == "collect":
+    if args.cmd in ("collect", "cost"):
         import anyio
 
-        anyio.run(collect, args)
+        anyio.run(collect if args.cmd == "collect" else cost, args)
     else:
         evaluate(args)
 

@@ -185,7 +185,7 @@ def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
             jq["criteria"] = crit_l
         converted[str(i)] = jq
     try:
-        extension = {"x_debias": body["x_debias"]} if "x_debias" in body else {}
+        extension = {k: body[k] for k in ("x_debias", "x_head") if k in body}
         parsed = jev.parse_request(
             {"state": body["input"], "questions": converted, "model": body.get("model"), **extension}
         )
