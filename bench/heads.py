@@ -96,7 +96,8 @@ async def collect(args) -> None:
 async def cost(args) -> None:
     """Positions computed and seconds per request, side by side in one run: ``x_debias: none`` (the
     logprob reading), heads fitted on ``--fit-from`` (every question of the domain matched), the default
-    correction; each on fresh states (requests of ``--seed``), the engine's score cache off."""
+    correction; each on fresh states (requests of ``--seed``) on an engine of its own, the engines' score
+    cache off."""
     import anyio
     import numpy as np
 
@@ -134,7 +135,13 @@ async def cost(args) -> None:
     hs = heads.HeadSet("", made)
     cmd = [str(engine_bin("serveproto-llama")), "--model", model, "--threads", str(args.threads)]
     cmd += ["--score-cache-mb", "0"]
-    async with Engine.spawn(cmd, name="heads-cost") as eng:
+    # one engine per reading, so that none reuses a state another computed
+    async with (
+        Engine.spawn(cmd, name="cost-none") as e_none,
+        Engine.spawn(cmd, name="cost-heads") as e_heads,
+        Engine.spawn(cmd, name="cost-default") as e_def,
+    ):
+        engines = {"none": e_none, "heads": e_heads, "default": e_def}
         template, _ = await anyio.to_thread.run_sync(read_gguf, Path(model))
         prompts = PromptBuilder(template)
         configs = {
@@ -148,13 +155,13 @@ async def cost(args) -> None:
             parsed = jev.parse_request(item.body)
             for name, st in configs.items():  # side by side: each request under each config in turn
                 t0 = time.perf_counter()
-                d = await pipeline.decide(parsed, eng, st, mems[name])
+                d = await pipeline.decide(parsed, engines[name], st, mems[name])
                 if i > 0:  # the first request reads the content-free readings: left out
                     tot[name][0] += d.computed or 0
                     tot[name][1] += time.perf_counter() - t0
                     tot[name][2] += len(d.heads)
     n = len(items) - 1
-    print(f"{n} requests after the first, fresh states, engine score cache off\n")
+    print(f"{n} requests after the first, fresh states, one engine per reading, score cache off\n")
     print("| reading | positions / request | seconds / request | questions answered by a head | vs none |")
     print("|---|---|---|---|---|")
     for name, (pos, sec, nh) in tot.items():
