@@ -28,6 +28,7 @@ from ._events import (
     Echo,
     Error,
     Event,
+    Hidden,
     Image,
     LoadFail,
     Ping,
@@ -79,6 +80,7 @@ __all__ = [
     "Done",
     "Error",
     "Scored",
+    "Hidden",
     "Pong",
     "score_shape",
 ]

@@ -165,6 +165,7 @@ class GatewayConnection(_Connection):
             b"DATA": rd.read_data,
             b"DECISION": rd.read_decision,
             b"SCORED": rd.read_scored,
+            b"HIDDEN": rd.read_hidden,
             b"ACCEPT": rd.read_accept,
             b"DONE": rd.read_done,
             b"ERROR": rd.read_error,

@@ -40,6 +40,7 @@ __all__ = [
     "Done",
     "Error",
     "Scored",
+    "Hidden",
     "Pong",
     "ConnectionClosed",
 ]
@@ -143,7 +144,7 @@ class Caps(Event):
     ``values`` maps each key to its text value, in line order; unknown keys are
     kept. Known keys are checked: ``chat decide vision x_score x_score_base x_counters
     x_health`` are ``"0"``/``"1"``, ``slots n_ctx n_vocab pin_slots
-    max_logprobs`` are uints. The typed properties apply the spec's defaults
+    max_logprobs x_hidden x_hidden_dim`` are uints. The typed properties apply the spec's defaults
     for absent keys.
 
     Raises LocalProtocolError naming the key for a bad key or value.
@@ -231,6 +232,16 @@ class Caps(Event):
     def x_score_base(self) -> bool:
         """Extension 9.1: a SCORE group may carry ``base``, continuing a leading part of the prefix."""
         return self._flag("x_score_base")
+
+    @property
+    def x_hidden(self) -> int:
+        """Extension 9.1: SCORE's ``hidden`` reads layers 0 to this minus 1 (HIDDEN frames); 0: absent."""
+        return self._int("x_hidden", 0)
+
+    @property
+    def x_hidden_dim(self) -> int:
+        """Extension 9.1: the values of one HIDDEN frame (the model's hidden size); 0: absent."""
+        return self._int("x_hidden_dim", 0)
 
     @property
     def x_counters(self) -> bool:
@@ -710,6 +721,36 @@ class Scored(Event):
         if not all(map(_isfinite, lps)):
             raise _bad(self, "logprobs", f"must be finite, got {lps!r}", rid)
         _set(self, "logprobs", lps)
+
+
+@attrs.frozen
+class Hidden(Event):
+    """``HIDDEN``: one layer's output at the end of a SCORE group's context (extension 9.1, ``hidden``).
+
+    ``group``: 0-based group index; ``layer``: the layer asked for (0-based block index);
+    ``values``: the hidden state, 1 to 65536 finite float32 values (the model's hidden size),
+    sent as little-endian binary32 (exact bits).
+    """
+
+    id: int
+    group: int
+    layer: int
+    values: tuple[float, ...]
+
+    def __attrs_post_init__(self) -> None:
+        _id(self, self.id)
+        rid = self.id
+        _uint(self, "group", self.group, rid=rid)
+        _uint(self, "layer", self.layer, rid=rid)
+        try:
+            vals = tuple(_float(self, "values", v, rid) for v in self.values)
+        except TypeError:
+            raise _bad(self, "values", f"must be a sequence of floats, got {self.values!r}", rid) from None
+        if not 1 <= len(vals) <= g.MAX_HIDDEN_VALUES:
+            raise _bad(self, "values", f"must hold 1 to {g.MAX_HIDDEN_VALUES} values, got {len(vals)}", rid)
+        if not all(map(_isfinite, vals)):
+            raise _bad(self, "values", "must be finite", rid)
+        _set(self, "values", vals)
 
 
 @attrs.frozen

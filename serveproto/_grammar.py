@@ -49,7 +49,7 @@ CAPS_BOOL_KEYS = {
     "x_health": False,
 }
 #: CAPS keys whose value is a ``uint``.
-CAPS_UINT_KEYS = frozenset({"slots", "n_ctx", "n_vocab", "pin_slots", "max_logprobs"})
+CAPS_UINT_KEYS = frozenset({"slots", "n_ctx", "n_vocab", "pin_slots", "max_logprobs", "x_hidden", "x_hidden_dim"})
 #: STAT carries exactly four floats; the last is the resident memory in GB.
 STAT_FIELDS = 4
 
@@ -78,10 +78,13 @@ REQUEST_KINDS = {
 
 # --- section 5: replies -------------------------------------------------------
 #: Reply kinds that carry a payload, and the index of their byte count field.
-REPLY_PAYLOAD_FIELD = {b"ECHO": 2, b"DATA": 2, b"DECISION": 2}
+REPLY_PAYLOAD_FIELD = {b"ECHO": 2, b"DATA": 2, b"DECISION": 2, b"HIDDEN": 2}
 #: Every line kind a gateway knows (sections 3, 5, 9); others are telemetry.
 REPLY_KINDS = frozenset(
-    {b"CAPS", b"STAT", b"LOAD_FAIL", b"ACCEPT", b"ECHO", b"DATA", b"DECISION", b"DONE", b"ERROR", b"SCORED", b"PONG"}
+    {
+        *(b"CAPS", b"STAT", b"LOAD_FAIL", b"ACCEPT", b"ECHO", b"DATA", b"DECISION", b"DONE", b"ERROR"),
+        *(b"SCORED", b"HIDDEN", b"PONG"),
+    }
 )
 #: DONE: ``DONE <id> STAT`` + six fields = 9 fields before any key.
 DONE_FIXED_FIELDS = 9
@@ -90,6 +93,8 @@ DONE_COUNTER_KEYS = (b"computed", b"reused", b"snapshot")
 SNAPSHOT_VALUES = frozenset({"none", "hit", "stale"})
 #: SCORED: at least 1 and at most this many scored tokens per option (9.1).
 MAX_SCORED_TOKENS = 200
+#: HIDDEN: at most this many values (one layer's output at a context end, 9.1).
+MAX_HIDDEN_VALUES = 65536
 
 # --- section 7: error codes -----------------------------------------------------
 ERROR_CODES = frozenset(

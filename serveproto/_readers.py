@@ -13,6 +13,7 @@ one precompiled float pattern and built with trusted constructors.
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -108,6 +109,7 @@ def _top(parts: list[bytes], start: int) -> tuple[tuple[int, float], ...]:
 _make_echo = ev.trusted_constructor(ev.Echo)
 _make_data = ev.trusted_constructor(ev.Data)
 _make_scored = ev.trusted_constructor(ev.Scored)
+_make_hidden = ev.trusted_constructor(ev.Hidden)
 _make_accept = ev.trusted_constructor(ev.Accept)
 _make_decision = ev.trusted_constructor(ev.Decision)
 _make_telemetry = ev.trusted_constructor(ev.Telemetry)
@@ -200,6 +202,18 @@ def read_scored(parts: list[bytes]) -> ev.Scored:
     if not all(map(_isfinite, lps)):
         raise BadFrame(f"SCORED logprobs must be finite, got {lps!r}")
     return _make_scored(rid(parts[1]), uint(parts[2]), uint(parts[3]), uint(parts[4]), lps)
+
+
+def read_hidden(parts: list[bytes], payload: bytes) -> ev.Hidden:
+    """``HIDDEN <id> <bytes> <group> <layer>`` + that many bytes: float32 values, little-endian."""
+    _nfields(parts, 5)
+    n, rest = divmod(len(payload), 4)
+    if rest or not 1 <= n <= g.MAX_HIDDEN_VALUES:
+        raise BadFrame(f"HIDDEN payload of {len(payload)} bytes is not 1 to {g.MAX_HIDDEN_VALUES} float32 values")
+    vals = struct.unpack(f"<{n}f", payload)
+    if not all(map(_isfinite, vals)):
+        raise BadFrame("HIDDEN values must be finite")
+    return _make_hidden(rid(parts[1]), uint(parts[3]), uint(parts[4]), vals)
 
 
 def read_accept(parts: list[bytes]) -> ev.Accept:

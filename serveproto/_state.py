@@ -103,15 +103,16 @@ REQUEST_TRANSITIONS: dict[tuple[type[Sentinel], type[ev.Event]], type[Sentinel]]
     (NEW, ev.Scored): SCORING,
     (ACCEPTED, ev.Scored): SCORING,
     (SCORING, ev.Scored): SCORING,
+    (ACCEPTED, ev.Hidden): ACCEPTED,
 }
 #: The replies each request kind may get, besides DONE and ERROR.
 KIND_REPLIES: dict[type[ev.Event], frozenset[type[ev.Event]]] = {
     ev.Submit: frozenset({ev.Accept, ev.Echo, ev.Data}),
     ev.Decide: frozenset({ev.Accept, ev.Decision}),
-    ev.Score: frozenset({ev.Accept, ev.Scored}),
+    ev.Score: frozenset({ev.Accept, ev.Scored, ev.Hidden}),
 }
 #: Reply kinds that belong to one request (ERROR and PONG are routed apart).
-REQUEST_REPLY_CLASSES = (ev.Accept, ev.Echo, ev.Data, ev.Decision, ev.Scored, ev.Done)
+REQUEST_REPLY_CLASSES = (ev.Accept, ev.Echo, ev.Data, ev.Decision, ev.Scored, ev.Hidden, ev.Done)
 REQUEST_REPLIES: frozenset[type[ev.Event]] = frozenset(REQUEST_REPLY_CLASSES)
 
 
@@ -180,6 +181,8 @@ class RequestState:
             self.prompt_tokens = e.prompt_tokens
         elif isinstance(e, ev.Scored):
             self._scored(e)
+        elif isinstance(e, ev.Hidden) and (self.shape is None or e.group >= len(self.shape)):
+            raise Breach(f"HIDDEN for group {e.group} of a SCORE of {len(self.shape or ())} groups")
         self.phase = nxt
         return False
 

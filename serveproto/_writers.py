@@ -9,6 +9,7 @@ validated when built, so writers only format.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 
 from . import _events as ev
@@ -135,6 +136,11 @@ def write_scored(e: ev.Scored) -> bytes:
     ).encode()
 
 
+def write_hidden(e: ev.Hidden) -> bytes:
+    data = struct.pack(f"<{len(e.values)}f", *e.values)
+    return f"HIDDEN {e.id} {len(data)} {e.group} {e.layer}\n".encode() + data + b"\n"
+
+
 def write_pong(e: ev.Pong) -> bytes:
     return "".join([f"PONG {e.id}"] + [f" {k}={v}" for k, v in e.values.items()]).encode() + b"\n"
 
@@ -160,6 +166,7 @@ WRITERS: dict[type, Callable[..., bytes]] = {
     ev.Done: write_done,
     ev.Error: write_error,
     ev.Scored: write_scored,
+    ev.Hidden: write_hidden,
     ev.Pong: write_pong,
 }
 

@@ -43,7 +43,7 @@ def expected_event(vec: dict[str, Any]) -> sp.Event:
             kw[k] = b(v)
         elif k == "top":
             kw[k] = tuple((t, float(lp)) for t, lp in v)
-        elif k in ("fields", "logprobs") and isinstance(v, list):
+        elif k in ("fields", "logprobs", "values") and isinstance(v, list):
             kw[k] = tuple(float(x) for x in v)
         else:
             kw[k] = v

@@ -48,6 +48,7 @@ PUBLIC = {
     "Done",
     "Error",
     "Scored",
+    "Hidden",
     "Pong",
     "score_shape",
 }

@@ -363,6 +363,15 @@ static int write_one(sp_writer *w, const spj_value *ev)
         free(lps);
         return r;
     }
+    if (!strcmp(kind, "Hidden")) {
+        const spj_value *l = need(ev, "values", SPJ_ARRAY);
+        float *vals = calloc(l->n + 1, sizeof *vals);
+        for (size_t i = 0; i < l->n; i++)
+            vals[i] = (float)as_float(&l->items[i]);
+        int r = sp_write_hidden(w, id, need_uint(ev, "group"), need_uint(ev, "layer"), (int)l->n, vals);
+        free(vals);
+        return r;
+    }
     die("unknown event kind");
     return -1;
 }

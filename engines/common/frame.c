@@ -896,6 +896,21 @@ int sp_write_scored(sp_writer *w, uint64_t id, uint64_t group, uint64_t option,
     return emit(w, r);
 }
 
+int sp_write_hidden(sp_writer *w, uint64_t id, uint64_t group, uint64_t layer, int n, const float *values)
+{
+    int r = wb_printf(w, "HIDDEN %llu %zu %llu %llu\n", (unsigned long long)id, (size_t)n * 4,
+                      (unsigned long long)group, (unsigned long long)layer);
+    for (int i = 0; i < n; i++) { /* IEEE binary32, little-endian, whatever the host's order */
+        uint32_t u;
+        memcpy(&u, &values[i], 4);
+        unsigned char b[4] = { (unsigned char)u, (unsigned char)(u >> 8), (unsigned char)(u >> 16),
+                               (unsigned char)(u >> 24) };
+        r |= wb_bytes(w, b, 4);
+    }
+    r |= wb_bytes(w, "\n", 1);
+    return emit(w, r);
+}
+
 int sp_write_pong(sp_writer *w, uint64_t id, const char *fields)
 {
     int r = wb_printf(w, "PONG %llu", (unsigned long long)id);

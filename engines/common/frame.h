@@ -243,6 +243,9 @@ int sp_write_error(sp_writer *w, uint64_t id, const char *code, const char *reas
     __attribute__((format(printf, 4, 5)));
 int sp_write_scored(sp_writer *w, uint64_t id, uint64_t group, uint64_t option,
                     uint64_t context_tokens, int n, const double *logprobs);
+/* HIDDEN <id> <bytes> <group> <layer>\n + n float32 values, little-endian (SCORE's
+ * `hidden`, 9.1): the bits as computed. */
+int sp_write_hidden(sp_writer *w, uint64_t id, uint64_t group, uint64_t layer, int n, const float *values);
 /* fields: "" or "key=value ..." after the id. */
 int sp_write_pong(sp_writer *w, uint64_t id, const char *fields);
 /* A free-form line (telemetry); fmt must not produce '\n'. */

@@ -247,6 +247,13 @@ void score_cache_put(score_cache *c, const score_key *k, int ctx, const double *
 void score_cache_insert(score_cache *c, const score_key *k, int ctx, const double *lps, int n_lps, int file);
 void score_cache_free(score_cache *c);
 
+/* hidden.c: layer outputs read during a decode (SCORE's `hidden`, spec 9.1) */
+#define ENGINE_MAX_HIDDEN 4 /* layers a SCORE may ask for */
+int hidden_layers(const engine *e);
+int hidden_dim(const engine *e);
+int hidden_want(engine *e, int row, int layer, float *dst);
+bool hidden_eval(struct ggml_tensor *t, bool ask, void *user_data);
+
 /* main.c: frames in */
 void engine_poll(engine *e);
 bool engine_decode_abort(void *data);

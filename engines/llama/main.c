@@ -415,6 +415,8 @@ static int load(engine *e, options *o)
      * graph it computes; a value the user set is kept. No effect on the CPU. */
     if (!o->kv_f16 && cp.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_DISABLED)
         setenv("GGML_CUDA_DISABLE_GRAPHS", "1", 0);
+    cp.cb_eval = hidden_eval; /* SCORE's hidden states (hidden.c); asks for nothing without them */
+    cp.cb_eval_user_data = e;
     g_log_tail[0] = '\0';
     e->ctx = llama_init_from_model(e->model, cp);
     if (!e->ctx)
@@ -505,8 +507,9 @@ static void handshake(engine *e)
     char caps[2048];
     snprintf(caps, sizeof caps,
              "chat=1 slots=%d n_ctx=%d x_max_prompt=%d n_vocab=%d model=%s pin_slots=%d max_logprobs=%d x_score=1 x_score_base=1 "
-             "x_counters=1 x_health=1 x_numerics=%s x_batched=1 n_ubatch=%d n_chunk=%d x_threads=%s%d%s%s",
-             e->n_slots, e->n_ctx, e->n_ctx_max, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS, e->numerics, e->n_ubatch,
+             "x_hidden=%d x_hidden_dim=%d x_counters=1 x_health=1 x_numerics=%s x_batched=1 n_ubatch=%d n_chunk=%d x_threads=%s%d%s%s",
+             e->n_slots, e->n_ctx, e->n_ctx_max, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS, hidden_layers(e),
+             hidden_dim(e), e->numerics, e->n_ubatch,
              e->n_chunk, e->threads_auto ? "auto:" : "", e->threads_max, e->devices_caps,
              e->scores.disk ? " x_persist=1" : "");
     sp_write_ready(&e->w);

@@ -53,6 +53,7 @@ typedef struct option_tokens {
     int from;          /* where its path leaves the trunk: job->trunk, or earlier when based */
     int from0;         /* from as parsed (from and carried change once its stem is in the carry) */
     int carried;       /* its context is copied from the carry sequence, not from the slot */
+    int anchor;        /* under `hidden`: its group's first option, whose context's last row is read */
     int group, index;
     int *path;         /* node of positions trunk .. n-1 (chunk-local), owned */
     score_key key;     /* hash of toks (score_cache.c) */
@@ -74,6 +75,10 @@ typedef struct score_job {
     int trunk;         /* tokens shared by every option, in the slot's sequence */
     int src;           /* an option that holds the trunk's tokens (one whose from is the trunk) */
     int longest;       /* max ctx + scored tokens: ACCEPT's prompt_tokens */
+    int n_groups;
+    int n_hidden;      /* `hidden`: layers to read at each group's context end (hidden.c) */
+    int hidden[ENGINE_MAX_HIDDEN];
+    float *hid;        /* n_groups x n_hidden x n_embd, NAN until read, owned */
 } score_job;
 
 static void job_free(score_job *j)
@@ -84,6 +89,7 @@ static void job_free(score_job *j)
         free(j->opts[i].lps);
     }
     free(j->opts);
+    free(j->hid);
     memset(j, 0, sizeof *j);
 }
 
@@ -102,6 +108,7 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
     const llama_token *ptoks = NULL;
     int np = 0;
     const spj_value *prefix = spj_get(&root, "prefix"), *groups = spj_get(&root, "groups"), *pv = spj_get(&root, "pin");
+    const spj_value *hv = spj_get(&root, "hidden");
     if (root.type != SPJ_OBJECT) {
         snprintf(msg, cap, "payload: expected an object, got %s", spj_type_name(root.type));
         goto out;
@@ -119,6 +126,22 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
         goto out;
     }
     *pin = pv ? pv->boolean : 0;
+    if (hv) {
+        const int n_layer = hidden_layers(e);
+        if (hv->type != SPJ_ARRAY || hv->n < 1 || hv->n > ENGINE_MAX_HIDDEN) {
+            snprintf(msg, cap, "hidden: expected an array of 1 to %d layers", ENGINE_MAX_HIDDEN);
+            goto out;
+        }
+        for (size_t k = 0; k < hv->n; k++) {
+            const spj_value *lv = &hv->items[k];
+            if (lv->type != SPJ_NUMBER || !(lv->number >= 0) || lv->number != floor(lv->number) ||
+                lv->number >= n_layer) {
+                snprintf(msg, cap, "hidden[%zu]: expected a layer from 0 to %d", k, n_layer - 1);
+                goto out;
+            }
+            job->hidden[job->n_hidden++] = (int)lv->number;
+        }
+    }
     size_t total = 0;
     for (size_t g = 0; g < groups->n; g++) {
         const spj_value *gr = &groups->items[g], *stem = spj_get(gr, "stem"), *os = spj_get(gr, "options");
@@ -140,7 +163,14 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
         total += os->n;
     }
     job->opts = calloc(total, sizeof *job->opts);
-    if (!job->opts) {
+    job->n_groups = (int)groups->n;
+    if (job->n_hidden) {
+        size_t nh = groups->n * (size_t)job->n_hidden * (size_t)hidden_dim(e);
+        job->hid = malloc(nh * sizeof(float));
+        for (size_t i = 0; job->hid && i < nh; i++)
+            job->hid[i] = NAN;
+    }
+    if (!job->opts || (job->n_hidden && !job->hid)) {
         snprintf(msg, cap, "payload: out of memory");
         goto out;
     }
@@ -188,6 +218,7 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
             option_tokens *ot = &job->opts[job->n_opts++];
             ot->group = (int)g;
             ot->index = (int)o;
+            ot->anchor = job->n_hidden > 0 && o == 0;
             ot->based = gp != pt;
             if (splice_tokenize(e, gp, stem->str, stem->len, ov->str, ov->len, &ot->toks, &ot->n) != 0) {
                 free(gt);
@@ -237,6 +268,9 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
         } else if (ot->from == ot->ctx) {
             ot->from = ot->ctx - 1; /* only the trunk's last logits are kept: recompute the one it needs */
         }
+        /* an anchor's context end is read in the trie: a trunk's last row may come from a snapshot */
+        if (ot->anchor && ot->from > ot->ctx - 1)
+            ot->from = ot->ctx - 1;
         ot->from0 = ot->from;
     }
     rc = 0;
@@ -325,6 +359,19 @@ void score_free(engine *e, task *t)
 static void finish(engine *e, task *t)
 {
     score_state *st = t->st;
+    const int dim = hidden_dim(e);
+    for (int g = 0; g < st->job.n_groups * st->job.n_hidden; g++)
+        for (int i = 0; i < dim; i++)
+            if (isnan(st->job.hid[(size_t)g * dim + i])) {
+                sp_write_error(&e->w, t->rq.id, "BAD_REQUEST", "hidden[%d]: the layer's output was not read",
+                               g % st->job.n_hidden);
+                task_end(e, t);
+                return;
+            }
+    for (int g = 0; g < st->job.n_groups; g++)
+        for (int k = 0; k < st->job.n_hidden; k++)
+            sp_write_hidden(&e->w, t->rq.id, (uint64_t)g, (uint64_t)st->job.hidden[k], dim,
+                            st->job.hid + ((size_t)g * st->job.n_hidden + k) * dim);
     for (int j = 0; j < st->job.n_opts; j++) {
         const option_tokens *ot = &st->job.opts[j];
         sp_write_scored(&e->w, t->rq.id, (uint64_t)ot->group, (uint64_t)ot->index, (uint64_t)ot->ctx, ot->n_lps, ot->lps);
@@ -405,7 +452,8 @@ int score_start(engine *e, task *t)
             score_key_init(&ot->key);
             score_key_add(&ot->key, ot->toks, ot->n);
         }
-        ot->n_lps = score_cache_get(&e->scores, &ot->key, ot->ctx, ot->lps, ENGINE_MAX_SCORED);
+        /* an anchor is computed: its context end's hidden states are not kept */
+        ot->n_lps = ot->anchor ? -1 : score_cache_get(&e->scores, &ot->key, ot->ctx, ot->lps, ENGINE_MAX_SCORED);
         if (ot->n_lps >= 0) {
             st->cached[st->n_cached++] = j;
             ot->disk = e->scores.last_from_disk;
@@ -646,6 +694,16 @@ int score_fill(engine *e, task *t, int budget, int seqs)
         llama_memory_seq_rm(mem, st->seq0 + q, -1, -1);
         if (ot->from > 0)
             llama_memory_seq_cp(mem, ot->carried ? carry : slot, st->seq0 + q, 0, ot->from);
+    }
+    /* the anchors' context ends: their rows' layer outputs, copied during the decode (hidden.c) */
+    for (int q = 0; q < st->last - st->first; q++) {
+        const option_tokens *ot = &job->opts[st->todo[st->first + q]];
+        if (!ot->anchor)
+            continue;
+        const int row = row0 + ot->path[ot->ctx - 1 - ot->from];
+        for (int k = 0; k < job->n_hidden; k++)
+            hidden_want(e, row, job->hidden[k],
+                        job->hid + ((size_t)ot->group * job->n_hidden + k) * (size_t)hidden_dim(e));
     }
     /* after those copies: the carry may now take the stem of the question this chunk cuts */
     keep_stem(e, t, row0);

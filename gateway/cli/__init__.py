@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     from gateway.cli import calibrate as cli_calibrate
     from gateway.cli import chat as cli_chat
     from gateway.cli import drive as cli_drive
+    from gateway.cli import heads as cli_heads
     from gateway.cli import serve as cli_serve
 
     parser = argparse.ArgumentParser(
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_drive.add_parsers(sub)
     cli_chat.add_parsers(sub)
     cli_calibrate.add_parsers(sub)
+    cli_heads.add_parsers(sub)
     return parser
 
 

@@ -258,6 +258,14 @@ def add_parsers(sub) -> None:
         "'none' for none. Default: $SERVEPROTO_CACHE/calibration/<the model's sha256>.json when it exists",
     )
     p.add_argument(
+        "--heads",
+        default=None,
+        metavar="FILE",
+        help="a heads file (serveproto heads fit): a question matching one of its heads is answered by it "
+        "(x_head in the answer); 'none' for none. Default: $SERVEPROTO_CACHE/heads/<the model's sha256>.json "
+        "when it exists",
+    )
+    p.add_argument(
         "--log-decisions",
         default=None,
         metavar="FILE",
@@ -731,6 +739,34 @@ def _transcoded_argv(argv: list[str], threads: int | str | None, kind: str) -> l
     return argv[:i] + [str(out)] + argv[i + 1 :]
 
 
+def load_heads(choice: str | None, model_path: str | None):
+    """The heads ``serve`` answers with (:mod:`gateway.decision.heads`): ``choice`` (``--heads``) ``"none"``
+    for none, a file, or None for the model's own (``$SERVEPROTO_CACHE/heads/<sha256>.json`` when it exists).
+    A file that cannot be read, does not validate or was fitted on another model file raises ``SystemExit``."""
+    from gateway.decision import calibration, heads
+
+    if choice == "none":
+        return None
+    sha = calibration.sha256_file(model_path) if model_path and Path(model_path).exists() else None
+    if choice is None:
+        if sha is None or not heads.default_path(sha).exists():
+            return None
+        path = heads.default_path(sha)
+    else:
+        path = Path(choice)
+    try:
+        hs = heads.load(path)
+    except OSError as exc:
+        raise SystemExit(f"serveproto serve: --heads: cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise SystemExit(f"serveproto serve: --heads: {exc}") from None
+    if sha is not None and hs.model_sha256 != sha:
+        raise SystemExit(
+            f"serveproto serve: --heads: {path} was fitted on another model file (sha256 {hs.model_sha256[:12]}...)"
+        )
+    return hs
+
+
 def load_calibrations(choice: str | None, paths: list[str | None]) -> list:
     """:func:`load_calibration` for each model of ``paths`` (its GGUF, or None). With several models a
     ``--calibration FILE`` applies to the models it was fitted on (the same sha256) and none to the others;
@@ -827,6 +863,9 @@ async def serve(args, *, task_status=None) -> None:
             if name in served:
                 raise SystemExit(f"serveproto serve: two models are served as {name!r}: name them, --model NAME=PATH")
             served[name] = Served(info, default_debias(args), cal)
+            served[name].settings.heads = await anyio.to_thread.run_sync(
+                load_heads, getattr(args, "heads", None), plan.path
+            )
         app = App(pool, served, api_key=api_key, request_timeout=args.request_timeout, max_inflight=args.max_inflight)
         if decisions is not None:
             app.decision_log = decisions

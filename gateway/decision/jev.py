@@ -74,7 +74,8 @@ class SystemOneRequest:
     ``pin_state``: bool or None (server decides); ``prefix``: str or None;
     ``cache_slot``: int or None; ``debias``: the ``x_debias`` methods
     (:func:`gateway.decision.debias.parse`), or None when the request left it to the
-    server's default (absent or null).
+    server's default (absent or null); ``head``: ``x_head``, ``"none"`` to answer
+    without the served heads (:mod:`gateway.decision.heads`), else None.
     """
 
     state: Any
@@ -85,6 +86,7 @@ class SystemOneRequest:
     prefix: str | None = None
     cache_slot: int | None = None
     debias: tuple[str, ...] | None = None
+    head: str | None = None
 
 
 def visible(text: str) -> str:
@@ -319,6 +321,9 @@ def parse_request(body: Any) -> SystemOneRequest:
             debias_methods = debias.parse(body["x_debias"])
         except ValueError as exc:
             errors.append(_err(["x_debias"], str(exc), "literal_error"))
+    head = body.get("x_head")
+    if head is not None and head != "none":
+        errors.append(_err(["x_head"], "Input should be 'none' (answer without the served heads)", "literal_error"))
     if errors:
         raise JevValidationError(errors)
     return SystemOneRequest(
@@ -330,6 +335,7 @@ def parse_request(body: Any) -> SystemOneRequest:
         prefix=None if prefix is None else as_text(prefix),
         cache_slot=cache_slot,
         debias=debias_methods,
+        head=head,
     )
 
 

@@ -50,13 +50,19 @@ class Settings:
     ``prompts``: the model's :class:`PromptBuilder`; ``debias``: the
     :mod:`gateway.decision.debias` methods of a request that sends no ``x_debias``;
     ``calibration``: a :class:`gateway.decision.calibration.Calibration` or None;
-    ``timeout``: seconds one engine call may take (:class:`DecisionTimeout` past it).
+    ``timeout``: seconds one engine call may take (:class:`DecisionTimeout` past it);
+    ``hidden``: layers whose output at each question's prompt end goes in
+    ``Decided.hidden`` (SCORE's ``hidden``, engines with CAPS ``x_hidden``; what
+    ``serveproto heads fit`` reads); ``heads``: a :class:`gateway.decision.heads.HeadSet`
+    or None: a question matching one of its heads is answered by it.
     """
 
     prompts: PromptBuilder
     debias: tuple[str, ...] = ()
     calibration: Any = None
     timeout: float = 120.0
+    hidden: tuple[int, ...] = ()
+    heads: Any = None
 
 
 @attrs.define
@@ -71,7 +77,9 @@ class Decided:
     ``debias``: the :mod:`gateway.decision.debias` methods applied; ``calibration``:
     question id -> the ``x_calibration`` of its answer (absent: identity);
     ``uncalibrated``: question id -> its reported probabilities before the
-    calibration (only questions a calibration map was applied to).
+    calibration (only questions a calibration map was applied to); ``hidden``:
+    question id -> layer -> the hidden state (``Settings.hidden``, engines that
+    read it); ``heads``: question id -> the name of the head that answered it.
     """
 
     probs: dict[str, list[float]]
@@ -87,6 +95,8 @@ class Decided:
     debias: tuple[str, ...] = ()
     calibration: dict[str, str] = attrs.field(factory=dict)
     uncalibrated: dict[str, list[float]] = attrs.field(factory=dict)
+    hidden: dict[str, dict[int, tuple[float, ...]]] = attrs.field(factory=dict)
+    heads: dict[str, str] = attrs.field(factory=dict)
 
 
 class Memory:
@@ -219,9 +229,19 @@ async def _score_path(
     read_owners: list[tuple[int, ...]] = []  # per group, the reply option of each scored text (Read.owner)
     spans: list[tuple[int, int]] = []
     owners: list[Question | None] = []  # the question of each group, to name a refused option's field
+    # the questions a head answers (gateway.decision.heads): read under the head's x_debias (none: one
+    # prompt), its layer's hidden state read in the same SCORE; the others as the request says
+    matched: dict[str, Any] = {}
+    if settings.heads is not None and request.head != "none" and engine.caps.x_hidden:
+        for q in questions:
+            h = settings.heads.match(q)
+            if h is not None:
+                matched[q.id] = h
+    unmatched = [q for q in questions if q.id not in matched]
     for q in questions:
         try:
-            reads = readings.plan(q.type, q.instructions, q.criteria, q.n_options, method)
+            m = readings.Method.from_names(matched[q.id].methods) if q.id in matched else method
+            reads = readings.plan(q.type, q.instructions, q.criteria, q.n_options, m)
         except ValueError as exc:
             raise Refused(
                 [{"loc": ["body", "questions", q.id, "criteria"], "msg": str(exc), "type": "value_error"}]
@@ -231,6 +251,7 @@ async def _score_path(
             groups.append((prompts.stem(rd.text), list(rd.scored)))
             read_owners.append(rd.owner)
             owners.append(q)
+    layers = tuple(sorted({*settings.hidden, *(h.layer for h in matched.values())}))
     seen = mem.seen(prefix_text)
     pin = request.pin_state if request.pin_state is not None else (len(questions) >= 2 or seen)
     slot = request.cache_slot
@@ -261,7 +282,7 @@ async def _score_path(
                     ) from None
                 raise
             mem.fixed[key] = True
-    free = _FreeReading.plan(settings, request, questions, method) if method.content_free else None
+    free = _FreeReading.plan(settings, request, unmatched, method) if method.content_free and unmatched else None
     if free is not None:
         await free.wait_for_others(mem)
     beside = free.groups() if free is not None and free.missing else None
@@ -269,7 +290,9 @@ async def _score_path(
         if free is not None and free.missing:
             free.claim(mem)
         try:
-            extra = {"beside": beside} if beside else {}
+            extra: dict[str, Any] = {"beside": beside} if beside else {}
+            if layers:
+                extra["hidden"] = layers
             result = await _call(settings, engine.score, prefix_text, groups, pin=pin, slot=slot, **route, **extra)
         except Exception as exc:
             _refuse(
@@ -281,7 +304,9 @@ async def _score_path(
             )
             raise
         content_free = (
-            free.finish(mem, result.groups[len(groups) :], request.normalize, out) if free is not None else None
+            dict(zip((q.id for q in unmatched), free.finish(mem, result.groups[len(groups) :], request.normalize, out)))
+            if free is not None
+            else None
         )
     finally:
         if free is not None:
@@ -297,7 +322,15 @@ async def _score_path(
     out.snapshot = getattr(done, "snapshot", None) if done is not None else None
     if request.prefix and out.snapshot not in (None, "hit"):
         mem.fixed.pop((slot, prompts.fixed_prefix(request.prefix)), None)  # evicted: retake it next time
-    for i, (q, (start, k)) in enumerate(zip(questions, spans)):
+    vectors = getattr(result, "hidden", None) or {}
+    for q, (start, k) in zip(questions, spans):
+        if settings.hidden:
+            out.hidden[q.id] = {la: vectors[start, la] for la in settings.hidden if (start, la) in vectors}
+        head = matched.get(q.id)
+        if head is not None and (start, head.layer) in vectors:
+            out.probs[q.id] = scoring.report(head.predict(vectors[start, head.layer]))
+            out.heads[q.id] = head.name
+            continue
         rows = [[tuple(o.logprobs) for o in result.groups[g]] for g in range(start, start + k)]
         counts = {len(x) for x in rows[0]}
         if request.normalize == "mean" and len(counts) > 1:
@@ -311,7 +344,7 @@ async def _score_path(
                 per_read = [
                     readings.log_probs(read_owners[start + j], lps, request.normalize) for j, lps in enumerate(rows)
                 ]
-                cf = content_free[i] if content_free is not None else None
+                cf = content_free.get(q.id) if content_free is not None else None
                 p = softmax(readings.combine(per_read, cf))
             else:
                 p = softmax(option_scores(rows[0], request.normalize))

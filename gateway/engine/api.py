@@ -37,7 +37,7 @@ from gateway.engine.request import RequestStream
 from gateway.engine.score import OptionScore, option_scores, option_tokens, softmax
 from gateway.engine.slots import SlotLease
 from gateway.engine.supervisor import RestartPolicy, Supervisor
-from serveproto import Accept, Caps, Decide, Decision, Done, Echo, Ping, Pong, Score, Scored, Submit
+from serveproto import Accept, Caps, Decide, Decision, Done, Echo, Hidden, Ping, Pong, Score, Scored, Submit
 
 __all__ = [
     "Engine",
@@ -122,6 +122,9 @@ class ScoreResult:
     reused: int | None = None
     fast: bool = False
     disk: int | None = None
+    #: SCORE's ``hidden`` (spec 9.1): ``{(group, layer): (n_embd,) float32 values}``; empty when
+    #: not asked for, or on a path that does not read them (the fallback, folded stems).
+    hidden: dict = attrs.field(factory=dict)
 
     def probabilities(self, group: int = 0, normalize: str = "sum") -> list[float]:
         """Softmax over group ``group``'s options of their sum (or ``"mean"``) logprob: ``(n_options,)``.
@@ -495,6 +498,7 @@ class Engine:
         timeout: float | None = None,
         fast: bool | None = None,
         beside: tuple[Text, Groups] | None = None,
+        hidden: tuple[int, ...] = (),
     ) -> ScoreResult:
         """Log-probabilities of options in context: option ``o`` of group ``g`` is
         the text ``prefix + stem_g + option_o``, scored on its own tokens (spec 9.1).
@@ -503,7 +507,10 @@ class Engine:
         one group with an empty stem. ``pin``: keep a snapshot of the prefix.
         ``beside``: ``(base, more_groups)``, groups scored on ``base``, a leading
         part of ``prefix`` (a content-free reading beside the state): their
-        results follow ``groups``' in the result. On an engine that advertises
+        results follow ``groups``' in the result. ``hidden``: layers whose output at each
+        group's context end the result carries (``ScoreResult.hidden``), on an engine that
+        advertises ``x_hidden`` (else ignored) and only in one SCORE (no fallback, no fold).
+        On an engine that advertises
         ``x_score_base`` they go in the same SCORE (spec 9.1, ``base``), so the
         slot keeps the whole prefix; elsewhere in a second call on the same slot.
         ``fast``: ``None`` uses SCORE when the engine advertises ``x_score``,
@@ -537,15 +544,18 @@ class Engine:
         with anyio.CancelScope(deadline=deadline) as scope:
             proc = await self._sup.instance()
             use_fast = proc.caps.x_score if fast is None else fast
+            hid = tuple(hidden) if proc.caps.x_hidden else ()
             if use_fast and more and proc.caps.x_score_base:
                 try:
-                    result = await self._score_fast(prefix_b, norm + more, pin, slot, key, len(norm), len(base_b))
+                    result = await self._score_fast(
+                        prefix_b, norm + more, pin, slot, key, len(norm), len(base_b), hidden=hid
+                    )
                 except RequestError as exc:
                     if not past_one_batch(exc):
                         raise
                     result = await self._score_folded([(prefix_b, norm, key), (base_b, more, None)], slot)
             else:
-                result = await self._score_one(prefix_b, norm, pin, slot, key, use_fast, key)
+                result = await self._score_one(prefix_b, norm, pin, slot, key, use_fast, key, hidden=hid)
                 if more:
                     extra = await self._score_one(base_b, more, False, slot, key, use_fast, None, first=len(norm))
                     result = attrs.evolve(
@@ -565,7 +575,15 @@ class Engine:
         return result
 
     async def _score_fast(
-        self, prefix: bytes, groups, pin: bool, slot, key: bytes, n_plain: int | None = None, base: int = 0
+        self,
+        prefix: bytes,
+        groups,
+        pin: bool,
+        slot,
+        key: bytes,
+        n_plain: int | None = None,
+        base: int = 0,
+        hidden: tuple[int, ...] = (),
     ) -> ScoreResult:
         # groups[n_plain:] continue the prefix's first `base` bytes (spec 9.1, x_score_base)
         n_plain = len(groups) if n_plain is None else n_plain
@@ -577,9 +595,11 @@ class Engine:
                     for g, (s, opts) in enumerate(groups)
                 ],
                 "pin": bool(pin),
+                **({"hidden": list(hidden)} if hidden else {}),
             }
         )
         table: dict[tuple[int, int], OptionScore] = {}
+        vectors: dict[tuple[int, int], tuple[float, ...]] = {}
         done = None
         stream = self.request(
             lambda rid, s: Score(id=rid, slot=s, payload=payload), slot=slot, route=key, timeout=None, pin=pin
@@ -589,6 +609,8 @@ class Engine:
                 if isinstance(ev, Scored):
                     option = _text(groups[ev.group][1][ev.option])
                     table[ev.group, ev.option] = OptionScore(ev.context_tokens, tuple(ev.logprobs), option)
+                elif isinstance(ev, Hidden):
+                    vectors[ev.group, ev.layer] = ev.values
                 elif isinstance(ev, Done):
                     done = ev
         missing = [(g, o) for g, (_, opts) in enumerate(groups) for o in range(len(opts)) if (g, o) not in table]
@@ -603,17 +625,27 @@ class Engine:
             reused=done.reused,
             fast=True,
             disk=done.disk,
+            hidden=vectors,
         )
 
     async def _score_one(
-        self, prefix: bytes, groups, pin: bool, slot, key: bytes, fast: bool, fold_route: bytes | None, first: int = 0
+        self,
+        prefix: bytes,
+        groups,
+        pin: bool,
+        slot,
+        key: bytes,
+        fast: bool,
+        fold_route: bytes | None,
+        first: int = 0,
+        hidden: tuple[int, ...] = (),
     ) -> ScoreResult:
         """One prefix's groups: a SCORE (``fast``; its stems past one batch folded into the prefix,
         :meth:`_score_folded` with ``fold_route``, refusals numbered from ``first``) or the fallback."""
         if not fast:
             return await self._score_fallback(prefix, groups, pin, slot, key)
         try:
-            return await self._score_fast(prefix, groups, pin, slot, key)
+            return await self._score_fast(prefix, groups, pin, slot, key, hidden=hidden)
         except RequestError as exc:
             if not past_one_batch(exc):
                 raise

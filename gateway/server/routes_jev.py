@@ -92,7 +92,11 @@ async def systemone(app: App, request: Request) -> Response:
     decided = await decide(here, parsed)
     log_decisions(here, request.request_id, parsed, decided)
     answers = {
-        q.id: {**jev.answer(q, decided.probs[q.id]), "x_calibration": decided.calibration.get(q.id, IDENTITY)}
+        q.id: {
+            **jev.answer(q, decided.probs[q.id]),
+            "x_calibration": decided.calibration.get(q.id, IDENTITY),
+            **({"x_head": decided.heads[q.id]} if q.id in decided.heads else {}),
+        }
         for q in parsed.questions
     }
     extra: dict[str, Any] = {
@@ -183,7 +187,7 @@ def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
             jq["criteria"] = crit_l
         converted[str(i)] = jq
     try:
-        extension = {"x_debias": body["x_debias"]} if "x_debias" in body else {}
+        extension = {k: body[k] for k in ("x_debias", "x_head") if k in body}
         parsed = jev.parse_request(
             {"state": body["input"], "questions": converted, "model": body.get("model"), **extension}
         )
@@ -252,6 +256,8 @@ async def decisions(app: App, request: Request) -> Response:
                 confidence=scoring.r6(scoring.confidence(p)),
             )
         a["x_calibration"] = decided.calibration.get(q.id, IDENTITY)
+        if q.id in decided.heads:
+            a["x_head"] = decided.heads[q.id]
         answers.append(a)
     body = {
         "id": request.request_id,

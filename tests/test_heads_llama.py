@@ -1,0 +1,83 @@
+"""``serveproto heads fit`` then ``serveproto serve`` on the default model, end to end.
+
+The fit reads labelled requests through the engine's hidden states and writes one head per question
+signature under the model's sha256; serve loads it without being told; a question whose signature has
+a head answers with ``x_head`` naming it and probabilities that are the head (numpy's arithmetic of the
+fitted numbers) applied to the hidden state the same server's engine reads for that prompt; ``"x_head":
+"none"`` answers as without heads; a question no head knows answers as before."""
+
+from __future__ import annotations
+
+import os
+
+import anyio
+import httpx2
+import numpy as np
+import orjson
+import pytest
+
+from gateway.cli import main
+from gateway.decision import calibration, evalset, head_fit, heads, jev, pipeline, scoring
+from gateway.decision.chat_template import read_gguf
+from gateway.decision.prompts import PromptBuilder
+from gateway.engine import Engine
+from gateway.paths import DEFAULT_MODEL_NAME, default_model_path, engine_bin
+from test_server_llama import serving
+
+pytestmark = pytest.mark.slow
+
+
+def test_fit_and_serve_heads_on_the_default_model(tmp_path, monkeypatch, capsys):
+    model = default_model_path()
+    if not model.exists() or not os.access(engine_bin("serveproto-llama"), os.X_OK):
+        pytest.skip("the default model or the llama engine is missing (make engines model)")
+    cache = tmp_path / "cache"
+    (cache / "models").mkdir(parents=True)
+    (cache / "models" / DEFAULT_MODEL_NAME).symlink_to(model)
+    monkeypatch.setenv("SERVEPROTO_CACHE", str(cache))
+    data = tmp_path / "labelled.jsonl"
+    items = evalset.generate(sizes={"review": 8})
+    evalset.write_jsonl(items, data)
+
+    argv = ["heads", "fit", "--data", str(data), "--folds", "2", "--min-labels", "6", "--threads", "2"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    path = heads.default_path(calibration.sha256_file(model))
+    assert f"6 heads written to {path}" in printed
+    assert "| choice:sentiment | 8 |" in printed
+    doc = orjson.loads(path.read_bytes())
+    hs = heads.load(path)
+    assert {h["layer"] for h in doc["heads"]} == {19} and {tuple(h["x_debias"]) for h in doc["heads"]} == {()}
+
+    # a new review (not in the fit) plus a question no head knows
+    body = evalset.generate(seed=99, sizes={"review": 1})[0].body
+    body = {**body, "questions": {**body["questions"], "other": {"type": "noul", "instructions": "Is it long?"}}}
+    parsed = jev.parse_request(body)
+
+    async def hidden_of():
+        cmd = [str(engine_bin("serveproto-llama")), "--model", str(model), "--threads", "2"]
+        async with Engine.spawn(cmd, name="oracle") as eng:
+            template, _ = await anyio.to_thread.run_sync(read_gguf, model)
+            settings = pipeline.Settings(PromptBuilder(template), hidden=(19,))
+            return (await pipeline.decide(parsed, eng, settings, pipeline.Memory())).hidden
+
+    hidden = anyio.run(hidden_of)
+
+    async def ask(extra):
+        async with serving() as base:
+            async with httpx2.AsyncClient(base_url=base, timeout=300) as c:
+                return (await c.post("/v1/systemone", json={**body, **extra})).json()
+
+    with_heads = anyio.run(ask, {})
+    without = anyio.run(ask, {"x_head": "none"})
+    for q in parsed.questions:
+        a, b = with_heads["answers"][q.id], without["answers"][q.id]
+        assert "x_head" not in b
+        h = hs.match(q)
+        if q.id == "other":
+            assert h is None and "x_head" not in a
+            continue
+        assert a["x_head"] == h.name
+        fitted = next(d for d in doc["heads"] if d["signature"] == h.signature)
+        expected = scoring.report(list(head_fit.predict(fitted, np.array([hidden[q.id][19]]))[0]))
+        assert a == jev.answer(q, expected) | {"x_calibration": "identity", "x_head": h.name}
