@@ -71,7 +71,8 @@ class Decided:
     ``debias``: the :mod:`gateway.decision.debias` methods applied; ``calibration``:
     question id -> the ``x_calibration`` of its answer (absent: identity);
     ``uncalibrated``: question id -> its reported probabilities before the
-    calibration (only questions a calibration map was applied to).
+    calibration (only questions a calibration map was applied to); ``prompt_tokens``: question
+    id -> its longest prompt in tokens, option included (scoring path only).
     """
 
     probs: dict[str, list[float]]
@@ -86,6 +87,7 @@ class Decided:
     debias: tuple[str, ...] = ()
     calibration: dict[str, str] = attrs.field(factory=dict)
     uncalibrated: dict[str, list[float]] = attrs.field(factory=dict)
+    prompt_tokens: dict[str, int] = attrs.field(factory=dict)
 
 
 class Memory:
@@ -327,6 +329,10 @@ async def _score_path(
             longest = max(longest, int(o.context_tokens) + len(o.logprobs))
             out.output_tokens += len(o.logprobs)
     out.input_tokens = longest
+    for q, (start, k) in zip(questions, spans):
+        out.prompt_tokens[q.id] = max(
+            int(o.context_tokens) + len(o.logprobs) for g in range(start, start + k) for o in result.groups[g]
+        )
 
 
 @attrs.define
