@@ -144,7 +144,9 @@ def labelled_set(n_towns: int = 12, seed: int = 7) -> list[dict]:
                 g = rng.choice([x for x in facts if x != f])
                 docs.append((FACTS[g][1].format(t=TOWNS[o], v=value(g, o)), 0))
             rng.shuffle(docs)
-            out.append({"query": q.format(t=TOWNS[t]), "documents": [d for d, _ in docs], "grades": [g for _, g in docs]})
+            out.append(
+                {"query": q.format(t=TOWNS[t]), "documents": [d for d, _ in docs], "grades": [g for _, g in docs]}
+            )
     return out
 
 
@@ -274,7 +276,9 @@ async def cost(data: list[dict], threads: int) -> list[tuple[str, int, float, fl
                 t0 = time.perf_counter()
                 for item in data:
                     if path == "/v1/rerank":
-                        replies = [await post(c, "/v1/rerank", {"query": item["query"], "documents": item["documents"]})]
+                        replies = [
+                            await post(c, "/v1/rerank", {"query": item["query"], "documents": item["documents"]})
+                        ]
                     elif path == "/v1/systemone query first":
                         qs = {
                             str(i): {"type": "noul", "instructions": rerank.QUESTION.format(document=d)}
