@@ -221,7 +221,11 @@ READINGS = [
     ("cyclic", "cyclic"),
     ("spellings, cyclic", "spellings,cyclic"),
     ("cyclic, content_free_listing", "cyclic,content_free_listing"),
-    ("server default (canonical, spellings, content_free_listing)", None),
+    (
+        "the server's default for decisions (canonical, spellings, content_free_listing)",
+        "canonical,spellings,content_free_listing",
+    ),
+    ("the route's default (cyclic, content_free_listing)", None),
 ]
 
 
@@ -239,23 +243,16 @@ async def quality(data: list[dict], threads: int) -> list[tuple[str, float, floa
                         body["x_debias"] = methods
                     orders.append(ranked(scores_of(await post(c, "/v1/rerank", body), len(item["documents"]))))
                 rows.append((f"/v1/rerank, {name}", *_means(data, orders)))
-            # the other order, through /v1/systemone one document a request, under the default
+            # the other order, through /v1/systemone one document a request, under the route's default
+            methods = ",".join(rerank.DEFAULT_DEBIAS)
             orders = []
             for item in data:
-                s = []
-                for d in item["documents"]:
-                    body = {
-                        "state": rerank.DOCUMENT_FIRST_STATE.format(document=d),
-                        "questions": {
-                            "r": {
-                                "type": "noul",
-                                "instructions": rerank.DOCUMENT_FIRST_QUESTION.format(query=item["query"]),
-                            }
-                        },
-                    }
-                    s.append((await post(c, "/v1/systemone", body))["answers"]["r"]["noul"])
+                s = [
+                    (await post(c, "/v1/systemone", document_first(item["query"], d, methods)))["answers"]["r"]["noul"]
+                    for d in item["documents"]
+                ]
                 orders.append(ranked(s))
-            rows.append(("/v1/systemone document first, server default", *_means(data, orders)))
+            rows.append((f"/v1/systemone document first, {methods}", *_means(data, orders)))
     return rows
 
 
@@ -265,46 +262,48 @@ def _means(data: list[dict], orders: list[list[int]]) -> tuple[float, float]:
     return sum(n) / len(n), sum(m) / len(m)
 
 
-async def cost(data: list[dict], threads: int) -> list[tuple[str, int, float, float]]:
-    """(path, documents, positions computed per document, seconds per document), each on a fresh server."""
+#: The cost table's rows: (path, x_debias), every request of a row sent under it.
+COST_ROWS = [
+    ("/v1/rerank", ",".join(rerank.DEFAULT_DEBIAS)),
+    ("/v1/rerank", "none"),
+    ("/v1/systemone query first", ",".join(rerank.DEFAULT_DEBIAS)),
+    ("/v1/systemone document first", ",".join(rerank.DEFAULT_DEBIAS)),
+    ("/v1/systemone document first", "none"),
+]
+
+
+def document_first(query: str, document: str, methods: str) -> dict:
+    """The ``/v1/systemone`` body that asks one document's relevance with the document as the state."""
+    q = {"type": "noul", "instructions": rerank.DOCUMENT_FIRST_QUESTION.format(query=query)}
+    return {"state": rerank.DOCUMENT_FIRST_STATE.format(document=document), "questions": {"r": q}, "x_debias": methods}
+
+
+async def cost(data: list[dict], threads: int) -> list[tuple[str, str, int, float, float]]:
+    """(path, x_debias, documents, positions computed per document, seconds per document), each row on a
+    fresh server with the score cache off."""
     out = []
     n_docs = sum(len(item["documents"]) for item in data)
-    for path in ("/v1/rerank", "/v1/systemone query first", "/v1/systemone document first"):
+    for path, methods in COST_ROWS:
         async with serving("--threads", str(threads), "--score-cache-mb", "0") as base:
             async with httpx2.AsyncClient(base_url=base, timeout=600) as c:
                 computed = 0
                 t0 = time.perf_counter()
                 for item in data:
+                    q, docs = item["query"], item["documents"]
                     if path == "/v1/rerank":
-                        replies = [
-                            await post(c, "/v1/rerank", {"query": item["query"], "documents": item["documents"]})
-                        ]
+                        replies = [await post(c, path, {"query": q, "documents": docs, "x_debias": methods})]
                     elif path == "/v1/systemone query first":
                         qs = {
                             str(i): {"type": "noul", "instructions": rerank.QUESTION.format(document=d)}
-                            for i, d in enumerate(item["documents"])
+                            for i, d in enumerate(docs)
                         }
-                        replies = [
-                            await post(
-                                c, "/v1/systemone", {"state": rerank.QUERY.format(query=item["query"]), "questions": qs}
-                            )
-                        ]
+                        body = {"state": rerank.QUERY.format(query=q), "questions": qs, "x_debias": methods}
+                        replies = [await post(c, "/v1/systemone", body)]
                     else:
-                        q = rerank.DOCUMENT_FIRST_QUESTION.format(query=item["query"])
-                        replies = [
-                            await post(
-                                c,
-                                "/v1/systemone",
-                                {
-                                    "state": rerank.DOCUMENT_FIRST_STATE.format(document=d),
-                                    "questions": {"r": {"type": "noul", "instructions": q}},
-                                },
-                            )
-                            for d in item["documents"]
-                        ]
+                        replies = [await post(c, "/v1/systemone", document_first(q, d, methods)) for d in docs]
                     computed += sum(r["x_positions"]["computed"] for r in replies)
                 seconds = time.perf_counter() - t0
-        out.append((path, n_docs, computed / n_docs, seconds / n_docs))
+        out.append((path, methods, n_docs, computed / n_docs, seconds / n_docs))
     return out
 
 
@@ -313,9 +312,10 @@ async def main(args: argparse.Namespace) -> None:
     print(f"{len(data)} queries x 10 documents (grades 2/1/0: {sum(g == 2 for x in data for g in x['grades'])} / "
           f"{sum(g == 1 for x in data for g in x['grades'])} / {sum(g == 0 for x in data for g in x['grades'])})")  # fmt: skip
     if args.cost:
-        print("\n| path | documents | positions computed / document | ms / document |\n|---|---|---|---|")
-        for path, n, pos, sec in await cost(data[: args.cost], args.threads):
-            print(f"| {path} | {n} | {pos:.1f} | {sec * 1e3:.1f} |")
+        print("\n| path | x_debias | documents | positions computed / document | ms / document |")
+        print("|---|---|---|---|---|")
+        for path, methods, n, pos, sec in await cost(data[: args.cost], args.threads):
+            print(f"| {path} | {methods} | {n} | {pos:.1f} | {sec * 1e3:.1f} |")
     if not args.no_quality:
         print("\n| reading | nDCG@10 | MRR |\n|---|---|---|")
         for name, ndcg, mrr in await quality(data, args.threads):

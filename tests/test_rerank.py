@@ -55,6 +55,7 @@ async def test_one_score_the_query_as_prefix_each_document_a_group_and_the_reply
         "query": "what is the capital?",
         "documents": ["Paris is the capital.", {"text": "Cats sleep.", "id": 7}, "Lyon is a city."],
         "return_documents": True,
+        "x_debias": "none",
     }
     async with running(make_app(eng)) as base:
         r = await post(base, body)
@@ -78,7 +79,7 @@ async def test_one_score_the_query_as_prefix_each_document_a_group_and_the_reply
     # each document's prompt: the toy's context (prefix + stem characters) plus its longest option
     tokens = sum(len(prefix) + len(stem) + 3 for stem, _ in groups)
     assert out["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
-    assert out["x_path"] == "score" and out["x_calibration"] == "identity"
+    assert out["x_path"] == "score" and out["x_calibration"] == "identity" and "x_debias" not in out
     assert out["x_positions"] == {"computed": 3 * 5, "reused": len(prefix), "snapshot": "none"}
     assert r.headers["x-serveproto-route-key"] == routing_key("Search query: what is the capital?")
 
@@ -97,6 +98,22 @@ async def test_scores_sorted_top_n_cut_documents_left_out_by_default():
 async def test_rank_fields_read_as_field_lines():
     r = rerank.parse({"query": "q", "documents": [{"title": "T", "text": "body"}], "rank_fields": ["title", "text"]})
     assert r.texts == ("title: T\ntext: body",)
+
+
+async def test_without_x_debias_the_route_reads_both_orders_and_the_content_free_listing():
+    eng = FakeEngine()
+    async with running(make_app(eng)) as base:  # the server's own default: none
+        r = await post(base, {"query": "q", "documents": ["d"]})
+    assert r.status_code == 200, r.text
+    assert r.json()["x_debias"] == ["cyclic", "content_free_listing"]
+    (_, _, groups, _, _), (_, free_prefix, free_groups, _, _) = eng.calls  # the toy reads the beside groups apart
+    stem = "\n\nDocument: d\n\nIs this document relevant to the search query?"
+    flipped = TAIL.replace("yes or no", "no or yes")
+    assert groups == [(stem + TAIL, ["no", "yes"]), (stem + flipped, ["no", "yes"])]
+    cf = "N/A\n\nIs this true of the text?"
+    assert free_prefix == HEAD and free_groups == [(cf + TAIL, ["no", "yes"]), (cf + flipped, ["no", "yes"])]
+    # both orders' mean log-probabilities less the same on "N/A": the toy reads the same everywhere, so 1/2
+    assert r.json()["results"] == [{"index": 0, "relevance_score": 0.5}]
 
 
 async def test_x_debias_is_read_as_on_systemone():
@@ -224,7 +241,7 @@ async def test_document_first_asks_one_request_per_document():
 
 
 #: 16 documents: one SCORE of 16 groups, 16 x 2 s at --score-delay-ms 2000.
-LONG = {"query": "Is it urgent?", "documents": [f"point {i}" for i in range(16)]}
+LONG = {"query": "Is it urgent?", "documents": [f"point {i}" for i in range(16)], "x_debias": "none"}
 
 
 async def test_a_departing_client_cancels_its_score(fixture_engine):
@@ -235,7 +252,7 @@ async def test_a_departing_client_cancels_its_score(fixture_engine):
         await s.aclose()
         await wait_until(lambda: engine.in_flight == 0, "the SCORE was cancelled", deadline=10.0)  # alone: 32 s
         with anyio.fail_after(20):
-            r = await post(f"http://127.0.0.1:{port}", {"query": "q", "documents": ["one"]})
+            r = await post(f"http://127.0.0.1:{port}", {"query": "q", "documents": ["one"], "x_debias": "none"})
         assert r.status_code == 200, r.text
         assert [x["index"] for x in r.json()["results"]] == [0]
         assert engine.healthy

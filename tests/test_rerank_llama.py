@@ -36,6 +36,7 @@ def test_default_model_reranks_as_systemone_decides_through_cohere_clients(llama
             async with httpx2.AsyncClient(base_url=base, timeout=300) as c:
                 jev = {
                     "state": rerank.QUERY.format(query=QUERY),
+                    "x_debias": list(rerank.DEFAULT_DEBIAS),
                     "questions": {
                         str(i): {"type": "noul", "instructions": rerank.QUESTION.format(document=d)}
                         for i, d in enumerate(DOCS)
@@ -75,7 +76,7 @@ def test_default_model_reranks_as_systemone_decides_through_cohere_clients(llama
     assert raw["usage"]["prompt_tokens"] == raw["usage"]["total_tokens"] > 0
     # /v1/systemone read these very prompts first: the query's snapshot and the engine's score cache answer
     assert raw["x_positions"]["computed"] == 0 and raw["x_positions"]["snapshot"] == "hit"
-    assert raw["x_debias"] == ["canonical", "spellings", "content_free_listing"]  # the server's default
+    assert raw["x_debias"] == ["cyclic", "content_free_listing"]  # the route's default, not the server's
     assert long_doc.body["error"]["param"] == "documents[1]"
     assert long_doc.body["detail"][0]["type"] == "too_long"
     assert "1024 tokens" in long_doc.body["message"]

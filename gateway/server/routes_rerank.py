@@ -4,8 +4,8 @@ The Cohere / Jina / llama.cpp request shape (:func:`gateway.decision.rerank.pars
 one System One request, the query as its state and one noul per document
 (:func:`gateway.decision.rerank.questions_request`), answered by the same path as
 ``/v1/systemone`` (:func:`gateway.server.routes_jev.decide`: the pre-check of texts no
-context can hold, the pipeline, the metrics), under the request's ``x_debias`` or the
-server's default and the server's calibration. Each document's ``relevance_score`` is its
+context can hold, the pipeline, the metrics), under the request's ``x_debias`` (else
+:data:`gateway.decision.rerank.DEFAULT_DEBIAS`) and the server's calibration. Each document's ``relevance_score`` is its
 reported probability of yes. A refusal of the engine names the rerank field
 (``documents[3].text``, ``query``); a client that leaves cancels the engine work, as on
 every route (:mod:`gateway.http.server`).
