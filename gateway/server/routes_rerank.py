@@ -4,7 +4,8 @@ The Cohere / Jina / llama.cpp request shape (:func:`gateway.decision.rerank.pars
 one System One request, the query as its state and one noul per document
 (:func:`gateway.decision.rerank.questions_request`), answered by the same path as
 ``/v1/systemone`` (:func:`gateway.server.routes_jev.decide`: the pre-check of texts no
-context can hold, the pipeline, the metrics), under the request's ``x_debias`` (else
+context can hold, the pipeline, the metrics; the decision log's lines, question ids ``"0"``,
+``"1"``, ... by document), under the request's ``x_debias`` (else
 :data:`gateway.decision.rerank.DEFAULT_DEBIAS`) and the server's calibration. Each document's ``relevance_score`` is its
 reported probability of yes. A refusal of the engine names the rerank field
 (``documents[3].text``, ``query``); a client that leaves cancels the engine work, as on
@@ -44,6 +45,7 @@ async def rerank_route(app: App, request: Request) -> Response:
         decided = await routes_jev.decide(here, asked)
     except Refused as exc:
         raise rerank.RerankInvalid([{**e, "loc": rerank.field_of(parsed, e["loc"])} for e in exc.errors]) from None
+    routes_jev.log_decisions(here, request.request_id, asked, decided)  # --log-decisions: one line per document
     scores = [decided.probs[q.id][1] for q in asked.questions]
     prompt_tokens = sum(decided.prompt_tokens.values())
     body: dict[str, Any] = {
