@@ -79,7 +79,9 @@ class Decided:
     ``uncalibrated``: question id -> its reported probabilities before the
     calibration (only questions a calibration map was applied to); ``hidden``:
     question id -> layer -> the hidden state (``Settings.hidden``, engines that
-    read it); ``heads``: question id -> the name of the head that answered it.
+    read it); ``heads``: question id -> the name of the head that answered it;
+    ``prompt_tokens``: question id -> its longest prompt in tokens, option
+    included (scoring path only).
     """
 
     probs: dict[str, list[float]]
@@ -97,6 +99,7 @@ class Decided:
     uncalibrated: dict[str, list[float]] = attrs.field(factory=dict)
     hidden: dict[str, dict[int, tuple[float, ...]]] = attrs.field(factory=dict)
     heads: dict[str, str] = attrs.field(factory=dict)
+    prompt_tokens: dict[str, int] = attrs.field(factory=dict)
 
 
 class Memory:
@@ -362,6 +365,10 @@ async def _score_path(
             longest = max(longest, int(o.context_tokens) + len(o.logprobs))
             out.output_tokens += len(o.logprobs)
     out.input_tokens = longest
+    for q, (start, k) in zip(questions, spans):
+        out.prompt_tokens[q.id] = max(
+            int(o.context_tokens) + len(o.logprobs) for g in range(start, start + k) for o in result.groups[g]
+        )
 
 
 @attrs.define

@@ -2,7 +2,7 @@
 
 :class:`App` is the HTTP handler (``await app(request) -> Response``) over one
 engine (the supervisor's ``gateway.engine.Engine``, or anything with its
-interface). Route modules (``routes_jev``, ``routes_openai``, ``routes_ops``)
+interface). Route modules (``routes_jev``, ``routes_openai``, ``routes_rerank``, ``routes_ops``)
 register their handlers on the app's router; what they raise becomes the
 HTTP error :func:`gateway.server.errors.http_error` says (validation and
 refusals 422, the engine's per-request errors by their protocol code, an
@@ -24,7 +24,7 @@ import orjson
 from gateway.decision import pipeline
 from gateway.decision.chat_template import ChatTemplate, read_gguf
 from gateway.http import HTTPError, Request, Response, Router, access_line
-from gateway.server import auth, routes_jev, routes_openai, routes_ops, routing
+from gateway.server import auth, routes_jev, routes_openai, routes_ops, routes_rerank, routing
 from gateway.server.errors import RETRY_AFTER, http_error, log_note
 from gateway.server.fleet import Backend, Served
 from gateway.server.metrics import Metrics
@@ -173,6 +173,7 @@ class App:
         routes_ops.register(self)
         routes_jev.register(self)
         routes_openai.register(self)
+        routes_rerank.register(self)
 
     # The default model's first engine, as the routes of a one-engine server see it.
     @property

@@ -66,6 +66,11 @@ def register(app: App) -> None:
                         "doc": "TypeSafe Jev System One: typed decisions with a probability per option",
                     },
                     {"method": "POST", "path": "/v1/decisions", "doc": "OpenAI Decisions API shape, same scoring"},
+                    {
+                        "method": "POST",
+                        "path": "/v1/rerank",
+                        "doc": "Cohere/Jina rerank: documents by the probability that each is relevant, same scoring",
+                    },
                     {"method": "GET", "path": "/v1/models", "doc": "the served model (Jev models and OpenAI data)"},
                     {
                         "method": "POST",
