@@ -41,6 +41,7 @@ import attrs
 import orjson
 
 from gateway.decision import debias, evaluation
+from gateway.decision.jsonfile import read_document
 
 FORMAT = "serveproto-calibration"
 VERSION = 1
@@ -321,15 +322,7 @@ def load(path: str | Path) -> Calibration:
     """Read a calibration file. Raises ``ValueError`` naming the file and the field for anything
     :func:`load_document` refuses, a file over :data:`MAX_FILE_BYTES` or not JSON; ``OSError``
     as reading does."""
-    p = Path(path)
-    size = p.stat().st_size
-    if size > MAX_FILE_BYTES:
-        raise ValueError(f"{path}: {size} bytes, more than a calibration file holds ({MAX_FILE_BYTES} at most)")
-    try:
-        doc = orjson.loads(p.read_bytes())
-    except orjson.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not JSON: {exc}") from None
-    return load_document(doc, str(path))
+    return load_document(read_document(path, MAX_FILE_BYTES, "calibration"), str(path))
 
 
 def _is_hex(text: Any, n: int) -> bool:

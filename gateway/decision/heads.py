@@ -34,6 +34,8 @@ from typing import Any
 import attrs
 import orjson
 
+from gateway.decision.jsonfile import read_document
+
 __all__ = ["FORMAT", "Head", "HeadSet", "signature", "options_of", "default_path", "load", "load_document"]
 
 FORMAT = "serveproto-heads-1"
@@ -162,12 +164,4 @@ def load_document(doc: Any, where: str) -> HeadSet:
 
 def load(path: str | Path) -> HeadSet:
     """Read a heads file (module doc); ValueError naming the file and field."""
-    p = Path(path)
-    size = p.stat().st_size
-    if size > MAX_FILE_BYTES:
-        raise ValueError(f"{path}: {size} bytes, more than a heads file holds ({MAX_FILE_BYTES} at most)")
-    try:
-        doc = orjson.loads(p.read_bytes())
-    except orjson.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not JSON: {exc}") from None
-    return load_document(doc, str(path))
+    return load_document(read_document(path, MAX_FILE_BYTES, "heads"), str(path))
