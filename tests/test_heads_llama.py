@@ -47,6 +47,14 @@ def test_fit_and_serve_heads_on_the_default_model(tmp_path, monkeypatch, capsys)
     assert "| choice:sentiment | 8 |" in printed
     doc = orjson.loads(path.read_bytes())
     hs = heads.load(path)
+    # a fit that finds no question with enough labels writes nothing: the heads above stay
+    before = path.read_bytes()
+    assert main([*argv[:-4], "--min-labels", "100", "--limit", "1", "--threads", "2"]) == 1
+    assert capsys.readouterr().err.endswith(
+        "serveproto heads: no question has --min-labels (100) labels from two requests or more: "
+        f"no head fitted, nothing written ({path} left as it was)\n"
+    )
+    assert path.read_bytes() == before
     assert {h["layer"] for h in doc["heads"]} == {19} and {tuple(h["x_debias"]) for h in doc["heads"]} == {()}
 
     # a new review (not in the fit) plus a question no head knows

@@ -84,6 +84,17 @@ async def test_one_score_the_query_as_prefix_each_document_a_group_and_the_reply
     assert r.headers["x-serveproto-route-key"] == routing_key("Search query: what is the capital?")
 
 
+async def test_positions_from_disk_are_reported_as_on_systemone():
+    eng = FakeEngine()
+    eng.disk = 11  # an engine that keeps results on disk (CAPS x_persist) read 11 positions there
+    body = {"query": "q", "documents": ["a", "b"], "x_debias": "none"}
+    async with running(make_app(eng)) as base:
+        r = await post(base, body)
+        s = await post(base, {"state": "q", "questions": {"a": {"type": "noul"}}, "x_debias": "none"}, "/v1/systemone")
+    assert r.status_code == 200 and s.status_code == 200, (r.text, s.text)
+    assert r.json()["x_positions"]["disk"] == 11 == s.json()["x_positions"]["disk"]
+
+
 async def test_scores_sorted_top_n_cut_documents_left_out_by_default():
     r = rerank.parse({"query": "q", "documents": ["a", "b", "c", "d"], "top_n": 2})
     assert rerank.results(r, [0.1, 0.7, 0.7, 0.9]) == [

@@ -75,6 +75,7 @@ class FakeEngine:
         self.pinned: dict = {}  # slot -> texts photographed (pin=True)
         self.token_delay = 0.0  # seconds between generated tokens
         self.closed = 0  # generation streams that ended (finished or abandoned)
+        self.disk: int | None = None  # DONE disk= of every SCORE (an engine with x_persist), else absent
 
     def _check(self):
         if self.fail is not None:
@@ -102,7 +103,7 @@ class FakeEngine:
         if pin:
             pinned.add(prefix)
         done = Done(1, 0, 0.0, 0.0, 0.1, ctx, False, computed=n, reused=ctx, snapshot="hit" if hit else "none")
-        return ScoreResult(out, done, n, ctx)
+        return ScoreResult(out, done, n, ctx, disk=self.disk)
 
     async def decide(self, record: bytes, slot=0):
         self.calls.append(("decide", record, slot))

@@ -192,9 +192,16 @@ def run(args) -> int:
                 },
             }
         )
+    out = Path(args.out) if args.out else heads.default_path(sha)
+    if not out_heads:  # an empty file would replace the heads a user fitted before
+        print(
+            f"serveproto heads: no question has --min-labels ({args.min_labels}) labels from two requests or more: "
+            f"no head fitted, nothing written ({out} left as it was)",
+            file=sys.stderr,
+        )
+        return 1
     doc = {"format": heads.FORMAT, "model": {"name": Path(model).stem, "sha256": sha}, "heads": out_heads}
     heads.load_document(doc, "the fitted heads")  # what serve will read
-    out = Path(args.out) if args.out else heads.default_path(sha)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_bytes(orjson.dumps(doc))

@@ -61,6 +61,8 @@ async def rerank_route(app: App, request: Request) -> Response:
     }
     if decided.computed is not None:
         body["x_positions"] = {"computed": decided.computed, "reused": decided.reused, "snapshot": decided.snapshot}
+        if decided.disk is not None:  # an engine that keeps results on disk (CAPS x_persist), as /v1/systemone
+            body["x_positions"]["disk"] = decided.disk
     if decided.debias:
         body["x_debias"] = list(decided.debias)
     body["x_calibration"] = next(iter(decided.calibration.values()), IDENTITY)
