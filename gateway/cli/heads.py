@@ -26,7 +26,23 @@ import orjson
 
 from gateway.paths import default_model_path
 
-HELP = __doc__
+#: The help text (the module docstring is for readers of the code: it cites functions).
+HELP = """\
+Fit one trained head per recurring question from labelled requests, and write them where
+`serve` finds them for this model: $SERVEPROTO_CACHE/heads/<model sha256>.json (or --out).
+
+Each line of --data is {"request": <a /v1/systemone body>, "gold": {question id: answer}}, the
+format `serveproto calibrate --data` reads (default: the generated evaluation set). The decision
+log (serve --log-decisions) keeps no text: keep the bodies of the requests you judge, matched by
+x_request_id, and write them in this format (docs/http-api.md, "Trained heads").
+
+Every request is answered on the llama engine under --debias (default none), reading the hidden
+state of --layer at each question's prompt end; questions are grouped by signature (type,
+instructions, options) and each signature with --min-labels labels or more gets a head (ridge
+logistic regression, its strength and a temperature chosen by cross-validation over requests).
+The table printed gives, per signature and held out by request, the accuracy and ECE of the head
+against the answers as served. A fit that gets no head writes nothing and exits 1.
+"""
 
 
 def add_parsers(sub) -> None:
@@ -37,7 +53,12 @@ def add_parsers(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     hs = p.add_subparsers(dest="heads_cmd", required=True)
-    f = hs.add_parser("fit", help="fit a head per question signature on labelled requests", description=HELP)
+    f = hs.add_parser(
+        "fit",
+        help="fit a head per question signature on labelled requests",
+        description=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     f.add_argument("--data", help="labelled JSONL (as calibrate --data; default: the generated evaluation set)")
     f.add_argument("--model", help="GGUF model (default: the fetched SmolLM2-135M-Instruct)")
     f.add_argument("--threads", type=int, default=1, help="CPU threads of the llama engine (default 1)")
