@@ -238,6 +238,8 @@ def test_handshake_announces_caps(tiny):
             "max_logprobs": "32",
             "x_score": "1",
             "x_score_base": "1",
+            "x_hidden": "3",  # SCORE hidden (spec 9.1): the fixture's layers and width
+            "x_hidden_dim": "64",
             "x_counters": "1",
             "x_health": "1",
             "x_numerics": "invariant",
