@@ -41,8 +41,9 @@ GROUPS = [
 FILLER = [(f"\nQ: Filler question {i}? A:", [" a", " b c", " maybe not"]) for i in range(15)]
 
 
-def spawn(model, *args: str, threads: int = 1):
-    """The llama engine on ``model`` printing 17 digits; an async context manager (:class:`Engine`)."""
+def spawn(model, *args: str, threads: int = 1, **kw):
+    """The llama engine on ``model`` printing 17 digits; an async context manager (:class:`Engine`).
+    ``kw``: :meth:`Engine.spawn`'s (e.g. ``drain_timeout``)."""
     return Engine.spawn(
         [
             str(engine_bin("serveproto-llama")),
@@ -53,7 +54,8 @@ def spawn(model, *args: str, threads: int = 1):
             "--float-digits",
             "17",
             *args,
-        ]
+        ],
+        **kw,
     )
 
 

@@ -339,8 +339,10 @@ NEW_QUESTION = [("\nQ: Is the customer angry? A:", [" yes", " no"])]
 
 
 async def known_state(model_path, root: Path, state: str) -> None:
-    """Scores GROUPS on ``state`` with a snapshot (pin), in an engine that then exits."""
-    async with spawn(model_path, "--cache-dir", str(root), "--threads", "2") as eng:
+    """Scores GROUPS on ``state`` with a snapshot (pin), in an engine that then exits. It writes the
+    state file when idle and at exit (a 2K-token state is 94 MB, fsynced): on a loaded machine that
+    takes longer than the 5 s an engine gets to exit after EOF, so this one gets a minute."""
+    async with spawn(model_path, "--cache-dir", str(root), "--threads", "2", drain_timeout=60.0) as eng:
         await eng.score(state, GROUPS, pin=True)
     assert len(files(root, "states/*/*.sps")) == 1
 

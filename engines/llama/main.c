@@ -730,8 +730,13 @@ int main(int argc, char **argv)
                 }
             continue;
         }
-        if (e.in_eof)
+        if (e.in_eof) {
+            /* the end: what is not on disk yet goes now, the pinned snapshots too (engine_free frees
+             * them before persist_close writes the last scores) */
+            if (e.scores.disk && persist_idle_pending(e.scores.disk, &e))
+                persist_idle(e.scores.disk, &e);
             break;
+        }
         /* idle: what was computed since the last write goes to disk before waiting for more */
         if (e.scores.disk && persist_idle_pending(e.scores.disk, &e))
             persist_idle(e.scores.disk, &e);
