@@ -93,8 +93,8 @@ static int parse_options(int argc, char **argv, options *o)
             continue;
         }
         if (!strcmp(a, "--flash-attn") || !strcmp(a, "--no-flash-attn")) {
-            o->flash_attn = a[2] == 'f';
-            o->no_flash_attn = !o->flash_attn;
+            o->no_flash_attn = !strcmp(a, "--no-flash-attn");
+            o->flash_attn = !o->no_flash_attn;
             continue;
         }
         if (!strcmp(a, "--cache-read-only")) {
@@ -730,16 +730,13 @@ int main(int argc, char **argv)
                 }
             continue;
         }
-        if (e.in_eof) {
-            /* the end: what is not on disk yet goes now, the pinned snapshots too (engine_free frees
-             * them before persist_close writes the last scores) */
-            if (e.scores.disk && persist_idle_pending(e.scores.disk, &e))
-                persist_idle(e.scores.disk, &e);
-            break;
-        }
-        /* idle: what was computed since the last write goes to disk before waiting for more */
+        /* idle: what was computed since the last write goes to disk before waiting for more, and
+         * before the end (engine_free frees the pinned snapshots before persist_close writes the
+         * last scores) */
         if (e.scores.disk && persist_idle_pending(e.scores.disk, &e))
             persist_idle(e.scores.disk, &e);
+        if (e.in_eof)
+            break;
         fill(&e);
         drain(&e);
     }
