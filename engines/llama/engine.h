@@ -129,13 +129,14 @@ typedef struct score_cache {
 } score_cache;
 
 /* profile.c: SERVEPROTO_PROFILE, a decode step's time by part (microseconds) */
-#define ENGINE_PROFILE_PARTS 6 /* gap, start, fill, decode, sync, read */
+#define ENGINE_PROFILE_PARTS 7 /* gap, start, fill, decode, early, sync, read */
 typedef struct engine_profile {
     int on;
     FILE *f;
     uint64_t t0, reported, last_end;
     uint64_t decodes, rows, outputs;
     int max_rows; /* the most rows one decode held */
+    uint64_t early; /* tasks started early, while the device computed (overlap) */
     uint64_t us[ENGINE_PROFILE_PARTS];
 } engine_profile;
 
@@ -196,6 +197,8 @@ typedef struct engine {
     int in_decode;              /* a llama_decode is running: only the abort callback reads stdin */
     int abort_decode;           /* CANCEL of a task in the running decode: it aborts (returns 2) */
     int solo;                   /* the last decode found no KV room: the next one takes one task */
+    int overlap;                /* the backend computes a decode after llama_decode returns (a GPU):
+                                 * stdin is read and arriving tasks started meanwhile (sched.c) */
     int scratch_used;           /* scratch sequences given to the batch being built */
     uint64_t polled_us;         /* when the abort callback last read stdin (CLOCK_MONOTONIC) */
     uint64_t skip_submit_id;    /* a refused IMAGE's id: its SUBMIT is dropped */

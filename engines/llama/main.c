@@ -426,6 +426,10 @@ static int load(engine *e, options *o)
     const char *no_abort = getenv("SERVEPROTO_NO_ABORT_CALLBACK");
     if (!no_abort || strcmp(no_abort, "1") != 0)
         llama_set_abort_callback(e->ctx, engine_decode_abort, e);
+    /* overlap (sched.c): on where llama_decode returns before the device is done, a GPU or rpc
+     * servers; SERVEPROTO_OVERLAP=1 runs that path on the CPU too (its tests), =0 turns it off */
+    const char *overlap = getenv("SERVEPROTO_OVERLAP");
+    e->overlap = overlap && *overlap ? strcmp(overlap, "0") != 0 : devices_local_gpu() || o->dev.n_rpc > 0;
 
     e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
     e->snaps = calloc((size_t)e->n_pins, sizeof *e->snaps);
