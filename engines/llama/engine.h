@@ -197,6 +197,7 @@ typedef struct engine {
     int in_decode;              /* a llama_decode is running: only the abort callback reads stdin */
     int abort_decode;           /* CANCEL of a task in the running decode: it aborts (returns 2) */
     int solo;                   /* the last decode found no KV room: the next one takes one task */
+    int no_hidden;              /* SERVEPROTO_NO_EVAL_CALLBACK=1: no graph callback, no hidden states */
     int overlap;                /* the backend computes a decode after llama_decode returns (a GPU):
                                  * stdin is read and arriving tasks started meanwhile (sched.c) */
     int scratch_used;           /* scratch sequences given to the batch being built */

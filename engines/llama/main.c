@@ -415,7 +415,11 @@ static int load(engine *e, options *o)
      * graph it computes; a value the user set is kept. No effect on the CPU. */
     if (!o->kv_f16 && cp.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_DISABLED)
         setenv("GGML_CUDA_DISABLE_GRAPHS", "1", 0);
-    cp.cb_eval = hidden_eval; /* SCORE's hidden states (hidden.c); asks for nothing without them */
+    /* SCORE's hidden states (hidden.c); asks for nothing without them. SERVEPROTO_NO_EVAL_CALLBACK=1
+     * leaves the callback out (CAPS x_hidden=0): the benchmark of what it costs (bench/README.md) */
+    const char *no_eval = getenv("SERVEPROTO_NO_EVAL_CALLBACK");
+    e->no_hidden = no_eval && !strcmp(no_eval, "1");
+    cp.cb_eval = e->no_hidden ? NULL : hidden_eval;
     cp.cb_eval_user_data = e;
     g_log_tail[0] = '\0';
     e->ctx = llama_init_from_model(e->model, cp);
@@ -512,7 +516,7 @@ static void handshake(engine *e)
     snprintf(caps, sizeof caps,
              "chat=1 slots=%d n_ctx=%d x_max_prompt=%d n_vocab=%d model=%s pin_slots=%d max_logprobs=%d x_score=1 x_score_base=1 "
              "x_hidden=%d x_hidden_dim=%d x_counters=1 x_health=1 x_numerics=%s x_batched=1 n_ubatch=%d n_chunk=%d x_threads=%s%d%s%s",
-             e->n_slots, e->n_ctx, e->n_ctx_max, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS, hidden_layers(e),
+             e->n_slots, e->n_ctx, e->n_ctx_max, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS, e->no_hidden ? 0 : hidden_layers(e),
              hidden_dim(e), e->numerics, e->n_ubatch,
              e->n_chunk, e->threads_auto ? "auto:" : "", e->threads_max, e->devices_caps,
              e->scores.disk ? " x_persist=1" : "");

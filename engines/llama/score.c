@@ -126,6 +126,10 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
         goto out;
     }
     *pin = pv ? pv->boolean : 0;
+    if (hv && e->no_hidden) {
+        snprintf(msg, cap, "hidden: this engine reads no hidden states (x_hidden=0)");
+        goto out;
+    }
     if (hv) {
         const int n_layer = hidden_layers(e);
         if (hv->type != SPJ_ARRAY || hv->n < 1 || hv->n > ENGINE_MAX_HIDDEN) {
