@@ -10,7 +10,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -504,9 +503,9 @@ static void engine_free(engine *e)
     if (e->model)
         llama_model_free(e->model);
     for (int i = 0; i < ENGINE_QUEUE_MAX; i++)
-        if (e->tasks[i].used)
+        if (e->tasks[i].state != TASK_FREE)
             task_end(e, &e->tasks[i]);
-    sp_reader_free(&e->rd);
+    sp_loop_free(&e->in);
     sp_writer_free(&e->w);
 }
 
@@ -526,54 +525,57 @@ static void handshake(engine *e)
     sp_write_stat(&e->w, stat, 4);
 }
 
-/* ---- frames in ---- */
+/* ---- frames in (engines/common/loop.h: the loop; here the engine's part) ---- */
 
-static task *find_task(engine *e, uint64_t id)
+static void *find_task(void *eng, uint64_t id)
 {
+    engine *e = eng;
     for (int i = 0; i < ENGINE_QUEUE_MAX; i++)
-        if (e->tasks[i].used && e->tasks[i].rq.id == id)
+        if (e->tasks[i].state != TASK_FREE && e->tasks[i].rq.id == id)
             return &e->tasks[i];
     return NULL;
 }
 
-/* Takes one parsed request frame: control frames are answered now, work is
- * made a task (or refused). Takes ownership of *rq. */
-static void dispatch(engine *e, sp_request *rq)
+/* A work request: SUBMIT and SCORE become a task (or are refused), IMAGE and
+ * DECIDE are refused. Takes *rq's buffers into the task. */
+static void on_request(void *eng, sp_request *rq)
 {
+    engine *e = eng;
     task *t = find_task(e, rq->id);
     switch (rq->kind) {
     case SP_SUBMIT:
     case SP_SCORE:
         if (rq->kind == SP_SUBMIT && e->skip_submit_id == rq->id) {
             e->skip_submit_id = 0; /* its IMAGE was already refused */
-            break;
+            return;
         }
         if (t) {
             sp_write_error(&e->w, rq->id, "DUPLICATE_ID", "id %llu is in flight", (unsigned long long)rq->id);
-            break;
+            return;
         }
         if (rq->slot >= (uint64_t)e->n_slots) {
             sp_write_error(&e->w, rq->id, "BAD_REQUEST", "slot %llu is out of range 0..%d",
                            (unsigned long long)rq->slot, e->n_slots - 1);
-            break;
+            return;
         }
         for (int j = 0; j < ENGINE_QUEUE_MAX; j++)
-            if (e->tasks[j].used && e->tasks[j].rq.slot == rq->slot) {
+            if (e->tasks[j].state != TASK_FREE && e->tasks[j].rq.slot == rq->slot) {
                 sp_write_error(&e->w, rq->id, "SLOT_BUSY", "slot %llu is serving request %llu",
                                (unsigned long long)rq->slot, (unsigned long long)e->tasks[j].rq.id);
-                goto done;
+                return;
             }
         for (int j = 0; j < ENGINE_QUEUE_MAX; j++)
-            if (!e->tasks[j].used) {
+            if (e->tasks[j].state == TASK_FREE) {
                 t = &e->tasks[j];
                 break;
             }
         if (!t) {
             sp_write_error(&e->w, rq->id, "BAD_REQUEST", "too many requests in flight (%d)", ENGINE_QUEUE_MAX);
-            break;
+            return;
         }
         memset(t, 0, sizeof *t);
-        t->used = 1;
+        t->state = TASK_QUEUED;
+        t->ops = rq->kind == SP_SCORE ? &score_ops : &submit_ops; /* the one place that knows the kinds */
         t->rq = *rq;
         t->arrival = ++e->arrivals;
         e->n_tasks++;
@@ -582,90 +584,58 @@ static void dispatch(engine *e, sp_request *rq)
     case SP_IMAGE:
         sp_write_error(&e->w, rq->id, "NOT_SUPPORTED", "this engine has no image tower (vision=0)");
         e->skip_submit_id = rq->id;
-        break;
+        return;
     case SP_DECIDE:
         sp_write_error(&e->w, rq->id, "NOT_SUPPORTED", "this engine has no decision mode (decide=0)");
-        break;
-    case SP_STOP:
-        if (!t)
-            sp_write_error(&e->w, rq->id, "NOT_FOUND", "no request %llu in flight", (unsigned long long)rq->id);
-        else
-            t->stop = 1;
-        break;
-    case SP_CANCEL:
-        if (!t) {
-            sp_write_error(&e->w, rq->id, "NOT_FOUND", "no request %llu in flight", (unsigned long long)rq->id);
-        } else if (!t->started) {
-            /* holds nothing yet: answered at once, even inside a decode */
-            sp_write_error(&e->w, rq->id, "CANCELLED", "cancelled before it ran");
-            task_end(e, t);
-        } else {
-            /* answered by the scheduler between decodes; a decode that has
-             * its rows aborts now (the others in it retry their chunks) */
-            t->cancel = 1;
-            if (e->in_decode && t->rows > 0)
-                e->abort_decode = 1;
-        }
-        break;
-    case SP_PING:
-        if (t) {
-            sp_write_error(&e->w, rq->id, "DUPLICATE_ID", "id %llu is in flight", (unsigned long long)rq->id);
-        } else {
-            char f[64];
-            snprintf(f, sizeof f, "active=%d", e->n_tasks);
-            sp_write_pong(&e->w, rq->id, f);
-        }
-        break;
-    }
-done:
-    sp_request_free(rq);
-}
-
-/* Parses and dispatches every complete frame buffered. */
-static void drain(engine *e)
-{
-    for (;;) {
-        sp_request rq;
-        sp_error err;
-        memset(&rq, 0, sizeof rq);
-        sp_status st = sp_reader_next(&e->rd, &rq, &err);
-        if (st == SP_FRAME)
-            dispatch(e, &rq);
-        else if (st == SP_BAD)
-            sp_write_error(&e->w, err.id, err.code, "%s", err.reason);
-        else {
-            if (st == SP_EOF)
-                e->in_eof = 1;
-            return;
-        }
-    }
-}
-
-/* One read of stdin; at EOF or on a read error the input is over. */
-static void fill(engine *e)
-{
-    ssize_t r = sp_reader_fill(&e->rd, 0);
-    if (r < 0 && (errno == EINTR || errno == EAGAIN))
         return;
-    if (r < 0) {
-        fprintf(stderr, "serveproto-llama: reading stdin: %s\n", strerror(errno));
-        sp_reader_feed(&e->rd, NULL, 0);
+    default: /* STOP, CANCEL, PING: the loop's */
+        return;
     }
 }
+
+static void on_stop(void *eng, void *task_, uint64_t id)
+{
+    (void)eng;
+    (void)id;
+    ((task *)task_)->stop = 1;
+}
+
+static void on_cancel(void *eng, void *task_, uint64_t id)
+{
+    engine *e = eng;
+    task *t = task_;
+    if (t->state == TASK_QUEUED) {
+        /* holds nothing yet: answered at once, even inside a decode */
+        sp_write_error(&e->w, id, "CANCELLED", "cancelled before it ran");
+        task_end(e, t);
+    } else {
+        /* answered by the scheduler between decodes; a decode that has
+         * its rows aborts now (the others in it retry their chunks) */
+        t->state = TASK_CANCELLED;
+        if (e->in_decode && t->rows > 0)
+            e->abort_decode = 1;
+    }
+}
+
+static int n_active(void *eng)
+{
+    return ((engine *)eng)->n_tasks;
+}
+
+static const sp_loop_ops engine_loop_ops = {
+    .request = on_request,
+    .find = find_task,
+    .stop = on_stop,
+    .cancel = on_cancel,
+    .active = n_active,
+    .not_found = { "no request ", " in flight" },
+    .name = "serveproto-llama",
+};
 
 /* Non-blocking: takes whatever stdin has now (called between decode steps). */
 void engine_poll(engine *e)
 {
-    if (!e->in_eof) {
-        struct pollfd pfd = { 0, POLLIN, 0 };
-        while (poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLIN | POLLHUP | POLLERR))) {
-            fill(e);
-            drain(e);
-            if (e->in_eof)
-                break;
-        }
-    }
-    drain(e);
+    sp_loop_poll(&e->in);
 }
 
 static uint64_t now_us(void)
@@ -709,7 +679,7 @@ int main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     static engine e; /* large; zero-initialised */
-    if (sp_reader_init(&e.rd, SP_EXT_ALL) != 0 || sp_writer_init(&e.w, 1) != 0) {
+    if (sp_writer_init(&e.w, 1) != 0 || sp_loop_init(&e.in, SP_EXT_ALL, &e.w, &engine_loop_ops, &e) != 0) {
         fprintf(stderr, "serveproto-llama: out of memory\n");
         return 1;
     }
@@ -730,7 +700,7 @@ int main(int argc, char **argv)
         if (e.n_tasks > 0) {
             /* tasks that cannot run are a bug: answer them rather than spin */
             for (int i = 0; i < ENGINE_QUEUE_MAX; i++)
-                if (e.tasks[i].used) {
+                if (e.tasks[i].state != TASK_FREE) {
                     fprintf(stderr, "serveproto-llama: request %llu cannot make progress\n",
                             (unsigned long long)e.tasks[i].rq.id);
                     sp_write_error(&e.w, e.tasks[i].rq.id, "BAD_REQUEST", "the engine could not schedule it");
@@ -743,10 +713,10 @@ int main(int argc, char **argv)
          * last scores) */
         if (e.scores.disk && persist_idle_pending(e.scores.disk, &e))
             persist_idle(e.scores.disk, &e);
-        if (e.in_eof)
+        if (e.in.eof)
             break;
-        fill(&e);
-        drain(&e);
+        sp_loop_read(&e.in);
+        sp_loop_drain(&e.in);
     }
     profile_free(&e.prof);
     int rc = e.w.failed ? 1 : 0;
