@@ -37,7 +37,7 @@ static void control(sp_loop *l, const sp_request *rq)
         sp_write_error(l->w, rq->id, "NOT_FOUND", "%s%llu%s", o->not_found[0], (unsigned long long)rq->id,
                        o->not_found[1]);
     } else if (rq->kind == SP_STOP) {
-        o->stop(l->eng, t, rq->id);
+        o->stop(l->eng, t);
     } else {
         o->cancel(l->eng, t, rq->id);
     }

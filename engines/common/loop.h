@@ -29,8 +29,8 @@ typedef struct sp_loop_ops {
     void (*request)(void *eng, sp_request *rq);
     /* The request in flight with this id, or NULL. */
     void *(*find)(void *eng, uint64_t id);
-    /* STOP / CANCEL <id> of the request find returned. */
-    void (*stop)(void *eng, void *task, uint64_t id);
+    /* STOP <id> / CANCEL <id> of the request find returned. */
+    void (*stop)(void *eng, void *task);
     void (*cancel)(void *eng, void *task, uint64_t id);
     /* Requests in flight: PONG's active=. */
     int (*active)(void *eng);

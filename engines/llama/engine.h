@@ -331,6 +331,14 @@ typedef struct task_ops {
     void (*free)(struct engine *e, struct task *t);
 } task_ops;
 
+/* The table of a kind whose operations are named <kind>_start, <kind>_unit, ... */
+#define TASK_OPS(kind, uses_scratch)                                                                  \
+    {                                                                                                 \
+        .scratch = (uses_scratch), .start = kind##_start, .unit = kind##_unit, .want = kind##_want,   \
+        .fill = kind##_fill, .decoded = kind##_decoded, .undo = kind##_undo, .fail = kind##_fail,    \
+        .free = kind##_free,                                                                          \
+    }
+
 extern const task_ops submit_ops; /* submit.c: SUBMIT, a prefill then a generation */
 extern const task_ops score_ops;  /* score.c: SCORE, a trunk then its options' trie */
 

@@ -71,6 +71,17 @@ static int parse_int_arg(const char *name, const char *v, int lo, int hi, int *o
     return 0;
 }
 
+/* v must be `no` or `yes`: *out is 0 or 1. */
+static int parse_pair_arg(const char *name, const char *v, const char *no, const char *yes, int *out)
+{
+    if (strcmp(v, no) && strcmp(v, yes)) {
+        fprintf(stderr, "serveproto-llama: %s must be %s or %s, got '%s'\n", name, no, yes, v);
+        return -1;
+    }
+    *out = !strcmp(v, yes);
+    return 0;
+}
+
 static int parse_options(int argc, char **argv, options *o)
 {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -128,11 +139,7 @@ static int parse_options(int argc, char **argv, options *o)
         else if (!strcmp(a, "--chunk"))
             rc = parse_int_arg(a, v, 1, 2048, &o->chunk);
         else if (!strcmp(a, "--kv-type")) {
-            if (strcmp(v, "f32") && strcmp(v, "f16")) {
-                fprintf(stderr, "serveproto-llama: --kv-type must be f32 or f16, got '%s'\n", v);
-                return -1;
-            }
-            o->kv_f16 = !strcmp(v, "f16");
+            rc = parse_pair_arg(a, v, "f32", "f16", &o->kv_f16);
             o->kv_set = 1;
         } else if (!strcmp(a, "--score-cache-mb")) {
             rc = parse_int_arg(a, v, 0, 1 << 20, &o->score_cache_mb);
@@ -145,11 +152,7 @@ static int parse_options(int argc, char **argv, options *o)
         } else if (!strcmp(a, "--float-digits")) {
             rc = parse_int_arg(a, v, 9, 17, &sp_float_digits);
         } else if (!strcmp(a, "--numerics")) {
-            if (strcmp(v, "invariant") && strcmp(v, "fast")) {
-                fprintf(stderr, "serveproto-llama: --numerics must be invariant or fast, got '%s'\n", v);
-                return -1;
-            }
-            o->fast = !strcmp(v, "fast");
+            rc = parse_pair_arg(a, v, "invariant", "fast", &o->fast);
             o->numerics_set = 1;
         } else if (!strcmp(a, "--seed")) {
             rc = parse_int_arg(a, v, 0, 0x7fffffff, &seed);
@@ -541,63 +544,57 @@ static void *find_task(void *eng, uint64_t id)
 static void on_request(void *eng, sp_request *rq)
 {
     engine *e = eng;
-    task *t = find_task(e, rq->id);
-    switch (rq->kind) {
-    case SP_SUBMIT:
-    case SP_SCORE:
-        if (rq->kind == SP_SUBMIT && e->skip_submit_id == rq->id) {
-            e->skip_submit_id = 0; /* its IMAGE was already refused */
-            return;
-        }
-        if (t) {
-            sp_write_error(&e->w, rq->id, "DUPLICATE_ID", "id %llu is in flight", (unsigned long long)rq->id);
-            return;
-        }
-        if (rq->slot >= (uint64_t)e->n_slots) {
-            sp_write_error(&e->w, rq->id, "BAD_REQUEST", "slot %llu is out of range 0..%d",
-                           (unsigned long long)rq->slot, e->n_slots - 1);
-            return;
-        }
-        for (int j = 0; j < ENGINE_QUEUE_MAX; j++)
-            if (e->tasks[j].state != TASK_FREE && e->tasks[j].rq.slot == rq->slot) {
-                sp_write_error(&e->w, rq->id, "SLOT_BUSY", "slot %llu is serving request %llu",
-                               (unsigned long long)rq->slot, (unsigned long long)e->tasks[j].rq.id);
-                return;
-            }
-        for (int j = 0; j < ENGINE_QUEUE_MAX; j++)
-            if (e->tasks[j].state == TASK_FREE) {
-                t = &e->tasks[j];
-                break;
-            }
-        if (!t) {
-            sp_write_error(&e->w, rq->id, "BAD_REQUEST", "too many requests in flight (%d)", ENGINE_QUEUE_MAX);
-            return;
-        }
-        memset(t, 0, sizeof *t);
-        t->state = TASK_QUEUED;
-        t->ops = rq->kind == SP_SCORE ? &score_ops : &submit_ops; /* the one place that knows the kinds */
-        t->rq = *rq;
-        t->arrival = ++e->arrivals;
-        e->n_tasks++;
-        memset(rq, 0, sizeof *rq);
-        return;
-    case SP_IMAGE:
+    if (rq->kind == SP_IMAGE) {
         sp_write_error(&e->w, rq->id, "NOT_SUPPORTED", "this engine has no image tower (vision=0)");
         e->skip_submit_id = rq->id;
         return;
-    case SP_DECIDE:
+    }
+    if (rq->kind == SP_DECIDE) {
         sp_write_error(&e->w, rq->id, "NOT_SUPPORTED", "this engine has no decision mode (decide=0)");
         return;
-    default: /* STOP, CANCEL, PING: the loop's */
+    }
+    if (rq->kind != SP_SUBMIT && rq->kind != SP_SCORE)
+        return; /* STOP, CANCEL, PING: the loop's */
+    if (rq->kind == SP_SUBMIT && e->skip_submit_id == rq->id) {
+        e->skip_submit_id = 0; /* its IMAGE was already refused */
         return;
     }
+    task *t = find_task(e, rq->id);
+    if (t) {
+        sp_write_error(&e->w, rq->id, "DUPLICATE_ID", "id %llu is in flight", (unsigned long long)rq->id);
+        return;
+    }
+    if (rq->slot >= (uint64_t)e->n_slots) {
+        sp_write_error(&e->w, rq->id, "BAD_REQUEST", "slot %llu is out of range 0..%d",
+                       (unsigned long long)rq->slot, e->n_slots - 1);
+        return;
+    }
+    for (int j = 0; j < ENGINE_QUEUE_MAX; j++)
+        if (e->tasks[j].state != TASK_FREE && e->tasks[j].rq.slot == rq->slot) {
+            sp_write_error(&e->w, rq->id, "SLOT_BUSY", "slot %llu is serving request %llu",
+                           (unsigned long long)rq->slot, (unsigned long long)e->tasks[j].rq.id);
+            return;
+        }
+    for (int j = 0; j < ENGINE_QUEUE_MAX && !t; j++)
+        if (e->tasks[j].state == TASK_FREE)
+            t = &e->tasks[j];
+    if (!t) {
+        sp_write_error(&e->w, rq->id, "BAD_REQUEST", "too many requests in flight (%d)", ENGINE_QUEUE_MAX);
+        return;
+    }
+    memset(t, 0, sizeof *t);
+    t->state = TASK_QUEUED;
+    t->ops = rq->kind == SP_SCORE ? &score_ops : &submit_ops; /* the one place that knows the kinds */
+    t->rq = *rq;
+    t->arrival = ++e->arrivals;
+    e->n_tasks++;
+    memset(rq, 0, sizeof *rq);
 }
 
-static void on_stop(void *eng, void *task_, uint64_t id)
+static void on_stop(void *eng, void *t)
 {
     (void)eng;
-    (void)id;
-    ((task *)task_)->stop = 1;
+    ((task *)t)->stop = 1;
 }
 
 static void on_cancel(void *eng, void *task_, uint64_t id)
@@ -623,13 +620,8 @@ static int n_active(void *eng)
 }
 
 static const sp_loop_ops engine_loop_ops = {
-    .request = on_request,
-    .find = find_task,
-    .stop = on_stop,
-    .cancel = on_cancel,
-    .active = n_active,
-    .not_found = { "no request ", " in flight" },
-    .name = "serveproto-llama",
+    .request = on_request, .find = find_task, .stop = on_stop, .cancel = on_cancel, .active = n_active,
+    .not_found = { "no request ", " in flight" }, .name = "serveproto-llama",
 };
 
 /* Non-blocking: takes whatever stdin has now (called between decode steps). */

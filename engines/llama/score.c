@@ -832,14 +832,4 @@ static void score_fail(engine *e, task *t, int rc)
                                                            : "llama_decode of the options failed");
 }
 
-const task_ops score_ops = {
-    .scratch = 1,
-    .start = score_start,
-    .unit = score_unit,
-    .want = score_want,
-    .fill = score_fill,
-    .decoded = score_decoded,
-    .undo = score_undo,
-    .fail = score_fail,
-    .free = score_free,
-};
+const task_ops score_ops = TASK_OPS(score, 1);

@@ -361,14 +361,4 @@ static void submit_fail(engine *e, task *t, int rc)
     sp_write_error(&e->w, t->rq.id, "BAD_REQUEST", rc == 1 ? "the KV cache has no room for the batch" : "llama_decode failed (%d)", rc);
 }
 
-const task_ops submit_ops = {
-    .scratch = 0,
-    .start = submit_start,
-    .unit = submit_unit,
-    .want = submit_want,
-    .fill = submit_fill,
-    .decoded = submit_decoded,
-    .undo = submit_undo,
-    .fail = submit_fail,
-    .free = submit_free,
-};
+const task_ops submit_ops = TASK_OPS(submit, 0);
