@@ -38,7 +38,7 @@ from gateway.decision import evalset, jev
 async def collect(args) -> None:
     import anyio
 
-    from gateway.cli.serve import DEFAULT_MODEL_DEBIAS
+    from gateway.cli.config import DEFAULT_MODEL_DEBIAS
     from gateway.decision import pipeline
     from gateway.decision.chat_template import read_gguf
     from gateway.decision.prompts import PromptBuilder
@@ -101,7 +101,7 @@ async def cost(args) -> None:
     import anyio
     import numpy as np
 
-    from gateway.cli.serve import DEFAULT_MODEL_DEBIAS
+    from gateway.cli.config import DEFAULT_MODEL_DEBIAS
     from gateway.decision import head_fit, heads, pipeline
     from gateway.decision.chat_template import read_gguf
     from gateway.decision.prompts import PromptBuilder
