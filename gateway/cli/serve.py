@@ -133,6 +133,7 @@ def add_parsers(sub) -> None:
         "--api-key", default=None, help=f"required bearer key (default ${API_KEY_ENV}; none: any key passes)"
     )
     _add_llama_flags(p)
+    _add_device_flags(p)
     _add_decision_flags(p)
     _add_supervision_flags(p)
     p.add_argument(
@@ -225,6 +226,10 @@ def _add_llama_flags(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="read --cache-dir, never write it (replicas sharing a folder another server fills)",
     )
+
+
+def _add_device_flags(p: argparse.ArgumentParser) -> None:
+    """One model over several devices: llama.cpp's placement flags, passed through (docs/devices.md)."""
     dev = p.add_argument_group(
         "one model over several devices (the llama engine; llama.cpp's own options, passed through: docs/devices.md)"
     )
@@ -513,13 +518,13 @@ def load_calibration(choice: str | None, model_path: str | None, *, say=None):
     return cal
 
 
-def _load_or_exit(flag: str, load: Callable[[Path], T], path: Path) -> T:
+def _load_or_exit(flag: str, load: Callable[[Path], T], path: Path, shown: str | None = None) -> T:
     """``load(path)`` for the file ``flag`` names; one that cannot be read or does not validate ends
-    ``serve`` with one line naming the flag (``SystemExit``)."""
+    ``serve`` with one line naming the flag and the file (as ``shown``, default ``path``): ``SystemExit``."""
     try:
         return load(path)
     except OSError as exc:
-        raise SystemExit(f"serveproto serve: {flag}: cannot read {path}: {exc.strerror or exc}") from None
+        raise SystemExit(f"serveproto serve: {flag}: cannot read {shown or path}: {exc.strerror or exc}") from None
     except ValueError as exc:
         raise SystemExit(f"serveproto serve: {flag}: {exc}") from None
 
@@ -569,7 +574,7 @@ def load_calibrations(choice: str | None, paths: list[str | None]) -> list:
         return [load_calibration(choice, p) for p in paths]
     from gateway.decision import calibration
 
-    cal = _load_or_exit("--calibration", calibration.load, Path(choice))
+    cal = _load_or_exit("--calibration", calibration.load, Path(choice), shown=choice)
     shas = [_model_sha256(p) for p in paths]
     if cal.model_sha256 not in shas:
         raise SystemExit(
@@ -717,8 +722,8 @@ def _say_serving(app, pool, host: str, port: int) -> None:
 
 
 def _model_sha256(model_path: str | None) -> str | None:
-    """The model file's sha256 for the decision log (None when serve was not given its path); the
-    calibration lookup has hashed it already, and sha256_file remembers."""
+    """The model file's sha256 (calibration and heads files name it; so do the decision log's lines), None
+    when serve was not given its path or it does not exist; sha256_file remembers, so it is hashed once."""
     from gateway.decision import calibration
 
     return calibration.sha256_file(model_path) if model_path and Path(model_path).exists() else None
@@ -727,7 +732,7 @@ def _model_sha256(model_path: str | None) -> str | None:
 async def _fail_upward(pool, engine, server, scope, restart: RestartPolicy, gave_up: list[str]) -> None:
     """When the supervisors give up on every engine of a model, so does the server (OTP's answer to an
     exceeded restart intensity): it stops accepting, answers the requests in flight (they get 503 from the
-    engine's error) within :data:`GIVE_UP_DRAIN` seconds, then ``scope`` is cancelled and :func:`serve`
+    engine's error) within :data:`GIVE_UP_DRAIN` seconds, then ``scope`` is cancelled and :func:`serve_config`
     raises :class:`EngineGaveUp`, so that a process manager sees the exit and restarts the whole server.
     One engine of several giving up leaves its model to the others (``/health`` lists it ``gave_up``)."""
     await engine.wait_stopped()

@@ -73,7 +73,8 @@ class RestartPolicy:
 
     def delay(self, consecutive: int) -> float:
         """Seconds to wait before the ``consecutive``-th restart in a row (1-based)."""
-        return min(self.backoff_max, self.backoff_initial * 2 ** max(0, consecutive - 1))
+        doublings: int = 2 ** max(0, consecutive - 1)
+        return min(self.backoff_max, self.backoff_initial * doublings)
 
 
 #: :meth:`EngineOptions.updated`'s keywords that are not the field's own name: keyword -> (part, field).

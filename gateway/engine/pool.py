@@ -12,7 +12,7 @@ loaded. ``submit`` / ``read_out`` / ``score`` / ``decide`` delegate to it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 
 import anyio
@@ -33,6 +33,11 @@ AFFINITY_BYTES = 256
 AFFINITY_SLACK = 4
 
 
+def _argv(words: Iterable[str]) -> tuple[str, ...]:
+    """:class:`EngineSpec`'s ``argv`` as a tuple (``converter=tuple``, typed)."""
+    return tuple(words)
+
+
 @attrs.frozen
 class EngineSpec:
     """One engine of a pool: its ``name``, its command ``argv``, ``options`` (this engine's own
@@ -41,7 +46,7 @@ class EngineSpec:
     and the ``model`` name it serves (None: its CAPS ``model``)."""
 
     name: str
-    argv: tuple[str, ...] = attrs.field(converter=tuple)
+    argv: tuple[str, ...] = attrs.field(converter=_argv)
     options: dict = attrs.field(factory=dict)
     model: str | None = None
 
