@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 from gateway.engine.options import EngineOptions
@@ -37,8 +37,9 @@ DEFAULT_MODEL_DEBIAS = ("canonical", "spellings", "content_free_listing")
 
 @dataclass(frozen=True)
 class LlamaOptions:
-    """The llama engine's own flags (``engines/bin/serveproto-llama``; spec/llama-engine.md); ``None``: the
-    engine's default, left off its command line.
+    """The llama engine's own flags (``engines/bin/serveproto-llama``; spec/llama-engine.md), each field
+    named as ``serve``'s flag (``ctx_max``: ``--ctx-max``); ``None``: the engine's default, left off its
+    command line.
 
     ``slots`` (KV slots), ``ctx`` (tokens per slot), ``ctx_max`` (the longest prompt, tokens),
     ``threads`` (an integer >= 1 or ``"auto"``; ``None``: ``$SERVEPROTO_THREADS``, else ``auto``),
@@ -177,23 +178,8 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
 
 def engines_config(args: argparse.Namespace) -> EnginesConfig:
     """The engines to start, from ``--model`` (repeatable), ``--engine``, ``--engines``, ``--gpus``
-    and the llama engine's flags."""
-    llama = LlamaOptions(
-        slots=args.slots,
-        ctx=args.ctx,
-        ctx_max=args.ctx_max,
-        threads=args.threads,
-        numerics=args.numerics,
-        score_cache_mb=args.score_cache_mb,
-        rpc=args.rpc,
-        split_mode=args.split_mode,
-        tensor_split=args.tensor_split,
-        main_gpu=args.main_gpu,
-        cache_dir=args.cache_dir,
-        cache_disk_mb=args.cache_disk_mb,
-        cache_read_only=bool(args.cache_read_only),
-        precision=args.precision,
-    )
+    and the llama engine's flags (each :class:`LlamaOptions` field is its flag's ``dest``)."""
+    llama = LlamaOptions(**{f.name: getattr(args, f.name) for f in fields(LlamaOptions)})
     models = tuple(getattr(args, "models", None) or [(None, args.model)])
     command = tuple(args.engine) if args.engine else None
     return EnginesConfig(models, command, getattr(args, "engines", 1) or 1, args.gpus, llama)
