@@ -22,7 +22,8 @@ def parse(*argv: str):
 def test_the_defaults_are_the_ones_spawn_and_serve_always_had(monkeypatch):
     monkeypatch.delenv("SERVEPROTO_API_KEY", raising=False)
     assert EngineOptions() == EngineOptions(
-        ProcessOptions(60.0, 60.0, 5.0, 30.0, 5.0, 2.0, None, None, 1000, 4096, 64 << 20), RestartPolicy(3, 60.0, 0.1, 5.0)
+        ProcessOptions(60.0, 60.0, 5.0, 30.0, 5.0, 2.0, None, None, 1000, 4096, 64 << 20),
+        RestartPolicy(3, 60.0, 0.1, 5.0),
     )
     assert ProcessOptions().health_interval is None  # EngineProcess.start alone never PINGs
     cfg = from_args(parse())
@@ -87,8 +88,9 @@ def test_the_engine_command_and_its_model():
 
 
 def test_log_decisions_required_alone_is_refused_naming_both_flags():
-    with pytest.raises(SystemExit, match="^serveproto serve: --log-decisions-required: needs --log-decisions FILE$"):
+    with pytest.raises(SystemExit) as refused:
         from_args(parse("--log-decisions-required"))
+    assert str(refused.value) == "serveproto serve: --log-decisions-required: needs --log-decisions FILE"
 
 
 def test_spawn_keywords_change_single_fields_of_the_tree():
@@ -101,12 +103,13 @@ def test_spawn_keywords_change_single_fields_of_the_tree():
         max_waiting=2,
     )
     assert base.updated() is base and base == EngineOptions()  # frozen: the base is untouched
-    with pytest.raises(TypeError, match="^period: not an engine option"):
-        base.updated(period=3.0)  # spawn's keyword is restart_period
-    with pytest.raises(TypeError, match="^timeout: not an engine option"):
-        base.updated(timeout=3.0)
-    with pytest.raises(ValueError, match=r"^backoff_max: must be >= 0, got -1$"):
+    for key in ("period", "timeout"):  # spawn's keyword is restart_period; a request's timeout is no option
+        with pytest.raises(TypeError) as refused:
+            base.updated(**{key: 3.0})
+        assert str(refused.value) == f"{key}: not an engine option (gateway.engine.options.EngineOptions)"
+    with pytest.raises(ValueError) as refused:
         base.updated(backoff_max=-1)
+    assert str(refused.value) == "backoff_max: must be >= 0, got -1"
     with pytest.raises(dataclasses.FrozenInstanceError):
         base.request_timeout = 3.0  # type: ignore[misc]
 
