@@ -14,6 +14,9 @@ model (each under its own supervisor); ``--model NAME=PATH``, repeatable,
 serves several models, the first the default. Once listening it prints one
 line, ``serveproto: serving <model> on http://<host>:<port>`` (with several
 engines, one line per model first).
+
+The flags are read once into a :class:`gateway.cli.config.ServeConfig`, passed
+whole from there; the engines' commands are planned by :mod:`gateway.cli.plan`.
 """
 
 from __future__ import annotations
@@ -619,7 +622,8 @@ async def serve_config(cfg: config.ServeConfig, *, task_status=None) -> None:
     except OSError as exc:
         raise ListenFailed(f"serveproto: cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}") from None
     try:  # after the bind: a port in use is still reported at once
-        plans = await anyio.to_thread.run_sync(plan.transcoded, plans, cfg.engines.llama)
+        if cfg.engines.llama.precision != "native":  # minutes the first time: in a worker thread
+            plans = await anyio.to_thread.run_sync(plan.transcoded, plans, cfg.engines.llama)
         decisions = _open_decision_log(cfg.decision)
     except BaseException as exc:
         await listener.aclose()
