@@ -83,7 +83,7 @@ async def score_all(items, model: str, threads: int, methods: tuple[str, ...], l
     """Every labelled question's probabilities as served (no calibration) on the llama engine."""
     import anyio
 
-    from gateway.cli.serve import engine_or_exit
+    from gateway.cli.plan import engine_or_exit
     from gateway.decision import jev, pipeline
     from gateway.decision.chat_template import read_gguf
     from gateway.decision.prompts import PromptBuilder
@@ -123,7 +123,7 @@ def table(result) -> str:
 def run(args) -> int:
     import anyio
 
-    from gateway.cli.serve import DEFAULT_MODEL_DEBIAS
+    from gateway.cli.config import DEFAULT_MODEL_DEBIAS
     from gateway.decision import calibration, debias, evalset
 
     if args.data and _is_decision_log(args.data):

@@ -456,7 +456,7 @@ async def _drive(args) -> int:
 
 
 def _engine_cmd(args) -> list[str]:
-    from gateway.cli.serve import default_model_or_exit, engine_or_exit
+    from gateway.cli.plan import default_model_or_exit, engine_or_exit
 
     if args.engine:
         return shlex.split(args.engine)

@@ -87,7 +87,7 @@ async def read_all(items, model: str, threads: int, methods, layer: int | None, 
     """``(layer, rows)``: per labelled question ``(signature, name, k, hidden, served probs, gold, request id)``."""
     import anyio
 
-    from gateway.cli.serve import engine_or_exit
+    from gateway.cli.plan import engine_or_exit
     from gateway.decision import heads, jev, pipeline
     from gateway.decision.chat_template import read_gguf
     from gateway.decision.prompts import PromptBuilder

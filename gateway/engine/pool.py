@@ -12,7 +12,7 @@ loaded. ``submit`` / ``read_out`` / ``score`` / ``decide`` delegate to it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 
 import anyio
@@ -20,6 +20,7 @@ import attrs
 
 from gateway.engine import Engine, RequestStream
 from gateway.engine.errors import EngineUnavailable
+from gateway.engine.options import EngineOptions
 from gateway.engine.process import unwrap_group
 
 #: Routing keys remembered for engine affinity (least recently used first out).
@@ -32,15 +33,20 @@ AFFINITY_BYTES = 256
 AFFINITY_SLACK = 4
 
 
+def _argv(words: Iterable[str]) -> tuple[str, ...]:
+    """:class:`EngineSpec`'s ``argv`` as a tuple (``converter=tuple``, typed)."""
+    return tuple(words)
+
+
 @attrs.frozen
 class EngineSpec:
-    """One engine of a pool: its ``name``, its command ``argv``, keyword
-    arguments for :meth:`Engine.spawn` (timeouts, restarts, ``env`` such as
-    ``CUDA_VISIBLE_DEVICES`` to pin one GPU) and the ``model`` name it serves
-    (None: its CAPS ``model``)."""
+    """One engine of a pool: its ``name``, its command ``argv``, ``options`` (this engine's own
+    changes to the pool's :class:`gateway.engine.options.EngineOptions`, by :meth:`Engine.spawn`'s
+    keyword names: timeouts, restarts, ``env`` such as ``CUDA_VISIBLE_DEVICES`` to pin one GPU)
+    and the ``model`` name it serves (None: its CAPS ``model``)."""
 
     name: str
-    argv: tuple[str, ...] = attrs.field(converter=tuple)
+    argv: tuple[str, ...] = attrs.field(converter=_argv)
     options: dict = attrs.field(factory=dict)
     model: str | None = None
 
@@ -58,8 +64,9 @@ class Pool:
 
     @classmethod
     @asynccontextmanager
-    async def spawn(cls, specs: Sequence[EngineSpec]) -> AsyncIterator[Pool]:
-        """Start every engine of ``specs`` concurrently; yield the :class:`Pool`.
+    async def spawn(cls, specs: Sequence[EngineSpec], options: EngineOptions | None = None) -> AsyncIterator[Pool]:
+        """Start every engine of ``specs`` concurrently, each on ``options`` (default: their defaults)
+        with its spec's own changes; yield the :class:`Pool`.
 
         Raises the first start error (ValueError for an empty or duplicate-named
         list); the engines already started are shut down gracefully.
@@ -74,7 +81,7 @@ class Pool:
         stop = anyio.Event()
 
         async def hold(spec: EngineSpec, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
-            async with Engine.spawn(spec.argv, name=spec.name, **spec.options) as eng:
+            async with Engine.spawn(spec.argv, name=spec.name, options=options, **spec.options) as eng:
                 caps[spec.name] = eng.caps  # read at its handshake: the process may be gone by the time we yield
                 task_status.started(eng)
                 await stop.wait()
