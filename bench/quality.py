@@ -69,8 +69,8 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway.decision import debias, evalset, evaluation, jev, pipeline, readings, scoring
+from gateway.decision.arithmetic import softmax
 from gateway.decision.readings import Method
-from gateway.engine.score import softmax
 
 #: (name, method, stateful correction or None). The first row is the letter read-out of
 #: llama-server-based System One servers; "listed" is today's prompt.

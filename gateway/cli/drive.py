@@ -21,7 +21,7 @@ from collections.abc import Callable
 import anyio
 import attrs
 
-from gateway.engine.score import NORMALIZE
+from gateway.decision.arithmetic import NORMALIZE, probabilities
 
 #: Printed by ``help`` in a drive session.
 DRIVE_HELP = """\
@@ -102,12 +102,12 @@ def describe(ev) -> str:
 def score_table(result, normalize: str = "sum") -> list[str]:
     """Lines of a ScoreResult: per group, each option's tokens, logprob and probability.
 
-    The probabilities are :meth:`gateway.engine.ScoreResult.probabilities` (the server's
+    The probabilities are :func:`gateway.decision.arithmetic.probabilities` (the server's
     arithmetic); raises its ``ValueError`` for an unusable option (no token, a non-finite logprob).
     """
     lines = []
     for gi, row in enumerate(result.groups):
-        probs = result.probabilities(gi, normalize)
+        probs = probabilities(result, gi, normalize)
         width = max(8, *(len(repr(o.option)) for o in row))
         if len(result.groups) > 1:
             lines.append(f"group {gi}")
@@ -491,11 +491,11 @@ async def _score(args) -> int:
 def score_lines(result, normalize: str = "sum", *, as_json: bool = False) -> list[str]:
     """What ``serveproto score`` prints for a one-group ScoreResult: :func:`score_table`, or one JSON
     line (``options``: option, tokens, context_tokens, logprob, logprobs, probability; ``normalize``,
-    ``fast``, ``computed``, ``reused``). Raises ``ValueError`` as :meth:`ScoreResult.probabilities`."""
+    ``fast``, ``computed``, ``reused``). Raises ``ValueError`` as :func:`gateway.decision.arithmetic.probabilities`."""
     if not as_json:
         return score_table(result, normalize)
     row = result.groups[0]
-    probs = result.probabilities(0, normalize)
+    probs = probabilities(result, 0, normalize)
     return [
         json.dumps(
             {

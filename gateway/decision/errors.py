@@ -29,7 +29,7 @@ class DecisionTimeout(Exception):
 
 
 class UnusableScores(Exception):
-    """Option logprobs the pipeline cannot read (:func:`gateway.engine.score.option_scores`'s
+    """Option logprobs the pipeline cannot read (:func:`gateway.decision.arithmetic.option_scores`'s
     ``ValueError``): the message names the question (or the content-free reading) and why."""
 
 

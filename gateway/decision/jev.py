@@ -16,8 +16,8 @@ from typing import Any
 import attrs
 
 from gateway.decision import debias, scoring
+from gateway.decision.arithmetic import check_normalize
 from gateway.decision.prompts import as_text
-from gateway.engine.score import check_normalize
 
 MAX_QUESTIONS = 64
 MAX_OPTIONS = 255

@@ -6,7 +6,7 @@ benchmarks call without HTTP. On a language model each question is a prompt of t
 seed's table scored option by option (one batched ``SCORE`` when the engine
 advertises ``x_score``, else the seed's pin + SUBMIT sequence; the engine API
 picks), read under the request's ``x_debias`` (:mod:`gateway.decision.readings`),
-then softmax (:mod:`gateway.engine.score`), calibration and the reported
+then softmax (:mod:`gateway.decision.arithmetic`), calibration and the reported
 millionths (:mod:`gateway.decision.scoring`). On a ``decide=1`` engine the whole
 request is one ``DECIDE`` record (:mod:`gateway.decision.record`). A question with
 a single option is answered without the engine.
@@ -27,13 +27,13 @@ import anyio
 import attrs
 
 from gateway.decision import debias, readings, record, refusals, scoring
+from gateway.decision.arithmetic import option_scores, softmax
 from gateway.decision.calibration import IDENTITY
 from gateway.decision.errors import DecisionTimeout, Refused, UnusableDecision, UnusableScores
 from gateway.decision.jev import Question, SystemOneRequest
 from gateway.decision.keyset import KeySet
 from gateway.decision.prompts import PromptBuilder
 from gateway.engine.errors import RequestError
-from gateway.engine.score import option_scores, softmax
 
 __all__ = ["Settings", "Memory", "Decided", "decide", "SEEN_STATES"]
 

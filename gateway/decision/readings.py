@@ -49,8 +49,8 @@ from typing import Any
 import attrs
 
 from gateway.decision import debias
+from gateway.decision.arithmetic import log_softmax, option_scores, softmax
 from gateway.decision.prompts import cloze_text, letters_text, listing_order, question_text, spellings
-from gateway.engine.score import log_softmax, option_scores, softmax
 
 FORMATS = ("listed", "cloze", "letters")
 
@@ -190,9 +190,9 @@ def log_probs(owner: Sequence[int], logprobs: Sequence[Sequence[float]], normali
     ``owner``: a :class:`Read`'s ``owner``; ``logprobs[k]``: the token
     logprobs of its ``scored[k]`` (engine order).
     Each option's score is the log of the summed probabilities of its scored
-    texts (:func:`gateway.engine.score.option_scores` per text, log-sum-exp per
-    option), then :func:`gateway.engine.score.log_softmax`. Raises ``ValueError`` as
-    :func:`gateway.engine.score.option_scores`.
+    texts (:func:`gateway.decision.arithmetic.option_scores` per text, log-sum-exp per
+    option), then :func:`gateway.decision.arithmetic.log_softmax`. Raises ``ValueError`` as
+    :func:`gateway.decision.arithmetic.option_scores`.
     """
     per_text = option_scores(logprobs, normalize)
     n = max(owner) + 1

@@ -34,7 +34,7 @@ from gateway.engine.errors import (
 )
 from gateway.engine.process import EngineProcess, unwrap_group
 from gateway.engine.request import RequestStream
-from gateway.engine.score import OptionScore, option_scores, option_tokens, softmax
+from gateway.engine.score import OptionScore, option_tokens
 from gateway.engine.slots import SlotLease
 from gateway.engine.supervisor import RestartPolicy, Supervisor
 from serveproto import Accept, Caps, Decide, Decision, Done, Echo, Hidden, Ping, Pong, Score, Scored, Submit
@@ -54,7 +54,6 @@ __all__ = [
     "EngineTimeout",
     "EngineUnavailable",
     "RequestError",
-    "softmax",
 ]
 
 Text = Union[str, bytes]  # noqa: UP007  (a runtime alias: keep the typing.Union object)
@@ -125,17 +124,6 @@ class ScoreResult:
     #: SCORE's ``hidden`` (spec 9.1): ``{(group, layer): (n_embd,) float32 values}``; empty when
     #: not asked for, or on a path that does not read them (the fallback, folded stems).
     hidden: dict = attrs.field(factory=dict)
-
-    def probabilities(self, group: int = 0, normalize: str = "sum") -> list[float]:
-        """Softmax over group ``group``'s options of their sum (or ``"mean"``) logprob: ``(n_options,)``.
-
-        The seed's "Scoring by hand" step 3 and DESIGN.md's data flow step 4, the same
-        arithmetic as the server's (:func:`gateway.engine.score.option_scores`, then
-        :func:`gateway.engine.score.softmax`). Raises ``ValueError`` for another
-        ``normalize``, or for an option with no token or a non-finite logprob (which no
-        engine sends: a hand-made result).
-        """
-        return softmax(option_scores([o.logprobs for o in self.groups[group]], normalize))
 
 
 #: The group of a folded SCORE's refusal (always its group 0), renamed to the caller's group.
