@@ -1,6 +1,6 @@
 """Decision quality on labelled questions, per prompt format and correction, in one run.
 
-Asks the labelled requests of :mod:`gateway.decision.evalset` (the generated set, or
+Asks the labelled requests of :mod:`gateway.lab.evalset` (the generated set, or
 ``--data FILE``, a user's labelled JSONL) on the llama engine and prints, per
 configuration (:data:`CONFIGS`: a :class:`gateway.decision.readings.Method`, plus
 batch calibration or PriDe for two of them), one table row:
@@ -11,7 +11,7 @@ batch calibration or PriDe for two of them), one table row:
   of nouls answered yes beside the gold share, macro-F1 (per task, averaged);
 - ECE (top label, 10 equal-mass bins) with its noise floor (the mean ECE of
   a perfectly calibrated model with the same confidences, by bootstrap),
-  Brier and NLL (:mod:`gateway.decision.evaluation`);
+  Brier and NLL (:mod:`gateway.lab.evaluation`);
 - option-order stability over choices: each choice task is asked under 3
   orders of its labels (any permutations, drawn so that they are not all
   rotations of one another; both orders for two labels): the share of
@@ -68,9 +68,10 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.decision import debias, evalset, evaluation, jev, pipeline, readings, scoring
+from gateway.decision import debias, jev, pipeline, readings, scoring
 from gateway.decision.arithmetic import softmax
 from gateway.decision.readings import Method
+from gateway.lab import evalset, evaluation
 
 #: (name, method, stateful correction or None). The first row is the letter read-out of
 #: llama-server-based System One servers; "listed" is today's prompt.
@@ -878,7 +879,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=str(default_model_path()), help="GGUF (default: the default model)")
     parser.add_argument("--threads", type=int, default=1, help="engine CPU threads (default 1)")
-    parser.add_argument("--data", help="a labelled JSONL file (gateway.decision.evalset); default: the generated set")
+    parser.add_argument("--data", help="a labelled JSONL file (gateway.lab.evalset); default: the generated set")
     parser.add_argument("--seed", type=int, default=evalset.SEED, help="the generator's and the orders' seed")
     parser.add_argument("--subset", type=int, default=0, help="only the first N requests of each domain (quick runs)")
     parser.add_argument(

@@ -1,4 +1,4 @@
-"""``gateway.decision.evalset``: the generated labelled set (deterministic, every type, 2 to 12 options, text and JSON
+"""``gateway.lab.evalset``: the generated labelled set (deterministic, every type, 2 to 12 options, text and JSON
 states, gold answers stated by the text) and the labelled JSONL reader."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import hashlib
 import orjson
 import pytest
 
-from gateway.decision import evalset, jev
+from gateway.decision import jev
+from gateway.lab import evalset
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from gateway.decision import head_fit, heads, jev
+from gateway.decision import heads, jev
+from gateway.lab import head_fit
 
 
 def _data(seed: int = 0, n: int = 240, d: int = 12, k: int = 3):

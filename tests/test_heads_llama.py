@@ -17,10 +17,11 @@ import orjson
 import pytest
 
 from gateway.cli import main
-from gateway.decision import calibration, evalset, head_fit, heads, jev, pipeline, scoring
+from gateway.decision import calibration, heads, jev, pipeline, scoring
 from gateway.decision.chat_template import read_gguf
 from gateway.decision.prompts import PromptBuilder
 from gateway.engine import Engine
+from gateway.lab import evalset, head_fit
 from gateway.paths import DEFAULT_MODEL_NAME, default_model_path, engine_bin
 from test_server_llama import serving
 

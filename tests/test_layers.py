@@ -22,8 +22,9 @@ ALLOWED = {
     "http": set(),
     "engine": {"paths"},
     "decision": {"engine", "paths"},
+    "lab": {"decision", "engine", "paths"},
     "server": {"decision", "engine", "http", "paths"},
-    "cli": {"server", "decision", "engine", "http", "paths"},
+    "cli": {"server", "lab", "decision", "engine", "http", "paths"},
 }
 FORBIDDEN_TOP = {"fixtures", "bench", "tests"}
 

@@ -7,7 +7,7 @@ logprob reading, whose one prompt a head is served on), with the hidden state of
 (default: two thirds of the model's depth) at each question's prompt end read in the same
 SCORE. The questions are grouped by signature (:func:`gateway.decision.heads.signature`: type,
 instructions, options); each signature with at least ``--min-labels`` labels gets a head
-(:func:`gateway.decision.head_fit.fit`), written to
+(:func:`gateway.lab.head_fit.fit`), written to
 ``$SERVEPROTO_CACHE/heads/<model sha256>.json`` (``serve`` loads it for that model).
 
 Printed per signature, held out by request (``--folds`` folds: a head fitted on the others,
@@ -132,7 +132,7 @@ def held_out(X, y, k: int, ids: list[str], folds: int, seed: int):
     """Out-of-fold probabilities ``(n, k)`` of heads fitted on the other folds (by request)."""
     import numpy as np
 
-    from gateway.decision import head_fit
+    from gateway.lab import head_fit
 
     f = head_fit._folds(ids, min(folds, len(set(ids))), seed)
     P = np.zeros((len(y), k))
@@ -147,7 +147,8 @@ def run(args) -> int:
     import anyio
     import numpy as np
 
-    from gateway.decision import calibration, debias, evalset, evaluation, head_fit, heads
+    from gateway.decision import calibration, debias, heads
+    from gateway.lab import evalset, evaluation, head_fit
 
     model = args.model or str(default_model_path())
     if not Path(model).exists():
