@@ -32,7 +32,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.decision import jev
+from gateway.decision import schema
 from gateway.lab import evalset
 
 
@@ -70,7 +70,7 @@ async def collect(args) -> None:
             for k, item in enumerate(items, start=1):
                 if item.id in done:
                     continue
-                parsed = jev.parse_request(item.body)
+                parsed = schema.parse_request(item.body)
                 d_def = await pipeline.decide(parsed, eng, s_def, m_def) if not args.train_only else None
                 d_none = await pipeline.decide(parsed, eng, s_none, m_none)
                 rows = []
@@ -116,7 +116,7 @@ async def cost(args) -> None:
     by_task = load(args.fit_from)
     made = {}
     for item in items:
-        for q in jev.parse_request(item.body).questions:
+        for q in schema.parse_request(item.body).questions:
             rows = by_task.get(item.tasks[q.id], [])
             sig = heads.signature(q)
             if sig in made or len(rows) < 4:
@@ -154,7 +154,7 @@ async def cost(args) -> None:
         mems = {k: pipeline.Memory() for k in configs}
         tot = {k: [0, 0.0, 0] for k in configs}
         for i, item in enumerate(items):
-            parsed = jev.parse_request(item.body)
+            parsed = schema.parse_request(item.body)
             for name, st in configs.items():  # side by side: each request under each config in turn
                 t0 = time.perf_counter()
                 d = await pipeline.decide(parsed, engines[name], st, mems[name])

@@ -68,7 +68,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.decision import debias, jev, pipeline, readings, scoring
+from gateway.decision import debias, pipeline, readings, schema, scoring
 from gateway.decision.arithmetic import softmax
 from gateway.decision.readings import Method
 from gateway.lab import evalset, evaluation
@@ -219,7 +219,7 @@ class Reader:
         self.computed = 0
         self.seconds = 0.0
 
-    def keys(self, request: jev.SystemOneRequest, method: Method) -> list[tuple[tuple, list[tuple]]]:
+    def keys(self, request: schema.SystemOneRequest, method: Method) -> list[tuple[tuple, list[tuple]]]:
         """Per question of ``request``: (its reads' keys, its content-free reads' keys)."""
         prefix = self.prompts.prefix(request.state, request.prefix)
         cf_prefix = self.prompts.prefix("", request.prefix)
@@ -260,7 +260,7 @@ class Reader:
         return {k: got.get(k, self.cache.get(k)) for k in keys}
 
 
-def probabilities(method: Method, q: jev.Question, keys: tuple, lookup) -> list[float]:
+def probabilities(method: Method, q: schema.Question, keys: tuple, lookup) -> list[float]:
     """A question's unrounded probabilities (reply order) under a stateless ``method``, from read logprobs."""
     real, free = keys
     reads = readings.plan(q.type, q.instructions, q.criteria, q.n_options, method)
@@ -299,7 +299,7 @@ async def run(args) -> dict:
             by_dom.setdefault(domain_of(it), []).append(it)
         items = [it for its in by_dom.values() for it in its[: args.subset]]
     bodies, golds = pass_bodies(items, args.seed)
-    requests = [[jev.parse_request(b) for b in bodies[p]] for p in range(PASSES)]
+    requests = [[schema.parse_request(b) for b in bodies[p]] for p in range(PASSES)]
     n_q = sum(len(g) for g in golds[0])
     print(f"{len(items)} requests, {n_q} labelled questions, {PASSES} option orders per choice", flush=True)
 
@@ -367,7 +367,7 @@ async def run(args) -> dict:
         for i in range(0, len(items), args.qorder_every) if not reused else ():
             body = bodies[0][i]
             rev = {**body, "questions": dict(reversed(list(body["questions"].items())))}
-            r = jev.parse_request(rev)
+            r = schema.parse_request(rev)
             ks = [k for m in methods for real, _ in reader.keys(r, m) for k in real]
             reversed_reads[i] = await reader.read(ks, fresh=True)
         print(f"question order: {len(reversed_reads)} requests read again with their questions reversed", flush=True)
@@ -588,7 +588,7 @@ def noul_table(rows: list[dict]) -> str:
 
 def stateful(state, method, cyc, items, requests, keys, lookup, probs, rev, reversed_reads):
     """Batch calibration or PriDe on top of ``method``'s probabilities, per (task, pass)."""
-    groups: dict[tuple[str, int], list[tuple[int, jev.Question]]] = {}
+    groups: dict[tuple[str, int], list[tuple[int, schema.Question]]] = {}
     for p in range(PASSES):
         for i, r in enumerate(requests[p]):
             for q in r.questions:
@@ -814,7 +814,7 @@ async def cost(eng, prompts, items, requests, keys, reader, per_domain):
     return out
 
 
-def new_questions(request: jev.SystemOneRequest, serial: int) -> jev.SystemOneRequest:
+def new_questions(request: schema.SystemOneRequest, serial: int) -> schema.SystemOneRequest:
     """``request`` with every question's instructions opened by ``Question <serial>.``: new questions (their
     stems never read) on the same state and the same options."""
     return attrs.evolve(

@@ -8,7 +8,7 @@ import hashlib
 import orjson
 import pytest
 
-from gateway.decision import jev
+from gateway.decision import schema
 from gateway.lab import evalset
 
 
@@ -31,7 +31,7 @@ def test_every_type_option_count_and_state_kind(items):
     kinds = {type(i.body["state"]).__name__ for i in items}
     assert kinds == {"str", "dict"}
     for item in items:
-        jev.parse_request(item.body)  # every request validates as the server reads it
+        schema.parse_request(item.body)  # every request validates as the server reads it
         assert set(item.gold) == set(item.body["questions"])
 
 

@@ -84,7 +84,7 @@ async def score_all(items, model: str, threads: int, methods: tuple[str, ...], l
     import anyio
 
     from gateway.cli.serve import engine_or_exit
-    from gateway.decision import jev, pipeline
+    from gateway.decision import pipeline, schema
     from gateway.decision.chat_template import read_gguf
     from gateway.decision.prompts import PromptBuilder
     from gateway.engine import Engine
@@ -97,7 +97,7 @@ async def score_all(items, model: str, threads: int, methods: tuple[str, ...], l
         memory = pipeline.Memory()
         t0 = time.perf_counter()
         for k, item in enumerate(items, start=1):
-            parsed = jev.parse_request(item.body)
+            parsed = schema.parse_request(item.body)
             decided = await pipeline.decide(parsed, eng, settings, memory)
             out += answers_of(parsed, decided, item.gold, item.id)
             if k % 10 == 0 or k == len(items):

@@ -88,7 +88,7 @@ async def read_all(items, model: str, threads: int, methods, layer: int | None, 
     import anyio
 
     from gateway.cli.serve import engine_or_exit
-    from gateway.decision import heads, jev, pipeline
+    from gateway.decision import heads, pipeline, schema
     from gateway.decision.chat_template import read_gguf
     from gateway.decision.prompts import PromptBuilder
     from gateway.engine import Engine
@@ -107,7 +107,7 @@ async def read_all(items, model: str, threads: int, methods, layer: int | None, 
         memory = pipeline.Memory()
         t0 = time.perf_counter()
         for n, item in enumerate(items, start=1):
-            parsed = jev.parse_request(item.body)
+            parsed = schema.parse_request(item.body)
             decided = await pipeline.decide(parsed, eng, settings, memory)
             for q in parsed.questions:
                 if q.id in item.gold and q.n_options > 1 and layer in decided.hidden.get(q.id, {}):

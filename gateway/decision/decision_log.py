@@ -41,7 +41,7 @@ from typing import Any
 
 import orjson
 
-from gateway.decision.jev import Question
+from gateway.decision.schema import Question
 
 log = logging.getLogger("serveproto.decisions")
 

@@ -8,7 +8,7 @@ engine's errors (:mod:`gateway.engine.errors`) pass through the pipeline as they
 
 from __future__ import annotations
 
-from gateway.decision.jev import JevValidationError
+from gateway.decision.schema import JevValidationError
 
 __all__ = ["Refused", "DecisionTimeout", "UnusableScores", "UnusableDecision"]
 

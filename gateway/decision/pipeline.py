@@ -30,9 +30,9 @@ from gateway.decision import debias, readings, record, refusals, scoring
 from gateway.decision.arithmetic import option_scores, softmax
 from gateway.decision.calibration import IDENTITY
 from gateway.decision.errors import DecisionTimeout, Refused, UnusableDecision, UnusableScores
-from gateway.decision.jev import Question, SystemOneRequest
 from gateway.decision.keyset import KeySet
 from gateway.decision.prompts import PromptBuilder
+from gateway.decision.schema import Question, SystemOneRequest
 from gateway.engine.errors import RequestError
 
 __all__ = ["Settings", "Memory", "Decided", "decide", "SEEN_STATES"]

@@ -33,7 +33,7 @@ from typing import Any
 import attrs
 
 from gateway.decision import debias
-from gateway.decision.jev import JevValidationError, Question, SystemOneRequest
+from gateway.decision.schema import JevValidationError, Question, SystemOneRequest
 
 #: Documents one request may rank (Cohere's documented bound for one call).
 MAX_DOCUMENTS = 1000

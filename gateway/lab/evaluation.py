@@ -27,7 +27,8 @@ def _w(weights: Sequence[float] | None, n: int) -> np.ndarray:
 
 
 def argmax(p: Sequence[float]) -> int:
-    """The reported answer: the most likely option, the first on ties (as :func:`gateway.decision.jev.answer`)."""
+    """The reported answer: the most likely option, the first on ties (as
+    :func:`gateway.server.jev.protocol.answer`)."""
     best = 0
     for i, x in enumerate(p):
         if x > p[best]:

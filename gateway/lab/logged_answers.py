@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.decision.decision_log import KEYS
-from gateway.decision.jev import QUESTION_TYPES, Question
+from gateway.decision.schema import QUESTION_TYPES, Question
 from gateway.lab.evalset import gold_index, json_lines
 
 

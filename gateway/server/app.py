@@ -24,9 +24,10 @@ import orjson
 from gateway.decision import pipeline
 from gateway.decision.chat_template import ChatTemplate, read_gguf
 from gateway.http import HTTPError, Request, Response, Router, access_line
-from gateway.server import auth, routes_jev, routes_openai, routes_ops, routes_rerank, routing
+from gateway.server import auth, routes_openai, routes_ops, routes_rerank, routing
 from gateway.server.errors import RETRY_AFTER, http_error, log_note
 from gateway.server.fleet import Backend, Served
+from gateway.server.jev import routes as routes_jev
 from gateway.server.metrics import Metrics
 
 log = logging.getLogger("serveproto.access")

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from gateway.http import HTTPError, Request
-from gateway.server.errors import validation_body
+from gateway.server.jev.protocol import validation_body
 
 
 def parse_json(request: Request) -> Any:

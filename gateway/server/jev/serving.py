@@ -1,11 +1,12 @@
-"""``POST /v1/systemone`` (TypeSafe's Jev) and ``POST /v1/decisions`` (OpenAI's Decisions API shape).
+"""Serving ``POST /v1/systemone`` (TypeSafe's Jev) and ``POST /v1/decisions`` (OpenAI's Decisions API shape).
 
-Each route is parse -> decide -> reply: the body is parsed into a
-:class:`~gateway.decision.jev.SystemOneRequest` (:func:`gateway.decision.jev.parse_request`,
+Each request is parse -> decide -> reply: the body is parsed into a
+:class:`~gateway.decision.schema.SystemOneRequest` (:func:`gateway.decision.schema.parse_request`,
 or :func:`parse_decisions` for the OpenAI shape), answered by the decision pipeline
 (:func:`gateway.decision.pipeline.decide`, with the app's engine, settings and memory),
-and written in the route's reply shape. What the pipeline raises is mapped to HTTP by
-:mod:`gateway.server.errors` (``/v1/decisions`` gives a refusal OpenAI's envelope).
+and written in the route's reply shape (:mod:`gateway.server.jev.protocol` for Jev's). What
+the pipeline raises is mapped to HTTP by :mod:`gateway.server.errors` (``/v1/decisions`` gives
+a refusal OpenAI's envelope).
 """
 
 from __future__ import annotations
@@ -13,15 +14,16 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from gateway.decision import decision_log, jev, pipeline, refusals, scoring
+from gateway.decision import decision_log, pipeline, refusals, schema, scoring
 from gateway.decision.calibration import IDENTITY
 from gateway.decision.errors import Refused
-from gateway.decision.jev import JevValidationError, SystemOneRequest
 from gateway.decision.pipeline import Decided
 from gateway.decision.prompts import as_text
+from gateway.decision.schema import JevValidationError, SystemOneRequest
 from gateway.http import HTTPError, Request, Response
 from gateway.server.body import parse_json
 from gateway.server.errors import RETRY_AFTER
+from gateway.server.jev import protocol
 from gateway.server.routing import HEADER as ROUTE_HEADER
 from gateway.server.routing import routing_key
 
@@ -86,14 +88,14 @@ def _headers(request: Request, decided: Decided) -> list[tuple[str, str]]:
 
 
 async def systemone(app: App, request: Request) -> Response:
-    parsed = jev.parse_request(parse_json(request))
+    parsed = schema.parse_request(parse_json(request))
     key = routing_key(parsed.state, parsed.prefix)
     here = app.backend(parsed.model, key)  # the model named (else the default), by state affinity then load
     decided = await decide(here, parsed)
     log_decisions(here, request.request_id, parsed, decided)
     answers = {
         q.id: {
-            **jev.answer(q, decided.probs[q.id]),
+            **protocol.answer(q, decided.probs[q.id]),
             "x_calibration": decided.calibration.get(q.id, IDENTITY),
             **({"x_head": decided.heads[q.id]} if q.id in decided.heads else {}),
         }
@@ -112,7 +114,7 @@ async def systemone(app: App, request: Request) -> Response:
         extra["x_debias"] = list(decided.debias)
     if decided.warnings:
         extra["x_warnings"] = decided.warnings
-    body = jev.reply(here.model.name, answers, decided.input_tokens, decided.output_tokens, extra)
+    body = protocol.reply(here.model.name, answers, decided.input_tokens, decided.output_tokens, extra)
     return Response.json(body, headers=_headers(request, decided) + [(ROUTE_HEADER, key)])
 
 
@@ -147,8 +149,8 @@ def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
     if "input" not in body:
         raise _openai_error("'input' is required", "input")
     qs = body.get("questions")
-    if not isinstance(qs, list) or not 1 <= len(qs) <= jev.MAX_QUESTIONS:
-        raise _openai_error(f"'questions' must be an array of 1 to {jev.MAX_QUESTIONS} questions", "questions")
+    if not isinstance(qs, list) or not 1 <= len(qs) <= schema.MAX_QUESTIONS:
+        raise _openai_error(f"'questions' must be an array of 1 to {schema.MAX_QUESTIONS} questions", "questions")
     converted: dict[str, Any] = {}
     for i, q in enumerate(qs):
         param = f"questions[{i}]"
@@ -188,7 +190,7 @@ def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
         converted[str(i)] = jq
     try:
         extension = {k: body[k] for k in ("x_debias", "x_head") if k in body}
-        parsed = jev.parse_request(
+        parsed = schema.parse_request(
             {"state": body["input"], "questions": converted, "model": body.get("model"), **extension}
         )
     except JevValidationError as exc:
@@ -268,14 +270,3 @@ async def decisions(app: App, request: Request) -> Response:
         "usage": {"input_tokens": decided.input_tokens, "output_tokens": decided.output_tokens},
     }
     return Response.json(body, headers=_headers(request, decided) + [(ROUTE_HEADER, key)])
-
-
-def register(app: App) -> None:
-    async def _systemone(request: Request) -> Response:
-        return await systemone(app, request)
-
-    async def _decisions(request: Request) -> Response:
-        return await decisions(app, request)
-
-    app.router.route("/v1/systemone", "POST", _systemone)
-    app.router.route("/v1/decisions", "POST", _decisions)

@@ -1,10 +1,10 @@
-"""``POST /v1/systemone``: the request's validation and the reply's shape (TypeSafe's Jev contract).
+"""The question schema: a ``/v1/systemone`` request validated into what the decision room answers.
 
 :func:`parse_request` turns a decoded JSON body into a :class:`SystemOneRequest`
 or raises :class:`JevValidationError` listing every problem at once, as
 ``{"loc": ["body", ...path], "msg", "type"}`` entries (FastAPI/pydantic's
-shape, which the official SDK reads). :func:`answer` and :func:`reply` build
-the answer objects and the reply; every field beyond Jev's is ``x_``-prefixed.
+shape, which the official SDK reads). The wire's side of the contract (the 422
+body, the answers and the reply) is the server's: :mod:`gateway.server.jev.protocol`.
 See ``../shared/notes/jev-contract.md`` and the seed's "The HTTP endpoint".
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from gateway.decision import debias, scoring
+from gateway.decision import debias
 from gateway.decision.arithmetic import check_normalize
 from gateway.decision.prompts import as_text
 
@@ -27,23 +27,12 @@ QUESTION_TYPES = ("noul", "choice", "score")
 
 
 class JevValidationError(Exception):
-    """A request that does not validate. ``errors``: the 422 ``detail`` list."""
+    """A request that does not validate. ``errors``: the 422 ``detail`` list
+    (:func:`gateway.server.jev.protocol.error_body` is its 422 body)."""
 
     def __init__(self, errors: list[dict[str, Any]]) -> None:
         super().__init__("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors))
         self.errors = errors
-
-    def body(self) -> dict[str, Any]:
-        """The 422 body: Jev's ``detail`` list (the SDK reads it) and an ``error`` envelope beside it."""
-        first = self.errors[0]
-        return {
-            "detail": self.errors,
-            "error": {
-                "type": "invalid_request_error",
-                "message": str(self),
-                "param": ".".join(map(str, first["loc"][1:])),
-            },
-        }
 
 
 @attrs.frozen
@@ -337,64 +326,3 @@ def parse_request(body: Any) -> SystemOneRequest:
         debias=debias_methods,
         head=head,
     )
-
-
-def answer(question: Question, probabilities: list[float], extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The Jev answer of one question from its reported probabilities (options in reply order).
-
-    ``probabilities``: ``(n_options,)`` as :func:`gateway.decision.scoring.decide` /
-    :func:`gateway.decision.scoring.report` return them (noul: ``[p_no, p_yes]``).
-    noul gets ``{"type", "noul"}`` only; choice ``choice`` (the argmax, first
-    on ties), ``probabilities`` by label, ``confidence``; score ``score`` (the
-    expected level), ``legend`` and ``probabilities`` keyed ``"0".."n-1"``,
-    ``confidence``. ``extra`` fields (``x_``-prefixed) are added to choice
-    and score answers.
-    """
-    p = probabilities
-    if question.type == "noul":
-        return {"type": "noul", "noul": scoring.r6(p[1])}
-    if question.type == "choice":
-        labels = list(question.criteria)
-        best = max(range(len(p)), key=lambda i: (p[i], -i))
-        out = {
-            "type": "choice",
-            "choice": labels[best],
-            "probabilities": {label: p[i] for i, label in enumerate(labels)},
-            "confidence": scoring.r6(scoring.confidence(p)),
-        }
-    else:
-        out = {
-            "type": "score",
-            "score": scoring.r6(scoring.expected_level(p)),
-            "legend": {str(i): level for i, level in enumerate(question.criteria)},
-            "probabilities": {str(i): x for i, x in enumerate(p)},
-            "confidence": scoring.r6(scoring.confidence(p)),
-        }
-    out["x_entropy"] = scoring.r6(scoring.entropy(p))
-    if extra:
-        out.update(extra)
-    return out
-
-
-def reply(
-    model: str,
-    answers: dict[str, dict[str, Any]],
-    input_tokens: int,
-    output_tokens: int,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The 200 body: ``{"model", "answers", "usage": {"input_tokens", "output_tokens"}}`` plus ``x_`` extras.
-
-    Token counts are ints (the SDK rejects floats). ``extra`` keys must
-    start with ``x_`` (``ValueError`` otherwise).
-    """
-    body: dict[str, Any] = {
-        "model": model,
-        "answers": answers,
-        "usage": {"input_tokens": int(input_tokens), "output_tokens": int(output_tokens)},
-    }
-    for k, v in (extra or {}).items():
-        if not k.startswith("x_"):
-            raise ValueError(f"extra reply field {k!r} is not x_-prefixed")
-        body[k] = v
-    return body
