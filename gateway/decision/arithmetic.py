@@ -38,7 +38,7 @@ def check_normalize(normalize: object) -> str:
     """
     if normalize not in NORMALIZE:
         raise ValueError(f"normalize must be 'sum' or 'mean', got {normalize!r}")
-    return normalize  # type: ignore[return-value]
+    return normalize
 
 
 def option_scores(logprobs: Sequence[Sequence[float]], normalize: str = "sum") -> list[float]:

@@ -186,7 +186,7 @@ def load_document(doc: Any, path: str = "calibration") -> Calibration:
     for qtype, m in raw_maps.items():
         kind = m.get("kind") if isinstance(m, dict) else None
         names = PARAMS.get(kind) if isinstance(kind, str) else None
-        if names is None or qtype not in ("noul", "choice", "score"):
+        if names is None or not isinstance(kind, str) or qtype not in ("noul", "choice", "score"):
             raise ValueError(f"{path}: maps.{qtype}: unknown map {kind!r}")
         for n in names:
             v = m.get(n)
@@ -198,7 +198,7 @@ def load_document(doc: Any, path: str = "calibration") -> Calibration:
         maps[qtype] = TypeMap(kind, {n: float(m[n]) for n in names})
     model = doc.get("model")
     sha = model.get("sha256") if isinstance(model, dict) else None
-    if not _is_hex(sha, 64):
+    if not isinstance(sha, str) or not _is_hex(sha, 64):
         raise ValueError(f"{path}: model.sha256: expected the model file's sha256, 64 lowercase hex digits")
     if "x_debias" not in doc:
         raise ValueError(f"{path}: x_debias: missing (the methods its scores were read under; [] for none)")

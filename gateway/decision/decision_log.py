@@ -35,7 +35,7 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +115,9 @@ class DecisionLog:
     why the last write failed (``strerror``), or None.
     """
 
-    def __init__(self, path: str | Path, *, required: bool = False, clock=time.monotonic) -> None:
+    def __init__(
+        self, path: str | Path, *, required: bool = False, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.path = Path(path)
         self.required = required
         self.lost = 0

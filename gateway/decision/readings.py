@@ -266,6 +266,7 @@ def pride_prior(samples: Sequence[tuple[Sequence[Sequence[float]], Sequence[Sequ
         logit = [math.fsum(at[r][d] for r in range(len(at))) / len(at) for d in range(n)]
         prior = softmax(logit)
         total = prior if total is None else [a + b for a, b in zip(total, prior)]
+    assert total is not None  # samples is not empty
     return [x / len(samples) for x in total]
 
 

@@ -50,7 +50,7 @@ DOCUMENT_FIRST_QUESTION = "Search query: {query}\n\nIs this document relevant to
 #: log-odds alike, so it leaves the order as ``cyclic`` alone ranks and takes the model's lean to one answer out
 #: of the probability, read once for all documents). Not the server's ``--debias``: that one is chosen on the
 #: decision questions of ``bench/quality.py``, whose best corrections rank worse here.
-DEFAULT_DEBIAS = ("cyclic", "content_free_listing")
+DEFAULT_DEBIAS: tuple[str, ...] = ("cyclic", "content_free_listing")
 
 QUERY_FIRST = "query_first"
 DOCUMENT_FIRST = "document_first"

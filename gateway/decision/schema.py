@@ -109,7 +109,7 @@ def _how_alike(a: str, b: str) -> str:
     return f"only by case, surrounding whitespace, {_HIDDEN}"
 
 
-def _err(loc: list, msg: str, type_: str) -> dict[str, Any]:
+def _err(loc: list[Any], msg: str, type_: str) -> dict[str, Any]:
     return {"loc": ["body", *loc], "msg": msg, "type": type_}
 
 
@@ -117,7 +117,7 @@ def _is_content(v: Any) -> bool:
     return isinstance(v, (str, dict, list))
 
 
-def _check_content(errors: list, loc: list, v: Any, *, nullable: bool) -> None:
+def _check_content(errors: list[dict[str, Any]], loc: list[Any], v: Any, *, nullable: bool) -> None:
     if v is None and nullable:
         return
     if not _is_content(v):
@@ -125,7 +125,7 @@ def _check_content(errors: list, loc: list, v: Any, *, nullable: bool) -> None:
         errors.append(_err(loc, f"Input should be {what}", "content_type"))
 
 
-def _question(errors: list, qid: str, raw: Any) -> Question | None:
+def _question(errors: list[dict[str, Any]], qid: str, raw: Any) -> Question | None:
     loc = ["questions", qid]
     if not isinstance(raw, dict):
         errors.append(_err(loc, "Input should be an object", "dict_type"))

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from gateway.engine.errors import RequestError
+from serveproto import Echo
 
 
 @attrs.frozen
@@ -51,7 +52,7 @@ class OptionScore:
 
 
 def option_tokens(
-    echoes: Iterable, known: Mapping[int, bytes], context_len: int, *, where: str = "option"
+    echoes: Iterable[Echo], known: Mapping[int, bytes], context_len: int, *, where: str = "option"
 ) -> tuple[int, tuple[float, ...]]:
     """``(context_tokens, logprobs)`` of an option from its SUBMIT's ECHO read-out.
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -30,7 +30,7 @@ from gateway.decision.calibration import (
 from gateway.lab import evaluation
 
 
-def _golden(f, lo: float, hi: float, iters: int = 80) -> float:
+def _golden(f: Callable[[float], float], lo: float, hi: float, iters: int = 80) -> float:
     """The minimum of a convex ``f`` on ``[lo, hi]`` (golden-section search on ``ln beta``)."""
     a, b = math.log(lo), math.log(hi)
     g = (math.sqrt(5) - 1) / 2
@@ -67,7 +67,7 @@ def fit_inverse_temperature(probs: Sequence[Sequence[float]], gold: Sequence[int
 
 def fit_two_slope(probs: Sequence[Sequence[float]], gold: Sequence[int]) -> tuple[float, float]:
     """``(a_yes, a_no)`` for :func:`two_slope`: each side's slope fitted on the answers of that side."""
-    sides: dict[bool, tuple[list, list]] = {True: ([], []), False: ([], [])}
+    sides: dict[bool, tuple[list[Sequence[float]], list[int]]] = {True: ([], []), False: ([], [])}
     for p, g in zip(probs, gold):
         z = math.log(clip(p[1])) - math.log(clip(p[0]))
         sides[z >= 0][0].append(p)
@@ -137,7 +137,7 @@ class Fit:
 
     maps: dict[str, TypeMap]
     held_out: dict[str, dict[str, dict[str, float]]]
-    pooled: tuple[list, list, list]
+    pooled: tuple[list[list[float]], list[list[float]], list[int]]
     folds: int
 
 

@@ -54,7 +54,7 @@ class Labelled:
     """
 
     id: str
-    body: dict
+    body: dict[str, Any]
     gold: dict[str, int]
     tasks: dict[str, str]
 
@@ -116,7 +116,9 @@ def parse_line(obj: Any, where: str) -> Labelled:
         except ValueError as exc:
             raise LabelledFileError(f"{where}: gold.{qid}: {exc}") from None
     rid = obj.get("id", where)
-    tasks = obj.get("tasks") if isinstance(obj.get("tasks"), dict) else {}
+    tasks = obj.get("tasks")
+    if not isinstance(tasks, dict):
+        tasks = {}
     return Labelled(str(rid), obj["request"], gold, {qid: str(tasks.get(qid, qid)) for qid in by_id})
 
 
@@ -146,7 +148,7 @@ def json_lines(path: str | Path, error: type[Exception]) -> Iterator[tuple[str, 
                 raise error(f"{where}: not JSON: {exc}") from None
 
 
-def to_json(item: Labelled) -> dict:
+def to_json(item: Labelled) -> dict[str, Any]:
     """The JSON line of ``item`` (:func:`read_jsonl`'s form, with ``tasks`` kept)."""
     parsed = schema.parse_request(item.body)
     by_id = {q.id: q for q in parsed.questions}
@@ -501,7 +503,7 @@ ORDER_NOTES_CALM = ["No hurry.", "Leave it with the neighbour if I am out.", "",
 ORDER_GIFT_NOTES = ["It is a present for my mother.", "This is a gift, please do not include the price."]
 
 
-def _question_sets() -> dict[str, dict[str, dict]]:
+def _question_sets() -> dict[str, dict[str, dict[str, Any]]]:
     """The questions of each domain, by question id (each id is its own task)."""
     return {
         "ticket": {

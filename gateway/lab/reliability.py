@@ -33,7 +33,13 @@ def reliability_text(probs: Sequence[Sequence[float]], gold: Sequence[int], n_bi
     return "\n".join(lines)
 
 
-def reliability_png(before: tuple, after: tuple, path: str | Path, title: str, n_bins: int = 10) -> None:
+def reliability_png(
+    before: tuple[Sequence[Sequence[float]], Sequence[int]],
+    after: tuple[Sequence[Sequence[float]], Sequence[int]],
+    path: str | Path,
+    title: str,
+    n_bins: int = 10,
+) -> None:
     """A reliability diagram (matplotlib): accuracy against confidence per equal-mass bin, before and
     after, with the diagonal. ``before``/``after``: (probabilities, gold). Raises ``ImportError``
     without matplotlib (``pip install 'serveproto[calibrate]'``)."""
