@@ -12,11 +12,17 @@ scoring memory (which states and fixed prefixes it holds as snapshots).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.decision import pipeline
+from gateway.decision.calibration import Calibration
 from gateway.decision.chat_template import ChatTemplate, TemplateError
 from gateway.decision.prompts import PromptBuilder
+from gateway.engine.api import Engine
+from serveproto import Caps
+
+if TYPE_CHECKING:
+    from gateway.server.app import ModelInfo
 
 log = logging.getLogger("serveproto.serve")
 
@@ -29,7 +35,11 @@ class Served:
     :class:`PromptBuilder` of its chat template (ChatML when the template is unusable)."""
 
     def __init__(
-        self, info: Any, debias: tuple[str, ...] = (), calibration: Any = None, model_sha256: str | None = None
+        self,
+        info: ModelInfo,
+        debias: tuple[str, ...] = (),
+        calibration: Calibration | None = None,
+        model_sha256: str | None = None,
     ) -> None:
         self.info = info
         self.model_sha256 = model_sha256
@@ -54,11 +64,11 @@ class Served:
         self.settings.debias = tuple(methods)
 
     @property
-    def calibration(self):
+    def calibration(self) -> Calibration | None:
         return self.settings.calibration
 
     @calibration.setter
-    def calibration(self, value) -> None:
+    def calibration(self, value: Calibration | None) -> None:
         self.settings.calibration = value
 
     @property
@@ -75,7 +85,7 @@ class Backend:
     pipeline's ``gateway.decision.pipeline.Memory``: what this engine holds is its own.
     """
 
-    def __init__(self, engine: Any, served: Served, *, metrics: Any, memory: Any = None) -> None:
+    def __init__(self, engine: Engine, served: Served, *, metrics: Any, memory: Any = None) -> None:
         self.engine = engine
         self.served = served
         self.metrics = metrics
@@ -89,15 +99,15 @@ class Backend:
         return name if isinstance(name, str) else self.served.name
 
     @property
-    def caps(self):
+    def caps(self) -> Caps:
         return self.engine.caps
 
     @property
-    def model(self):
+    def model(self) -> ModelInfo:
         return self.served.info
 
     @property
-    def settings(self):
+    def settings(self) -> pipeline.Settings:
         return self.served.settings
 
     @property
@@ -113,7 +123,7 @@ class Backend:
         return self.served.debias
 
     @property
-    def calibration(self):
+    def calibration(self) -> Calibration | None:
         return self.served.calibration
 
     @property

@@ -16,7 +16,7 @@ import codecs
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -34,6 +34,7 @@ from serveproto import Accept, Data, Done, Echo
 
 if TYPE_CHECKING:
     from gateway.server.app import App
+    from gateway.server.fleet import Backend
 
 log = logging.getLogger("serveproto.openai")
 
@@ -65,21 +66,21 @@ def _bad(message: str, param: str | None = None) -> HTTPError:
     )
 
 
-def _require_chat(app: App) -> None:
+def _require_chat(app: Backend) -> None:
     if not app.caps.chat:
         raise _bad(
             f"{app.model.name} is a decision engine: it generates nothing. Ask it with POST /v1/systemone.", "model"
         )
 
 
-def _body(request: Request) -> dict:
+def _body(request: Request) -> dict[str, Any]:
     body = parse_json(request)
     if not isinstance(body, dict):
         raise _bad("the body must be a JSON object")
     return body
 
 
-def _number(body: dict, name: str, default, lo: float, hi: float, integer: bool = False):
+def _number(body: dict[str, Any], name: str, default: Any, lo: float, hi: float, integer: bool = False) -> Any:
     v = body.get(name, default)
     if v is None:
         return default
@@ -90,7 +91,7 @@ def _number(body: dict, name: str, default, lo: float, hi: float, integer: bool 
     return v
 
 
-def _flag(body: dict, name: str, param: str | None = None) -> bool:
+def _flag(body: dict[str, Any], name: str, param: str | None = None) -> bool:
     """A boolean field (absent or null: False); anything else is a 400 naming ``param`` (default ``name``)."""
     v = body.get(name)
     if v is None:
@@ -100,7 +101,7 @@ def _flag(body: dict, name: str, param: str | None = None) -> bool:
     return v
 
 
-def _include_usage(body: dict) -> bool:
+def _include_usage(body: dict[str, Any]) -> bool:
     """``stream_options.include_usage``: an object with a boolean, or null."""
     opts = body.get("stream_options")
     if opts is None:
@@ -110,7 +111,7 @@ def _include_usage(body: dict) -> bool:
     return _flag(opts, "include_usage", "stream_options.include_usage")
 
 
-def _one_choice(body: dict, name: str) -> None:
+def _one_choice(body: dict[str, Any], name: str) -> None:
     """``n`` (or ``best_of``): absent, null or 1; more choices are a 400 naming the field rather than
     one choice answered as if the client had not asked (issue 16)."""
     v = body.get(name)
@@ -119,7 +120,7 @@ def _one_choice(body: dict, name: str) -> None:
     raise _bad(f"'{name}' must be 1: this server returns one choice per request", name)
 
 
-def _stops(body: dict) -> list[str]:
+def _stops(body: dict[str, Any]) -> list[str]:
     stop = body.get("stop")
     if stop is None:
         return []
@@ -130,7 +131,7 @@ def _stops(body: dict) -> list[str]:
     raise _bad("'stop' must be a string or an array of up to 4 strings", "stop")
 
 
-def _sampling(app: App, body: dict) -> dict[str, Any]:
+def _sampling(app: Backend, body: dict[str, Any]) -> dict[str, Any]:
     n_ctx = int(app.caps.n_ctx or 1 << 20)
     return {
         # the default is capped by the context: a field the client did not send is never refused
@@ -194,8 +195,8 @@ class Tally:
 
 
 async def _generate(
-    app: App, prompt: str, params: dict, stops: list[str], logprobs: int, tally: Tally
-) -> AsyncIterator[Item]:
+    app: Backend, prompt: str, params: dict[str, Any], stops: list[str], logprobs: int, tally: Tally
+) -> AsyncGenerator[Item, None]:
     """Generate from ``prompt``: ``("readout", None, echo)`` per prompt position the engine reads out
     (when ``logprobs`` > 0), then the :data:`Item` s ``text`` ... ``done``; counts tokens into ``tally``.
 
@@ -241,7 +242,7 @@ async def _generate(
                 await aclose()
 
 
-def _messages(body: dict) -> list[dict[str, str]]:
+def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise _bad("'messages' must be a non-empty array", "messages")
@@ -279,7 +280,9 @@ def _piece(pieces: list[bytes] | None, tid: int) -> bytes:
     return pieces[tid] if pieces is not None and 0 <= tid < len(pieces) else f"<{tid}>".encode()
 
 
-def _chat_logprob(raw: bytes, logprob: float, top, pieces: list[bytes] | None) -> dict:
+def _chat_logprob(
+    raw: bytes, logprob: float, top: Sequence[tuple[int, float]], pieces: list[bytes] | None
+) -> dict[str, Any]:
     """One entry of OpenAI's chat ``logprobs.content``: the token, its logprob, its bytes, the top alternatives."""
     return {
         "token": raw.decode("utf-8", "replace"),
@@ -292,7 +295,7 @@ def _chat_logprob(raw: bytes, logprob: float, top, pieces: list[bytes] | None) -
     }
 
 
-def _top(ev, k: int, pieces: list[bytes] | None) -> dict[str, float] | None:
+def _top(ev: Echo | Data, k: int, pieces: list[bytes] | None) -> dict[str, float] | None:
     """A completion's ``top_logprobs`` entry: token text -> logprob, the ``k`` most likely first (None for k=0)."""
     if k == 0:
         return None
@@ -305,9 +308,9 @@ def _top(ev, k: int, pieces: list[bytes] | None) -> dict[str, float] | None:
 class Chunks(Protocol):
     """What turns a route's :data:`Item` s into OpenAI choices, and merges them for a whole reply."""
 
-    def opening(self) -> list[dict]: ...
-    def choices(self, item: Item) -> list[dict]: ...
-    def whole(self, choices: list[dict]) -> dict: ...
+    def opening(self) -> list[dict[str, Any]]: ...
+    def choices(self, item: Item) -> list[dict[str, Any]]: ...
+    def whole(self, choices: list[dict[str, Any]]) -> dict[str, Any]: ...
 
 
 class ChatChunks:
@@ -321,10 +324,10 @@ class ChatChunks:
         self.top_n = top_n
         self.pieces = pieces
 
-    def opening(self) -> list[dict]:
+    def opening(self) -> list[dict[str, Any]]:
         return [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
 
-    def choices(self, item: Item) -> list[dict]:
+    def choices(self, item: Item) -> list[dict[str, Any]]:
         kind, value, ev = item
         if kind == "done":
             return [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": value}]
@@ -337,7 +340,7 @@ class ChatChunks:
             return []
         return [{"index": 0, "delta": {"content": value}, "logprobs": lp, "finish_reason": None}]
 
-    def whole(self, choices: list[dict]) -> dict:
+    def whole(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         content = "".join(c["delta"].get("content", "") for c in choices)
         lps = [e for c in choices if c["logprobs"] for e in c["logprobs"]["content"]]
         return {
@@ -363,10 +366,10 @@ class CompletionChunks:
         self.pieces = pieces
         self.offset = 0
 
-    def opening(self) -> list[dict]:
+    def opening(self) -> list[dict[str, Any]]:
         return []
 
-    def choices(self, item: Item) -> list[dict]:
+    def choices(self, item: Item) -> list[dict[str, Any]]:
         kind, value, ev = item
         if kind == "done":
             return [{"text": "", "index": 0, "logprobs": None, "finish_reason": value}]
@@ -378,11 +381,11 @@ class CompletionChunks:
         rows = [self._row(ev, False)] if self.k is not None and ev is not None else []
         return [self._choice(value, rows)] if value or rows else []
 
-    def _row(self, ev, cold: bool) -> tuple[str, float | None, dict | None]:
+    def _row(self, ev: Echo | Data, cold: bool) -> tuple[str, float | None, dict[str, Any] | None]:
         text = bytes(ev.text).decode("utf-8", "replace")
         return (text, None, None) if cold else (text, ev.logprob, _top(ev, self.k or 0, self.pieces))
 
-    def _choice(self, text: str, rows: list[tuple]) -> dict:
+    def _choice(self, text: str, rows: list[tuple[Any, ...]]) -> dict[str, Any]:
         lp = None
         if self.k is not None:
             offsets = []
@@ -397,7 +400,7 @@ class CompletionChunks:
             }
         return {"text": text, "index": 0, "logprobs": lp, "finish_reason": None}
 
-    def whole(self, choices: list[dict]) -> dict:
+    def whole(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         lp = None
         if self.k is not None:
             lp = {key: [x for c in choices if c["logprobs"] for x in c["logprobs"][key]] for key in LOGPROB_KEYS}
@@ -409,7 +412,7 @@ class CompletionChunks:
         }
 
 
-def _stream_error(exc: Exception, request_id: str) -> dict:
+def _stream_error(exc: Exception, request_id: str) -> dict[str, Any]:
     """The in-band error event of a stream that failed after its 200: OpenAI's error object, with the
     message and type the same failure gets before the 200 (gateway.server.errors.engine_http_error)."""
     if isinstance(exc, (EngineError, RequestError)):
@@ -421,7 +424,7 @@ def _stream_error(exc: Exception, request_id: str) -> dict:
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}
 
 
-def _check_prompt_bytes(app: App, prompt: str, param: str) -> None:
+def _check_prompt_bytes(app: Backend, prompt: str, param: str) -> None:
     """A 400 naming ``param`` for a prompt that no context of the engine's ``n_ctx`` tokens can hold,
     before the engine reads it: over ``n_ctx`` times the model's longest token piece in bytes
     (:func:`gateway.decision.refusals.over_any_context`; no check when either is unknown)."""
@@ -438,7 +441,7 @@ def _check_prompt_bytes(app: App, prompt: str, param: str) -> None:
         )
 
 
-def _prompt_refusal(app: App, exc: BaseException, param: str) -> HTTPError | None:
+def _prompt_refusal(app: Backend, exc: BaseException, param: str) -> HTTPError | None:
     """A 400 naming ``param`` (the request's field the prompt came from) for the engine's refusal of a
     prompt longer than its context, with the engine's token counts; None for any other error."""
     reason = getattr(exc, "reason", "") or ""
@@ -450,10 +453,10 @@ def _prompt_refusal(app: App, exc: BaseException, param: str) -> HTTPError | Non
 
 
 async def _reply(
-    app: App,
+    app: Backend,
     request: Request,
-    body: dict,
-    items: AsyncIterator[Item],
+    body: dict[str, Any],
+    items: AsyncGenerator[Item, None],
     shape: Chunks,
     tally: Tally,
     *,
@@ -499,7 +502,7 @@ async def _reply(
             raise refused from None
         raise
 
-    async def events() -> AsyncIterator[bytes]:
+    async def events() -> AsyncGenerator[bytes, None]:
         item = first
         try:
             for choice in shape.opening():
@@ -522,11 +525,11 @@ async def _reply(
     return Response(200, [("content-type", "text/event-stream"), ("cache-control", "no-cache")], events())
 
 
-async def chat_completions(app: App, request: Request) -> Response:
+async def chat_completions(server: App, request: Request) -> Response:
     """``POST /v1/chat/completions``: the messages through the model's chat template, generated whole or streamed.
     ``model`` picks a served model (any other name: the default), then its least loaded engine."""
     body = _body(request)
-    app = _backend(app, body)
+    app = _backend(server, body)
     _require_chat(app)
     messages = _messages(body)
     _one_choice(body, "n")
@@ -540,7 +543,7 @@ async def chat_completions(app: App, request: Request) -> Response:
         raise _bad(f"the model's chat template refuses these messages: {exc}", "messages") from None
     _check_prompt_bytes(app, prompt, "messages")
     tally = Tally()
-    items = _generate(app, prompt, params, stops, max(1, top_n) if want_lp else 0, tally)
+    items = _generate(app, prompt, params, stops, max(1, top_n) if top_n is not None else 0, tally)
     return await _reply(
         app,
         request,
@@ -554,7 +557,7 @@ async def chat_completions(app: App, request: Request) -> Response:
     )
 
 
-async def full_readout(app: App, prompt: str, k: int, echoes: list) -> list:
+async def full_readout(app: Backend, prompt: str, k: int, echoes: list[Echo]) -> list[Echo]:
     """The read-out of every position of ``prompt``, given the ``echoes`` the engine sent.
 
     The engine reads out from the end of the deepest snapshot it restored
@@ -597,11 +600,11 @@ class CompletionAsk:
     echo: bool
     logprobs: int | None
     max_tokens: int
-    params: dict
+    params: dict[str, Any]
     stops: list[str]
 
     @classmethod
-    def parse(cls, app: App, body: dict) -> CompletionAsk:
+    def parse(cls, app: Backend, body: dict[str, Any]) -> CompletionAsk:
         """Validate ``body``; raises a 400 (OpenAI's envelope) naming the field."""
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -627,7 +630,7 @@ class CompletionAsk:
         return cls(prompt, echo, k, max_tokens, params, _stops(body))
 
 
-async def _completion_items(app: App, ask: CompletionAsk, tally: Tally) -> AsyncIterator[Item]:
+async def _completion_items(app: Backend, ask: CompletionAsk, tally: Tally) -> AsyncGenerator[Item, None]:
     """The :data:`Item` s of a completion: with ``echo`` the prompt part first (its full read-out
     with logprobs), then the generated tokens and ``done``.
 
@@ -639,13 +642,14 @@ async def _completion_items(app: App, ask: CompletionAsk, tally: Tally) -> Async
     """
     k = ask.logprobs
     if ask.max_tokens == 0:
+        assert k is not None  # CompletionAsk.parse refuses max_tokens=0 without logprobs
         ro = await app.engine.read_out(ask.prompt, logprobs=max(1, k), pin=False, slot=None)
         if ro.done is not None:
             tally.prompt_tokens = int(ro.done.prompt_tokens)
         yield ("echo", await full_readout(app, ask.prompt, k, list(ro.echoes)), None)
         yield ("done", "length", ro.done)
         return
-    echoes: list = []
+    echoes: list[Echo] = []
     pending = ask.echo
     gen = _generate(app, ask.prompt, ask.params, ask.stops, 0 if k is None else max(1, k), tally)
     try:
@@ -661,11 +665,11 @@ async def _completion_items(app: App, ask: CompletionAsk, tally: Tally) -> Async
         await gen.aclose()
 
 
-async def completions(app: App, request: Request) -> Response:
+async def completions(server: App, request: Request) -> Response:
     """``POST /v1/completions``: a raw prompt, generated whole or streamed; ``echo`` + ``logprobs`` read it out.
     ``model`` picks a served model as on the chat route."""
     body = _body(request)
-    app = _backend(app, body)
+    app = _backend(server, body)
     _require_chat(app)
     ask = CompletionAsk.parse(app, body)
     tally = Tally()
@@ -683,7 +687,7 @@ async def completions(app: App, request: Request) -> Response:
     )
 
 
-def _backend(app: App, body: dict):
+def _backend(app: App, body: dict[str, Any]) -> Backend:
     """The engine (a :class:`gateway.server.fleet.Backend`) for ``body``'s ``model``; the prompt is
     read there, so it goes to the least loaded engine of that model (no routing key)."""
     model = body.get("model")

@@ -29,11 +29,12 @@ from gateway.server.routing import routing_key
 
 if TYPE_CHECKING:
     from gateway.server.app import App
+    from gateway.server.fleet import Backend
 
 
-async def decide(app: App, parsed: SystemOneRequest) -> Decided:
-    """The decision pipeline on one parsed request, counted in the app's metrics; ``app`` is the app or
-    the :class:`gateway.server.fleet.Backend` the request was routed to (its engine, settings and memory).
+async def decide(app: Backend, parsed: SystemOneRequest) -> Decided:
+    """The decision pipeline on one parsed request, counted in the app's metrics; ``app`` is the
+    :class:`gateway.server.fleet.Backend` the request was routed to (its engine, settings and memory).
 
     A request with a part no context can hold is refused (:class:`Refused`, the engine's own 422)
     before the engine reads it (:func:`gateway.decision.refusals.over_any_context`)."""
@@ -51,7 +52,7 @@ async def decide(app: App, parsed: SystemOneRequest) -> Decided:
     return decided
 
 
-def log_decisions(app: App, request_id: str, parsed: SystemOneRequest, decided: Decided) -> None:
+def log_decisions(app: Backend, request_id: str, parsed: SystemOneRequest, decided: Decided) -> None:
     """Append the request's answers to the server's decision log, when it keeps one (``--log-decisions``).
 
     Lines that cannot be written are counted in ``serveproto_decision_log_lines_lost_total`` and the
@@ -199,7 +200,7 @@ def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
     return parsed, qs
 
 
-def _openai_param(loc: list, sent: list[dict[str, Any]]) -> str:
+def _openai_param(loc: list[Any], sent: list[dict[str, Any]]) -> str:
     """The ``/v1/decisions`` parameter of a System One field path (``["body", "questions", "1",
     "criteria", "sales"]`` is ``questions[1].choices[2].value``; ``state`` is ``input``)."""
     path = list(loc[1:])
