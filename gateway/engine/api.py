@@ -16,7 +16,7 @@ import json
 import os
 import re
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Sequence, Union  # noqa: UP035  (Text and Groups below are runtime aliases)
+from typing import Any, AsyncIterator, Callable, Sequence, Union  # noqa: UP035  (Text and Groups below are runtime aliases)
 
 import anyio
 import attrs
@@ -32,7 +32,7 @@ from gateway.engine.errors import (
     EngineUnavailable,
     RequestError,
 )
-from gateway.engine.process import EngineProcess, unwrap_group
+from gateway.engine.process import EngineProcess, Inflight, unwrap_group
 from gateway.engine.request import RequestStream
 from gateway.engine.score import OptionScore, option_tokens
 from gateway.engine.slots import SlotLease
@@ -85,7 +85,7 @@ class ReadOut:
     engine has ``x_counters``); ``accept``: the ACCEPT, if any.
     """
 
-    echoes: list
+    echoes: list[Echo]
     done: Done
     accept: Accept | None = None
 
@@ -115,7 +115,7 @@ class ScoreResult:
     ``fast``: True when the engine's SCORE did it in one request.
     """
 
-    groups: list
+    groups: list[list[OptionScore]]
     done: Done | None = None
     computed: int | None = None
     reused: int | None = None
@@ -123,7 +123,17 @@ class ScoreResult:
     disk: int | None = None
     #: SCORE's ``hidden`` (spec 9.1): ``{(group, layer): (n_embd,) float32 values}``; empty when
     #: not asked for, or on a path that does not read them (the fallback, folded stems).
-    hidden: dict = attrs.field(factory=dict)
+    hidden: dict[tuple[int, int], tuple[float, ...]] = attrs.field(factory=dict)
+
+
+#: Groups as the engine sends them: ``[(stem, [option, ...]), ...]`` in bytes (:func:`_normalize_groups`).
+_Groups = list[tuple[bytes, list[bytes]]]
+
+
+def _caps(proc: EngineProcess) -> Caps:
+    """A serving process's CAPS: :meth:`Supervisor.instance` returns processes past their handshake only."""
+    assert proc.caps is not None
+    return proc.caps
 
 
 #: The group of a folded SCORE's refusal (always its group 0), renamed to the caller's group.
@@ -145,10 +155,11 @@ def _plus(a: int | None, b: int | None) -> int | None:
 def _normalize_groups(groups: Groups) -> list[tuple[bytes, list[bytes]]]:
     if isinstance(groups, (str, bytes)) or not groups:
         raise ValueError("groups: expected a non-empty list of (stem, [options]) or of options")
+    pairs: Sequence[Any] = groups
     if all(isinstance(g, (str, bytes)) for g in groups):
-        groups = [("", list(groups))]
+        pairs = [("", list(groups))]
     out = []
-    for gi, g in enumerate(groups):
+    for gi, g in enumerate(pairs):
         try:
             stem, options = g
         except (TypeError, ValueError):
@@ -338,7 +349,7 @@ class Engine:
 
     def request(
         self,
-        make,
+        make: Callable[[int, int], object],
         *,
         slot: int | None = None,
         route: Text | None = None,
@@ -358,7 +369,7 @@ class Engine:
         key = _bytes(route, "route") if route is not None else b""
         timeout = self.request_timeout if timeout is None else timeout
 
-        async def start():
+        async def start() -> tuple[EngineProcess, Inflight]:
             proc = await self._sup.instance()
             if slotless:
                 return proc, await proc.begin(make, None)
@@ -380,8 +391,8 @@ class Engine:
             )
         return await proc.acquire(slot, key, pin)
 
-    def _on_lease(self, proc: EngineProcess, lease: SlotLease, make) -> RequestStream:
-        async def start():
+    def _on_lease(self, proc: EngineProcess, lease: SlotLease, make: Callable[[int, int], object]) -> RequestStream:
+        async def start() -> tuple[EngineProcess, Inflight]:
             return proc, await proc.begin(make, lease)
 
         return RequestStream(start, name=self.name)
@@ -531,9 +542,9 @@ class Engine:
         deadline = anyio.current_time() + timeout if timeout is not None else float("inf")
         with anyio.CancelScope(deadline=deadline) as scope:
             proc = await self._sup.instance()
-            use_fast = proc.caps.x_score if fast is None else fast
-            hid = tuple(hidden) if proc.caps.x_hidden else ()
-            if use_fast and more and proc.caps.x_score_base:
+            use_fast = _caps(proc).x_score if fast is None else fast
+            hid = tuple(hidden) if _caps(proc).x_hidden else ()
+            if use_fast and more and _caps(proc).x_score_base:
                 try:
                     result = await self._score_fast(
                         prefix_b, norm + more, pin, slot, key, len(norm), len(base_b), hidden=hid
@@ -565,9 +576,9 @@ class Engine:
     async def _score_fast(
         self,
         prefix: bytes,
-        groups,
+        groups: _Groups,
         pin: bool,
-        slot,
+        slot: int | None,
         key: bytes,
         n_plain: int | None = None,
         base: int = 0,
@@ -606,6 +617,7 @@ class Engine:
             raise EngineProtocolError(
                 f"engine {self.name!r} answered SCORE without SCORED for (group, option) {missing}", name=self.name
             )
+        assert done is not None  # a request's stream ends with its DONE or raises
         return ScoreResult(
             groups=[[table[g, o] for o in range(len(opts))] for g, (_, opts) in enumerate(groups)],
             done=done,
@@ -619,9 +631,9 @@ class Engine:
     async def _score_one(
         self,
         prefix: bytes,
-        groups,
+        groups: _Groups,
         pin: bool,
-        slot,
+        slot: int | None,
         key: bytes,
         fast: bool,
         fold_route: bytes | None,
@@ -639,7 +651,9 @@ class Engine:
                 raise
             return await self._score_folded([(prefix, groups, fold_route)], slot, first)
 
-    async def _score_folded(self, parts, slot, first: int = 0) -> ScoreResult:
+    async def _score_folded(
+        self, parts: Sequence[tuple[bytes, _Groups, bytes | None]], slot: int | None, first: int = 0
+    ) -> ScoreResult:
         """Score each group in a SCORE of its own whose prefix is ``prefix + stem`` (its stem folded
         into the trunk), for groups whose stem is longer than one engine batch.
 
@@ -655,7 +669,7 @@ class Engine:
         No snapshot is taken: the slot keeps the last folded prefix, and the next request on the
         same prefix reuses it from there.
         """
-        out: list = []
+        out: list[list[OptionScore]] = []
         done = None
         computed: int | None = 0
         reused: int | None = 0
@@ -676,7 +690,9 @@ class Engine:
                 g += 1
         return ScoreResult(groups=out, done=done, computed=computed, reused=reused, fast=True, disk=disk)
 
-    async def _score_fallback(self, prefix: bytes, groups, pin: bool, slot, key: bytes) -> ScoreResult:
+    async def _score_fallback(
+        self, prefix: bytes, groups: _Groups, pin: bool, slot: int | None, key: bytes
+    ) -> ScoreResult:
         totals = {"computed": 0, "reused": 0, "counted": True}
         known_prefix: dict[int, bytes] = {}
         out = []
@@ -710,8 +726,10 @@ class Engine:
             fast=False,
         )
 
-    async def _read_on(self, proc: EngineProcess, lease: SlotLease, text: bytes, pin: bool, totals: dict) -> ReadOut:
-        counters = bool(proc.caps.x_counters)
+    async def _read_on(
+        self, proc: EngineProcess, lease: SlotLease, text: bytes, pin: bool, totals: dict[str, Any]
+    ) -> ReadOut:
+        counters = bool(_caps(proc).x_counters)
 
         def make(rid: int, s: int) -> Submit:
             return Submit(
@@ -736,7 +754,9 @@ class Engine:
             totals["reused"] += r.done.reused
         return r
 
-    async def decide(self, record: Text | dict, *, slot: int = 0, timeout: float | None = None) -> tuple[dict, Done]:
+    async def decide(
+        self, record: Text | dict[str, Any], *, slot: int = 0, timeout: float | None = None
+    ) -> tuple[dict[str, Any], Done]:
         """``DECIDE`` one decision record (spec/decision-record.md) on a ``decide=1`` engine.
 
         ``record``: the JSON record as text / bytes, or a dict (serialised as
@@ -753,7 +773,7 @@ class Engine:
             else _bytes(record, "record")
         )
         proc = await self._sup.instance()
-        if not proc.caps.decide:
+        if not _caps(proc).decide:
             raise RequestError("NOT_SUPPORTED", f"engine {self.name!r} does not advertise decide=1")
         decision = done = None
         stream = self.request(lambda rid, s: Decide(id=rid, slot=s, record=data), slot=slot, timeout=timeout)
@@ -771,6 +791,7 @@ class Engine:
             raise EngineProtocolError(
                 f"engine {self.name!r} sent a DECISION that is not JSON: {exc}", name=self.name
             ) from None
+        assert done is not None  # a request's stream ends with its DONE or raises
         return parsed, done
 
     async def ping(self, *, timeout: float | None = 10.0) -> dict[str, str]:
@@ -779,7 +800,7 @@ class Engine:
         ``NOT_SUPPORTED`` without ``x_health``, :class:`EngineTimeout` past ``timeout`` s.
         """
         proc = await self._sup.instance()
-        if not proc.caps.x_health:
+        if not _caps(proc).x_health:
             raise RequestError("NOT_SUPPORTED", f"engine {self.name!r} does not advertise x_health=1")
         stream = self.request(lambda rid, s: Ping(id=rid), slotless=True, timeout=timeout)
         async with stream:
@@ -789,7 +810,7 @@ class Engine:
         raise EngineProtocolError(f"engine {self.name!r} ended PING without PONG", name=self.name)
 
 
-def _readout(events: list) -> ReadOut:
+def _readout(events: list[object]) -> ReadOut:
     accept = next((e for e in events if isinstance(e, Accept)), None)
     echoes = [e for e in events if isinstance(e, Echo)]
     done = events[-1] if events and isinstance(events[-1], Done) else None
