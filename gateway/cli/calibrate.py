@@ -26,14 +26,25 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway.paths import default_model_path
+
+if TYPE_CHECKING:
+    from gateway.decision.pipeline import Decided
+    from gateway.decision.schema import SystemOneRequest
+    from gateway.lab.calibration_fit import Fit
+    from gateway.lab.evalset import Labelled
+
+#: One labelled answer as the fit takes it: (question type, probabilities in reply order, gold index, request id).
+Answer = tuple[str, list[float], int, str]
 
 HELP = __doc__.split("\n\n", 1)[1]
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "calibrate",
         help="fit a calibration on labelled requests (serve applies it to that model)",
@@ -70,7 +81,9 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=run)
 
 
-def answers_of(parsed, decided, gold: dict[str, int], rid: str) -> list[tuple[str, list[float], int, str]]:
+def answers_of(
+    parsed: SystemOneRequest, decided: Decided, gold: dict[str, int], rid: str
+) -> list[tuple[str, list[float], int, str]]:
     """(type, probabilities in reply order, gold index, request id) for each labelled question answered."""
     return [
         (q.type, list(decided.probs[q.id]), gold[q.id], rid)
@@ -79,7 +92,13 @@ def answers_of(parsed, decided, gold: dict[str, int], rid: str) -> list[tuple[st
     ]
 
 
-async def score_all(items, model: str, threads: int, methods: tuple[str, ...], log=print) -> list:
+async def score_all(
+    items: Sequence[Labelled],
+    model: str,
+    threads: int,
+    methods: tuple[str, ...],
+    log: Callable[[str], None] = print,
+) -> list[Answer]:
     """Every labelled question's probabilities as served (no calibration) on the llama engine."""
     import anyio
 
@@ -105,7 +124,7 @@ async def score_all(items, model: str, threads: int, methods: tuple[str, ...], l
     return out
 
 
-def table(result) -> str:
+def table(result: Fit) -> str:
     lines = [
         "| questions | n | map | ECE before -> after | Brier before -> after | NLL before -> after | accuracy |",
         "|---|---|---|---|---|---|---|",
@@ -120,7 +139,7 @@ def table(result) -> str:
     return "\n".join(lines)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     import anyio
 
     from gateway.cli.serve import DEFAULT_MODEL_DEBIAS
@@ -182,7 +201,7 @@ def _is_decision_log(path: str) -> bool:
         return False  # read_jsonl reports it
 
 
-def _log_answers(args):
+def _log_answers(args: argparse.Namespace) -> tuple[list[Answer], str, str, tuple[str, ...], str]:
     """``(answers, model name, model sha256, x_debias, source)`` from a judged decision log (no scoring:
     the log holds the uncalibrated probabilities). Exits 1 naming the line for a log that cannot be fitted."""
     from gateway.decision import calibration
@@ -209,7 +228,9 @@ def _log_answers(args):
     return answers, str(config.get("model") or "model"), sha, methods, f"decision log {args.data}"
 
 
-def _fit_and_write(args, answers, model_name: str, sha: str, methods, source: str) -> int:
+def _fit_and_write(
+    args: argparse.Namespace, answers: list[Answer], model_name: str, sha: str, methods: Sequence[str], source: str
+) -> int:
     """Fit, print the held-out table and the reliability diagrams, write the file (and the PNG)."""
     from gateway.decision import calibration
     from gateway.lab import calibration_fit, reliability

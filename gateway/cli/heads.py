@@ -20,11 +20,18 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from gateway.paths import default_model_path
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from gateway.lab.evalset import Labelled
 
 #: The help text (the module docstring is for readers of the code: it cites functions).
 HELP = """\
@@ -45,7 +52,7 @@ against the answers as served. A fit that gets no head writes nothing and exits 
 """
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "heads",
         help="trained heads: one per recurring question (fit them on labelled requests)",
@@ -83,7 +90,14 @@ def default_layer(n_layer: int) -> int:
     return max(0, round(2 * n_layer / 3) - 1)
 
 
-async def read_all(items, model: str, threads: int, methods, layer: int | None, log=print):
+async def read_all(
+    items: Sequence[Labelled],
+    model: str,
+    threads: int,
+    methods: tuple[str, ...],
+    layer: int | None,
+    log: Callable[[str], None] = print,
+) -> tuple[int, list[tuple[Any, ...]]]:
     """``(layer, rows)``: per labelled question ``(signature, name, k, hidden, served probs, gold, request id)``."""
     import anyio
 
@@ -128,7 +142,7 @@ async def read_all(items, model: str, threads: int, methods, layer: int | None, 
     return layer, rows
 
 
-def held_out(X, y, k: int, ids: list[str], folds: int, seed: int):
+def held_out(X: np.ndarray, y: np.ndarray, k: int, ids: list[str], folds: int, seed: int) -> np.ndarray:
     """Out-of-fold probabilities ``(n, k)`` of heads fitted on the other folds (by request)."""
     import numpy as np
 
@@ -143,7 +157,7 @@ def held_out(X, y, k: int, ids: list[str], folds: int, seed: int):
     return P
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     import anyio
     import numpy as np
 
@@ -168,7 +182,7 @@ def run(args) -> int:
         items = items[: args.limit]
     print(f"serveproto heads: {len(items)} labelled requests; x_debias {','.join(methods) or 'none'}", flush=True)
     layer, rows = anyio.run(read_all, items, model, args.threads, methods, args.layer, lambda s: print(s, flush=True))
-    by_sig: dict[str, list] = {}
+    by_sig: dict[str, list[tuple[Any, ...]]] = {}
     for r in rows:
         by_sig.setdefault(r[0], []).append(r)
     sha = calibration.sha256_file(model)
