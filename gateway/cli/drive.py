@@ -386,7 +386,7 @@ class DriveSession:
             return None
         slot = getattr(event, "slot", None)
 
-        def make(rid: int, slot_no: int) -> object:
+        def make(rid: int, slot_no: int) -> Any:
             changes = {"id": rid}
             if slot is not None:
                 changes["slot"] = slot_no

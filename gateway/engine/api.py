@@ -37,7 +37,7 @@ from gateway.engine.request import RequestStream
 from gateway.engine.score import OptionScore, option_tokens
 from gateway.engine.slots import SlotLease
 from gateway.engine.supervisor import RestartPolicy, Supervisor
-from serveproto import Accept, Caps, Decide, Decision, Done, Echo, Hidden, Ping, Pong, Score, Scored, Submit
+from serveproto import Accept, Caps, Decide, Decision, Done, Echo, Event, Hidden, Ping, Pong, Score, Scored, Submit
 
 __all__ = [
     "Engine",
@@ -349,7 +349,7 @@ class Engine:
 
     def request(
         self,
-        make: Callable[[int, int], object],
+        make: Callable[[int, int], Event],
         *,
         slot: int | None = None,
         route: Text | None = None,
@@ -391,7 +391,7 @@ class Engine:
             )
         return await proc.acquire(slot, key, pin)
 
-    def _on_lease(self, proc: EngineProcess, lease: SlotLease, make: Callable[[int, int], object]) -> RequestStream:
+    def _on_lease(self, proc: EngineProcess, lease: SlotLease, make: Callable[[int, int], Event]) -> RequestStream:
         async def start() -> tuple[EngineProcess, Inflight]:
             return proc, await proc.begin(make, lease)
 

@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING, Any
 from gateway.decision import pipeline
 from gateway.decision.calibration import Calibration
 from gateway.decision.chat_template import ChatTemplate, TemplateError
+from gateway.decision.decision_log import DecisionLog
 from gateway.decision.prompts import PromptBuilder
 from gateway.engine.api import Engine
 from serveproto import Caps
 
 if TYPE_CHECKING:
     from gateway.server.app import ModelInfo
+    from gateway.server.metrics import Metrics
 
 log = logging.getLogger("serveproto.serve")
 
@@ -85,12 +87,12 @@ class Backend:
     pipeline's ``gateway.decision.pipeline.Memory``: what this engine holds is its own.
     """
 
-    def __init__(self, engine: Engine, served: Served, *, metrics: Any, memory: Any = None) -> None:
+    def __init__(self, engine: Engine, served: Served, *, metrics: Metrics, memory: pipeline.Memory) -> None:
         self.engine = engine
         self.served = served
         self.metrics = metrics
         self.memory = memory
-        self.decision_log: Any = None
+        self.decision_log: DecisionLog | None = None
 
     @property
     def name(self) -> str:
