@@ -20,8 +20,10 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 import anyio
+from anyio.abc import TaskStatus
 
 from gateway.engine.errors import EngineError, EngineUnavailable
 from gateway.engine.process import EngineProcess
@@ -58,7 +60,8 @@ class RestartPolicy:
 
     def delay(self, consecutive: int) -> float:
         """Seconds to wait before the ``consecutive``-th restart in a row (1-based)."""
-        return min(self.backoff_max, self.backoff_initial * 2 ** max(0, consecutive - 1))
+        factor: int = 2 ** max(0, consecutive - 1)
+        return min(self.backoff_max, self.backoff_initial * factor)
 
 
 class Supervisor:
@@ -69,7 +72,7 @@ class Supervisor:
     a task group and calls :meth:`close` on exit.
     """
 
-    def __init__(self, argv: Sequence[str], *, name: str, policy: RestartPolicy, **process_kw) -> None:
+    def __init__(self, argv: Sequence[str], *, name: str, policy: RestartPolicy, **process_kw: Any) -> None:
         self.argv = list(argv)
         self.name = name
         self.policy = policy
@@ -158,7 +161,7 @@ class Supervisor:
             self._restart_times.popleft()
         return len(self._restart_times) < self.policy.max_restarts
 
-    async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Start the engine, then keep it running until :meth:`close` (or until it gives up).
 
         ``task_status.started()`` is called after the first handshake; an error
