@@ -12,7 +12,7 @@ loaded. ``submit`` / ``read_out`` / ``score`` / ``decide`` delegate to it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, cast
 
@@ -23,7 +23,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from gateway.engine.api import Engine, Groups, ReadOut, RequestStream, ScoreResult, Text
 from gateway.engine.errors import EngineUnavailable
 from gateway.engine.process import unwrap_group
-from serveproto import Done
+from serveproto import Caps, Done
 
 #: Routing keys remembered for engine affinity (least recently used first out).
 AFFINITY_KEYS = 4096
@@ -35,6 +35,11 @@ AFFINITY_BYTES = 256
 AFFINITY_SLACK = 4
 
 
+def _argv(argv: Iterable[str]) -> tuple[str, ...]:
+    """An engine command as a tuple (EngineSpec's ``argv`` converter)."""
+    return tuple(argv)
+
+
 @attrs.frozen
 class EngineSpec:
     """One engine of a pool: its ``name``, its command ``argv``, keyword
@@ -43,7 +48,7 @@ class EngineSpec:
     (None: its CAPS ``model``)."""
 
     name: str
-    argv: tuple[str, ...] = attrs.field(converter=tuple)
+    argv: tuple[str, ...] = attrs.field(converter=_argv)
     options: dict[str, Any] = attrs.field(factory=dict)
     model: str | None = None
 
@@ -55,7 +60,7 @@ class Pool:
         self.engines = list(engines)
         self._models = dict(models or {})  # engine name -> the model name it serves (spec, else first CAPS)
         #: engine name -> the CAPS of its first start (set by :meth:`spawn`).
-        self.first_caps: dict[str, object] = {}
+        self.first_caps: dict[str, Caps] = {}
         self._affinity: OrderedDict[tuple[str | None, bytes], str] = OrderedDict()
         self._turn = 0
 
@@ -73,7 +78,7 @@ class Pool:
         if len(set(names)) != len(names):
             raise ValueError(f"specs: engine names must be unique, got {names}")
         engines: list[Engine | None] = [None] * len(specs)
-        caps: dict[str, object] = {}
+        caps: dict[str, Caps] = {}
         stop = anyio.Event()
 
         async def hold(spec: EngineSpec, *, task_status: TaskStatus[Engine] = anyio.TASK_STATUS_IGNORED) -> None:
