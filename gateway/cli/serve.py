@@ -25,7 +25,9 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -33,6 +35,16 @@ from gateway.engine.build import ENGINES, EngineBuildError, ensure_engine
 from gateway.engine.errors import EngineError
 from gateway.paths import default_model_path
 from gateway.server.auth import API_KEY_ENV, key_from_env
+
+if TYPE_CHECKING:
+    from anyio import CancelScope
+    from anyio.abc import TaskStatus
+
+    from gateway.decision.calibration import Calibration
+    from gateway.decision.heads import HeadSet
+    from gateway.engine.api import Engine
+    from gateway.engine.pool import EngineSpec, Pool
+    from gateway.http import HTTPServer
 
 #: Environment variable giving the llama engine's thread count when --threads is not given.
 THREADS_ENV = "SERVEPROTO_THREADS"
@@ -91,7 +103,7 @@ GIVE_UP_DRAIN = 10.0
 KEEP_RESTARTING_BACKOFF_MAX = 30.0
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "serve",
         help="start the decision server (POST /v1/systemone and the OpenAI routes)",
@@ -359,7 +371,13 @@ class _ModelArg(argparse.Action):
     ``args.model`` is the first PATH (the default model). Two models under one name, or two unnamed
     models, are refused naming the flag."""
 
-    def __call__(self, parser, namespace, values, option_string=None):
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         try:
             name, path = parse_model_arg(values)
         except argparse.ArgumentTypeError as exc:
@@ -386,7 +404,7 @@ def _gpu_list(text: str) -> tuple[str, ...]:
     return ids
 
 
-def _int_at_least(low: int):
+def _int_at_least(low: int) -> Callable[[str], int]:
     """An argparse ``type``: an integer ``>= low``, else ``ArgumentTypeError`` saying so."""
 
     def parse(text: str) -> int:
@@ -476,15 +494,18 @@ def _precision(text: str) -> str:
 DEFAULT_MODEL_DEBIAS = ("canonical", "spellings", "content_free_listing")
 
 
-def default_debias(args) -> tuple[str, ...]:
+def default_debias(args: argparse.Namespace) -> tuple[str, ...]:
     """The server's default ``x_debias``: ``--debias`` when given, else :data:`DEFAULT_MODEL_DEBIAS` when
     serving the default model (neither ``--model`` nor ``--engine``), else none."""
     if args.debias is not None:
-        return args.debias
+        methods: tuple[str, ...] = args.debias
+        return methods
     return DEFAULT_MODEL_DEBIAS if not args.model and not args.engine else ()
 
 
-def load_calibration(choice: str | None, model_path: str | None, *, say=None):
+def load_calibration(
+    choice: str | None, model_path: str | None, *, say: Callable[[str], None] | None = None
+) -> Calibration | None:
     """The calibration ``serve`` applies: ``choice`` (``--calibration``) ``"none"`` for none, a file, or
     None for the model's own (:func:`gateway.decision.calibration.default_path` of its sha256, when it exists).
 
@@ -548,7 +569,7 @@ def _threads(value: str) -> int | str:
         raise argparse.ArgumentTypeError(f"{exc} (give an integer >= 1, or auto)") from None
 
 
-def default_threads(threads: int | str | None, environ=os.environ) -> int | str:
+def default_threads(threads: int | str | None, environ: Mapping[str, str] = os.environ) -> int | str:
     """The llama engine's threads: ``threads`` when given, else ``$SERVEPROTO_THREADS``, else ``"auto"``:
     the engine starts on every core it may run on and drops a thread while its decodes get less CPU
     time than their threads x wall time, something else wanting the cores, then tries one more
@@ -567,7 +588,9 @@ def default_threads(threads: int | str | None, environ=os.environ) -> int | str:
     return "auto"
 
 
-def engine_argv(args, model: str | None = None, threads: int | str | None = None) -> tuple[list[str], str | None]:
+def engine_argv(
+    args: argparse.Namespace, model: str | None = None, threads: int | str | None = None
+) -> tuple[list[str], str | None]:
     """The engine's argv and the GGUF whose chat template the prompts use (None: ChatML): the llama
     engine on ``model`` (default ``args.model``, else the default model) with ``threads`` (default
     :func:`default_threads` of ``args.threads``), or ``--engine``'s command."""
@@ -609,7 +632,7 @@ def engine_argv(args, model: str | None = None, threads: int | str | None = None
     return argv, model
 
 
-def cache_argv(args) -> list[str]:
+def cache_argv(args: argparse.Namespace) -> list[str]:
     """The llama engine's ``--cache-dir`` flags: ``args.cache_dir`` (``off``: none), else
     :func:`gateway.paths.persist_dir`. The engine hashes the model file itself at its first lookup
     (no ``--model-sha256`` from here: a file put in the default model's place is still hashed)."""
@@ -659,7 +682,7 @@ class Planned:
 
     name: str | None
     path: str | None
-    specs: tuple  # of gateway.engine.pool.EngineSpec
+    specs: tuple[EngineSpec, ...]
 
 
 def cuda_build(binary: str) -> bool:
@@ -668,12 +691,15 @@ def cuda_build(binary: str) -> bool:
     return (Path(binary).parent / ".llama-cuda").exists()
 
 
-def gpu_devices(args, n_engines: int, binary: str, environ=os.environ) -> tuple[str, ...]:
+def gpu_devices(
+    args: argparse.Namespace, n_engines: int, binary: str, environ: Mapping[str, str] = os.environ
+) -> tuple[str, ...]:
     """The CUDA devices the engines get in turn (empty: the environment is left alone): ``--gpus``, else,
     for several llama engines (``binary``) on a CUDA build, ``$CUDA_VISIBLE_DEVICES`` or every GPU
     ``nvidia-smi -L`` lists."""
     if args.gpus is not None:
-        return args.gpus
+        gpus: tuple[str, ...] = args.gpus
+        return gpus
     if n_engines < 2 or args.engine or not cuda_build(binary):
         return ()
     visible = environ.get("CUDA_VISIBLE_DEVICES", "").strip()
@@ -686,7 +712,9 @@ def gpu_devices(args, n_engines: int, binary: str, environ=os.environ) -> tuple[
     return tuple(str(i) for i, line in enumerate(x for x in listed.splitlines() if x.startswith("GPU ")))
 
 
-def plan_engines(args, environ=os.environ, cpu_count: int | None = None) -> list[Planned]:
+def plan_engines(
+    args: argparse.Namespace, environ: Mapping[str, str] = os.environ, cpu_count: int | None = None
+) -> list[Planned]:
     """Every model ``serve`` starts and its ``--engines`` engine specs (``gateway.engine.pool.EngineSpec``,
     options empty but ``env``), the first model the default.
 
@@ -739,7 +767,7 @@ def _transcoded_argv(argv: list[str], threads: int | str | None, kind: str) -> l
     return argv[:i] + [str(out)] + argv[i + 1 :]
 
 
-def load_heads(choice: str | None, model_path: str | None):
+def load_heads(choice: str | None, model_path: str | None) -> HeadSet | None:
     """The heads ``serve`` answers with (:mod:`gateway.decision.heads`): ``choice`` (``--heads``) ``"none"``
     for none, a file, or None for the model's own (``$SERVEPROTO_CACHE/heads/<sha256>.json`` when it exists).
     A file that cannot be read, does not validate or was fitted on another model file raises ``SystemExit``."""
@@ -767,7 +795,7 @@ def load_heads(choice: str | None, model_path: str | None):
     return hs
 
 
-def load_calibrations(choice: str | None, paths: list[str | None]) -> list:
+def load_calibrations(choice: str | None, paths: list[str | None]) -> list[Calibration | None]:
     """:func:`load_calibration` for each model of ``paths`` (its GGUF, or None). With several models a
     ``--calibration FILE`` applies to the models it was fitted on (the same sha256) and none to the others;
     it is refused (``SystemExit``) when it fits none of them."""
@@ -790,7 +818,7 @@ def load_calibrations(choice: str | None, paths: list[str | None]) -> list:
     return [cal if sha == cal.model_sha256 else None for sha in shas]
 
 
-async def serve(args, *, task_status=None) -> None:
+async def serve(args: argparse.Namespace, *, task_status: TaskStatus[Any] | None = None) -> None:
     """Start the engines, load each model's description, listen; runs until cancelled."""
     import anyio
 
@@ -918,7 +946,9 @@ def _model_sha256(model_path: str | None) -> str | None:
     return calibration.sha256_file(model_path) if model_path and Path(model_path).exists() else None
 
 
-async def _fail_upward(pool, engine, server, scope, args, gave_up: list[str]) -> None:
+async def _fail_upward(
+    pool: Pool, engine: Engine, server: HTTPServer, scope: CancelScope, args: argparse.Namespace, gave_up: list[str]
+) -> None:
     """When the supervisors give up on every engine of a model, so does the server (OTP's answer to an
     exceeded restart intensity): it stops accepting, answers the requests in flight (they get 503 from the
     engine's error) within :data:`GIVE_UP_DRAIN` seconds, then ``scope`` is cancelled and :func:`serve`
@@ -947,7 +977,7 @@ async def _fail_upward(pool, engine, server, scope, args, gave_up: list[str]) ->
     scope.cancel()
 
 
-async def _stop_on_signal(scope) -> None:
+async def _stop_on_signal(scope: CancelScope) -> None:
     """SIGTERM or SIGINT stops the server: listener and connections cancelled, then the engine shut down."""
     import signal
 
@@ -960,7 +990,7 @@ async def _stop_on_signal(scope) -> None:
             return
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     import anyio
 
     logging.basicConfig(
