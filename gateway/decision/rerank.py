@@ -32,8 +32,7 @@ from typing import Any
 
 import attrs
 
-from gateway.decision import debias
-from gateway.decision.schema import JevValidationError, Question, SystemOneRequest
+from gateway.decision.schema import JevValidationError, Question, SystemOneRequest, x_debias
 
 #: Documents one request may rank (Cohere's documented bound for one call).
 MAX_DOCUMENTS = 1000
@@ -193,12 +192,9 @@ def parse(body: Any) -> RerankRequest:
     ret = body.get("return_documents")
     if ret is not None and not isinstance(ret, bool):
         errors.append(_err(["return_documents"], "Input should be a valid boolean", "bool_type"))
-    methods = DEFAULT_DEBIAS
-    if body.get("x_debias") is not None:
-        try:
-            methods = debias.parse(body["x_debias"])
-        except ValueError as exc:
-            errors.append(_err(["x_debias"], str(exc), "literal_error"))
+    methods = x_debias(body, errors)
+    if methods is None:
+        methods = DEFAULT_DEBIAS
     if errors:
         raise RerankInvalid(errors)
     assert isinstance(query, str) and isinstance(docs, list)

@@ -113,6 +113,24 @@ def _err(loc: list[Any], msg: str, type_: str) -> dict[str, Any]:
     return {"loc": ["body", *loc], "msg": msg, "type": type_}
 
 
+def _options_count(loc: list[Any], what: str, unit: str, n: int) -> dict[str, Any]:
+    """The error of a question with ``n`` options, outside 1 to :data:`MAX_OPTIONS`."""
+    return _err(loc, f"{what} needs 1 to {MAX_OPTIONS} {unit}, got {n}", "too_short" if not n else "too_long")
+
+
+def x_debias(body: dict[str, Any], errors: list[dict[str, Any]]) -> tuple[str, ...] | None:
+    """A body's ``x_debias`` (:func:`gateway.decision.debias.parse`), None when absent or null. A value
+    it refuses appends the error naming the field to ``errors`` (and gives None); ``/v1/rerank``'s
+    body reads it the same way (:func:`gateway.decision.rerank.parse`)."""
+    if body.get("x_debias") is None:
+        return None
+    try:
+        return debias.parse(body["x_debias"])
+    except ValueError as exc:
+        errors.append(_err(["x_debias"], str(exc), "literal_error"))
+        return None
+
+
 def _is_content(v: Any) -> bool:
     return isinstance(v, (str, dict, list))
 
@@ -160,13 +178,7 @@ def _question(errors: list[dict[str, Any]], qid: str, raw: Any) -> Question | No
         elif not isinstance(criteria, dict):
             errors.append(_err(cloc, "Input should be an object of labels", "dict_type"))
         elif not 1 <= len(criteria) <= MAX_OPTIONS:
-            errors.append(
-                _err(
-                    cloc,
-                    f"A choice needs 1 to {MAX_OPTIONS} labels, got {len(criteria)}",
-                    "too_short" if not criteria else "too_long",
-                )
-            )
+            errors.append(_options_count(cloc, "A choice", "labels", len(criteria)))
         else:
             seen: dict[str, str] = {}
             for label, desc in criteria.items():
@@ -208,13 +220,7 @@ def _question(errors: list[dict[str, Any]], qid: str, raw: Any) -> Question | No
         elif not isinstance(criteria, list):
             errors.append(_err(cloc, "Input should be a list of levels, level 0 first", "list_type"))
         elif not 1 <= len(criteria) <= MAX_OPTIONS:
-            errors.append(
-                _err(
-                    cloc,
-                    f"A score needs 1 to {MAX_OPTIONS} levels, got {len(criteria)}",
-                    "too_short" if not criteria else "too_long",
-                )
-            )
+            errors.append(_options_count(cloc, "A score", "levels", len(criteria)))
         else:
             for i, level in enumerate(criteria):
                 _check_content(errors, [*cloc, i], level, nullable=False)
@@ -304,12 +310,7 @@ def parse_request(body: Any) -> SystemOneRequest:
     cache_slot = body.get("cache_slot")
     if cache_slot is not None and (isinstance(cache_slot, bool) or not isinstance(cache_slot, int) or cache_slot < 0):
         errors.append(_err(["cache_slot"], "Input should be a non-negative integer", "int_type"))
-    debias_methods = None
-    if body.get("x_debias") is not None:
-        try:
-            debias_methods = debias.parse(body["x_debias"])
-        except ValueError as exc:
-            errors.append(_err(["x_debias"], str(exc), "literal_error"))
+    debias_methods = x_debias(body, errors)
     head = body.get("x_head")
     if head is not None and head != "none":
         errors.append(_err(["x_head"], "Input should be 'none' (answer without the served heads)", "literal_error"))

@@ -227,6 +227,7 @@ class App:
 
     @calibration.setter
     def calibration(self, value: Calibration | None) -> None:
+        """Set the default model's calibration (``serve`` does, after construction)."""
         self.served[self.default].calibration = value
 
     @property

@@ -85,3 +85,17 @@ def engine_http_error(exc: EngineError | RequestError) -> HTTPError:
             return HTTPError(400, "invalid_request_error", f"the engine refused the request: {code} {reason}".strip())
         return HTTPError(502, "api_error", f"engine error {code} {reason}".strip())
     return HTTPError(503, "overloaded_error", f"the engine is unavailable: {exc}", headers=retry)
+
+
+def openai_error(message: str, param: str | None = None) -> HTTPError:
+    """A 400 in OpenAI's error envelope, with Jev's ``detail`` beside it (each client reads its own): the
+    OpenAI routes' refusals and ``/v1/decisions``'; ``param`` names the request's field (None: the body)."""
+    return HTTPError(
+        400,
+        "invalid_request_error",
+        message,
+        body={
+            "error": {"message": message, "type": "invalid_request_error", "param": param, "code": None},
+            "detail": {"error_type": "invalid_request_error", "message": message},
+        },
+    )

@@ -55,10 +55,12 @@ class Served:
 
     @property
     def prompts(self) -> PromptBuilder:
+        """The prompts of the model's chat template (ChatML when it is unusable)."""
         return self.settings.prompts
 
     @property
     def debias(self) -> tuple[str, ...]:
+        """The ``x_debias`` methods of a request that sends none (settable)."""
         return self.settings.debias
 
     @debias.setter
@@ -67,6 +69,7 @@ class Served:
 
     @property
     def calibration(self) -> Calibration | None:
+        """The model's calibration, or None (settable: ``serve`` sets it after construction)."""
         return self.settings.calibration
 
     @calibration.setter
@@ -75,6 +78,7 @@ class Served:
 
     @property
     def name(self) -> str:
+        """The model's name (the reply's ``model``)."""
         return self.info.name
 
 
@@ -102,34 +106,42 @@ class Backend:
 
     @property
     def caps(self) -> Caps:
+        """The engine's CAPS (raises :class:`gateway.engine.errors.EngineUnavailable` while it has none)."""
         return self.engine.caps
 
     @property
     def model(self) -> ModelInfo:
+        """The model's :class:`gateway.server.app.ModelInfo` (the reply's ``model`` name, its template)."""
         return self.served.info
 
     @property
     def settings(self) -> pipeline.Settings:
+        """The model's decision settings (prompts, default ``x_debias``, calibration, heads, timeout)."""
         return self.served.settings
 
     @property
     def request_timeout(self) -> float:
+        """Seconds one engine call may take before the client gets a 503."""
         return self.served.settings.timeout
 
     @property
     def prompts(self) -> PromptBuilder:
+        """The model's prompts (its chat template's)."""
         return self.served.prompts
 
     @property
     def debias(self) -> tuple[str, ...]:
+        """The ``x_debias`` methods of a request that sends none."""
         return self.served.debias
 
     @property
     def calibration(self) -> Calibration | None:
+        """The model's calibration, or None."""
         return self.served.calibration
 
     @property
     def model_sha256(self) -> str | None:
+        """The model file's sha256 (the decision log's lines), or None when unknown."""
         return self.served.model_sha256
 
     def status(self) -> dict[str, Any]:

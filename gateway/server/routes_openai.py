@@ -28,7 +28,7 @@ from gateway.decision.chat_template import TemplateError
 from gateway.engine import EngineError, RequestError
 from gateway.http import HTTPError, Request, Response
 from gateway.server.body import parse_json
-from gateway.server.errors import engine_http_error
+from gateway.server.errors import engine_http_error, openai_error
 from gateway.server.routes_ops import capabilities
 from serveproto import Accept, Data, Done, Echo
 
@@ -53,22 +53,9 @@ MAX_STITCH = 8
 Item = tuple[str, Any, Any]
 
 
-def _bad(message: str, param: str | None = None) -> HTTPError:
-    """A 400 in OpenAI's error envelope, with Jev's ``detail`` beside it (each client reads its own)."""
-    return HTTPError(
-        400,
-        "invalid_request_error",
-        message,
-        body={
-            "error": {"message": message, "type": "invalid_request_error", "param": param, "code": None},
-            "detail": {"error_type": "invalid_request_error", "message": message},
-        },
-    )
-
-
 def _require_chat(app: Backend) -> None:
     if not app.caps.chat:
-        raise _bad(
+        raise openai_error(
             f"{app.model.name} is a decision engine: it generates nothing. Ask it with POST /v1/systemone.", "model"
         )
 
@@ -76,7 +63,7 @@ def _require_chat(app: Backend) -> None:
 def _body(request: Request) -> dict[str, Any]:
     body = parse_json(request)
     if not isinstance(body, dict):
-        raise _bad("the body must be a JSON object")
+        raise openai_error("the body must be a JSON object")
     return body
 
 
@@ -87,7 +74,7 @@ def _number(body: dict[str, Any], name: str, default: Any, lo: float, hi: float,
     ok = isinstance(v, int) if integer else isinstance(v, (int, float))
     if isinstance(v, bool) or not ok or not (lo <= v <= hi) or (not integer and not math.isfinite(v)):
         kind = "an integer" if integer else "a number"
-        raise _bad(f"'{name}' must be {kind} in [{lo:g}, {hi:g}]", name)
+        raise openai_error(f"'{name}' must be {kind} in [{lo:g}, {hi:g}]", name)
     return v
 
 
@@ -97,7 +84,7 @@ def _flag(body: dict[str, Any], name: str, param: str | None = None) -> bool:
     if v is None:
         return False
     if not isinstance(v, bool):
-        raise _bad(f"'{param or name}' must be a boolean", param or name)
+        raise openai_error(f"'{param or name}' must be a boolean", param or name)
     return v
 
 
@@ -107,7 +94,7 @@ def _include_usage(body: dict[str, Any]) -> bool:
     if opts is None:
         return False
     if not isinstance(opts, dict):
-        raise _bad("'stream_options' must be an object", "stream_options")
+        raise openai_error("'stream_options' must be an object", "stream_options")
     return _flag(opts, "include_usage", "stream_options.include_usage")
 
 
@@ -117,7 +104,7 @@ def _one_choice(body: dict[str, Any], name: str) -> None:
     v = body.get(name)
     if v is None or (v == 1 and isinstance(v, int) and not isinstance(v, bool)):
         return
-    raise _bad(f"'{name}' must be 1: this server returns one choice per request", name)
+    raise openai_error(f"'{name}' must be 1: this server returns one choice per request", name)
 
 
 def _stops(body: dict[str, Any]) -> list[str]:
@@ -128,7 +115,7 @@ def _stops(body: dict[str, Any]) -> list[str]:
         return [stop] if stop else []
     if isinstance(stop, list) and all(isinstance(s, str) for s in stop) and len(stop) <= 4:
         return [s for s in stop if s]
-    raise _bad("'stop' must be a string or an array of up to 4 strings", "stop")
+    raise openai_error("'stop' must be a string or an array of up to 4 strings", "stop")
 
 
 def _sampling(app: Backend, body: dict[str, Any]) -> dict[str, Any]:
@@ -245,23 +232,27 @@ async def _generate(
 def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
-        raise _bad("'messages' must be a non-empty array", "messages")
+        raise openai_error("'messages' must be a non-empty array", "messages")
     out = []
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer", "tool"):
-            raise _bad(f"messages[{i}].role must be system, user, assistant, developer or tool", f"messages[{i}].role")
+            raise openai_error(
+                f"messages[{i}].role must be system, user, assistant, developer or tool", f"messages[{i}].role"
+            )
         content = m.get("content")
         if isinstance(content, list):  # content parts: keep the text ones
             parts = []
             for p in content:
                 if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                    raise _bad(f"messages[{i}].content: only text parts are supported", f"messages[{i}].content")
+                    raise openai_error(
+                        f"messages[{i}].content: only text parts are supported", f"messages[{i}].content"
+                    )
                 parts.append(p["text"])
             content = "".join(parts)
         if content is None:
             content = ""
         if not isinstance(content, str):
-            raise _bad(f"messages[{i}].content must be a string or text parts", f"messages[{i}].content")
+            raise openai_error(f"messages[{i}].content must be a string or text parts", f"messages[{i}].content")
         role = "system" if m["role"] == "developer" else m["role"]
         out.append({"role": role, "content": content})
     return out
@@ -434,7 +425,7 @@ def _check_prompt_bytes(app: Backend, prompt: str, param: str) -> None:
         return
     n = len(prompt.encode("utf-8", "surrogatepass"))
     if n > n_ctx * longest:
-        raise _bad(
+        raise openai_error(
             f"'{param}': the prompt is longer than the engine's context of {n_ctx} tokens ({n} bytes; a token "
             f"of this model stands for at most {longest} bytes)",
             param,
@@ -449,7 +440,9 @@ def _prompt_refusal(app: Backend, exc: BaseException, param: str) -> HTTPError |
         return None
     n_ctx = getattr(app.caps, "n_ctx", None)
     limit = f" of {n_ctx} tokens" if isinstance(n_ctx, int) and n_ctx > 0 else ""
-    return _bad(f"'{param}': the prompt is longer than the engine's context{limit} (the engine said: {reason})", param)
+    return openai_error(
+        f"'{param}': the prompt is longer than the engine's context{limit} (the engine said: {reason})", param
+    )
 
 
 async def _reply(
@@ -540,7 +533,7 @@ async def chat_completions(server: App, request: Request) -> Response:
     try:
         prompt = app.prompts.chat(messages)
     except TemplateError as exc:
-        raise _bad(f"the model's chat template refuses these messages: {exc}", "messages") from None
+        raise openai_error(f"the model's chat template refuses these messages: {exc}", "messages") from None
     _check_prompt_bytes(app, prompt, "messages")
     tally = Tally()
     items = _generate(app, prompt, params, stops, max(1, top_n) if top_n is not None else 0, tally)
@@ -610,7 +603,7 @@ class CompletionAsk:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if not isinstance(prompt, str) or not prompt:
-            raise _bad("'prompt' must be a non-empty string", "prompt")
+            raise openai_error("'prompt' must be a non-empty string", "prompt")
         _check_prompt_bytes(app, prompt, "prompt")
         echo = _flag(body, "echo")
         _one_choice(body, "n")
@@ -619,7 +612,7 @@ class CompletionAsk:
         max_tokens = body.get("max_tokens", 16)
         if max_tokens == 0 and not isinstance(max_tokens, bool):
             if not (echo and k is not None):
-                raise _bad(
+                raise openai_error(
                     "max_tokens=0 needs echo=true and logprobs (it reads the prompt out and generates nothing)",
                     "max_tokens",
                 )

@@ -3,21 +3,22 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
-from gateway.http import Request, Response
 from gateway.server.jev.serving import decisions, systemone
 
 if TYPE_CHECKING:
     from gateway.server.app import App
 
+#: (path, method, handler): each handler is called with the app and the request.
+ROUTES = (
+    ("/v1/systemone", "POST", systemone),
+    ("/v1/decisions", "POST", decisions),
+)
+
 
 def register(app: App) -> None:
-    async def _systemone(request: Request) -> Response:
-        return await systemone(app, request)
-
-    async def _decisions(request: Request) -> Response:
-        return await decisions(app, request)
-
-    app.router.route("/v1/systemone", "POST", _systemone)
-    app.router.route("/v1/decisions", "POST", _decisions)
+    """Route :data:`ROUTES` on ``app``'s router."""
+    for path, method, handler in ROUTES:
+        app.router.route(path, method, functools.partial(handler, app))

@@ -22,7 +22,7 @@ from gateway.decision.prompts import as_text
 from gateway.decision.schema import JevValidationError, SystemOneRequest
 from gateway.http import HTTPError, Request, Response
 from gateway.server.body import parse_json
-from gateway.server.errors import RETRY_AFTER
+from gateway.server.errors import RETRY_AFTER, openai_error
 from gateway.server.jev import protocol
 from gateway.server.routing import HEADER as ROUTE_HEADER
 from gateway.server.routing import routing_key
@@ -124,18 +124,6 @@ async def systemone(app: App, request: Request) -> Response:
 _OPENAI_TYPES = {"predicate": "noul", "choice": "choice", "score": "score"}
 
 
-def _openai_error(message: str, param: str) -> HTTPError:
-    return HTTPError(
-        400,
-        "invalid_request_error",
-        message,
-        body={
-            "error": {"message": message, "type": "invalid_request_error", "param": param, "code": None},
-            "detail": {"error_type": "invalid_request_error", "message": message},
-        },
-    )
-
-
 def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
     """Read a ``/v1/decisions`` body into the equivalent System One request.
 
@@ -146,17 +134,17 @@ def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
     :class:`HTTPError` 400 in OpenAI's error envelope, naming the parameter.
     """
     if not isinstance(body, dict):
-        raise _openai_error("the body must be a JSON object", "")
+        raise openai_error("the body must be a JSON object", "")
     if "input" not in body:
-        raise _openai_error("'input' is required", "input")
+        raise openai_error("'input' is required", "input")
     qs = body.get("questions")
     if not isinstance(qs, list) or not 1 <= len(qs) <= schema.MAX_QUESTIONS:
-        raise _openai_error(f"'questions' must be an array of 1 to {schema.MAX_QUESTIONS} questions", "questions")
+        raise openai_error(f"'questions' must be an array of 1 to {schema.MAX_QUESTIONS} questions", "questions")
     converted: dict[str, Any] = {}
     for i, q in enumerate(qs):
         param = f"questions[{i}]"
         if not isinstance(q, dict) or q.get("type") not in _OPENAI_TYPES:
-            raise _openai_error(f"{param}.type must be 'predicate', 'choice' or 'score'", f"{param}.type")
+            raise openai_error(f"{param}.type must be 'predicate', 'choice' or 'score'", f"{param}.type")
         text = q.get("question", q.get("instructions"))
         jq: dict[str, Any] = {"type": _OPENAI_TYPES[q["type"]]}
         if text is not None:
@@ -164,15 +152,15 @@ def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
         if q["type"] == "choice":
             choices = q.get("choices")
             if not isinstance(choices, list) or not choices:
-                raise _openai_error(f"{param}.choices must be a non-empty array", f"{param}.choices")
+                raise openai_error(f"{param}.choices must be a non-empty array", f"{param}.choices")
             crit = {}
             for j, c in enumerate(choices):
                 if not isinstance(c, dict) or not isinstance(c.get("value"), str) or not c["value"]:
-                    raise _openai_error(
+                    raise openai_error(
                         f"{param}.choices[{j}].value must be a non-empty string", f"{param}.choices[{j}].value"
                     )
                 if c["value"] in crit:
-                    raise _openai_error(
+                    raise openai_error(
                         f"{param}.choices[{j}].value repeats {c['value']!r}", f"{param}.choices[{j}].value"
                     )
                 crit[c["value"]] = c.get("description")
@@ -180,11 +168,11 @@ def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
         elif q["type"] == "score":
             levels = q.get("levels")
             if not isinstance(levels, list) or not levels:
-                raise _openai_error(f"{param}.levels must be a non-empty array", f"{param}.levels")
+                raise openai_error(f"{param}.levels must be a non-empty array", f"{param}.levels")
             crit_l = []
             for j, lv in enumerate(levels):
                 if not isinstance(lv, dict) or not isinstance(lv.get("label"), str):
-                    raise _openai_error(f"{param}.levels[{j}].label must be a string", f"{param}.levels[{j}].label")
+                    raise openai_error(f"{param}.levels[{j}].label must be a string", f"{param}.levels[{j}].label")
                 desc = lv.get("description")
                 crit_l.append(f"{lv['label']}: {as_text(desc)}" if desc else lv["label"])
             jq["criteria"] = crit_l
@@ -196,7 +184,7 @@ def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
         )
     except JevValidationError as exc:
         e = exc.errors[0]
-        raise _openai_error(e["msg"], _openai_param(e["loc"], qs)) from None
+        raise openai_error(e["msg"], _openai_param(e["loc"], qs)) from None
     return parsed, qs
 
 
@@ -232,7 +220,7 @@ async def decisions(app: App, request: Request) -> Response:
         decided = await decide(here, parsed)
     except Refused as exc:  # what the engine refused, in this route's envelope
         e = exc.errors[0]
-        raise _openai_error(e["msg"], _openai_param(e["loc"], sent)) from None
+        raise openai_error(e["msg"], _openai_param(e["loc"], sent)) from None
     log_decisions(here, request.request_id, parsed, decided)
     answers = []
     for q, raw in zip(parsed.questions, sent):
