@@ -27,11 +27,12 @@ from gateway.decision.chat_template import ChatTemplate, read_gguf
 from gateway.decision.decision_log import DecisionLog
 from gateway.decision.prompts import PromptBuilder
 from gateway.http import HTTPError, Request, Response, Router, access_line
-from gateway.server import auth, routes_openai, routes_ops, routes_rerank, routing
+from gateway.server import auth, routes_ops, routes_rerank, routing
 from gateway.server.errors import RETRY_AFTER, http_error, log_note
 from gateway.server.fleet import Backend, Served
 from gateway.server.jev import routes as routes_jev
 from gateway.server.metrics import Metrics
+from gateway.server.openai import routes as routes_openai
 from serveproto import Caps
 
 log = logging.getLogger("serveproto.access")
