@@ -39,7 +39,8 @@ def gold_of(entry: Mapping[str, Any], where: str) -> int | None:
 
 
 def read_answers(path: str | Path) -> tuple[list[tuple[str, list[float], int, str]], dict[str, Any]]:
-    """The judged lines of a decision log as ``calibration.fit`` takes them, and their common config.
+    """The judged lines of a decision log as :func:`gateway.lab.calibration_fit.fit` takes them, and
+    their common config.
 
     Returns ``([(type, uncalibrated probabilities, gold index, request id), ...], config)``,
     ``config`` being the lines' ``config`` less ``x_calibration``. Raises :class:`DecisionLogError`
