@@ -11,7 +11,11 @@ CANCEL to reading its ERROR (``DONE`` in the last column: the request ran to
 its end first). Score cache off, so a repeat computes again.
 
     .venv/bin/python bench/cancel.py [--ubatch 64,128,256,512] [--rounds 2] [--threads 1]
-                                     [--engine BIN[,BIN2]] [--model PATH]
+                                     [--engine BIN[,BIN2]] [--model PATH] [--prefix-words 500]
+                                     [--cancel-after 0.2] [--engine-args "--slots 1 --ctx 8192"]
+
+On a GPU a 500-word prefill is over in well under 0.2 s: there ``--prefix-words 6000
+--cancel-after 0.02`` (and a ``--ctx`` that holds it) puts the CANCEL inside the prefill.
 """
 
 from __future__ import annotations
@@ -33,7 +37,13 @@ from serveproto import Accept, Cancel, Done, Error, Score, Submit
 
 TICK = os.sysconf("SC_CLK_TCK")
 WORDS = "the quick brown fox jumps over the lazy dog while a customer writes about billing trouble".split()
-PREFIX = "Ticket: " + " ".join(WORDS[i % len(WORDS)] for i in range(500)) + "\n"
+
+
+def prefix(words: int) -> str:
+    """The ticket every request reads: ``words`` words of WORDS in turn."""
+    return "Ticket: " + " ".join(WORDS[i % len(WORDS)] for i in range(words)) + "\n"
+
+
 GROUPS = [
     {
         "stem": f"Question {g}: is the {WORDS[g % len(WORDS)]} part of item {g} relevant here? Answer:",
@@ -70,9 +80,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--engine", default=str(engine_bin("serveproto-llama")))
     ap.add_argument("--model", default=str(default_model_path()))
+    ap.add_argument("--prefix-words", type=int, default=500, help="the ticket's length in words")
+    ap.add_argument("--cancel-after", type=float, default=0.2, help="seconds from ACCEPT to CANCEL")
+    ap.add_argument("--engine-args", default="", help="more engine flags, one string")
     a = ap.parse_args()
+    ticket = prefix(a.prefix_words)
+    more = a.engine_args.split()
     engines = {
-        (b, u): Proc([b, "--model", a.model, "--threads", str(a.threads), "--score-cache-mb", "0", "--ubatch", u])
+        (b, u): Proc(
+            [b, "--model", a.model, "--threads", str(a.threads), "--score-cache-mb", "0", "--ubatch", u, *more]
+        )
         for b in a.engine.split(",")
         for u in a.ubatch.split(",")
     }
@@ -86,7 +103,7 @@ def main() -> None:
         got[key][what].append((time.perf_counter() - t, e.cpu_s() - c))
 
     for r in range(a.rounds):
-        prompt = f"{r} {PREFIX}"  # a new prompt each round: cold
+        prompt = f"{r} {ticket}"  # a new prompt each round: cold
         for key, e in engines.items():
             rid += 4
             timed(
@@ -108,10 +125,10 @@ def main() -> None:
                 Submit(id=rid + 2, slot=0, prompt=b"Write a story:", max_tokens=64, temperature=0.0, top_p=1.0),
             )
             e.send(
-                Submit(id=rid + 3, slot=0, prompt=("y " + PREFIX).encode(), max_tokens=1, temperature=0.0, top_p=1.0)
+                Submit(id=rid + 3, slot=0, prompt=("y " + ticket).encode(), max_tokens=1, temperature=0.0, top_p=1.0)
             )
             assert isinstance(e.next_event(), Accept)
-            time.sleep(0.2)
+            time.sleep(a.cancel_after)
             t = time.perf_counter()
             e.send(Cancel(id=rid + 3))
             end = e.until_end(rid + 3)
@@ -124,7 +141,7 @@ def main() -> None:
 
     print(f"threads {a.threads}, {a.rounds} rounds, medians; wall s / engine CPU s")
     print(
-        f"{'engine':>28} {'ubatch':>6} | {'prefill ~510 tok':>16} | {'warm SCORE 16x3':>16} | "
+        f"{'engine':>28} {'ubatch':>6} | {f'prefill {a.prefix_words} words':>16} | {'warm SCORE 16x3':>16} | "
         f"{'64 tokens':>14} | CANCEL ms (max) ended"
     )
     for (b, u), v in got.items():

@@ -3,7 +3,7 @@
 Step 1 (``collect``): every labelled request (the generator's, ``--seed`` and ``--per-domain``
 requests per domain, or ``--data FILE``) is answered through the server's own path
 (:func:`gateway.decision.pipeline.decide`) twice on the llama engine: under the default
-correction (:data:`gateway.cli.serve.DEFAULT_MODEL_DEBIAS`), and with the hidden states of
+correction (:data:`gateway.cli.config.DEFAULT_MODEL_DEBIAS`), and with the hidden states of
 ``--layers`` read in the same SCORE as ``x_debias: none`` (the logprob reading, the prompt a
 head is served on).
 Both answers, the vectors and the gold go to ``--cache`` (JSON lines).
@@ -39,7 +39,7 @@ from gateway.lab import evalset
 async def collect(args) -> None:
     import anyio
 
-    from gateway.cli.serve import DEFAULT_MODEL_DEBIAS
+    from gateway.cli.config import DEFAULT_MODEL_DEBIAS
     from gateway.decision import pipeline
     from gateway.decision.chat_template import read_gguf
     from gateway.decision.prompts import PromptBuilder
@@ -102,7 +102,7 @@ async def cost(args) -> None:
     import anyio
     import numpy as np
 
-    from gateway.cli.serve import DEFAULT_MODEL_DEBIAS
+    from gateway.cli.config import DEFAULT_MODEL_DEBIAS
     from gateway.decision import heads, pipeline
     from gateway.decision.chat_template import read_gguf
     from gateway.decision.prompts import PromptBuilder

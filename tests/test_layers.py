@@ -189,3 +189,37 @@ def test_the_served_app_imports_no_numpy():
         check=True,
     )
     assert out.stdout == "[]\n", out.stdout + out.stderr
+
+
+#: The configuration and the engine planning are read by ``serveproto``'s parser, before any command runs:
+#: at module level they import no room above the engine (the server and the decision rooms bring numpy),
+#: and the engine's options nothing but the standard library. Imports inside functions, and under
+#: ``if TYPE_CHECKING:``, are read only when used.
+LIGHT = {
+    "engine/options.py": set(),
+    "cli/config.py": {"gateway.engine.options"},
+    "cli/plan.py": {"gateway.cli.config", "gateway.engine.build", "gateway.paths"},
+}
+
+
+def module_level_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of the imports run when ``path`` is imported: its top level, outside ``if TYPE_CHECKING:``."""
+    tree = ast.parse(path.read_text(), str(path))
+    top = [n for n in tree.body if not (isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")]
+    lines = {n.lineno for n in top if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return [(line, module) for line, module in imports(path) if line in lines]
+
+
+@pytest.mark.parametrize("rel", sorted(LIGHT))
+def test_the_configuration_is_read_without_the_server(rel: str):
+    import sys
+
+    path = GATEWAY / rel
+    wrong = []
+    for line, module in module_level_imports(path):
+        top = module.split(".")[0]
+        if top == "gateway" and module not in LIGHT[rel]:
+            wrong.append(f"{rel}:{line} imports {module} at module level")
+        elif top != "gateway" and top not in sys.stdlib_module_names and (rel.startswith("engine/") or top != "attrs"):
+            wrong.append(f"{rel}:{line} imports {module} at module level (not the standard library)")
+    assert not wrong, "\n".join(wrong)

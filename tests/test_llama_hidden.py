@@ -137,3 +137,26 @@ def test_bad_hidden(model_path, hidden, reason) -> None:
         assert eng.request(score(1, HEAD, [Q1], hidden=hidden)) == [Error(id=1, code="BAD_REQUEST", reason=reason)]
     finally:
         eng.close()
+
+
+def test_without_the_eval_callback_no_hidden_states(model_path, monkeypatch) -> None:
+    """SERVEPROTO_NO_EVAL_CALLBACK=1 (the benchmark of the callback's cost) creates the context without
+    llama.cpp's graph callback: CAPS says x_hidden=0 and a SCORE asking for hidden states is refused, while
+    one without them answers its numbers as with the callback."""
+    eng = engine(model_path)
+    try:
+        want = eng.request(score(1, HEAD + STATE, [Q1]))
+    finally:
+        eng.close()
+    monkeypatch.setenv("SERVEPROTO_NO_EVAL_CALLBACK", "1")
+    eng = engine(model_path)
+    try:
+        assert eng.caps.values["x_hidden"] == "0"
+        assert eng.request(score(2, HEAD, [Q1], hidden=[19])) == [
+            Error(id=2, code="BAD_REQUEST", reason="hidden: this engine reads no hidden states (x_hidden=0)")
+        ]
+        got = eng.request(score(1, HEAD + STATE, [Q1]))
+        assert [e for e in got if isinstance(e, Scored)] == [e for e in want if isinstance(e, Scored)]
+        assert len([e for e in want if isinstance(e, Scored)]) == 2
+    finally:
+        eng.close()

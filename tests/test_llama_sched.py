@@ -128,6 +128,42 @@ def test_without_cells_in_order_the_digits_move(model_path, alone_numbers, monke
     assert [rid for rid in got if got[rid] != alone_numbers[rid]], "no request's digits moved"
 
 
+def test_with_overlap_tasks_arriving_in_a_decode_start_before_its_read_with_the_same_digits(
+    model_path, alone_numbers, tmp_path, monkeypatch
+):
+    """Overlap (SERVEPROTO_OVERLAP=1, a GPU build's default, run here on the CPU without the abort
+    callback, so stdin is read between decodes only): a request that arrives while a decode runs is
+    started right after llama_decode returns, before that decode's rows are read, and joins the next
+    decode. Each of the eight is sent after an event of those before, so it lands in a decode; the
+    profile counts the tasks started early (0 with SERVEPROTO_OVERLAP=0), and every number is the one
+    its request has alone."""
+    monkeypatch.setenv("SERVEPROTO_OVERLAP", "1")
+    monkeypatch.setenv("SERVEPROTO_NO_ABORT_CALLBACK", "1")
+    monkeypatch.setenv("SERVEPROTO_PROFILE", str(tmp_path / "prof"))
+    requests = eight_requests()
+    requests.insert(0, requests.pop())  # the longest prompt first: its prefill is eight decodes
+    eng = engine(model_path)
+    try:
+        events: dict[int, list] = {r.id: [] for r in requests}
+        for r in requests:
+            eng.send(r)
+            ev = eng.next_event()
+            events[ev.id].append(ev)
+        while not all(v and isinstance(v[-1], (Done, Error)) for v in events.values()):
+            ev = eng.next_event()
+            events[ev.id].append(ev)
+        got = {rid: numbers(v) for rid, v in events.items()}
+        assert eng.close() == 0
+    finally:
+        if eng.proc.poll() is None:
+            eng.proc.kill()
+    assert not [rid for rid in got if got[rid] != alone_numbers[rid]], "numbers moved under overlap"
+    (prof,) = tmp_path.glob("prof.*")
+    assert prof.read_text().splitlines()[0].split()[-2:] == ["early_tasks", "max_rows"]
+    early = int(prof.read_text().splitlines()[-1].split()[-2])
+    assert 1 <= early <= len(requests), early
+
+
 BIG = score(20, 0, 11, 12, [" it depends on the size of item {g} today", " only when item {g} is late again"])
 
 

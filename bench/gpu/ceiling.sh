@@ -7,8 +7,9 @@
 #      F32/F16 KV with and without flash attention, best of 3);
 #   3. bench/load.py at 32 clients (STEPS: the engine variants), the engine profiled (SERVEPROTO_PROFILE,
 #      engines/llama/profile.c) and nvidia-smi dmon beside it; bench/gpu/profile_split.py's table per run.
-# Each step runs within CEILING_S seconds in all (pass run.sh's time left). LOADS="TAG q4|f16 FLAGS" lines
-# instead run only those loads (the F16 model written meanwhile when one needs it).
+# Each step runs within CEILING_S seconds in all (pass run.sh's time left). LOADS="TAG q4|f16 [NAME=VALUE...]
+# FLAGS" lines instead run only those loads (the F16 model written meanwhile when one needs it; NAME=VALUE
+# words set the engine's environment, e.g. SERVEPROTO_OVERLAP=0).
 set -u
 Q4=$1
 F16=/tmp/llama3-8b-random.F16.gguf
@@ -41,14 +42,16 @@ prefill() {  # MODEL LABEL
   done
 }
 
-load() {  # TAG MODEL ENGINE_FLAGS...
+load() {  # TAG MODEL [NAME=VALUE...] ENGINE_FLAGS...: the NAME=VALUE words go to the environment
   local tag=$1 model=$2; shift 2
+  local envs=()
+  while [ $# -gt 0 ] && [[ "$1" != -* && "$1" == *=* ]]; do envs+=("$1"); shift; done
   [ "$(left)" -gt 60 ] || { echo "== load $tag: skipped, $(left) s left"; return; }
   echo "== load $tag: $*"
   rm -f /tmp/prof-$tag.*
   nvidia-smi dmon -s u -d 1 -o T > $RES/dmon-$tag.log 2>&1 &
   local dm=$!
-  SERVEPROTO_PROFILE=/tmp/prof-$tag timeout $(( $(left) - 15 )) python3 bench/load.py --no-llama-server \
+  env "${envs[@]}" SERVEPROTO_PROFILE=/tmp/prof-$tag timeout $(( $(left) - 15 )) python3 bench/load.py --no-llama-server \
     --model $model --workloads ${WORKLOADS:-document,tickets} --clients 32 --seconds ${SECONDS_CELL:-5} \
     --debias none --json $RES/load-$tag.json --engine engines/bin/serveproto-llama --model $model "$@" \
     > $RES/load-$tag.log 2>&1

@@ -36,3 +36,6 @@ $PERF report -i /tmp/perf-$TAG.data --stdio --no-children --sort comm,symbol -g 
 echo "== $TAG: inclusive (children), main thread"
 $PERF report -i /tmp/perf-$TAG.data --stdio --children --sort symbol -g none --percent-limit 1.5 \
   --comm serveproto-llam 2>/dev/null | grep -E "^ +[0-9]" | cut -c1-160 | head -45 | tee $RES/perf-$TAG-incl.txt
+echo "== $TAG: flat (self) by library and symbol, main thread"
+$PERF report -i /tmp/perf-$TAG.data --stdio --no-children --sort dso,symbol -g none --percent-limit 0.5 \
+  --comm serveproto-llam 2>/dev/null | grep -E "^ +[0-9]" | cut -c1-160 | head -60 | tee $RES/perf-$TAG-dso.txt

@@ -3,7 +3,7 @@
     python3 bench/gpu/profile_split.py [--dmon FILE] [--tag NAME] PROFILE_FILE...
 
 Each file holds one line a second of running sums (decodes, rows, outputs, and milliseconds of gap, start,
-fill, decode, sync, read). The busy part of a run is the longest stretch of one-second intervals whose rows per
+fill, decode, early, sync, read; files written before the overlap have no early column). The busy part of a run is the longest stretch of one-second intervals whose rows per
 second stay at half the busiest interval's or more (a load cell, not the warm-up or the idle tail); the
 table gives, over that stretch, the rows and outputs a decode, each part's milliseconds a decode and its
 share of the wall time. ``--dmon``: an ``nvidia-smi dmon -s u`` log of the same run; its mean SM
@@ -16,7 +16,7 @@ import argparse
 import itertools
 from pathlib import Path
 
-PARTS = ("gap", "start", "fill", "decode", "sync", "read")
+PARTS = ("gap", "start", "fill", "decode", "early", "sync", "read")
 
 
 def busy_stretch(lines: list[list[float]]) -> tuple[list[float], list[float]] | None:
@@ -47,7 +47,8 @@ def split(path: Path) -> str | None:
     d = b[1] - a[1]
     if d <= 0:
         return None
-    ms = [b[4 + k] - a[4 + k] for k in range(len(PARTS))]
+    parts = PARTS if len(b) > 11 else tuple(p for p in PARTS if p != "early")  # 11: before the overlap
+    ms = [b[4 + parts.index(p)] - a[4 + parts.index(p)] if p in parts else 0.0 for p in PARTS]
     cells = [f"{m / d:.2f} ({m / wall_ms:.0%})" for m in ms]
     return (
         f"| {path.name} | {wall_ms / 1e3:.1f} | {d:.0f} | {(b[2] - a[2]) / d:.0f} | {(b[3] - a[3]) / d:.1f} | "

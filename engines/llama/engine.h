@@ -129,13 +129,14 @@ typedef struct score_cache {
 } score_cache;
 
 /* profile.c: SERVEPROTO_PROFILE, a decode step's time by part (microseconds) */
-#define ENGINE_PROFILE_PARTS 6 /* gap, start, fill, decode, sync, read */
+#define ENGINE_PROFILE_PARTS 7 /* gap, start, fill, decode, early, sync, read */
 typedef struct engine_profile {
     int on;
     FILE *f;
     uint64_t t0, reported, last_end;
     uint64_t decodes, rows, outputs;
     int max_rows; /* the most rows one decode held */
+    uint64_t early; /* tasks started early, while the device computed (overlap) */
     uint64_t us[ENGINE_PROFILE_PARTS];
 } engine_profile;
 
@@ -178,6 +179,9 @@ typedef struct engine {
     double *echo_lse;           /* n_batch */
     int *echo_k;                /* n_batch */
     sp_alt *echo_top;           /* n_batch * ENGINE_MAX_LOGPROBS */
+    double *row_lse;            /* n_batch: a SCORE row's logsumexp after its decode (sched.c), else NAN */
+    const float **row_logits;   /* n_batch: those rows' logits, in turn */
+    int *row_index;             /* n_batch: and their batch rows */
     uint32_t seed;              /* sampling seed (--seed), mixed with the request id */
     prefix_tokens prefixes[ENGINE_PREFIXES];
     splice_stats splice;
@@ -196,6 +200,9 @@ typedef struct engine {
     int in_decode;              /* a llama_decode is running: only the abort callback reads stdin */
     int abort_decode;           /* CANCEL of a task in the running decode: it aborts (returns 2) */
     int solo;                   /* the last decode found no KV room: the next one takes one task */
+    int no_hidden;              /* SERVEPROTO_NO_EVAL_CALLBACK=1: no graph callback, no hidden states */
+    int overlap;                /* the backend computes a decode after llama_decode returns (a GPU):
+                                 * stdin is read and arriving tasks started meanwhile (sched.c) */
     int scratch_used;           /* scratch sequences given to the batch being built */
     uint64_t polled_us;         /* when the abort callback last read stdin (CLOCK_MONOTONIC) */
     uint64_t skip_submit_id;    /* a refused IMAGE's id: its SUBMIT is dropped */
@@ -256,6 +263,7 @@ bool hidden_eval(struct ggml_tensor *t, bool ask, void *user_data);
 
 /* main.c: frames in */
 void engine_poll(engine *e);
+double sched_row_lse(const engine *e, int row, const float *logits);
 bool engine_decode_abort(void *data);
 void engine_log_aborting(int on);
 

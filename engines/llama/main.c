@@ -415,7 +415,11 @@ static int load(engine *e, options *o)
      * graph it computes; a value the user set is kept. No effect on the CPU. */
     if (!o->kv_f16 && cp.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_DISABLED)
         setenv("GGML_CUDA_DISABLE_GRAPHS", "1", 0);
-    cp.cb_eval = hidden_eval; /* SCORE's hidden states (hidden.c); asks for nothing without them */
+    /* SCORE's hidden states (hidden.c); asks for nothing without them. SERVEPROTO_NO_EVAL_CALLBACK=1
+     * leaves the callback out (CAPS x_hidden=0): the benchmark of what it costs (bench/README.md) */
+    const char *no_eval = getenv("SERVEPROTO_NO_EVAL_CALLBACK");
+    e->no_hidden = no_eval && !strcmp(no_eval, "1");
+    cp.cb_eval = e->no_hidden ? NULL : hidden_eval;
     cp.cb_eval_user_data = e;
     g_log_tail[0] = '\0';
     e->ctx = llama_init_from_model(e->model, cp);
@@ -426,6 +430,10 @@ static int load(engine *e, options *o)
     const char *no_abort = getenv("SERVEPROTO_NO_ABORT_CALLBACK");
     if (!no_abort || strcmp(no_abort, "1") != 0)
         llama_set_abort_callback(e->ctx, engine_decode_abort, e);
+    /* overlap (sched.c): on where llama_decode returns before the device is done, a GPU or rpc
+     * servers; SERVEPROTO_OVERLAP=1 runs that path on the CPU too (its tests), =0 turns it off */
+    const char *overlap = getenv("SERVEPROTO_OVERLAP");
+    e->overlap = overlap && *overlap ? strcmp(overlap, "0") != 0 : devices_local_gpu() || o->dev.n_rpc > 0;
 
     e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
     e->snaps = calloc((size_t)e->n_pins, sizeof *e->snaps);
@@ -443,7 +451,10 @@ static int load(engine *e, options *o)
     e->echo_lse = malloc((size_t)e->n_batch * sizeof *e->echo_lse);
     e->echo_k = malloc((size_t)e->n_batch * sizeof *e->echo_k);
     e->echo_top = malloc((size_t)e->n_batch * ENGINE_MAX_LOGPROBS * sizeof *e->echo_top);
-    if (!e->echo_rows || !e->echo_lse || !e->echo_k || !e->echo_top)
+    e->row_lse = malloc((size_t)e->n_batch * sizeof *e->row_lse);
+    e->row_logits = malloc((size_t)e->n_batch * sizeof *e->row_logits);
+    e->row_index = malloc((size_t)e->n_batch * sizeof *e->row_index);
+    if (!e->echo_rows || !e->echo_lse || !e->echo_k || !e->echo_top || !e->row_lse || !e->row_logits || !e->row_index)
         return load_fail(e, "nomem", "allocating the read-out buffers failed");
     e->batch = llama_batch_init(e->n_batch, 0, e->n_score_seqs + 1); /* a stem's node: its options and the carry */
     /* kept numbers equal fresh ones only when the arithmetic is invariant */
@@ -479,6 +490,9 @@ static void engine_free(engine *e)
     free(e->echo_lse);
     free(e->echo_k);
     free(e->echo_top);
+    free(e->row_lse);
+    free(e->row_logits);
+    free(e->row_index);
     prefix_tokens_free(e);
     if (e->scores.disk) {
         persist_close(e->scores.disk); /* the results not yet written go now */
@@ -508,7 +522,7 @@ static void handshake(engine *e)
     snprintf(caps, sizeof caps,
              "chat=1 slots=%d n_ctx=%d x_max_prompt=%d n_vocab=%d model=%s pin_slots=%d max_logprobs=%d x_score=1 x_score_base=1 "
              "x_hidden=%d x_hidden_dim=%d x_counters=1 x_health=1 x_numerics=%s x_batched=1 n_ubatch=%d n_chunk=%d x_threads=%s%d%s%s",
-             e->n_slots, e->n_ctx, e->n_ctx_max, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS, hidden_layers(e),
+             e->n_slots, e->n_ctx, e->n_ctx_max, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS, e->no_hidden ? 0 : hidden_layers(e),
              hidden_dim(e), e->numerics, e->n_ubatch,
              e->n_chunk, e->threads_auto ? "auto:" : "", e->threads_max, e->devices_caps,
              e->scores.disk ? " x_persist=1" : "");

@@ -1,7 +1,7 @@
 /* profile.c: where a decode step's time goes (SERVEPROTO_PROFILE=PATH;
  * bench/README.md, "Where a decode's time goes").
  *
- * With SERVEPROTO_PROFILE set, every decode step is cut into six parts on
+ * With SERVEPROTO_PROFILE set, every decode step is cut into seven parts on
  * the engine's one thread, CLOCK_MONOTONIC:
  *   gap    from the end of the last decode step to the start of this one
  *          (stdin read, frames parsed, requests started outside a step),
@@ -10,12 +10,14 @@
  *   fill   the rest of the step before llama_decode: the batch built;
  *   decode llama_decode itself (on the CPU the whole forward pass; on a GPU
  *          the graph built and queued, the kernels mostly still running);
+ *   early  with overlap (sched.c: a GPU): stdin read and the tasks that
+ *          arrived started while the device computes (0 without it);
  *   sync   llama_synchronize after it: the wait for the device to finish
  *          (about 0 on the CPU);
  *   read   the rows read out: logsumexp, option logprobs, frames written.
  * Every ENGINE_PROFILE_US the running sums go to PATH.<pid> as one line
- * (milliseconds, the rows and outputs per decode, and the most rows one
- * decode held), so a load benchmark
+ * (milliseconds, the rows and outputs per decode, the tasks started early,
+ * and the most rows one decode held), so a load benchmark
  * reads the split of its interval from the difference of two lines (and
  * the last line is written at exit). Off by
  * default: then the step makes no clock call and no llama_synchronize, and
@@ -51,7 +53,7 @@ void profile_init(engine_profile *p)
     }
     p->on = 1;
     p->t0 = p->reported = profile_now_us();
-    fprintf(p->f, "# t_s decodes rows outputs gap_ms start_ms fill_ms decode_ms sync_ms read_ms max_rows\n");
+    fprintf(p->f, "# t_s decodes rows outputs gap_ms start_ms fill_ms decode_ms early_ms sync_ms read_ms early_tasks max_rows\n");
     fflush(p->f);
 }
 
@@ -62,13 +64,13 @@ static void report(engine_profile *p, uint64_t now)
             (unsigned long long)p->rows, (unsigned long long)p->outputs);
     for (int i = 0; i < ENGINE_PROFILE_PARTS; i++)
         fprintf(p->f, " %.1f", (double)p->us[i] * 1e-3);
-    fprintf(p->f, " %d\n", p->max_rows);
+    fprintf(p->f, " %llu %d\n", (unsigned long long)p->early, p->max_rows);
     fflush(p->f);
 }
 
 /* One decode step's marks: start, tasks started, before and after
- * llama_decode, after the synchronize, end; rows in the batch and rows with
- * logits. */
+ * llama_decode, after the early start (overlap), after the synchronize, end;
+ * rows in the batch and rows with logits. */
 void profile_step(engine_profile *p, const uint64_t mark[ENGINE_PROFILE_PARTS], int rows, int outputs)
 {
     if (p->last_end && mark[0] - p->last_end < 1000000u)

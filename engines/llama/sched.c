@@ -12,6 +12,7 @@
  * in within one ubatch: the other tasks of that decode put their rows back
  * (undo) and take the same chunk again in the next one.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,7 +58,8 @@ static int by_arrival(const void *pa, const void *pb)
     return a->arrival < b->arrival ? -1 : a->arrival > b->arrival;
 }
 
-/* Starts the tasks that arrived since the last step, in arrival order. */
+/* Starts the tasks that arrived since the last step, in arrival order.
+ * Returns how many. */
 static int start_new(engine *e)
 {
     task *list[ENGINE_QUEUE_MAX];
@@ -73,7 +75,64 @@ static int start_new(engine *e)
         if (rc != 0 && t->used)
             task_end(e, t);
     }
-    return n > 0;
+    return n;
+}
+
+/* Overlap (e->overlap: a GPU, whose llama_decode returns with the graph
+ * queued and its kernels still running; spec/llama-engine.md, "Many requests
+ * at once"): while the device computes, the host reads stdin and starts the
+ * tasks that arrived, the part of a step that needs no output of the decode
+ * in flight. Starting touches only what the decode no longer reads: the KV
+ * cache's bookkeeping of the new task's own slot and of pinned snapshots
+ * (llama.cpp's unified cache: cells, not device memory; the decode's inputs
+ * were set before llama_decode returned), the score cache, frames out. A
+ * state read from disk writes device memory; llama_state_seq_set_data waits
+ * for the device first. So the new tasks' rows go in the next decode, as
+ * they would have, with the start off the device's critical path: a new
+ * task may miss a score or snapshot the decode in flight was about to
+ * leave, and computes it again (never another number). A CANCEL read here
+ * of a task in the decode is answered after it, at the next step. */
+static void start_early(engine *e)
+{
+    engine_poll(e);
+    int n = start_new(e);
+    if (e->prof.on)
+        e->prof.early += (uint64_t)n;
+}
+
+/* The logsumexp of every row with logits that the decode's SCOREs hold, into
+ * e->row_lse (NAN for the others), spread over the engine's threads. A row's
+ * log-softmax needs its whole vocabulary's exponentials, the read-out's
+ * largest part; on a GPU the CPU threads are idle then. Each row's number is
+ * model_logsumexp of its logits whichever thread computes it, so the digits
+ * are those of the one thread. The logits pointers are taken first, on this
+ * thread (llama_get_logits_ith may reorder outputs on first use). */
+static void rows_lse(engine *e, task *const *in, int n_in)
+{
+    int n = 0;
+    for (int i = 0; i < e->batch.n_tokens; i++)
+        e->row_lse[i] = NAN;
+    for (int k = 0; k < n_in; k++) {
+        const task *t = in[k];
+        if (!is_score(t))
+            continue;
+        for (int r = t->row0; r < t->row0 + t->rows; r++)
+            if (e->batch.logits[r]) {
+                e->row_logits[n] = llama_get_logits_ith(e->ctx, r);
+                e->row_index[n++] = r;
+            }
+    }
+    #pragma omp parallel for num_threads(e->n_threads) schedule(static) if (n > 1)
+    for (int j = 0; j < n; j++)
+        e->row_lse[e->row_index[j]] = model_logsumexp(e->row_logits[j], e->n_vocab);
+}
+
+/* Row `row`'s logsumexp of the last decode: the one rows_lse computed, or
+ * model_logsumexp of `logits` (its logits) for a row it did not. */
+double sched_row_lse(const engine *e, int row, const float *logits)
+{
+    double v = e->row_lse[row];
+    return isnan(v) ? model_logsumexp(logits, e->n_vocab) : v;
 }
 
 /* The lease (spec/llama-engine.md, "Prompts longer than a slot"): a slot's
@@ -155,7 +214,7 @@ int sched_step(engine *e)
     uint64_t mark[ENGINE_PROFILE_PARTS] = { 0 };
     if (e->prof.on)
         mark[0] = profile_now_us();
-    int worked = start_new(e);
+    int worked = start_new(e) > 0;
     if (e->prof.on)
         mark[1] = profile_now_us();
     for (int i = 0; i < ENGINE_QUEUE_MAX; i++) {
@@ -238,16 +297,21 @@ int sched_step(engine *e)
     if (e->prof.on)
         mark[2] = profile_now_us();
     int rc = llama_decode(e->ctx, e->batch);
-    if (e->prof.on) {
+    if (e->prof.on)
         mark[3] = profile_now_us();
-        llama_synchronize(e->ctx);
-        mark[4] = profile_now_us();
-    }
     threads_after(e);
     e->in_decode = 0;
+    if (rc == 0 && e->overlap)
+        start_early(e);
+    if (e->prof.on) {
+        mark[4] = profile_now_us();
+        llama_synchronize(e->ctx);
+        mark[5] = profile_now_us();
+    }
     e->decodes++;
     if (rc == 0) {
         e->solo = 0;
+        rows_lse(e, in, n_in);
         for (int i = 0; i < n_in; i++) {
             task *t = in[i];
             t->served = e->decodes;
@@ -287,7 +351,7 @@ int sched_step(engine *e)
     e->abort_decode = 0;
     engine_log_aborting(0);
     if (e->prof.on) {
-        mark[5] = profile_now_us();
+        mark[6] = profile_now_us();
         int outputs = 0;
         for (int i = 0; i < e->batch.n_tokens; i++)
             outputs += e->batch.logits[i] != 0;

@@ -102,7 +102,7 @@ async def score_all(
     """Every labelled question's probabilities as served (no calibration) on the llama engine."""
     import anyio
 
-    from gateway.cli.serve import engine_or_exit
+    from gateway.cli.plan import engine_or_exit
     from gateway.decision import pipeline, schema
     from gateway.decision.chat_template import read_gguf
     from gateway.decision.prompts import PromptBuilder
@@ -142,7 +142,7 @@ def table(result: Fit) -> str:
 def run(args: argparse.Namespace) -> int:
     import anyio
 
-    from gateway.cli.serve import DEFAULT_MODEL_DEBIAS
+    from gateway.cli.config import DEFAULT_MODEL_DEBIAS
     from gateway.decision import calibration, debias
     from gateway.lab import evalset
 

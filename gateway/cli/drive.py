@@ -467,7 +467,7 @@ async def _drive(args: argparse.Namespace) -> int:
 
 
 def _engine_cmd(args: argparse.Namespace) -> list[str]:
-    from gateway.cli.serve import default_model_or_exit, engine_or_exit
+    from gateway.cli.plan import default_model_or_exit, engine_or_exit
 
     if args.engine:
         return shlex.split(args.engine)

@@ -101,7 +101,7 @@ async def read_all(
     """``(layer, rows)``: per labelled question ``(signature, name, k, hidden, served probs, gold, request id)``."""
     import anyio
 
-    from gateway.cli.serve import engine_or_exit
+    from gateway.cli.plan import engine_or_exit
     from gateway.decision import heads, pipeline, schema
     from gateway.decision.chat_template import read_gguf
     from gateway.decision.prompts import PromptBuilder

@@ -32,6 +32,7 @@ from gateway.engine.errors import (
     EngineUnavailable,
     RequestError,
 )
+from gateway.engine.options import EngineOptions
 from gateway.engine.process import EngineProcess, Inflight, unwrap_group
 from gateway.engine.request import RequestStream
 from gateway.engine.score import OptionScore, option_tokens
@@ -194,44 +195,30 @@ class Engine:
         argv: Sequence[str],
         *,
         name: str | None = None,
-        handshake_timeout: float | None = 60.0,
-        stall_timeout: float | None = 60.0,
-        health_interval: float | None = 5.0,
-        ping_timeout: float = 30.0,
-        request_timeout: float | None = None,
-        drain_timeout: float = 5.0,
-        term_timeout: float = 2.0,
-        max_restarts: int | None = 3,
-        restart_period: float = 60.0,
-        backoff_initial: float = 0.1,
-        backoff_max: float = 5.0,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        stderr_lines_per_s: int = 1000,
-        max_waiting: int | None = None,
+        options: EngineOptions | None = None,
+        **changes: Any,
     ) -> AsyncIterator[Engine]:
         """Start ``argv`` (a list, no shell), wait for its handshake, yield the :class:`Engine`.
 
-        Seconds: ``handshake_timeout`` (READY..STAT), ``health_interval`` (an
-        engine with ``x_health`` is PINGed this often, busy or idle; ``None``:
-        never) and ``ping_timeout`` (a PING unanswered this long: the engine is
-        stalled, killed and restarted, its requests fail with
-        :class:`EngineTimeout` ``what="stall"`` whatever their own deadlines;
-        :attr:`healthy` is already False once a PING waits longer than
-        ``health_interval``), ``stall_timeout`` (no output while requests are in
-        flight: the engine is declared hung the same way; the watchdog of an
-        engine without ``x_health``; ``None`` trusts the engine forever, and a
-        request written to an engine that stopped reading its stdin then waits
-        with it), ``request_timeout`` (default deadline of each request,
-        ``None``: none), ``drain_timeout`` / ``term_timeout`` (the shutdown
-        ladder: EOF, drain, SIGTERM, SIGKILL). Restarts: at most
-        ``max_restarts`` within ``restart_period`` s (``None``: no limit),
-        backoff doubling from ``backoff_initial`` to ``backoff_max`` s; then
-        health fails for good and :meth:`wait_stopped` returns.
-        The engine's stderr is logged line by line to ``gateway.engine.<name>``
-        (at most ``stderr_lines_per_s`` lines a second; the rest are counted).
-        ``max_waiting``: with that many callers already queued for slots, a new
-        request raises :class:`EngineBusy` at once (``None``: queue without bound).
+        ``options``: :class:`gateway.engine.options.EngineOptions` (default: its defaults), passed
+        whole to the supervisor and each process; ``changes`` override single fields by their flat
+        names (``handshake_timeout=10, max_restarts=0``; :meth:`EngineOptions.updated`, TypeError
+        for another name). Seconds: ``handshake_timeout`` (READY..STAT), ``health_interval`` (an
+        engine with ``x_health`` is PINGed this often, busy or idle; ``None``: never) and
+        ``ping_timeout`` (a PING unanswered this long: the engine is stalled, killed and
+        restarted, its requests fail with :class:`EngineTimeout` ``what="stall"`` whatever their
+        own deadlines; :attr:`healthy` is already False once a PING waits longer than
+        ``health_interval``), ``stall_timeout`` (no output while requests are in flight: the
+        engine is declared hung the same way; the watchdog of an engine without ``x_health``;
+        ``None`` trusts the engine forever, and a request written to an engine that stopped
+        reading its stdin then waits with it), ``request_timeout`` (default deadline of each
+        request, ``None``: none), ``drain_timeout`` / ``term_timeout`` (the shutdown ladder: EOF,
+        drain, SIGTERM, SIGKILL). Restarts: at most ``max_restarts`` within ``restart_period`` s
+        (``None``: no limit), backoff doubling from ``backoff_initial`` to ``backoff_max`` s; then
+        health fails for good and :meth:`wait_stopped` returns. The engine's stderr is logged
+        line by line to ``gateway.engine.<name>`` (at most ``stderr_lines_per_s`` lines a second;
+        the rest are counted). ``max_waiting``: with that many callers already queued for slots,
+        a new request raises :class:`EngineBusy` at once (``None``: queue without bound).
 
         Raises, from the first start (never retried): :class:`EngineLoadError`
         (LOAD_FAIL, or ``argv[0]`` cannot be executed), :class:`EngineTimeout`
@@ -240,26 +227,13 @@ class Engine:
         if not argv:
             raise ValueError("argv: the engine command is empty")
         name = name or os.path.basename(os.fspath(argv[0]))
-        policy = RestartPolicy(max_restarts, restart_period, backoff_initial, backoff_max)
-        sup = Supervisor(
-            argv,
-            name=name,
-            policy=policy,
-            handshake_timeout=handshake_timeout,
-            stall_timeout=stall_timeout,
-            health_interval=health_interval,
-            ping_timeout=ping_timeout,
-            drain_timeout=drain_timeout,
-            term_timeout=term_timeout,
-            env=env,
-            cwd=cwd,
-            stderr_lines_per_s=stderr_lines_per_s,
-        )
+        options = (options or EngineOptions()).updated(**changes)
+        sup = Supervisor(argv, name=name, options=options)
         try:
             async with anyio.create_task_group() as tg:
                 await tg.start(sup.run)
                 try:
-                    yield cls(sup, request_timeout=request_timeout, max_waiting=max_waiting)
+                    yield cls(sup, request_timeout=options.request_timeout, max_waiting=options.max_waiting)
                 finally:
                     sup.close()
         except BaseExceptionGroup as group:

@@ -22,6 +22,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from gateway.engine.api import Engine, Groups, ReadOut, RequestStream, ScoreResult, Text
 from gateway.engine.errors import EngineUnavailable
+from gateway.engine.options import EngineOptions
 from gateway.engine.process import unwrap_group
 from serveproto import Caps, Done
 
@@ -35,17 +36,17 @@ AFFINITY_BYTES = 256
 AFFINITY_SLACK = 4
 
 
-def _argv(argv: Iterable[str]) -> tuple[str, ...]:
-    """An engine command as a tuple (EngineSpec's ``argv`` converter)."""
-    return tuple(argv)
+def _argv(words: Iterable[str]) -> tuple[str, ...]:
+    """:class:`EngineSpec`'s ``argv`` as a tuple (``converter=tuple``, typed)."""
+    return tuple(words)
 
 
 @attrs.frozen
 class EngineSpec:
-    """One engine of a pool: its ``name``, its command ``argv``, keyword
-    arguments for :meth:`Engine.spawn` (timeouts, restarts, ``env`` such as
-    ``CUDA_VISIBLE_DEVICES`` to pin one GPU) and the ``model`` name it serves
-    (None: its CAPS ``model``)."""
+    """One engine of a pool: its ``name``, its command ``argv``, ``options`` (this engine's own
+    changes to the pool's :class:`gateway.engine.options.EngineOptions`, by :meth:`Engine.spawn`'s
+    keyword names: timeouts, restarts, ``env`` such as ``CUDA_VISIBLE_DEVICES`` to pin one GPU)
+    and the ``model`` name it serves (None: its CAPS ``model``)."""
 
     name: str
     argv: tuple[str, ...] = attrs.field(converter=_argv)
@@ -66,8 +67,9 @@ class Pool:
 
     @classmethod
     @asynccontextmanager
-    async def spawn(cls, specs: Sequence[EngineSpec]) -> AsyncIterator[Pool]:
-        """Start every engine of ``specs`` concurrently; yield the :class:`Pool`.
+    async def spawn(cls, specs: Sequence[EngineSpec], options: EngineOptions | None = None) -> AsyncIterator[Pool]:
+        """Start every engine of ``specs`` concurrently, each on ``options`` (default: their defaults)
+        with its spec's own changes; yield the :class:`Pool`.
 
         Raises the first start error (ValueError for an empty or duplicate-named
         list); the engines already started are shut down gracefully.
@@ -82,7 +84,7 @@ class Pool:
         stop = anyio.Event()
 
         async def hold(spec: EngineSpec, *, task_status: TaskStatus[Engine] = anyio.TASK_STATUS_IGNORED) -> None:
-            async with Engine.spawn(spec.argv, name=spec.name, **spec.options) as eng:
+            async with Engine.spawn(spec.argv, name=spec.name, options=options, **spec.options) as eng:
                 caps[spec.name] = eng.caps  # read at its handshake: the process may be gone by the time we yield
                 task_status.started(eng)
                 await stop.wait()

@@ -15,6 +15,7 @@ hung the same way. It never restarts anything: that is
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -23,6 +24,7 @@ import subprocess
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -36,6 +38,7 @@ from gateway.engine.errors import (
     EngineTimeout,
     EngineUnavailable,
 )
+from gateway.engine.options import ProcessOptions
 from gateway.engine.slots import SlotLease, SlotRouter
 from serveproto import (
     Cancel,
@@ -133,35 +136,18 @@ class EngineProcess:
         argv: Sequence[str],
         *,
         name: str,
-        handshake_timeout: float | None,
-        stall_timeout: float | None,
-        health_interval: float | None,
-        ping_timeout: float,
-        drain_timeout: float,
-        term_timeout: float,
-        env: dict[str, str] | None,
-        cwd: str | None,
+        options: ProcessOptions,
         on_exit: Callable[[], None] | None,
-        stderr_lines_per_s: int,
-        max_line: int,
-        max_payload: int,
         will_restart: Callable[[], bool] | None = None,
     ) -> None:
         self.argv = [os.fspath(a) for a in argv]
         self.name = name
-        self.handshake_timeout = handshake_timeout
-        self.stall_timeout = stall_timeout
-        self.health_interval = health_interval
-        self.ping_timeout = ping_timeout
+        #: How the process is run and watched (timeouts in seconds, env, cwd, bounds).
+        self.options = options
         self._ping_sent: float | None = None  # when the watchdog's PING now unanswered was sent
-        self.drain_timeout = drain_timeout
-        self.term_timeout = term_timeout
-        self._env = env
-        self._cwd = cwd
         self._on_exit = on_exit
         self._will_restart = will_restart
-        self._stderr_lines_per_s = stderr_lines_per_s
-        self._conn = GatewayConnection(max_line=max_line, max_payload=max_payload)
+        self._conn = GatewayConnection(max_line=options.max_line, max_payload=options.max_payload)
         self._proc: anyio.abc.Process | None = None
         self._stderr_log = logging.getLogger(f"gateway.engine.{name}")
         self._stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL)
@@ -205,7 +191,7 @@ class EngineProcess:
         """False while the watchdog's PING has gone unanswered for more than ``health_interval`` s
         (a beat missed: the engine is slow or stalled; at ``ping_timeout`` it is failed)."""
         sent = self._ping_sent
-        return sent is None or anyio.current_time() - sent <= (self.health_interval or 0.0)
+        return sent is None or anyio.current_time() - sent <= (self.options.health_interval or 0.0)
 
     @property
     def failure(self) -> BaseException | None:
@@ -235,22 +221,15 @@ class EngineProcess:
         argv: Sequence[str],
         *,
         name: str | None = None,
-        handshake_timeout: float | None = 60.0,
-        stall_timeout: float | None = 60.0,
-        health_interval: float | None = None,
-        ping_timeout: float = 30.0,
-        drain_timeout: float = 5.0,
-        term_timeout: float = 2.0,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
+        options: ProcessOptions | None = None,
         on_exit: Callable[[], None] | None = None,
-        stderr_lines_per_s: int = 1000,
-        max_line: int = 4096,
-        max_payload: int = 64 << 20,
         will_restart: Callable[[], bool] | None = None,
+        **changes: Any,
     ) -> AsyncIterator[EngineProcess]:
         """Start ``argv``, complete the handshake, yield the process; shut it down on exit.
 
+        ``options``: :class:`gateway.engine.options.ProcessOptions` (default: its defaults), with
+        ``changes`` by field name on top (``handshake_timeout=10``; TypeError for another name).
         ``will_restart``: asked when the process dies on its own, whether its owner will start
         another (the error then says ``"; restarting"``).
 
@@ -260,21 +239,12 @@ class EngineProcess:
         """
         if not argv:
             raise ValueError("argv: the engine command is empty")
+        options = dataclasses.replace(options or ProcessOptions(), **changes)
         self = cls(
             argv,
             name=name or os.path.basename(os.fspath(argv[0])),
-            handshake_timeout=handshake_timeout,
-            stall_timeout=stall_timeout,
-            health_interval=health_interval,
-            ping_timeout=ping_timeout,
-            drain_timeout=drain_timeout,
-            term_timeout=term_timeout,
-            env=env,
-            cwd=cwd,
+            options=options,
             on_exit=on_exit,
-            stderr_lines_per_s=stderr_lines_per_s,
-            max_line=max_line,
-            max_payload=max_payload,
             will_restart=will_restart,
         )
         try:
@@ -289,8 +259,8 @@ class EngineProcess:
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
-                    env=env,
-                    cwd=cwd,
+                    env=options.env,
+                    cwd=options.cwd,
                     start_new_session=True,
                 )
         except OSError as exc:
@@ -317,7 +287,7 @@ class EngineProcess:
                         tg.cancel_scope.cancel()
                         raise
                     tg.start_soon(self._read_loop)
-                    if health_interval is not None and self.caps is not None and self.caps.x_health:
+                    if options.health_interval is not None and self.caps is not None and self.caps.x_health:
                         tg.start_soon(self._watchdog)
                     try:
                         yield self
@@ -333,7 +303,7 @@ class EngineProcess:
             log.info("engine %s: pid %d ended with status %s", self.name, self._running.pid, self._running.returncode)
 
     async def _handshake(self) -> None:
-        seconds = self.handshake_timeout
+        seconds = self.options.handshake_timeout
         with anyio.CancelScope(deadline=anyio.current_time() + seconds if seconds is not None else math.inf) as scope:
             while self.stat is None:
                 data = await self._receive()
@@ -405,18 +375,20 @@ class EngineProcess:
         try:
             assert proc is not None  # started before anything shuts it down
             if graceful and self._failure is None:
-                with anyio.move_on_after(self.drain_timeout):
+                with anyio.move_on_after(self.options.drain_timeout):
                     async with self._write_lock:
                         await self._stdin.aclose()
                     await proc.wait()
                 if proc.returncode is None:
                     log.warning(
-                        "engine %s: did not exit within %.1f s of EOF; terminating", self.name, self.drain_timeout
+                        "engine %s: did not exit within %.1f s of EOF; terminating",
+                        self.name,
+                        self.options.drain_timeout,
                     )
             if proc.returncode is None:
                 _signal(proc, signal.SIGTERM)
                 _signal(proc, signal.SIGCONT)  # a stopped engine (SIGSTOP) acts on the TERM only once resumed
-                with anyio.move_on_after(self.term_timeout):
+                with anyio.move_on_after(self.options.term_timeout):
                     await proc.wait()
             if proc.returncode is None:
                 log.warning("engine %s: did not exit on SIGTERM; killing", self.name)
@@ -451,8 +423,8 @@ class EngineProcess:
     # ------------------------------------------------------------ reading
 
     def _stall_deadline(self) -> float:
-        if self._inflight and self.stall_timeout is not None:
-            return anyio.current_time() + self.stall_timeout
+        if self._inflight and self.options.stall_timeout is not None:
+            return anyio.current_time() + self.options.stall_timeout
         return math.inf
 
     async def _read_loop(self) -> None:
@@ -466,11 +438,11 @@ class EngineProcess:
                     continue
                 await self._fail(
                     EngineTimeout(
-                        f"engine {self.name!r} wrote nothing for {self.stall_timeout} s with "
+                        f"engine {self.name!r} wrote nothing for {self.options.stall_timeout} s with "
                         f"{len(self._inflight)} request(s) in flight; killed",
                         name=self.name,
                         what="stall",
-                        seconds=self.stall_timeout or 0.0,
+                        seconds=self.options.stall_timeout or 0.0,
                     )
                 )
                 return
@@ -528,12 +500,13 @@ class EngineProcess:
         frames, spec 9.3). A PONG that has not come within ``ping_timeout`` s fails the engine
         with :class:`EngineTimeout` (``what="stall"``) and shuts it down: every request in it gets
         that error at once, whatever its own deadline."""
-        assert self.health_interval is not None  # the watchdog runs only with one
+        interval = self.options.health_interval
+        assert interval is not None  # the watchdog runs only with one
         while True:
-            await anyio.sleep(self.health_interval)
+            await anyio.sleep(interval)
             req: Inflight | None = None
             self._ping_sent = anyio.current_time()
-            with anyio.move_on_after(self.ping_timeout) as scope:
+            with anyio.move_on_after(self.options.ping_timeout) as scope:
                 try:
                     # not shielded: a PING line is written whole or not at all, and one that cannot
                     # even be written in time (a full pipe) is a stall too
@@ -554,10 +527,10 @@ class EngineProcess:
             if scope.cancelled_caught:
                 await self._fail(
                     EngineTimeout(
-                        f"engine {self.name!r} did not answer PING within {self.ping_timeout:g} s; killed",
+                        f"engine {self.name!r} did not answer PING within {self.options.ping_timeout:g} s; killed",
                         name=self.name,
                         what="stall",
-                        seconds=self.ping_timeout,
+                        seconds=self.options.ping_timeout,
                     )
                 )
                 return
@@ -582,7 +555,9 @@ class EngineProcess:
                 self._log_stderr(buf)
             if self._dropped_lines:
                 self._stderr_log.warning(
-                    "(%d stderr lines not logged: over %d lines/s)", self._dropped_lines, self._stderr_lines_per_s
+                    "(%d stderr lines not logged: over %d lines/s)",
+                    self._dropped_lines,
+                    self.options.stderr_lines_per_s,
                 )
             self._stderr_done.set()
 
@@ -597,10 +572,12 @@ class EngineProcess:
         if now - self._window_start >= 1.0:
             if self._dropped_lines:
                 self._stderr_log.warning(
-                    "(%d stderr lines not logged: over %d lines/s)", self._dropped_lines, self._stderr_lines_per_s
+                    "(%d stderr lines not logged: over %d lines/s)",
+                    self._dropped_lines,
+                    self.options.stderr_lines_per_s,
                 )
             self._window_start, self._window_lines, self._dropped_lines = now, 0, 0
-        if self._window_lines < self._stderr_lines_per_s:
+        if self._window_lines < self.options.stderr_lines_per_s:
             self._window_lines += 1
             self._stderr_log.info("%s", text)
         else:
@@ -664,8 +641,10 @@ class EngineProcess:
         self._inflight[rid] = req
         if lease is not None:
             lease.begin()
-        if self._read_scope is not None and self.stall_timeout is not None:
-            self._read_scope.deadline = min(self._read_scope.deadline, anyio.current_time() + self.stall_timeout)
+        if self._read_scope is not None and self.options.stall_timeout is not None:
+            self._read_scope.deadline = min(
+                self._read_scope.deadline, anyio.current_time() + self.options.stall_timeout
+            )
         try:
             with anyio.CancelScope(shield=shield):
                 await self._write(event)
