@@ -192,7 +192,7 @@ def test_the_served_app_imports_no_numpy():
 
 
 #: The configuration and the engine planning are read by ``serveproto``'s parser, before any command runs:
-#: at module level they import no room above the engine (the server and the decision rooms bring numpy),
+#: at module level they import no room above the engine (the server and the decision rooms bring anyio, h11, jinja2),
 #: and the engine's options nothing but the standard library. Imports inside functions, and under
 #: ``if TYPE_CHECKING:``, are read only when used.
 LIGHT = {
