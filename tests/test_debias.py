@@ -13,8 +13,8 @@ import pytest
 
 from gateway.cli import build_parser
 from gateway.decision import debias, readings
+from gateway.decision.arithmetic import log_softmax
 from gateway.decision.prompts import question_text
-from gateway.engine.score import log_softmax
 from test_routes_support import TICKET, FakeCaps, FakeEngine, make_app, running
 
 pytestmark = pytest.mark.anyio

@@ -26,9 +26,9 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
@@ -39,6 +39,19 @@ from gateway.engine.build import ENGINES
 from gateway.engine.errors import EngineError
 from gateway.engine.options import RestartPolicy
 from gateway.server.auth import API_KEY_ENV
+
+if TYPE_CHECKING:
+    from anyio import CancelScope
+    from anyio.abc import TaskStatus
+
+    from gateway.decision.calibration import Calibration
+    from gateway.decision.decision_log import DecisionLog
+    from gateway.decision.heads import HeadSet
+    from gateway.engine.api import Engine
+    from gateway.engine.pool import Pool
+    from gateway.http import HTTPServer
+    from gateway.server.app import App
+    from gateway.server.fleet import Served
 
 T = TypeVar("T")
 
@@ -97,7 +110,7 @@ _positive_int = int_at_least(1)
 _non_negative_int = int_at_least(0)
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The ``serve`` sub-command and its flags, in the order ``--help`` lists them."""
     p = sub.add_parser(
         "serve",
@@ -386,7 +399,13 @@ class _ModelArg(argparse.Action):
     ``args.model`` is the first PATH (the default model). Two models under one name, or two unnamed
     models, are refused naming the flag."""
 
-    def __call__(self, parser, namespace, values, option_string=None):
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         try:
             name, path = parse_model_arg(values)
         except argparse.ArgumentTypeError as exc:
@@ -476,7 +495,9 @@ def _precision(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def load_calibration(choice: str | None, model_path: str | None, *, say=None):
+def load_calibration(
+    choice: str | None, model_path: str | None, *, say: Callable[[str], None] | None = None
+) -> Calibration | None:
     """The calibration ``serve`` applies: ``choice`` (``--calibration``) ``"none"`` for none, a file, or
     None for the model's own (:func:`gateway.decision.calibration.default_path` of its sha256, when it exists).
 
@@ -546,7 +567,7 @@ def _threads(value: str) -> int | str:
         raise argparse.ArgumentTypeError(f"{exc} (give an integer >= 1, or auto)") from None
 
 
-def load_heads(choice: str | None, model_path: str | None):
+def load_heads(choice: str | None, model_path: str | None) -> HeadSet | None:
     """The heads ``serve`` answers with (:mod:`gateway.decision.heads`): ``choice`` (``--heads``) ``"none"``
     for none, a file, or None for the model's own (``$SERVEPROTO_CACHE/heads/<sha256>.json`` when it exists).
     A file that cannot be read, does not validate or was fitted on another model file raises ``SystemExit``."""
@@ -569,7 +590,7 @@ def load_heads(choice: str | None, model_path: str | None):
     return hs
 
 
-def load_calibrations(choice: str | None, paths: list[str | None]) -> list:
+def load_calibrations(choice: str | None, paths: list[str | None]) -> list[Calibration | None]:
     """:func:`load_calibration` for each model of ``paths`` (its GGUF, or None). With several models a
     ``--calibration FILE`` applies to the models it was fitted on (the same sha256) and none to the others;
     it is refused (``SystemExit``) when it fits none of them."""
@@ -587,23 +608,25 @@ def load_calibrations(choice: str | None, paths: list[str | None]) -> list:
     return [cal if sha == cal.model_sha256 else None for sha in shas]
 
 
-def plan_engines(args, environ=os.environ, cpu_count: int | None = None) -> list[plan.Planned]:
+def plan_engines(
+    args: argparse.Namespace, environ: Mapping[str, str] = os.environ, cpu_count: int | None = None
+) -> list[plan.Planned]:
     """:func:`gateway.cli.plan.plan_engines` on the engines of the parsed command line ``args``."""
     return plan.plan_engines(config.engines_config(args), environ, cpu_count)
 
 
-def engine_argv(args) -> tuple[list[str], str | None]:
+def engine_argv(args: argparse.Namespace) -> tuple[list[str], str | None]:
     """:func:`gateway.cli.plan.engine_argv` of the first model of the parsed command line ``args``."""
     return plan.engine_argv(config.engines_config(args))
 
 
-async def serve(args, *, task_status=None) -> None:
+async def serve(args: argparse.Namespace, *, task_status: TaskStatus[Any] | None = None) -> None:
     """``serveproto serve`` on its parsed command line ``args``: the configuration built once
     (:func:`gateway.cli.config.from_args`), then :func:`serve_config`."""
     await serve_config(config.from_args(args), task_status=task_status)
 
 
-async def serve_config(cfg: config.ServeConfig, *, task_status=None) -> None:
+async def serve_config(cfg: config.ServeConfig, *, task_status: TaskStatus[Any] | None = None) -> None:
     """Start the engines, load each model's description, listen; runs until cancelled."""
     import anyio
 
@@ -656,7 +679,7 @@ async def serve_config(cfg: config.ServeConfig, *, task_status=None) -> None:
         raise EngineGaveUp(gave_up[0])
 
 
-def _open_decision_log(decision: config.DecisionConfig):
+def _open_decision_log(decision: config.DecisionConfig) -> DecisionLog | None:
     """The decision log ``--log-decisions`` names (``gateway.decision.decision_log.DecisionLog``, opened
     for appending), None without the flag; a file that cannot be opened ends ``serve`` with one line."""
     if not decision.log_decisions:
@@ -671,7 +694,7 @@ def _open_decision_log(decision: config.DecisionConfig):
         ) from None
 
 
-async def _served(pool, plans: list[plan.Planned], decision: config.DecisionConfig) -> dict:
+async def _served(pool: Pool, plans: list[plan.Planned], decision: config.DecisionConfig) -> dict[str, Served]:
     """Each model as the app serves it (``gateway.server.fleet.Served``), by the name requests pick it by:
     its description (from its first engine's CAPS and its GGUF), its default ``x_debias``, calibration
     and heads. Raises ``SystemExit`` for two models under one name."""
@@ -696,7 +719,7 @@ async def _served(pool, plans: list[plan.Planned], decision: config.DecisionConf
     return served
 
 
-def _say_serving(app, pool, host: str, port: int) -> None:
+def _say_serving(app: App, pool: Pool, host: str, port: int) -> None:
     """The lines ``serve`` prints once listening: each model's engines (with several), where it serves,
     the default ``x_debias``, each calibration and the decision log."""
     served = app.served
@@ -733,7 +756,9 @@ def _model_sha256(model_path: str | None) -> str | None:
     return calibration.sha256_file(model_path) if model_path and Path(model_path).exists() else None
 
 
-async def _fail_upward(pool, engine, server, scope, restart: RestartPolicy, gave_up: list[str]) -> None:
+async def _fail_upward(
+    pool: Pool, engine: Engine, server: HTTPServer, scope: CancelScope, restart: RestartPolicy, gave_up: list[str]
+) -> None:
     """When the supervisors give up on every engine of a model, so does the server (OTP's answer to an
     exceeded restart intensity): it stops accepting, answers the requests in flight (they get 503 from the
     engine's error) within :data:`GIVE_UP_DRAIN` seconds, then ``scope`` is cancelled and :func:`serve_config`
@@ -762,7 +787,7 @@ async def _fail_upward(pool, engine, server, scope, restart: RestartPolicy, gave
     scope.cancel()
 
 
-async def _stop_on_signal(scope) -> None:
+async def _stop_on_signal(scope: CancelScope) -> None:
     """SIGTERM or SIGINT stops the server: listener and connections cancelled, then the engine shut down."""
     import signal
 
@@ -775,7 +800,7 @@ async def _stop_on_signal(scope) -> None:
             return
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     import anyio
 
     logging.basicConfig(

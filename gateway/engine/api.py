@@ -16,7 +16,7 @@ import json
 import os
 import re
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Sequence, Union  # noqa: UP035  (Text and Groups below are runtime aliases)
+from typing import Any, AsyncIterator, Callable, Sequence, Union  # noqa: UP035  (Text and Groups below are runtime aliases)
 
 import anyio
 import attrs
@@ -33,12 +33,12 @@ from gateway.engine.errors import (
     RequestError,
 )
 from gateway.engine.options import EngineOptions
-from gateway.engine.process import EngineProcess, unwrap_group
+from gateway.engine.process import EngineProcess, Inflight, unwrap_group
 from gateway.engine.request import RequestStream
-from gateway.engine.score import OptionScore, option_scores, option_tokens, softmax
+from gateway.engine.score import OptionScore, option_tokens
 from gateway.engine.slots import SlotLease
 from gateway.engine.supervisor import RestartPolicy, Supervisor
-from serveproto import Accept, Caps, Decide, Decision, Done, Echo, Hidden, Ping, Pong, Score, Scored, Submit
+from serveproto import Accept, Caps, Decide, Decision, Done, Echo, Event, Hidden, Ping, Pong, Score, Scored, Submit
 
 __all__ = [
     "Engine",
@@ -55,7 +55,6 @@ __all__ = [
     "EngineTimeout",
     "EngineUnavailable",
     "RequestError",
-    "softmax",
 ]
 
 Text = Union[str, bytes]  # noqa: UP007  (a runtime alias: keep the typing.Union object)
@@ -87,7 +86,7 @@ class ReadOut:
     engine has ``x_counters``); ``accept``: the ACCEPT, if any.
     """
 
-    echoes: list
+    echoes: list[Echo]
     done: Done
     accept: Accept | None = None
 
@@ -117,7 +116,7 @@ class ScoreResult:
     ``fast``: True when the engine's SCORE did it in one request.
     """
 
-    groups: list
+    groups: list[list[OptionScore]]
     done: Done | None = None
     computed: int | None = None
     reused: int | None = None
@@ -125,18 +124,17 @@ class ScoreResult:
     disk: int | None = None
     #: SCORE's ``hidden`` (spec 9.1): ``{(group, layer): (n_embd,) float32 values}``; empty when
     #: not asked for, or on a path that does not read them (the fallback, folded stems).
-    hidden: dict = attrs.field(factory=dict)
+    hidden: dict[tuple[int, int], tuple[float, ...]] = attrs.field(factory=dict)
 
-    def probabilities(self, group: int = 0, normalize: str = "sum") -> list[float]:
-        """Softmax over group ``group``'s options of their sum (or ``"mean"``) logprob: ``(n_options,)``.
 
-        The seed's "Scoring by hand" step 3 and DESIGN.md's data flow step 4, the same
-        arithmetic as the server's (:func:`gateway.engine.score.option_scores`, then
-        :func:`gateway.engine.score.softmax`). Raises ``ValueError`` for another
-        ``normalize``, or for an option with no token or a non-finite logprob (which no
-        engine sends: a hand-made result).
-        """
-        return softmax(option_scores([o.logprobs for o in self.groups[group]], normalize))
+#: Groups as the engine sends them: ``[(stem, [option, ...]), ...]`` in bytes (:func:`_normalize_groups`).
+_Groups = list[tuple[bytes, list[bytes]]]
+
+
+def _caps(proc: EngineProcess) -> Caps:
+    """A serving process's CAPS: :meth:`Supervisor.instance` returns processes past their handshake only."""
+    assert proc.caps is not None
+    return proc.caps
 
 
 #: The group of a folded SCORE's refusal (always its group 0), renamed to the caller's group.
@@ -158,10 +156,11 @@ def _plus(a: int | None, b: int | None) -> int | None:
 def _normalize_groups(groups: Groups) -> list[tuple[bytes, list[bytes]]]:
     if isinstance(groups, (str, bytes)) or not groups:
         raise ValueError("groups: expected a non-empty list of (stem, [options]) or of options")
+    pairs: Sequence[Any] = groups
     if all(isinstance(g, (str, bytes)) for g in groups):
-        groups = [("", list(groups))]
+        pairs = [("", list(groups))]
     out = []
-    for gi, g in enumerate(groups):
+    for gi, g in enumerate(pairs):
         try:
             stem, options = g
         except (TypeError, ValueError):
@@ -324,7 +323,7 @@ class Engine:
 
     def request(
         self,
-        make,
+        make: Callable[[int, int], Event],
         *,
         slot: int | None = None,
         route: Text | None = None,
@@ -344,7 +343,7 @@ class Engine:
         key = _bytes(route, "route") if route is not None else b""
         timeout = self.request_timeout if timeout is None else timeout
 
-        async def start():
+        async def start() -> tuple[EngineProcess, Inflight]:
             proc = await self._sup.instance()
             if slotless:
                 return proc, await proc.begin(make, None)
@@ -366,8 +365,8 @@ class Engine:
             )
         return await proc.acquire(slot, key, pin)
 
-    def _on_lease(self, proc: EngineProcess, lease: SlotLease, make) -> RequestStream:
-        async def start():
+    def _on_lease(self, proc: EngineProcess, lease: SlotLease, make: Callable[[int, int], Event]) -> RequestStream:
+        async def start() -> tuple[EngineProcess, Inflight]:
             return proc, await proc.begin(make, lease)
 
         return RequestStream(start, name=self.name)
@@ -517,9 +516,9 @@ class Engine:
         deadline = anyio.current_time() + timeout if timeout is not None else float("inf")
         with anyio.CancelScope(deadline=deadline) as scope:
             proc = await self._sup.instance()
-            use_fast = proc.caps.x_score if fast is None else fast
-            hid = tuple(hidden) if proc.caps.x_hidden else ()
-            if use_fast and more and proc.caps.x_score_base:
+            use_fast = _caps(proc).x_score if fast is None else fast
+            hid = tuple(hidden) if _caps(proc).x_hidden else ()
+            if use_fast and more and _caps(proc).x_score_base:
                 try:
                     result = await self._score_fast(
                         prefix_b, norm + more, pin, slot, key, len(norm), len(base_b), hidden=hid
@@ -551,9 +550,9 @@ class Engine:
     async def _score_fast(
         self,
         prefix: bytes,
-        groups,
+        groups: _Groups,
         pin: bool,
-        slot,
+        slot: int | None,
         key: bytes,
         n_plain: int | None = None,
         base: int = 0,
@@ -592,6 +591,7 @@ class Engine:
             raise EngineProtocolError(
                 f"engine {self.name!r} answered SCORE without SCORED for (group, option) {missing}", name=self.name
             )
+        assert done is not None  # a request's stream ends with its DONE or raises
         return ScoreResult(
             groups=[[table[g, o] for o in range(len(opts))] for g, (_, opts) in enumerate(groups)],
             done=done,
@@ -605,9 +605,9 @@ class Engine:
     async def _score_one(
         self,
         prefix: bytes,
-        groups,
+        groups: _Groups,
         pin: bool,
-        slot,
+        slot: int | None,
         key: bytes,
         fast: bool,
         fold_route: bytes | None,
@@ -625,7 +625,9 @@ class Engine:
                 raise
             return await self._score_folded([(prefix, groups, fold_route)], slot, first)
 
-    async def _score_folded(self, parts, slot, first: int = 0) -> ScoreResult:
+    async def _score_folded(
+        self, parts: Sequence[tuple[bytes, _Groups, bytes | None]], slot: int | None, first: int = 0
+    ) -> ScoreResult:
         """Score each group in a SCORE of its own whose prefix is ``prefix + stem`` (its stem folded
         into the trunk), for groups whose stem is longer than one engine batch.
 
@@ -641,7 +643,7 @@ class Engine:
         No snapshot is taken: the slot keeps the last folded prefix, and the next request on the
         same prefix reuses it from there.
         """
-        out: list = []
+        out: list[list[OptionScore]] = []
         done = None
         computed: int | None = 0
         reused: int | None = 0
@@ -662,7 +664,9 @@ class Engine:
                 g += 1
         return ScoreResult(groups=out, done=done, computed=computed, reused=reused, fast=True, disk=disk)
 
-    async def _score_fallback(self, prefix: bytes, groups, pin: bool, slot, key: bytes) -> ScoreResult:
+    async def _score_fallback(
+        self, prefix: bytes, groups: _Groups, pin: bool, slot: int | None, key: bytes
+    ) -> ScoreResult:
         totals = {"computed": 0, "reused": 0, "counted": True}
         known_prefix: dict[int, bytes] = {}
         out = []
@@ -696,8 +700,10 @@ class Engine:
             fast=False,
         )
 
-    async def _read_on(self, proc: EngineProcess, lease: SlotLease, text: bytes, pin: bool, totals: dict) -> ReadOut:
-        counters = bool(proc.caps.x_counters)
+    async def _read_on(
+        self, proc: EngineProcess, lease: SlotLease, text: bytes, pin: bool, totals: dict[str, Any]
+    ) -> ReadOut:
+        counters = bool(_caps(proc).x_counters)
 
         def make(rid: int, s: int) -> Submit:
             return Submit(
@@ -722,7 +728,9 @@ class Engine:
             totals["reused"] += r.done.reused
         return r
 
-    async def decide(self, record: Text | dict, *, slot: int = 0, timeout: float | None = None) -> tuple[dict, Done]:
+    async def decide(
+        self, record: Text | dict[str, Any], *, slot: int = 0, timeout: float | None = None
+    ) -> tuple[dict[str, Any], Done]:
         """``DECIDE`` one decision record (spec/decision-record.md) on a ``decide=1`` engine.
 
         ``record``: the JSON record as text / bytes, or a dict (serialised as
@@ -739,7 +747,7 @@ class Engine:
             else _bytes(record, "record")
         )
         proc = await self._sup.instance()
-        if not proc.caps.decide:
+        if not _caps(proc).decide:
             raise RequestError("NOT_SUPPORTED", f"engine {self.name!r} does not advertise decide=1")
         decision = done = None
         stream = self.request(lambda rid, s: Decide(id=rid, slot=s, record=data), slot=slot, timeout=timeout)
@@ -757,6 +765,7 @@ class Engine:
             raise EngineProtocolError(
                 f"engine {self.name!r} sent a DECISION that is not JSON: {exc}", name=self.name
             ) from None
+        assert done is not None  # a request's stream ends with its DONE or raises
         return parsed, done
 
     async def ping(self, *, timeout: float | None = 10.0) -> dict[str, str]:
@@ -765,7 +774,7 @@ class Engine:
         ``NOT_SUPPORTED`` without ``x_health``, :class:`EngineTimeout` past ``timeout`` s.
         """
         proc = await self._sup.instance()
-        if not proc.caps.x_health:
+        if not _caps(proc).x_health:
             raise RequestError("NOT_SUPPORTED", f"engine {self.name!r} does not advertise x_health=1")
         stream = self.request(lambda rid, s: Ping(id=rid), slotless=True, timeout=timeout)
         async with stream:
@@ -775,7 +784,7 @@ class Engine:
         raise EngineProtocolError(f"engine {self.name!r} ended PING without PONG", name=self.name)
 
 
-def _readout(events: list) -> ReadOut:
+def _readout(events: list[object]) -> ReadOut:
     accept = next((e for e in events if isinstance(e, Accept)), None)
     echoes = [e for e in events if isinstance(e, Echo)]
     done = events[-1] if events and isinstance(events[-1], Done) else None

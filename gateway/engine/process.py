@@ -97,8 +97,8 @@ class Inflight:
     def __init__(self, rid: int, lease: SlotLease | None) -> None:
         self.id = rid
         self.lease = lease
-        self.send: MemoryObjectSendStream
-        self.recv: MemoryObjectReceiveStream
+        self.send: MemoryObjectSendStream[object]
+        self.recv: MemoryObjectReceiveStream[object]
         self.send, self.recv = anyio.create_memory_object_stream(math.inf)
         self.detached = False
 
@@ -174,12 +174,12 @@ class EngineProcess:
     @property
     def pid(self) -> int | None:
         """The process id, or ``None`` before it started."""
-        return self._proc.pid if self._proc is not None else None
+        return self._running.pid if self._proc is not None else None
 
     @property
     def returncode(self) -> int | None:
         """The exit status once reaped (negative: the signal that killed it)."""
-        return self._proc.returncode if self._proc is not None else None
+        return self._running.returncode if self._proc is not None else None
 
     @property
     def healthy(self) -> bool:
@@ -267,8 +267,9 @@ class EngineProcess:
             self._mark_failed(
                 EngineLoadError("io", f"cannot execute {self.argv[0]!r}: {exc.strerror or exc}", name=self.name)
             )
+            assert self._failure is not None  # set by _mark_failed
             raise self._failure from exc
-        log.info("engine %s: started pid %d: %s", self.name, self._proc.pid, " ".join(self.argv))
+        log.info("engine %s: started pid %d: %s", self.name, self._running.pid, " ".join(self.argv))
         try:
             try:
                 async with anyio.create_task_group() as tg:
@@ -286,7 +287,7 @@ class EngineProcess:
                         tg.cancel_scope.cancel()
                         raise
                     tg.start_soon(self._read_loop)
-                    if options.health_interval is not None and self.caps.x_health:
+                    if options.health_interval is not None and self.caps is not None and self.caps.x_health:
                         tg.start_soon(self._watchdog)
                     try:
                         yield self
@@ -298,8 +299,8 @@ class EngineProcess:
                 raise unwrap_group(group) from None
         finally:
             with anyio.CancelScope(shield=True):
-                await self._proc.aclose()
-            log.info("engine %s: pid %d ended with status %s", self.name, self._proc.pid, self._proc.returncode)
+                await self._running.aclose()
+            log.info("engine %s: pid %d ended with status %s", self.name, self._running.pid, self._running.returncode)
 
     async def _handshake(self) -> None:
         seconds = self.options.handshake_timeout
@@ -343,7 +344,7 @@ class EngineProcess:
 
     async def _receive(self) -> bytes:
         try:
-            return await self._proc.stdout.receive(READ_CHUNK)
+            return await self._stdout.receive(READ_CHUNK)
         except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
             return b""
 
@@ -352,9 +353,9 @@ class EngineProcess:
         it died after its handshake (its requests get this error; ``"; restarting"`` when its owner
         starts another); its last stderr lines go to the log, not the message."""
         with anyio.move_on_after(REAP_GRACE):
-            await self._proc.wait()
+            await self._running.wait()
             await self._stderr_done.wait()
-        rc = self._proc.returncode
+        rc = self._running.returncode
         message = f"engine {self.name!r} {exit_words(rc, what)}"
         if serving and self._will_restart is not None and self._will_restart():
             message += "; restarting"
@@ -372,10 +373,11 @@ class EngineProcess:
         self._closing = True
         proc = self._proc
         try:
+            assert proc is not None  # started before anything shuts it down
             if graceful and self._failure is None:
                 with anyio.move_on_after(self.options.drain_timeout):
                     async with self._write_lock:
-                        await proc.stdin.aclose()
+                        await self._stdin.aclose()
                     await proc.wait()
                 if proc.returncode is None:
                     log.warning(
@@ -468,7 +470,7 @@ class EngineProcess:
                     return
                 self._dispatch(ev)
 
-    def _dispatch(self, ev) -> None:
+    def _dispatch(self, ev: object) -> None:
         rid = getattr(ev, "id", None)
         if rid is None:
             if isinstance(ev, Telemetry):
@@ -498,8 +500,10 @@ class EngineProcess:
         frames, spec 9.3). A PONG that has not come within ``ping_timeout`` s fails the engine
         with :class:`EngineTimeout` (``what="stall"``) and shuts it down: every request in it gets
         that error at once, whatever its own deadline."""
+        interval = self.options.health_interval
+        assert interval is not None  # the watchdog runs only with one
         while True:
-            await anyio.sleep(self.options.health_interval)
+            await anyio.sleep(interval)
             req: Inflight | None = None
             self._ping_sent = anyio.current_time()
             with anyio.move_on_after(self.options.ping_timeout) as scope:
@@ -536,7 +540,7 @@ class EngineProcess:
     async def _pump_stderr(self) -> None:
         buf = b""
         try:
-            async for chunk in self._proc.stderr:
+            async for chunk in self._stderr:
                 buf += chunk
                 *lines, buf = buf.split(b"\n")
                 while len(buf) > MAX_STDERR_LINE:
@@ -581,6 +585,30 @@ class EngineProcess:
 
     # ------------------------------------------------------------ requests
 
+    @property
+    def _running(self) -> anyio.abc.Process:
+        """The OS process: :meth:`start` opens it before anything else reads it."""
+        assert self._proc is not None
+        return self._proc
+
+    @property
+    def _stdin(self) -> anyio.abc.ByteSendStream:
+        stream = self._running.stdin
+        assert stream is not None  # opened with stdin=PIPE
+        return stream
+
+    @property
+    def _stdout(self) -> anyio.abc.ByteReceiveStream:
+        stream = self._running.stdout
+        assert stream is not None  # opened with stdout=PIPE
+        return stream
+
+    @property
+    def _stderr(self) -> anyio.abc.ByteReceiveStream:
+        stream = self._running.stderr
+        assert stream is not None  # opened with stderr=PIPE
+        return stream
+
     def _check_open(self) -> None:
         if self._failure is not None:
             raise self._failure
@@ -590,10 +618,11 @@ class EngineProcess:
     async def acquire(self, slot: int | None = None, key: bytes = b"", pin: bool = False) -> SlotLease:
         """Wait for a slot (FIFO) and return its lease; see :class:`SlotRouter`."""
         self._check_open()
+        assert self.router is not None  # set at the handshake, before any request
         return await self.router.acquire(slot, key, pin)
 
     async def begin(
-        self, make: Callable[[int, int], object], lease: SlotLease | None, *, shield: bool = True
+        self, make: Callable[[int, int], serveproto.Event], lease: SlotLease | None, *, shield: bool = True
     ) -> Inflight:
         """Send one request and return its :class:`Inflight`.
 
@@ -645,20 +674,20 @@ class EngineProcess:
             except LocalProtocolError as exc:
                 log.warning("engine %s: could not cancel %d: %s", self.name, req.id, exc)
 
-    async def _write(self, event) -> None:
+    async def _write(self, event: serveproto.Event) -> None:
         async with self._write_lock:
             if self._failure is not None or self._closing or self._eof:
                 # Not sent: the request is failed with the engine's error shortly.
                 return
             data = self._conn.send(event)
             try:
-                await self._proc.stdin.send(data)
+                await self._stdin.send(data)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
                 # The reader sees the EOF and fails everything with the exit status.
                 log.debug("engine %s: write failed: %r", self.name, exc)
 
 
-def _signal(proc, sig: int) -> None:
+def _signal(proc: anyio.abc.Process, sig: int) -> None:
     """Send ``sig`` unless the process was reaped.
 
     ``os.kill`` rather than ``Popen.send_signal``: the latter polls first, and

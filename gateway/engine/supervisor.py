@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Sequence
 
 import anyio
+from anyio.abc import TaskStatus
 
 from gateway.engine.errors import EngineError, EngineUnavailable
 from gateway.engine.options import EngineOptions, RestartPolicy
@@ -130,7 +131,7 @@ class Supervisor:
             self._restart_times.popleft()
         return len(self._restart_times) < self.policy.max_restarts
 
-    async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Start the engine, then keep it running until :meth:`close` (or until it gives up).
 
         ``task_status.started()`` is called after the first handshake; an error

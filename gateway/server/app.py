@@ -23,12 +23,18 @@ import attrs
 import orjson
 
 from gateway.decision import pipeline
+from gateway.decision.calibration import Calibration
 from gateway.decision.chat_template import ChatTemplate, read_gguf
+from gateway.decision.decision_log import DecisionLog
+from gateway.decision.prompts import PromptBuilder
 from gateway.http import HTTPError, Request, Response, Router, access_line
-from gateway.server import auth, routes_jev, routes_openai, routes_ops, routes_rerank, routing
+from gateway.server import auth, routes_ops, routes_rerank, routing
 from gateway.server.errors import RETRY_AFTER, http_error, log_note
 from gateway.server.fleet import Backend, Served
+from gateway.server.jev import routes as routes_jev
 from gateway.server.metrics import Metrics
+from gateway.server.openai import routes as routes_openai
+from serveproto import Caps
 
 log = logging.getLogger("serveproto.access")
 
@@ -200,30 +206,31 @@ class App:
         return self.served[self.default].info
 
     @property
-    def prompts(self):
+    def prompts(self) -> PromptBuilder:
         return self.served[self.default].prompts
 
     @property
-    def caps(self):
-        return self.engine.caps
+    def caps(self) -> Caps:
+        return self.backends[0].caps
 
     @property
-    def settings(self):
+    def settings(self) -> pipeline.Settings:
         """The default model's decision settings (``gateway.decision.pipeline.Settings``)."""
         return self.served[self.default].settings
 
     @property
-    def memory(self):
+    def memory(self) -> pipeline.Memory:
         """The first engine's decision memory (``gateway.decision.pipeline.Memory``)."""
         return self.backends[0].memory
 
     @property
-    def calibration(self):
+    def calibration(self) -> Calibration | None:
         """The default model's calibration (``gateway.decision.calibration.Calibration`` or None)."""
         return self.served[self.default].calibration
 
     @calibration.setter
-    def calibration(self, value) -> None:
+    def calibration(self, value: Calibration | None) -> None:
+        """Set the default model's calibration (``serve`` does, after construction)."""
         self.served[self.default].calibration = value
 
     @property
@@ -236,12 +243,12 @@ class App:
         self.served[self.default].model_sha256 = value
 
     @property
-    def decision_log(self):
+    def decision_log(self) -> DecisionLog | None:
         """The server's decision log (``gateway.decision.decision_log.DecisionLog``) or None: every engine's."""
         return self._decision_log
 
     @decision_log.setter
-    def decision_log(self, log) -> None:
+    def decision_log(self, log: DecisionLog | None) -> None:
         self._decision_log = log
         for b in self.backends:
             b.decision_log = log
