@@ -33,7 +33,7 @@ NORMALIZE = ("sum", "mean")
 def check_normalize(normalize: object) -> str:
     """``normalize`` itself when it is one of :data:`NORMALIZE`; ``ValueError`` naming it otherwise.
 
-    The one check of ``normalize``: a request's field (:func:`gateway.decision.questions.parse_request`
+    The one check of ``normalize``: a request's field (:func:`gateway.decision.schema.parse_request`
     turns the error into its 422), the CLI's ``--normalize`` and :func:`option_scores` all use it.
     """
     if normalize not in NORMALIZE:
