@@ -24,7 +24,7 @@ test: lint engines model browser
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # ruff (lint + format check) on the paths listed in pyproject.toml's [tool.ruff] include, and
-# mypy --strict on serveproto/ ([tool.mypy]); `ruff format` and `ruff check --fix` repair most of it.
+# mypy --strict on serveproto/ and gateway/ ([tool.mypy]); `ruff format` and `ruff check --fix` repair most of it.
 lint: venv-test
 	$(VENV)/bin/ruff check
 	$(VENV)/bin/ruff format --check

@@ -160,7 +160,7 @@ class Server:
 
 
 #: The ``x_debias`` of the "debiased" rows: the default model's default until bench/quality.py chose
-#: canonical,content_free (gateway.cli.serve.DEFAULT_MODEL_DEBIAS), kept so that the tables in bench/README.md
+#: canonical,content_free (gateway.cli.config.DEFAULT_MODEL_DEBIAS), kept so that the tables in bench/README.md
 #: still say what they measured.
 DEBIASED = ["cyclic", "content_free"]
 
@@ -625,8 +625,8 @@ CPU_PARTS = (
     (
         "the route: Jev, the DECIDE record, scoring, metrics",
         (
-            "gateway/server/routes_jev.py",
-            "gateway/decision/jev.py",
+            "gateway/server/jev/serving.py",
+            "gateway/decision/schema.py",
             "gateway/decision/pipeline.py",
             "gateway/decision/scoring.py",
             "gateway/engine/score.py",
@@ -693,13 +693,13 @@ def profile_server(py_spy: str, srv: Server, request: bytes, n: int) -> dict[str
 
 
 def bench_fixture(args) -> None:
-    from gateway.decision import jev
     from gateway.decision import record as decision_record
+    from gateway.decision import schema
 
     questions = {k: QUESTIONS_16[k] for k in ("urgency", "department", "severity")}
     body = orjson.dumps({"state": TICKET, "questions": questions, "model": "jev-latest"})
     request = raw_request(body)
-    record = decision_record.serialize(decision_record.build(jev.parse_request(orjson.loads(body))))
+    record = decision_record.serialize(decision_record.build(schema.parse_request(orjson.loads(body))))
     engine = ["--engine", str(engine_bin("serveproto-fixture")), "--mode", "decide"]
     srv = Server(*engine)
     others = {"this tree, access log on (--log-level INFO)": Server(*engine, log_level="INFO")}

@@ -1,6 +1,6 @@
 """A second labelled set, written by hand: short messages with two yes/no questions each.
 
-Unlike the generator (:mod:`gateway.decision.evalset`), no phrase bank or rule produced these: each
+Unlike the generator (:mod:`gateway.lab.evalset`), no phrase bank or rule produced these: each
 message was written one by one, in varied styles (work mail, chat, notes, complaints, scams), and
 labelled by its writer with two questions whose answer the text states plainly:
 

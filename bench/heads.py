@@ -3,16 +3,16 @@
 Step 1 (``collect``): every labelled request (the generator's, ``--seed`` and ``--per-domain``
 requests per domain, or ``--data FILE``) is answered through the server's own path
 (:func:`gateway.decision.pipeline.decide`) twice on the llama engine: under the default
-correction (:data:`gateway.cli.serve.DEFAULT_MODEL_DEBIAS`), and with the hidden states of
+correction (:data:`gateway.cli.config.DEFAULT_MODEL_DEBIAS`), and with the hidden states of
 ``--layers`` read in the same SCORE as ``x_debias: none`` (the logprob reading, the prompt a
 head is served on).
 Both answers, the vectors and the gold go to ``--cache`` (JSON lines).
 
 Step 2 (``evaluate``): per question signature (a task: the same type, instructions and
 options), the requests are split into ``--folds`` folds by request; for each held-out fold a
-head is fitted (:func:`gateway.decision.head_fit.fit`) on the first ``n`` labels of the others
+head is fitted (:func:`gateway.lab.head_fit.fit`) on the first ``n`` labels of the others
 (``n`` in ``--sizes``: the learning curve) and read on the held-out fold. Printed per size:
-accuracy and ECE (top label, 10 equal-mass bins; :mod:`gateway.decision.evaluation`) of the
+accuracy and ECE (top label, 10 equal-mass bins; :mod:`gateway.lab.evaluation`) of the
 head, the logprob reading and the default correction over the same held-out questions, with
 the nouls of mostly-"no" and mostly-"yes" tasks apart; ``--plot`` writes the reliability
 diagram of the largest size.
@@ -32,13 +32,14 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.decision import evalset, jev
+from gateway.decision import schema
+from gateway.lab import evalset
 
 
 async def collect(args) -> None:
     import anyio
 
-    from gateway.cli.serve import DEFAULT_MODEL_DEBIAS
+    from gateway.cli.config import DEFAULT_MODEL_DEBIAS
     from gateway.decision import pipeline
     from gateway.decision.chat_template import read_gguf
     from gateway.decision.prompts import PromptBuilder
@@ -69,7 +70,7 @@ async def collect(args) -> None:
             for k, item in enumerate(items, start=1):
                 if item.id in done:
                     continue
-                parsed = jev.parse_request(item.body)
+                parsed = schema.parse_request(item.body)
                 d_def = await pipeline.decide(parsed, eng, s_def, m_def) if not args.train_only else None
                 d_none = await pipeline.decide(parsed, eng, s_none, m_none)
                 rows = []
@@ -101,11 +102,12 @@ async def cost(args) -> None:
     import anyio
     import numpy as np
 
-    from gateway.cli.serve import DEFAULT_MODEL_DEBIAS
-    from gateway.decision import head_fit, heads, pipeline
+    from gateway.cli.config import DEFAULT_MODEL_DEBIAS
+    from gateway.decision import heads, pipeline
     from gateway.decision.chat_template import read_gguf
     from gateway.decision.prompts import PromptBuilder
     from gateway.engine import Engine
+    from gateway.lab import head_fit
     from gateway.paths import default_model_path, engine_bin
 
     model = args.model or str(default_model_path())
@@ -114,7 +116,7 @@ async def cost(args) -> None:
     by_task = load(args.fit_from)
     made = {}
     for item in items:
-        for q in jev.parse_request(item.body).questions:
+        for q in schema.parse_request(item.body).questions:
             rows = by_task.get(item.tasks[q.id], [])
             sig = heads.signature(q)
             if sig in made or len(rows) < 4:
@@ -152,7 +154,7 @@ async def cost(args) -> None:
         mems = {k: pipeline.Memory() for k in configs}
         tot = {k: [0, 0.0, 0] for k in configs}
         for i, item in enumerate(items):
-            parsed = jev.parse_request(item.body)
+            parsed = schema.parse_request(item.body)
             for name, st in configs.items():  # side by side: each request under each config in turn
                 t0 = time.perf_counter()
                 d = await pipeline.decide(parsed, engines[name], st, mems[name])
@@ -187,7 +189,7 @@ def load(path: str) -> dict[str, list[dict]]:
 def evaluate(args) -> None:
     import numpy as np
 
-    from gateway.decision import evaluation, head_fit
+    from gateway.lab import evaluation, head_fit
 
     by_task = load(args.cache)
     train_by_task = load(args.train) if args.train else None

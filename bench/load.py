@@ -2,7 +2,7 @@
 
 Two workloads, deterministic for ``--seed``:
 
-- **tickets**: a stream of new support tickets (``gateway.decision.evalset``'s generator, one seed per ticket),
+- **tickets**: a stream of new support tickets (``gateway.lab.evalset``'s generator, one seed per ticket),
   each asked 3 questions: ``department`` (a choice of 4 described labels), ``refund`` (noul) and
   ``severity`` (a score of 4 levels). Every ticket opens with its own number, so no two requests share
   a prefix beyond the chat template's head and that word, and no server is sent a ticket twice.
@@ -66,14 +66,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from decisions import QUESTIONS_16, TICKET, Server, pct  # noqa: E402
-from gateway.decision import evalset  # noqa: E402
+from gateway.lab import evalset  # noqa: E402
 from gateway.paths import default_model_path, engine_bin  # noqa: E402
 from repeat import LlamaServer  # noqa: E402
 
 # The servers this starts keep nothing on disk (serve --cache-dir): each run measures its own cold costs.
 os.environ.setdefault("SERVEPROTO_PERSIST", "off")
 
-#: The three questions of a ticket (ids of ``gateway.decision.evalset``'s ticket questions): a choice, a noul, a score.
+#: The three questions of a ticket (ids of ``gateway.lab.evalset``'s ticket questions): a choice, a noul, a score.
 TICKET_QUESTIONS = ("department", "refund", "severity")
 
 #: The shared document: ``bench/decisions.py``'s ticket and the thread that followed it.

@@ -32,8 +32,8 @@ import anyio
 
 from gateway.decision import debias, pipeline
 from gateway.decision.chat_template import read_gguf
-from gateway.decision.jev import parse_request
 from gateway.decision.prompts import PromptBuilder
+from gateway.decision.schema import parse_request
 from gateway.engine import Engine
 from gateway.paths import default_model_path, engine_bin
 

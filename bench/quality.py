@@ -1,6 +1,6 @@
 """Decision quality on labelled questions, per prompt format and correction, in one run.
 
-Asks the labelled requests of :mod:`gateway.decision.evalset` (the generated set, or
+Asks the labelled requests of :mod:`gateway.lab.evalset` (the generated set, or
 ``--data FILE``, a user's labelled JSONL) on the llama engine and prints, per
 configuration (:data:`CONFIGS`: a :class:`gateway.decision.readings.Method`, plus
 batch calibration or PriDe for two of them), one table row:
@@ -11,7 +11,7 @@ batch calibration or PriDe for two of them), one table row:
   of nouls answered yes beside the gold share, macro-F1 (per task, averaged);
 - ECE (top label, 10 equal-mass bins) with its noise floor (the mean ECE of
   a perfectly calibrated model with the same confidences, by bootstrap),
-  Brier and NLL (:mod:`gateway.decision.evaluation`);
+  Brier and NLL (:mod:`gateway.lab.evaluation`);
 - option-order stability over choices: each choice task is asked under 3
   orders of its labels (any permutations, drawn so that they are not all
   rotations of one another; both orders for two labels): the share of
@@ -68,9 +68,10 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.decision import debias, evalset, evaluation, jev, pipeline, readings, scoring
+from gateway.decision import debias, pipeline, readings, schema, scoring
+from gateway.decision.arithmetic import softmax
 from gateway.decision.readings import Method
-from gateway.engine.score import softmax
+from gateway.lab import evalset, evaluation
 
 #: (name, method, stateful correction or None). The first row is the letter read-out of
 #: llama-server-based System One servers; "listed" is today's prompt.
@@ -218,7 +219,7 @@ class Reader:
         self.computed = 0
         self.seconds = 0.0
 
-    def keys(self, request: jev.SystemOneRequest, method: Method) -> list[tuple[tuple, list[tuple]]]:
+    def keys(self, request: schema.SystemOneRequest, method: Method) -> list[tuple[tuple, list[tuple]]]:
         """Per question of ``request``: (its reads' keys, its content-free reads' keys)."""
         prefix = self.prompts.prefix(request.state, request.prefix)
         cf_prefix = self.prompts.prefix("", request.prefix)
@@ -259,7 +260,7 @@ class Reader:
         return {k: got.get(k, self.cache.get(k)) for k in keys}
 
 
-def probabilities(method: Method, q: jev.Question, keys: tuple, lookup) -> list[float]:
+def probabilities(method: Method, q: schema.Question, keys: tuple, lookup) -> list[float]:
     """A question's unrounded probabilities (reply order) under a stateless ``method``, from read logprobs."""
     real, free = keys
     reads = readings.plan(q.type, q.instructions, q.criteria, q.n_options, method)
@@ -298,7 +299,7 @@ async def run(args) -> dict:
             by_dom.setdefault(domain_of(it), []).append(it)
         items = [it for its in by_dom.values() for it in its[: args.subset]]
     bodies, golds = pass_bodies(items, args.seed)
-    requests = [[jev.parse_request(b) for b in bodies[p]] for p in range(PASSES)]
+    requests = [[schema.parse_request(b) for b in bodies[p]] for p in range(PASSES)]
     n_q = sum(len(g) for g in golds[0])
     print(f"{len(items)} requests, {n_q} labelled questions, {PASSES} option orders per choice", flush=True)
 
@@ -366,7 +367,7 @@ async def run(args) -> dict:
         for i in range(0, len(items), args.qorder_every) if not reused else ():
             body = bodies[0][i]
             rev = {**body, "questions": dict(reversed(list(body["questions"].items())))}
-            r = jev.parse_request(rev)
+            r = schema.parse_request(rev)
             ks = [k for m in methods for real, _ in reader.keys(r, m) for k in real]
             reversed_reads[i] = await reader.read(ks, fresh=True)
         print(f"question order: {len(reversed_reads)} requests read again with their questions reversed", flush=True)
@@ -587,7 +588,7 @@ def noul_table(rows: list[dict]) -> str:
 
 def stateful(state, method, cyc, items, requests, keys, lookup, probs, rev, reversed_reads):
     """Batch calibration or PriDe on top of ``method``'s probabilities, per (task, pass)."""
-    groups: dict[tuple[str, int], list[tuple[int, jev.Question]]] = {}
+    groups: dict[tuple[str, int], list[tuple[int, schema.Question]]] = {}
     for p in range(PASSES):
         for i, r in enumerate(requests[p]):
             for q in r.questions:
@@ -813,7 +814,7 @@ async def cost(eng, prompts, items, requests, keys, reader, per_domain):
     return out
 
 
-def new_questions(request: jev.SystemOneRequest, serial: int) -> jev.SystemOneRequest:
+def new_questions(request: schema.SystemOneRequest, serial: int) -> schema.SystemOneRequest:
     """``request`` with every question's instructions opened by ``Question <serial>.``: new questions (their
     stems never read) on the same state and the same options."""
     return attrs.evolve(
@@ -878,7 +879,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=str(default_model_path()), help="GGUF (default: the default model)")
     parser.add_argument("--threads", type=int, default=1, help="engine CPU threads (default 1)")
-    parser.add_argument("--data", help="a labelled JSONL file (gateway.decision.evalset); default: the generated set")
+    parser.add_argument("--data", help="a labelled JSONL file (gateway.lab.evalset); default: the generated set")
     parser.add_argument("--seed", type=int, default=evalset.SEED, help="the generator's and the orders' seed")
     parser.add_argument("--subset", type=int, default=0, help="only the first N requests of each domain (quick runs)")
     parser.add_argument(

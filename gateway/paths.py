@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def cache_dir() -> Path:
 PERSIST_ENV = "SERVEPROTO_PERSIST"
 
 
-def persist_dir(environ=os.environ) -> Path | None:
+def persist_dir(environ: Mapping[str, str] = os.environ) -> Path | None:
     """Where the llama engine keeps its score cache and snapshots across restarts
     (``--cache-dir``, engines/llama/persist.c): ``$SERVEPROTO_PERSIST`` (``off``: None), else
     ``<cache_dir()>/persist``."""

@@ -95,7 +95,7 @@ def test_cpu_parts_by_innermost_frame():
             "serve (gateway/http/server.py:9);write (asyncio/selector_events.py:1057) 3",  # no: not the transport's
             "serve (gateway/http/server.py:9);_SelectorSocketTransport.write (asyncio/selector_events.py:1057) 2",
             "main (cli.py:1);EpollSelector.select (selectors.py:468) 5",  # the loop's wait: apart
-            "x (gateway/server/routes_jev.py:3);quantize (gateway/decision/scoring.py:75) 4",
+            "x (gateway/server/jev/serving.py:3);quantize (gateway/decision/scoring.py:75) 4",
             "x (gateway/server/app.py:3);next_event (h11/_connection.py:1) 1",
             "x (gateway/server/app.py:3);_read_head (gateway/http/server.py:200) 1",
             "x (gateway/engine/api.py:3);begin (gateway/engine/process.py:482) 1",

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 import load  # noqa: E402
-from gateway.decision import jev  # noqa: E402
+from gateway.decision import schema  # noqa: E402
 from gateway.paths import engine_bin  # noqa: E402
 
 
@@ -30,7 +30,7 @@ def test_tickets_are_new_valid_and_reproducible():
         assert [q["type"] for q in body["questions"].values()] == ["choice", "noul", "score"]
         state = body["state"]
         assert state["ticket"] == serial if isinstance(state, dict) else state.startswith(f"Ticket {serial}. ")
-        jev.parse_request(body)  # the server's own validation
+        schema.parse_request(body)  # the server's own validation
     assert load.ticket_body(1_000_000, seed=16) != bodies[0]
 
 
@@ -41,7 +41,7 @@ def test_document_questions_are_new_and_share_the_document():
     assert len(set(asked)) == 32 and asked[0].startswith("Question 2000000. ")
     assert [next(iter(b["questions"])) for b in bodies[:16]] == list(load.QUESTIONS_16)
     for body in bodies:
-        jev.parse_request(body)
+        schema.parse_request(body)
 
 
 def test_first_token_read_out():

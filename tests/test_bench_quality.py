@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 import quality  # noqa: E402
-from gateway.decision import evalset  # noqa: E402
+from gateway.lab import evalset  # noqa: E402
 
 
 def test_rotations_are_recognised():

@@ -12,7 +12,8 @@ import orjson
 import pytest
 
 from gateway.cli import main
-from gateway.decision import calibration, evalset
+from gateway.decision import calibration
+from gateway.lab import evalset
 from gateway.paths import DEFAULT_MODEL_NAME, default_model_path, engine_bin
 from test_server_llama import serving
 

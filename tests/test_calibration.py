@@ -1,4 +1,4 @@
-"""``gateway.decision.calibration``: the maps by hand, fits with known optima, cross-validation, the file, and serve's
+"""``gateway.decision.calibration`` and ``gateway.lab.calibration_fit``: the maps by hand, fits with known optima, cross-validation, the file, and serve's
 loading (``--calibration``) and ``x_calibration`` on the routes' fake engine."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import orjson
 import pytest
 
 from gateway.decision import calibration as cal
+from gateway.lab import calibration_fit as calfit
+from gateway.lab import reliability
 
 
 def test_temperature_and_two_slope_by_hand():
@@ -37,14 +39,14 @@ def test_maps_are_monotone_and_keep_the_answer():
 def test_fits_find_known_optima():
     # confidence 0.9 right 3 times in 4: the calibrated confidence is 0.75, 9^beta = 3, beta = 1/2
     probs = [[0.9, 0.1]] * 4
-    assert cal.fit_inverse_temperature(probs, [0, 0, 0, 1]) == pytest.approx(0.5, abs=1e-6)
+    assert calfit.fit_inverse_temperature(probs, [0, 0, 0, 1]) == pytest.approx(0.5, abs=1e-6)
     # yes answers at 0.8 right 3 in 5 (4^a = 1.5); no answers at 0.9 right 9 in 10 (already calibrated: 1)
     yes = [[0.2, 0.8]] * 5
     no = [[0.9, 0.1]] * 10
-    a_yes, a_no = cal.fit_two_slope(yes + no, [1, 1, 1, 0, 0] + [0] * 9 + [1])
+    a_yes, a_no = calfit.fit_two_slope(yes + no, [1, 1, 1, 0, 0] + [0] * 9 + [1])
     assert a_yes == pytest.approx(math.log(1.5) / math.log(4), abs=1e-6)
     assert a_no == pytest.approx(1.0, abs=1e-6)
-    assert cal.fit_inverse_temperature([], []) == 1.0
+    assert calfit.fit_inverse_temperature([], []) == 1.0
 
 
 def _answers(n_requests=100, seed=0):
@@ -63,7 +65,7 @@ def _answers(n_requests=100, seed=0):
 
 
 def test_fit_halves_the_held_out_ece_of_overconfident_answers_and_keeps_accuracy():
-    result = cal.fit(_answers(), k=5, seed=0)
+    result = calfit.fit(_answers(), k=5, seed=0)
     assert set(result.maps) == {"noul", "choice", "score"}
     for t in ("noul", "choice", "score", "all"):
         before, after = result.held_out[t]["before"], result.held_out[t]["after"]
@@ -73,20 +75,20 @@ def test_fit_halves_the_held_out_ece_of_overconfident_answers_and_keeps_accuracy
     assert result.held_out["all"]["before"]["n"] == 300
     assert len(result.pooled[0]) == len(result.pooled[1]) == 300
     with pytest.raises(ValueError, match="at least 5 labelled requests"):
-        cal.fit(_answers(3), k=5)
+        calfit.fit(_answers(3), k=5)
 
 
 def test_folds_never_split_a_request():
     groups = [f"r{i // 3}" for i in range(30)]
-    folds = cal._folds(groups, 5, seed=1)
+    folds = calfit._folds(groups, 5, seed=1)
     for g in set(groups):
         assert len({f for f, x in zip(folds, groups) if x == g}) == 1
     assert sorted(set(folds)) == [0, 1, 2, 3, 4]
 
 
 def test_file_round_trip_and_apply(tmp_path):
-    result = cal.fit(_answers(), k=5)
-    doc = cal.document(result, "m", "ab" * 32, ("canonical", "content_free"), "the generated set")
+    result = calfit.fit(_answers(), k=5)
+    doc = calfit.document(result, "m", "ab" * 32, ("canonical", "content_free"), "the generated set")
     path = tmp_path / "c.json"
     path.write_bytes(orjson.dumps(doc))
     c = cal.load(path)
@@ -99,7 +101,7 @@ def test_file_round_trip_and_apply(tmp_path):
     assert c.apply("choice", p, ()) == (p, "identity")
     assert c.apply("choice", [1.0], ("canonical", "content_free")) == ([1.0], "identity")
     # the id changes with the maps
-    doc2 = cal.document(cal.fit(_answers(seed=1), k=5), "m", "ab" * 32, ("canonical", "content_free"), "x")
+    doc2 = calfit.document(calfit.fit(_answers(seed=1), k=5), "m", "ab" * 32, ("canonical", "content_free"), "x")
     assert doc2["id"] != doc["id"]
 
 
@@ -127,7 +129,7 @@ def test_load_refuses_what_it_cannot_apply(tmp_path, doc, message):
 
 
 def _valid_doc(**changes):
-    doc = cal.document(cal.fit(_answers(), k=5), "m", "ab" * 32, ("canonical", "content_free"), "x")
+    doc = calfit.document(calfit.fit(_answers(), k=5), "m", "ab" * 32, ("canonical", "content_free"), "x")
     return {**doc, **changes}
 
 
@@ -208,7 +210,7 @@ def test_an_x_debias_written_as_a_string_is_read_as_the_flag_is(tmp_path):
 def test_reliability_diagrams(tmp_path):
     probs = [[0.9, 0.1], [0.6, 0.4], [0.2, 0.8], [0.45, 0.55]]
     gold = [0, 1, 1, 1]
-    text = cal.reliability_text(probs, gold, n_bins=2, width=10)
+    text = reliability.reliability_text(probs, gold, n_bins=2, width=10)
     assert text.splitlines() == [
         "confidence  accuracy  n     (| = confidence, # = accuracy)",
         "     0.575     0.500  2     ######|    ",
@@ -216,7 +218,7 @@ def test_reliability_diagrams(tmp_path):
     ]
     pytest.importorskip("matplotlib")
     png = tmp_path / "r.png"
-    cal.reliability_png((probs, gold), (probs, gold), png, "t")
+    reliability.reliability_png((probs, gold), (probs, gold), png, "t")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -228,7 +230,7 @@ def test_serve_loads_the_models_calibration(tmp_path, monkeypatch):
     model.write_bytes(b"GGUF model bytes")
     sha = cal.sha256_file(model)
     assert load_calibration(None, str(model)) is None  # none fitted yet
-    doc = cal.document(cal.fit(_answers(), k=5), "m", sha, (), "x")
+    doc = calfit.document(calfit.fit(_answers(), k=5), "m", sha, (), "x")
     cal.default_path(sha).parent.mkdir(parents=True)
     cal.default_path(sha).write_bytes(orjson.dumps(doc))
     assert load_calibration(None, str(model)).id == doc["id"]
@@ -327,7 +329,7 @@ async def test_answers_carry_their_calibration():
 
     from test_routes_support import TICKET, FakeEngine, make_app, running
 
-    c = cal.load_document(cal.document(cal.fit(_answers(), k=5), "m", "ab" * 32, (), "x"))
+    c = cal.load_document(calfit.document(calfit.fit(_answers(), k=5), "m", "ab" * 32, (), "x"))
     app = make_app(FakeEngine())
     async with running(app) as base:
         async with httpx2.AsyncClient(base_url=base) as client:

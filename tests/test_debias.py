@@ -13,8 +13,8 @@ import pytest
 
 from gateway.cli import build_parser
 from gateway.decision import debias, readings
+from gateway.decision.arithmetic import log_softmax
 from gateway.decision.prompts import question_text
-from gateway.engine.score import log_softmax
 from test_routes_support import TICKET, FakeCaps, FakeEngine, make_app, running
 
 pytestmark = pytest.mark.anyio
@@ -236,7 +236,7 @@ async def test_a_decision_engine_ignores_x_debias_with_a_warning():
 
 
 def test_serve_flag_and_its_default():
-    from gateway.cli.serve import default_debias
+    from gateway.cli.config import default_debias
 
     parse = build_parser().parse_args
     assert default_debias(parse(["serve"])) == (

@@ -1,7 +1,7 @@
 """The decision log (``serve --log-decisions``) and ``calibrate`` fitting on it once judged.
 
 The lines are compared with the reply they log, field by field; the fit on a
-judged log is compared with :func:`gateway.decision.calibration.fit` on the same
+judged log is compared with :func:`gateway.lab.calibration_fit.fit` on the same
 answers (the oracle), and every refusal names the line and the field.
 """
 
@@ -15,7 +15,9 @@ import orjson
 import pytest
 
 from gateway.decision import calibration as cal
-from gateway.decision.decision_log import DecisionLog, DecisionLogError, read_answers
+from gateway.decision.decision_log import DecisionLog
+from gateway.lab import calibration_fit as calfit
+from gateway.lab.logged_answers import DecisionLogError, read_answers
 from test_calibration import _answers
 from test_routes_support import TICKET, FakeEngine, make_app, running
 
@@ -28,7 +30,7 @@ def _lines(path):
 
 @pytest.mark.anyio
 async def test_every_answer_is_logged_with_its_numbers_and_nothing_else(tmp_path):
-    c = cal.load_document(cal.document(cal.fit(_answers(), k=5), "m", SHA, (), "x"))
+    c = cal.load_document(calfit.document(calfit.fit(_answers(), k=5), "m", SHA, (), "x"))
     app = make_app(FakeEngine())
     log = tmp_path / "decisions.jsonl"
     app.decision_log, app.model_sha256 = DecisionLog(log), SHA
@@ -192,7 +194,9 @@ def test_calibrate_fits_a_judged_log_without_a_model(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "300 judged answers from the decision log" in r.stdout
     doc = orjson.loads(out.read_bytes())
-    want = cal.document(cal.fit(answers, k=5, seed=0), "m", SHA, config["x_debias"], f"decision log {tmp_path / 'log'}")
+    want = calfit.document(
+        calfit.fit(answers, k=5, seed=0), "m", SHA, config["x_debias"], f"decision log {tmp_path / 'log'}"
+    )
     assert doc == orjson.loads(orjson.dumps(want))
     loaded = cal.load(out)
     assert loaded.model_sha256 == SHA and loaded.debias == ("canonical", "content_free")

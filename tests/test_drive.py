@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from fixtures import toy_model as tm
-from gateway.engine import softmax
+from gateway.decision.arithmetic import softmax
 
 
 def toy_logprob(text: bytes, p: int) -> float:

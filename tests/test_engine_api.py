@@ -13,7 +13,8 @@ import anyio
 import pytest
 
 from fixtures import toy_model as tm
-from gateway.engine import Engine, EngineUnavailable, ReadOut, RequestError, ScoreResult, softmax
+from gateway.decision.arithmetic import probabilities, softmax
+from gateway.engine import Engine, EngineUnavailable, ReadOut, RequestError, ScoreResult
 from serveproto import Accept, Data, Done, Echo
 
 pytestmark = pytest.mark.anyio
@@ -109,8 +110,8 @@ async def test_score_fast_and_fallback_agree_with_the_reference(fixture_engine):
     assert forced.reused == len(options) * len(prefix + stem)
     assert fallback.computed is None  # plain mode has no counters
     sums = [math.fsum(lps) for _, lps in want]
-    assert fast.probabilities() == softmax(sums)
-    assert math.isclose(sum(fast.probabilities()), 1.0, rel_tol=1e-12)
+    assert probabilities(fast) == softmax(sums)
+    assert math.isclose(sum(probabilities(fast)), 1.0, rel_tol=1e-12)
 
 
 async def test_score_groups_and_flat_options(fixture_engine):

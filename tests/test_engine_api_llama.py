@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from gateway.decision.arithmetic import probabilities
 from gateway.engine import Engine, EngineCrashed
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -36,7 +37,7 @@ async def test_read_out_score_and_fallback_agree(llama_engine):
     paris = fast.groups[0][0]
     assert paris.n_tokens == 1 and paris.logprobs[0] == pytest.approx(r.logprobs[-1], abs=1e-5)
     assert slow.groups[0][0].logprobs[0] == r.logprobs[-1]  # both cold SUBMIT read-outs
-    assert fast.probabilities()[0] > 0.5  # the model knows this one
+    assert probabilities(fast)[0] > 0.5  # the model knows this one
     assert slow.computed == n_prefix + sum(o.n_tokens for o in slow.groups[0])
 
 

@@ -1,4 +1,4 @@
-"""``gateway.decision.evalset``: the generated labelled set (deterministic, every type, 2 to 12 options, text and JSON
+"""``gateway.lab.evalset``: the generated labelled set (deterministic, every type, 2 to 12 options, text and JSON
 states, gold answers stated by the text) and the labelled JSONL reader."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import hashlib
 import orjson
 import pytest
 
-from gateway.decision import evalset, jev
+from gateway.decision import schema
+from gateway.lab import evalset
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,7 @@ def test_every_type_option_count_and_state_kind(items):
     kinds = {type(i.body["state"]).__name__ for i in items}
     assert kinds == {"str", "dict"}
     for item in items:
-        jev.parse_request(item.body)  # every request validates as the server reads it
+        schema.parse_request(item.body)  # every request validates as the server reads it
         assert set(item.gold) == set(item.body["questions"])
 
 

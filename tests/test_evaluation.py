@@ -1,4 +1,4 @@
-"""``gateway.decision.evaluation``: every metric against a value computed by hand on a tiny input."""
+"""``gateway.lab.evaluation``: every metric against a value computed by hand on a tiny input."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from gateway.decision import evaluation as ev
+from gateway.lab import evaluation as ev
 
 
 def test_argmax_takes_the_first_on_ties_and_accuracy_is_weighted():

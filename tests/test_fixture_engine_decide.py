@@ -153,7 +153,7 @@ def test_raw_form_matches_reference_and_forms_are_not_mixed():
 def test_records_built_by_the_gateway_are_accepted():
     """gateway/decision/record.py's bytes, both forms, go through unchanged."""
     decision_record = pytest.importorskip("gateway.decision.record")
-    jev = pytest.importorskip("gateway.decision.jev")
+    jev = pytest.importorskip("gateway.decision.schema")
     body = {
         "state": {"ticket": "ça ne marche pas", "n": [1, 2]},
         "questions": {

@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from gateway.decision import head_fit, heads, jev
+from gateway.decision import heads, schema
+from gateway.lab import head_fit
 
 
 def _data(seed: int = 0, n: int = 240, d: int = 12, k: int = 3):
@@ -93,7 +94,7 @@ def test_signature_is_type_instructions_options() -> None:
     def q(**kw):
         body = {"type": "choice", "instructions": "Which?", "criteria": {"a": None, "b": "bee"}}
         body.update(kw)
-        return jev.parse_request({"state": "x", "questions": {"q": body}}).questions[0]
+        return schema.parse_request({"state": "x", "questions": {"q": body}}).questions[0]
 
     base = heads.signature(q())
     assert heads.signature(q()) == base
@@ -105,7 +106,7 @@ def test_signature_is_type_instructions_options() -> None:
 
 def test_x_head_must_be_none() -> None:
     body = {"state": "x", "questions": {"q": {"type": "noul", "instructions": "Is it?"}}}
-    assert jev.parse_request({**body, "x_head": "none"}).head == "none"
-    with pytest.raises(jev.JevValidationError) as exc:
-        jev.parse_request({**body, "x_head": "mine"})
+    assert schema.parse_request({**body, "x_head": "none"}).head == "none"
+    with pytest.raises(schema.JevValidationError) as exc:
+        schema.parse_request({**body, "x_head": "mine"})
     assert exc.value.errors[0]["loc"] == ["body", "x_head"]

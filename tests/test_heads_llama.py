@@ -17,11 +17,13 @@ import orjson
 import pytest
 
 from gateway.cli import main
-from gateway.decision import calibration, evalset, head_fit, heads, jev, pipeline, scoring
+from gateway.decision import calibration, heads, pipeline, schema, scoring
 from gateway.decision.chat_template import read_gguf
 from gateway.decision.prompts import PromptBuilder
 from gateway.engine import Engine
+from gateway.lab import evalset, head_fit
 from gateway.paths import DEFAULT_MODEL_NAME, default_model_path, engine_bin
+from gateway.server.jev import protocol
 from test_server_llama import serving
 
 pytestmark = pytest.mark.slow
@@ -60,7 +62,7 @@ def test_fit_and_serve_heads_on_the_default_model(tmp_path, monkeypatch, capsys)
     # a new review (not in the fit) plus a question no head knows
     body = evalset.generate(seed=99, sizes={"review": 1})[0].body
     body = {**body, "questions": {**body["questions"], "other": {"type": "noul", "instructions": "Is it long?"}}}
-    parsed = jev.parse_request(body)
+    parsed = schema.parse_request(body)
 
     async def hidden_of():
         cmd = [str(engine_bin("serveproto-llama")), "--model", str(model), "--threads", "2"]
@@ -88,4 +90,4 @@ def test_fit_and_serve_heads_on_the_default_model(tmp_path, monkeypatch, capsys)
         assert a["x_head"] == h.name
         fitted = next(d for d in doc["heads"] if d["signature"] == h.signature)
         expected = scoring.report(list(head_fit.predict(fitted, np.array([hidden[q.id][19]]))[0]))
-        assert a == jev.answer(q, expected) | {"x_calibration": "identity", "x_head": h.name}
+        assert a == protocol.answer(q, expected) | {"x_calibration": "identity", "x_head": h.name}

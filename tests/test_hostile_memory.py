@@ -103,8 +103,8 @@ def test_the_fixed_prefixes_remembered_keep_no_text_and_are_bounded():
 
 
 def test_a_part_over_any_context_is_refused_before_the_engine():
-    from gateway.decision.jev import parse_request
     from gateway.decision.refusals import over_any_context
+    from gateway.decision.schema import parse_request
 
     def detail(q: str, *loc):
         return {

@@ -1,12 +1,13 @@
-"""/v1/systemone validation, prompts and reply shapes (gateway.decision.jev, gateway.decision.prompts)."""
+"""/v1/systemone validation, prompts and reply shapes (gateway.decision.schema, gateway.server.jev.protocol, gateway.decision.prompts)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.decision import jev
+from gateway.decision import schema
 from gateway.decision.chat_template import ChatTemplate
 from gateway.decision.prompts import SYSTEM, PromptBuilder, question_text
+from gateway.server.jev import protocol
 
 TICKET = {
     "state": "Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing.",
@@ -24,8 +25,8 @@ TICKET = {
 
 
 def errors_of(body):
-    with pytest.raises(jev.JevValidationError) as info:
-        jev.parse_request(body)
+    with pytest.raises(schema.JevValidationError) as info:
+        schema.parse_request(body)
     return [(e["loc"], e["type"]) for e in info.value.errors]
 
 
@@ -33,7 +34,7 @@ def test_valid_request_keeps_ids_labels_and_order():
     body = dict(
         TICKET, questions={"ünï code 🙂": {"type": "choice", "criteria": {"B": None, "a.b c": "x", "가": {"k": 1}}}}
     )
-    req = jev.parse_request(body)
+    req = schema.parse_request(body)
     assert [q.id for q in req.questions] == ["ünï code 🙂"]
     assert list(req.questions[0].criteria) == ["B", "a.b c", "가"]
     assert req.normalize == "sum" and req.pin_state is None and req.model == "jev-latest"
@@ -87,9 +88,9 @@ def test_shape_errors_and_limits():
 
 
 def test_error_body_has_detail_list_and_envelope():
-    with pytest.raises(jev.JevValidationError) as info:
-        jev.parse_request({"questions": {"q": {"type": "noul"}}})
-    assert info.value.body() == {
+    with pytest.raises(schema.JevValidationError) as info:
+        schema.parse_request({"questions": {"q": {"type": "noul"}}})
+    assert protocol.error_body(info.value) == {
         "detail": [{"loc": ["body", "state"], "msg": "Field required", "type": "missing"}],
         "error": {"type": "invalid_request_error", "message": "body.state: Field required", "param": "state"},
     }
@@ -118,9 +119,9 @@ def test_prompt_splits_into_prefix_and_stem_of_the_whole_chat():
 
 
 def test_answers_shapes():
-    qs = jev.parse_request(TICKET).questions
-    assert jev.answer(qs[0], [0.25, 0.75]) == {"type": "noul", "noul": 0.75}
-    ch = jev.answer(qs[1], [0.2, 0.7, 0.1])
+    qs = schema.parse_request(TICKET).questions
+    assert protocol.answer(qs[0], [0.25, 0.75]) == {"type": "noul", "noul": 0.75}
+    ch = protocol.answer(qs[1], [0.2, 0.7, 0.1])
     assert ch == {
         "type": "choice",
         "choice": "technical",
@@ -128,13 +129,13 @@ def test_answers_shapes():
         "confidence": 0.55,
         "x_entropy": ch["x_entropy"],
     }
-    sc = jev.answer(qs[2], [0.1, 0.2, 0.7])
+    sc = protocol.answer(qs[2], [0.1, 0.2, 0.7])
     assert sc["score"] == 1.6 and sc["legend"] == {"0": "none", "1": "minor", "2": "down"}
     assert sc["probabilities"] == {"0": 0.1, "1": 0.2, "2": 0.7} and sc["confidence"] == 0.55
-    body = jev.reply("m", {"q": ch}, 12, 3, {"x_request_id": "req_1"})
+    body = protocol.reply("m", {"q": ch}, 12, 3, {"x_request_id": "req_1"})
     assert body["usage"] == {"input_tokens": 12, "output_tokens": 3} and body["x_request_id"] == "req_1"
     with pytest.raises(ValueError):
-        jev.reply("m", {}, 1, 1, {"id": 1})
+        protocol.reply("m", {}, 1, 1, {"id": 1})
 
 
 def test_templates_without_a_system_turn_and_broken_ones():

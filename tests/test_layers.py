@@ -4,12 +4,17 @@ Every ``import`` and ``from ... import`` in every module of ``gateway/``, at
 any depth (function-level imports included), is read with :mod:`ast` and
 checked against the table below. A module of one room that reaches a room
 above it, or outside the installed packages (``fixtures``, ``bench``,
-``tests``), fails with the file, line and import.
+``tests``), fails with the file, line and import. Inside the server, each API
+has its package (``server/jev/``: ``protocol`` <- ``serving`` <- ``routes``),
+which imports no other API's; and the served app imports no numpy (the lab's).
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,8 +27,9 @@ ALLOWED = {
     "http": set(),
     "engine": {"paths"},
     "decision": {"engine", "paths"},
+    "lab": {"decision", "engine", "paths"},
     "server": {"decision", "engine", "http", "paths"},
-    "cli": {"server", "decision", "engine", "http", "paths"},
+    "cli": {"server", "lab", "decision", "engine", "http", "paths"},
 }
 FORBIDDEN_TOP = {"fixtures", "bench", "tests"}
 
@@ -90,3 +96,130 @@ def test_the_checker_sees_a_wrong_import():
     found = [m for _, m in imports(GATEWAY / "decision" / "probe.py", probe)]
     assert found == ["gateway.server", "gateway.http", "gateway.cli"]
     assert "server" not in ALLOWED["decision"] and "http" not in ALLOWED["decision"]
+
+
+# --- the server's per-API packages (gateway/server/<api>/{protocol,serving,routes}.py) -----------------
+
+#: An API package's modules, in the order they may import one another: ``protocol`` (the wire) imports
+#: none of them, ``serving`` the protocol, ``routes`` both.
+API_KINDS = ("protocol", "serving", "routes")
+API_PACKAGES = sorted(p.name for p in (GATEWAY / "server").iterdir() if p.is_dir() and (p / "__init__.py").exists())
+
+
+def api_part(module: str) -> tuple[str, str] | None:
+    """``gateway.server.jev.serving`` -> ``("jev", "serving")``; ``gateway.server.jev`` -> ``("jev", "")``;
+    anything not in an API package -> None."""
+    parts = module.split(".")
+    if parts[:2] != ["gateway", "server"] or len(parts) < 3 or parts[2] not in API_PACKAGES:
+        return None
+    return parts[2], parts[3] if len(parts) > 3 else ""
+
+
+def module_imports(path: Path, source: str | None = None) -> list[tuple[int, str]]:
+    """:func:`imports`, with ``from package import module`` read as ``package.module`` where ``module``
+    is a module of gateway/ (``from gateway.server.jev import serving`` -> ``gateway.server.jev.serving``)."""
+    out = []
+    for line, module in imports(path, source):
+        out.append((line, module))
+    text = path.read_text() if source is None else source
+    for node in ast.walk(ast.parse(text, str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            folder = GATEWAY.parent.joinpath(*node.module.split("."))
+            for alias in node.names:
+                if (folder / f"{alias.name}.py").exists() or (folder / alias.name / "__init__.py").exists():
+                    out.append((node.lineno, f"{node.module}.{alias.name}"))
+    return out
+
+
+def api_wrong(path: Path, found: list[tuple[int, str]]) -> list[str]:
+    """What ``path`` (a module of gateway/server/) imports against the per-API rules: an API package's
+    modules only in :data:`API_KINDS` order; no API package another's; the app alone its routes."""
+    here = api_part(".".join(path.relative_to(GATEWAY.parent).with_suffix("").parts))
+    wrong = []
+    for line, module in found:
+        there = api_part(module)
+        if there is None:
+            continue
+        what = f"{path.name}:{line} imports {module}"
+        if here is not None and here[0] != there[0]:
+            wrong.append(f"{what}: the {here[0]} API may not import the {there[0]} API")
+        elif here is not None and here[1] in API_KINDS and there[1] in API_KINDS:
+            if API_KINDS.index(there[1]) >= API_KINDS.index(here[1]):
+                wrong.append(f"{what}: {here[1]} may not import {there[1]} ({' -> '.join(reversed(API_KINDS))})")
+        elif here is None and there[1] == "routes" and path.name != "app.py":
+            wrong.append(f"{what}: only the app registers an API's routes")
+    return wrong
+
+
+def test_the_server_has_per_api_packages():
+    assert {"jev", "openai"} <= set(API_PACKAGES)
+    for name in API_PACKAGES:
+        assert {p.stem for p in (GATEWAY / "server" / name).glob("*.py")} <= {"__init__", *API_KINDS}, name
+
+
+@pytest.mark.parametrize(
+    "path", sorted((GATEWAY / "server").rglob("*.py")), ids=lambda p: str(p.relative_to(GATEWAY / "server"))
+)
+def test_server_api_packages_import_one_way(path: Path):
+    wrong = api_wrong(path, module_imports(path))
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_checker_sees_a_wrong_api_import():
+    """The per-API checker itself: a protocol importing its serving, a route module importing another
+    API's routes, both caught."""
+    probe = "from gateway.server.jev import serving\nfrom gateway.server.jev.routes import register\n"
+    path = GATEWAY / "server" / "jev" / "protocol.py"
+    assert len(api_wrong(path, module_imports(path, probe))) == 2
+    other = GATEWAY / "server" / "routes_ops.py"
+    assert api_wrong(other, module_imports(other, probe)) == [
+        "routes_ops.py:2 imports gateway.server.jev.routes: only the app registers an API's routes"
+    ]
+
+
+def test_the_served_app_imports_no_numpy():
+    """numpy is the lab's (gateway/lab/): importing the server, in a fresh interpreter, loads none of it."""
+    probe = "import sys, gateway.server.app; print(sorted(m for m in sys.modules if m.split('.')[0] == 'numpy' or m.startswith('gateway.lab')))"
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=GATEWAY.parent,
+        env={**os.environ, "PYTHONPATH": str(GATEWAY.parent)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout == "[]\n", out.stdout + out.stderr
+
+
+#: The configuration and the engine planning are read by ``serveproto``'s parser, before any command runs:
+#: at module level they import no room above the engine (the server and the decision rooms bring anyio, h11, jinja2),
+#: and the engine's options nothing but the standard library. Imports inside functions, and under
+#: ``if TYPE_CHECKING:``, are read only when used.
+LIGHT = {
+    "engine/options.py": set(),
+    "cli/config.py": {"gateway.engine.options"},
+    "cli/plan.py": {"gateway.cli.config", "gateway.engine.build", "gateway.paths"},
+}
+
+
+def module_level_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of the imports run when ``path`` is imported: its top level, outside ``if TYPE_CHECKING:``."""
+    tree = ast.parse(path.read_text(), str(path))
+    top = [n for n in tree.body if not (isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")]
+    lines = {n.lineno for n in top if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return [(line, module) for line, module in imports(path) if line in lines]
+
+
+@pytest.mark.parametrize("rel", sorted(LIGHT))
+def test_the_configuration_is_read_without_the_server(rel: str):
+    import sys
+
+    path = GATEWAY / rel
+    wrong = []
+    for line, module in module_level_imports(path):
+        top = module.split(".")[0]
+        if top == "gateway" and module not in LIGHT[rel]:
+            wrong.append(f"{rel}:{line} imports {module} at module level")
+        elif top != "gateway" and top not in sys.stdlib_module_names and (rel.startswith("engine/") or top != "attrs"):
+            wrong.append(f"{rel}:{line} imports {module} at module level (not the standard library)")
+    assert not wrong, "\n".join(wrong)

@@ -128,7 +128,6 @@ def test_without_cells_in_order_the_digits_move(model_path, alone_numbers, monke
     assert [rid for rid in got if got[rid] != alone_numbers[rid]], "no request's digits moved"
 
 
-
 def test_with_overlap_tasks_arriving_in_a_decode_start_before_its_read_with_the_same_digits(
     model_path, alone_numbers, tmp_path, monkeypatch
 ):
@@ -163,6 +162,7 @@ def test_with_overlap_tasks_arriving_in_a_decode_start_before_its_read_with_the_
     assert prof.read_text().splitlines()[0].split()[-2:] == ["early_tasks", "max_rows"]
     early = int(prof.read_text().splitlines()[-1].split()[-2])
     assert 1 <= early <= len(requests), early
+
 
 BIG = score(20, 0, 11, 12, [" it depends on the size of item {g} today", " only when item {g} is late again"])
 

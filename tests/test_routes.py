@@ -401,11 +401,11 @@ async def test_the_system_one_page_is_served_without_a_key():
 
 
 def test_decide_invalid_fields_map_to_the_request():
-    from gateway.decision import jev
+    from gateway.decision import schema
     from gateway.decision.refusals import decide_refusal
 
     qs = list(
-        jev.parse_request(
+        schema.parse_request(
             {
                 "state": "s",
                 "questions": {

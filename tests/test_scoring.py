@@ -1,4 +1,4 @@
-"""The decision math (gateway.engine.score's step 4, gateway.decision.scoring's reported numbers), against values
+"""The decision math (gateway.decision.arithmetic's step 4, gateway.decision.scoring's reported numbers), against values
 worked out by hand."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.decision import scoring
-from gateway.engine.score import option_scores, softmax
+from gateway.decision.arithmetic import option_scores, softmax
 
 
 def test_softmax_recovers_probabilities_from_their_logs():

@@ -1,5 +1,5 @@
-"""One scoring path: the engine API (``ScoreResult.probabilities``), ``serveproto score`` and
-``POST /v1/systemone`` read the same option logprobs the same way (gateway.engine.score).
+"""One scoring path: the engine API's results (``arithmetic.probabilities``), ``serveproto score`` and
+``POST /v1/systemone`` read the same option logprobs the same way (gateway.decision.arithmetic).
 
 Good logprobs give the same bits everywhere; logprobs no engine sends (an option with no token,
 a NaN or infinite logprob: SCORED carries 1 to 200 finite ones, spec 9.1) are refused everywhere
@@ -20,8 +20,8 @@ import pytest
 from gateway.cli import build_parser
 from gateway.cli.drive import score_lines
 from gateway.decision import scoring
+from gateway.decision.arithmetic import option_scores, probabilities, softmax
 from gateway.engine import OptionScore, ScoreResult
-from gateway.engine.score import option_scores, softmax
 from test_routes_support import FakeEngine, make_app, running
 
 GOOD = [(-0.25, -1.5), (-0.75,), (-2.0, -0.125, -0.5)]
@@ -101,7 +101,7 @@ def cli(rows, normalize: str, capsys, monkeypatch, *extra: str) -> tuple[int, st
 @pytest.mark.parametrize("normalize", ["sum", "mean"])
 def test_good_logprobs_give_the_same_bits_everywhere(normalize, capsys, monkeypatch):
     want = softmax([math.fsum(x) / (1 if normalize == "sum" else len(x)) for x in GOOD])
-    assert result_of(GOOD).probabilities(0, normalize) == want
+    assert probabilities(result_of(GOOD), 0, normalize) == want
     assert softmax(option_scores(GOOD, normalize)) == want
     rc, out, _ = cli(GOOD, normalize, capsys, monkeypatch, "--json")
     assert rc == 0 and [o["probability"] for o in __import__("json").loads(out)["options"]] == want
@@ -115,7 +115,7 @@ def test_good_logprobs_give_the_same_bits_everywhere(normalize, capsys, monkeypa
 def test_unusable_logprobs_are_refused_alike(bad, message, normalize, capsys, monkeypatch):
     rows = [GOOD[0], bad, GOOD[2]]
     with pytest.raises(ValueError) as api_error:
-        result_of(rows).probabilities(0, normalize)
+        probabilities(result_of(rows), 0, normalize)
     assert str(api_error.value) == message
     for as_json in (False, True):
         with pytest.raises(ValueError) as table_error:
@@ -133,7 +133,7 @@ def test_unusable_logprobs_are_refused_alike(bad, message, normalize, capsys, mo
 
 
 def test_an_unknown_normalize_is_refused_by_the_one_check():
-    for call in (lambda: result_of(GOOD).probabilities(0, "max"), lambda: option_scores(GOOD, "max")):
+    for call in (lambda: probabilities(result_of(GOOD), 0, "max"), lambda: option_scores(GOOD, "max")):
         with pytest.raises(ValueError) as e:
             call()
         assert str(e.value) == "normalize must be 'sum' or 'mean', got 'max'"
@@ -142,7 +142,7 @@ def test_an_unknown_normalize_is_refused_by_the_one_check():
 
 
 def test_step_4_is_written_once_in_the_gateway():
-    """No other softmax, sum/mean rule or list of normalize values in gateway/ than engine/score.py's."""
+    """No other softmax, sum/mean rule or list of normalize values in gateway/ than decision/arithmetic.py's."""
     import ast
     from pathlib import Path
 
@@ -165,9 +165,9 @@ def test_step_4_is_written_once_in_the_gateway():
             ):
                 found.append((str(path.relative_to(root)), "('sum', 'mean')"))
     assert sorted(found) == [
-        ("engine/score.py", "('sum', 'mean')"),
-        ("engine/score.py", "check_normalize"),
-        ("engine/score.py", "log_softmax"),
-        ("engine/score.py", "option_scores"),
-        ("engine/score.py", "softmax"),
+        ("decision/arithmetic.py", "('sum', 'mean')"),
+        ("decision/arithmetic.py", "check_normalize"),
+        ("decision/arithmetic.py", "log_softmax"),
+        ("decision/arithmetic.py", "option_scores"),
+        ("decision/arithmetic.py", "softmax"),
     ]

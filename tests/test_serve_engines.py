@@ -72,9 +72,9 @@ def test_model_flags(tmp_path, monkeypatch):
     engine.chmod(0o755)
     for name in ("a", "b"):
         (tmp_path / f"{name}.gguf").write_bytes(b"GGUF")
-    from gateway.cli import serve as cli_serve
+    from gateway.cli import plan as cli_plan
 
-    monkeypatch.setattr(cli_serve, "ensure_engine", lambda name: engine)
+    monkeypatch.setattr(cli_plan, "ensure_engine", lambda name: engine)
     monkeypatch.delenv("SERVEPROTO_THREADS", raising=False)
     args = parser.parse_args(
         [

@@ -40,6 +40,7 @@ def llama_argv(tmp_path, monkeypatch, *argv: str, env: str | None = None, cores:
     import os as _os
 
     from gateway.cli import build_parser
+    from gateway.cli import plan as cli_plan
     from gateway.cli import serve as cli_serve
 
     engine = tmp_path / "serveproto-llama"
@@ -47,7 +48,7 @@ def llama_argv(tmp_path, monkeypatch, *argv: str, env: str | None = None, cores:
     engine.chmod(0o755)
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    monkeypatch.setattr(cli_serve, "ensure_engine", lambda name: engine)
+    monkeypatch.setattr(cli_plan, "ensure_engine", lambda name: engine)
     monkeypatch.setattr(_os, "cpu_count", lambda: cores)
     if env is None:
         monkeypatch.delenv("SERVEPROTO_THREADS", raising=False)

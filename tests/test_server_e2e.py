@@ -23,8 +23,8 @@ from typesafe_sdk import TypeSafeClient
 from fixtures import toy_model
 from gateway.cli import build_parser
 from gateway.cli.serve import serve
-from gateway.decision import jev
 from gateway.decision import record as decision_record
+from gateway.decision import schema
 from gateway.decision.prompts import PromptBuilder
 from gateway.paths import ROOT
 from test_routes_support import TICKET
@@ -48,7 +48,7 @@ def toy_option_logprobs(text_before: str, option: str) -> list[float]:
 
 def expected_probabilities(request: dict) -> dict[str, list[float]]:
     """The oracle: the same prompts (ChatML, the fixture has no template), scored by the toy, softmax by hand."""
-    parsed = jev.parse_request(request)
+    parsed = schema.parse_request(request)
     b = PromptBuilder()
     prefix = b.prefix(parsed.state)
     out = {}
@@ -108,7 +108,7 @@ async def test_decision_path_with_the_sdk(fixture_engine):
 
         result = await anyio.to_thread.run_sync(call)
         chat = await post(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
-    parsed = jev.parse_request(TICKET)
+    parsed = schema.parse_request(TICKET)
     expected = toy_model.decide(decision_record.build(parsed))
     probs = {a["id"]: a["probs"] for a in expected["answers"]}
     assert result.nouls["urgency"].noul == pytest.approx(probs["urgency"][1], abs=1e-6)

@@ -20,7 +20,7 @@ import pytest
 from typesafe_sdk import TypeSafeClient
 
 from fixtures import oracle, tiny_gguf, vocab
-from gateway.decision import debias, jev
+from gateway.decision import debias, schema
 from gateway.decision.chat_template import ChatTemplate
 from gateway.decision.prompts import PromptBuilder
 from gateway.paths import default_model_path, engine_bin
@@ -119,7 +119,7 @@ async def test_tiny_gguf_systemone_and_echo_match_the_oracle(tiny):
         async with httpx2.AsyncClient(base_url=base, timeout=60) as c:
             reply = await post(c, "/v1/systemone", REQUEST)
             b = PromptBuilder(ChatTemplate.from_gguf(tiny))
-            parsed = jev.parse_request(REQUEST)
+            parsed = schema.parse_request(REQUEST)
             prefix = b.prefix(parsed.state)
             expected = {}
             for q in parsed.questions:
@@ -142,7 +142,7 @@ async def test_tiny_gguf_debias_matches_the_oracle(tiny):
             reply = await post(c, "/v1/systemone", request)
             again = await post(c, "/v1/systemone", request)
             b = PromptBuilder(ChatTemplate.from_gguf(tiny))
-            parsed = jev.parse_request(REQUEST)
+            parsed = schema.parse_request(REQUEST)
             expected = {}
             for q in parsed.questions:
 

@@ -8,8 +8,9 @@ import math
 import anyio
 import pytest
 
+from gateway.decision.arithmetic import softmax
 from gateway.engine import RequestError
-from gateway.engine.score import OptionScore, option_tokens, softmax
+from gateway.engine.score import OptionScore, option_tokens
 from gateway.engine.slots import MAX_KEY_BYTES, MIN_SHARED_BYTES, PREFIX_CACHE_BYTES, READY_BYTES, SlotRouter
 from gateway.engine.supervisor import RestartPolicy
 from serveproto import Echo

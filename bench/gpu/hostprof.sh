@@ -15,15 +15,16 @@ PERF="env LD_LIBRARY_PATH=$C/perf $C/perf/perf"
 $PERF --version || { echo "hostprof: no usable perf in $C/perf"; exit 1; }
 rm -f /tmp/prof-$TAG.*
 SERVEPROTO_PROFILE=/tmp/prof-$TAG python3 bench/load.py --no-llama-server --model $MODEL --workloads document \
-  --clients 32 --seconds ${LOAD_S:-20} --debias none --engine engines/bin/serveproto-llama --model $MODEL "$@" \
+  --clients 32 --seconds ${LOAD_S:-20} --requests 1000000 --debias none --engine engines/bin/serveproto-llama --model $MODEL "$@" \
   > $RES/hostprof-load-$TAG.log 2>&1 &
 LOAD=$!
 for _ in $(seq 60); do  # the engine up and the cell running: its profile file has a busy line
   sleep 1
   f=$(ls /tmp/prof-$TAG.* 2>/dev/null | head -1)
-  [ -n "$f" ] && [ "$(wc -l < "$f")" -gt 8 ] && break
+  [ -n "$f" ] && [ "$(wc -l < "$f")" -gt 4 ] && break
 done
-PID=$(pgrep -n -f "serveproto-llama --model $MODEL")
+# the profile file is named after the engine's pid (a cell of 1000 requests once ended before a pgrep)
+PID=${f##*.}
 echo "hostprof $TAG: engine pid $PID, perf for ${PERF_S:-6} s"
 $PERF record -F 1999 -g -p "$PID" -o /tmp/perf-$TAG.data -- sleep ${PERF_S:-6} 2>&1 | tail -1
 wait $LOAD
@@ -36,3 +37,6 @@ $PERF report -i /tmp/perf-$TAG.data --stdio --no-children --sort comm,symbol -g 
 echo "== $TAG: inclusive (children), main thread"
 $PERF report -i /tmp/perf-$TAG.data --stdio --children --sort symbol -g none --percent-limit 1.5 \
   --comm serveproto-llam 2>/dev/null | grep -E "^ +[0-9]" | cut -c1-160 | head -45 | tee $RES/perf-$TAG-incl.txt
+echo "== $TAG: flat (self) by library and symbol, main thread"
+$PERF report -i /tmp/perf-$TAG.data --stdio --no-children --sort dso,symbol -g none --percent-limit 0.5 \
+  --comm serveproto-llam 2>/dev/null | grep -E "^ +[0-9]" | cut -c1-160 | head -60 | tee $RES/perf-$TAG-dso.txt

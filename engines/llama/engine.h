@@ -209,6 +209,9 @@ typedef struct engine {
     double *echo_lse;           /* n_batch */
     int *echo_k;                /* n_batch */
     sp_alt *echo_top;           /* n_batch * ENGINE_MAX_LOGPROBS */
+    double *row_lse;            /* n_batch: a SCORE row's logsumexp after its decode (sched.c), else NAN */
+    const float **row_logits;   /* n_batch: those rows' logits, in turn */
+    int *row_index;             /* n_batch: and their batch rows */
     uint32_t seed;              /* sampling seed (--seed), mixed with the request id */
     prefix_tokens prefixes[ENGINE_PREFIXES];
     splice_stats splice;
@@ -289,6 +292,7 @@ bool hidden_eval(struct ggml_tensor *t, bool ask, void *user_data);
 
 /* main.c: frames in */
 void engine_poll(engine *e);
+double sched_row_lse(const engine *e, int row, const float *logits);
 bool engine_decode_abort(void *data);
 void engine_log_aborting(int on);
 

@@ -453,7 +453,10 @@ static int load(engine *e, options *o)
     e->echo_lse = malloc((size_t)e->n_batch * sizeof *e->echo_lse);
     e->echo_k = malloc((size_t)e->n_batch * sizeof *e->echo_k);
     e->echo_top = malloc((size_t)e->n_batch * ENGINE_MAX_LOGPROBS * sizeof *e->echo_top);
-    if (!e->echo_rows || !e->echo_lse || !e->echo_k || !e->echo_top)
+    e->row_lse = malloc((size_t)e->n_batch * sizeof *e->row_lse);
+    e->row_logits = malloc((size_t)e->n_batch * sizeof *e->row_logits);
+    e->row_index = malloc((size_t)e->n_batch * sizeof *e->row_index);
+    if (!e->echo_rows || !e->echo_lse || !e->echo_k || !e->echo_top || !e->row_lse || !e->row_logits || !e->row_index)
         return load_fail(e, "nomem", "allocating the read-out buffers failed");
     e->batch = llama_batch_init(e->n_batch, 0, e->n_score_seqs + 1); /* a stem's node: its options and the carry */
     /* kept numbers equal fresh ones only when the arithmetic is invariant */
@@ -489,6 +492,9 @@ static void engine_free(engine *e)
     free(e->echo_lse);
     free(e->echo_k);
     free(e->echo_top);
+    free(e->row_lse);
+    free(e->row_logits);
+    free(e->row_index);
     prefix_tokens_free(e);
     if (e->scores.disk) {
         persist_close(e->scores.disk); /* the results not yet written go now */

@@ -12,6 +12,7 @@
  * in within one ubatch: the other tasks of that decode put their rows back
  * (undo) and take the same chunk again in the next one.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,6 +89,41 @@ static void start_early(engine *e)
     int n = start_new(e);
     if (e->prof.on)
         e->prof.early += (uint64_t)n;
+}
+
+/* The logsumexp of every row with logits that the decode's SCOREs hold, into
+ * e->row_lse (NAN for the others), spread over the engine's threads. A row's
+ * log-softmax needs its whole vocabulary's exponentials, the read-out's
+ * largest part; on a GPU the CPU threads are idle then. Each row's number is
+ * model_logsumexp of its logits whichever thread computes it, so the digits
+ * are those of the one thread. The logits pointers are taken first, on this
+ * thread (llama_get_logits_ith may reorder outputs on first use). */
+static void rows_lse(engine *e, task *const *in, int n_in)
+{
+    int n = 0;
+    for (int i = 0; i < e->batch.n_tokens; i++)
+        e->row_lse[i] = NAN;
+    for (int k = 0; k < n_in; k++) {
+        const task *t = in[k];
+        if (!is_score(t))
+            continue;
+        for (int r = t->row0; r < t->row0 + t->rows; r++)
+            if (e->batch.logits[r]) {
+                e->row_logits[n] = llama_get_logits_ith(e->ctx, r);
+                e->row_index[n++] = r;
+            }
+    }
+    #pragma omp parallel for num_threads(e->n_threads) schedule(static) if (n > 1)
+    for (int j = 0; j < n; j++)
+        e->row_lse[e->row_index[j]] = model_logsumexp(e->row_logits[j], e->n_vocab);
+}
+
+/* Row `row`'s logsumexp of the last decode: the one rows_lse computed, or
+ * model_logsumexp of `logits` (its logits) for a row it did not. */
+double sched_row_lse(const engine *e, int row, const float *logits)
+{
+    double v = e->row_lse[row];
+    return isnan(v) ? model_logsumexp(logits, e->n_vocab) : v;
 }
 
 /* The lease (spec/llama-engine.md, "Prompts longer than a slot"): a slot's
@@ -266,6 +302,7 @@ int sched_step(engine *e)
     e->decodes++;
     if (rc == 0) {
         e->solo = 0;
+        rows_lse(e, in, n_in);
         for (int i = 0; i < n_in; i++) {
             task *t = in[i];
             t->served = e->decodes;

@@ -393,16 +393,19 @@ static void finish(engine *e, task *t)
     task_end(e, t);
 }
 
-/* The trunk is in the slot and its last logits in st->pred: the pin's
- * snapshot, the trie's turn (or the end when every option was cached). */
-static void trunk_loaded(engine *e, task *t)
+/* The trunk is in the slot and its last logits in st->pred (pred_lse: their
+ * logsumexp when known, else NAN): the pin's snapshot, the trie's turn (or
+ * the end when every option was cached). */
+static void trunk_loaded(engine *e, task *t, double pred_lse)
 {
     score_state *st = t->st;
     const int trunk = st->job.trunk;
     st->trunk_a = trunk;
     if (st->pin && trunk > 0)
         snapshot_take(e, (int)t->rq.slot, st->job.opts[st->job.src].toks, trunk, st->pred);
-    st->pred_lse = trunk > 0 && st->n_todo > 0 ? model_logsumexp(st->pred, e->n_vocab) : NAN;
+    if (isnan(pred_lse) && trunk > 0 && st->n_todo > 0)
+        pred_lse = model_logsumexp(st->pred, e->n_vocab);
+    st->pred_lse = pred_lse;
 }
 
 static int score_start(engine *e, task *t)
@@ -494,7 +497,7 @@ static int score_start(engine *e, task *t)
     int stale = 0;
     if (trunk == 0) {
         slot_truncate(e, slot, 0);
-        trunk_loaded(e, t);
+        trunk_loaded(e, t, NAN);
     } else {
         snapshot *snap = snapshot_find(e, job->opts[job->src].toks, trunk, trunk, &stale);
         if (e->scores.disk && !(snap && snap->n == trunk)) {
@@ -511,7 +514,7 @@ static int score_start(engine *e, task *t)
             slot_restore(e, slot, snap);
             memcpy(st->pred, snap->logits, (size_t)e->n_vocab * sizeof(float));
             st->ri.reused = trunk;
-            trunk_loaded(e, t);
+            trunk_loaded(e, t, NAN);
         } else {
             st->trunk_a = slot_resume(e, slot, job->opts[job->src].toks, trunk, snap);
             st->ri.reused = st->trunk_a;
@@ -741,9 +744,10 @@ static void score_decoded(engine *e, task *t)
         slot_append(e, slot, job->opts[job->src].toks + st->trunk_a, st->trunk_b - st->trunk_a);
         st->computed += st->trunk_b - st->trunk_a;
         if (st->trunk_b == trunk) {
-            memcpy(st->pred, llama_get_logits_ith(e->ctx, t->row0 + trunk - 1 - st->trunk_a),
-                   (size_t)e->n_vocab * sizeof(float));
-            trunk_loaded(e, t);
+            const int row = t->row0 + trunk - 1 - st->trunk_a;
+            const float *pred = llama_get_logits_ith(e->ctx, row);
+            memcpy(st->pred, pred, (size_t)e->n_vocab * sizeof(float));
+            trunk_loaded(e, t, sched_row_lse(e, row, pred));
             if (st->n_todo == 0)
                 finish(e, t);
         } else {
@@ -767,7 +771,7 @@ static void score_decoded(engine *e, task *t)
                 int node = ot->path[prev - ot->from];
                 logits = llama_get_logits_ith(e->ctx, t->row0 + node);
                 if (isnan(trie[node].lse))
-                    trie[node].lse = model_logsumexp(logits, e->n_vocab);
+                    trie[node].lse = sched_row_lse(e, t->row0 + node, logits);
                 lse = trie[node].lse;
             }
             lps[n++] = (double)logits[ot->toks[p]] - lse;

@@ -1,6 +1,9 @@
 """The ``serveproto`` command: one sub-command per job.
 
-``serve`` (the decision server) lives in :mod:`gateway.cli.serve`; ``drive``
+``serve`` (the decision server) lives in :mod:`gateway.cli.serve`, its
+configuration (one typed tree built from its flags) in :mod:`gateway.cli.config`
+and its engine planning (commands, threads, devices, transcodes) in
+:mod:`gateway.cli.plan`; ``drive``
 and ``score`` (driving an engine by hand) in :mod:`gateway.cli.drive`;
 ``chat`` (the terminal client of a running server) in :mod:`gateway.cli.chat`;
 ``calibrate`` (fitting a calibration on labelled requests) in

@@ -3,11 +3,11 @@
     serveproto calibrate [--data FILE] [--model GGUF] [--debias METHODS] [--folds 5] [--out FILE] [--png FILE]
 
 Scores every labelled request (``--data``: a labelled JSONL file,
-:mod:`gateway.decision.evalset`; default: the generated set) through the server's own
+:mod:`gateway.lab.evalset`; default: the generated set) through the server's own
 scoring path on the llama engine (:func:`gateway.decision.pipeline.decide`, the
 server's prompts from the model's chat template, no calibration applied), under the
 ``x_debias`` that ``serve`` applies to that model by default (or
-``--debias``), fits one map per question type (:mod:`gateway.decision.calibration`),
+``--debias``), fits one map per question type (:mod:`gateway.lab.calibration_fit`),
 measures it by cross-validation over requests, prints ECE, Brier, NLL and
 accuracy before and after on the held-out answers and a reliability diagram
 in text, writes the calibration file (default
@@ -16,7 +16,7 @@ loads for that model) and a reliability diagram as PNG beside it (with
 matplotlib installed).
 
 ``--data`` may also be a judged decision log (``serve --log-decisions``,
-:mod:`gateway.decision.decision_log`): its lines already hold the
+:mod:`gateway.lab.logged_answers`): its lines already hold the
 uncalibrated probabilities, so nothing is scored and no model is loaded;
 the model's sha256 and the ``x_debias`` come from the log.
 """
@@ -26,14 +26,25 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway.paths import default_model_path
+
+if TYPE_CHECKING:
+    from gateway.decision.pipeline import Decided
+    from gateway.decision.schema import SystemOneRequest
+    from gateway.lab.calibration_fit import Fit
+    from gateway.lab.evalset import Labelled
+
+#: One labelled answer as the fit takes it: (question type, probabilities in reply order, gold index, request id).
+Answer = tuple[str, list[float], int, str]
 
 HELP = __doc__.split("\n\n", 1)[1]
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "calibrate",
         help="fit a calibration on labelled requests (serve applies it to that model)",
@@ -70,7 +81,9 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=run)
 
 
-def answers_of(parsed, decided, gold: dict[str, int], rid: str) -> list[tuple[str, list[float], int, str]]:
+def answers_of(
+    parsed: SystemOneRequest, decided: Decided, gold: dict[str, int], rid: str
+) -> list[tuple[str, list[float], int, str]]:
     """(type, probabilities in reply order, gold index, request id) for each labelled question answered."""
     return [
         (q.type, list(decided.probs[q.id]), gold[q.id], rid)
@@ -79,12 +92,18 @@ def answers_of(parsed, decided, gold: dict[str, int], rid: str) -> list[tuple[st
     ]
 
 
-async def score_all(items, model: str, threads: int, methods: tuple[str, ...], log=print) -> list:
+async def score_all(
+    items: Sequence[Labelled],
+    model: str,
+    threads: int,
+    methods: tuple[str, ...],
+    log: Callable[[str], None] = print,
+) -> list[Answer]:
     """Every labelled question's probabilities as served (no calibration) on the llama engine."""
     import anyio
 
-    from gateway.cli.serve import engine_or_exit
-    from gateway.decision import jev, pipeline
+    from gateway.cli.plan import engine_or_exit
+    from gateway.decision import pipeline, schema
     from gateway.decision.chat_template import read_gguf
     from gateway.decision.prompts import PromptBuilder
     from gateway.engine import Engine
@@ -97,7 +116,7 @@ async def score_all(items, model: str, threads: int, methods: tuple[str, ...], l
         memory = pipeline.Memory()
         t0 = time.perf_counter()
         for k, item in enumerate(items, start=1):
-            parsed = jev.parse_request(item.body)
+            parsed = schema.parse_request(item.body)
             decided = await pipeline.decide(parsed, eng, settings, memory)
             out += answers_of(parsed, decided, item.gold, item.id)
             if k % 10 == 0 or k == len(items):
@@ -105,7 +124,7 @@ async def score_all(items, model: str, threads: int, methods: tuple[str, ...], l
     return out
 
 
-def table(result) -> str:
+def table(result: Fit) -> str:
     lines = [
         "| questions | n | map | ECE before -> after | Brier before -> after | NLL before -> after | accuracy |",
         "|---|---|---|---|---|---|---|",
@@ -120,11 +139,12 @@ def table(result) -> str:
     return "\n".join(lines)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     import anyio
 
-    from gateway.cli.serve import DEFAULT_MODEL_DEBIAS
-    from gateway.decision import calibration, debias, evalset
+    from gateway.cli.config import DEFAULT_MODEL_DEBIAS
+    from gateway.decision import calibration, debias
+    from gateway.lab import evalset
 
     if args.data and _is_decision_log(args.data):
         return _fit_and_write(args, *_log_answers(args))
@@ -156,7 +176,7 @@ def run(args) -> int:
     if args.limit:
         items = items[: args.limit]
     source = args.data or (
-        f"the generated evaluation set (gateway.decision.evalset, seed {evalset.SEED}"
+        f"the generated evaluation set (gateway.lab.evalset, seed {evalset.SEED}"
         + (f", scale {args.scale})" if args.scale > 1 else ")")
     )
     print(
@@ -171,7 +191,7 @@ def _is_decision_log(path: str) -> bool:
     """Whether ``path``'s first non-empty line is a decision-log line (``serve --log-decisions``)."""
     import orjson
 
-    from gateway.decision.decision_log import is_log_line
+    from gateway.lab.logged_answers import is_log_line
 
     try:
         with open(path, "rb") as f:
@@ -181,11 +201,11 @@ def _is_decision_log(path: str) -> bool:
         return False  # read_jsonl reports it
 
 
-def _log_answers(args):
+def _log_answers(args: argparse.Namespace) -> tuple[list[Answer], str, str, tuple[str, ...], str]:
     """``(answers, model name, model sha256, x_debias, source)`` from a judged decision log (no scoring:
     the log holds the uncalibrated probabilities). Exits 1 naming the line for a log that cannot be fitted."""
     from gateway.decision import calibration
-    from gateway.decision.decision_log import DecisionLogError, read_answers
+    from gateway.lab.logged_answers import DecisionLogError, read_answers
 
     try:
         answers, config = read_answers(args.data)
@@ -208,16 +228,19 @@ def _log_answers(args):
     return answers, str(config.get("model") or "model"), sha, methods, f"decision log {args.data}"
 
 
-def _fit_and_write(args, answers, model_name: str, sha: str, methods, source: str) -> int:
+def _fit_and_write(
+    args: argparse.Namespace, answers: list[Answer], model_name: str, sha: str, methods: Sequence[str], source: str
+) -> int:
     """Fit, print the held-out table and the reliability diagrams, write the file (and the PNG)."""
     from gateway.decision import calibration
+    from gateway.lab import calibration_fit, reliability
 
     try:
-        result = calibration.fit(answers, k=args.folds, seed=args.seed)
+        result = calibration_fit.fit(answers, k=args.folds, seed=args.seed)
     except ValueError as exc:
         print(f"serveproto calibrate: {exc}", file=sys.stderr)
         return 1
-    doc = calibration.document(result, model_name, sha, methods, source)
+    doc = calibration_fit.document(result, model_name, sha, methods, source)
     out = Path(args.out) if args.out else calibration.default_path(sha)
     out.parent.mkdir(parents=True, exist_ok=True)
     import orjson
@@ -225,12 +248,12 @@ def _fit_and_write(args, answers, model_name: str, sha: str, methods, source: st
     out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
     before, after, gold = result.pooled
     print(f"\nheld out ({result.folds}-fold cross-validation over requests):\n{table(result)}\n")
-    print("before:\n" + calibration.reliability_text(before, gold))
-    print("after:\n" + calibration.reliability_text(after, gold))
+    print("before:\n" + reliability.reliability_text(before, gold))
+    print("after:\n" + reliability.reliability_text(after, gold))
     png = args.png if args.png is not None else str(out.with_suffix(".png"))
     if png != "none":
         try:
-            calibration.reliability_png(
+            reliability.reliability_png(
                 (before, gold), (after, gold), png, f"{model_name}\nx_debias {','.join(methods) or 'none'}, held out"
             )
             print(f"\nreliability diagram: {png}")

@@ -10,9 +10,12 @@ side and the arithmetic are in :mod:`gateway.cli.chat_client`.
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from gateway.cli.chat_client import (
     Client,
@@ -22,6 +25,12 @@ from gateway.cli.chat_client import (
     conversation_text,
     parse_options,
 )
+
+if TYPE_CHECKING:  # imported lazily where used, so that other sub-commands start fast
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.completion import CompleteEvent, Completer, Completion
+    from prompt_toolkit.document import Document
+    from rich.console import Console, Group
 
 #: The commands TAB completes, with the one-line help shown beside them.
 COMMANDS = {
@@ -37,7 +46,7 @@ COMMANDS = {
 BAR_WIDTH = 26
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``chat`` on the ``serveproto`` sub-command parser ``sub``."""
     p = sub.add_parser(
         "chat",
@@ -59,7 +68,7 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     """Entry point of ``serveproto chat``; returns the exit status.
 
     Ctrl-C cancels a request (a ``KeyboardInterrupt``), so SIGINT gets Python's
@@ -75,13 +84,13 @@ def run(args) -> int:
     return ChatSession(client, model=args.model, max_tokens=args.max_tokens).loop()
 
 
-def command_completer():
+def command_completer() -> Completer:
     """A prompt_toolkit completer of the first word when it starts with ``/`` or ``:``
     (the :data:`COMMANDS`); imported lazily so other sub-commands start fast."""
     from prompt_toolkit.completion import Completer, Completion
 
     class CommandCompleter(Completer):
-        def get_completions(self, document, complete_event):
+        def get_completions(self, document: Document, complete_event: CompleteEvent) -> Iterator[Completion]:
             text = document.text_before_cursor
             if not text or text[0] not in "/:" or " " in text:
                 return
@@ -97,7 +106,7 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f}s"
 
 
-def render_decision(decision: Decision, width: int = BAR_WIDTH):
+def render_decision(decision: Decision, width: int = BAR_WIDTH) -> Group:
     """The answer as rich renderables: a header, one bar per option (most likely
     first, ties in the request's order), the winner with its entropy and reading,
     and the time and token counts. Returns a ``rich.console.Group``."""
@@ -141,14 +150,16 @@ class ChatSession:
     ``options``: the System One labels, or ``None`` in chat mode.
     """
 
-    def __init__(self, client: Client, model: str | None = None, max_tokens: int = 256, console=None):
+    def __init__(
+        self, client: Client, model: str | None = None, max_tokens: int = 256, console: Console | None = None
+    ) -> None:
         from rich.console import Console
 
         self.client = client
         self.model = model
         self.max_tokens = max_tokens
         self.console = console or Console(highlight=False)
-        self.messages: list[dict] = []
+        self.messages: list[dict[str, Any]] = []
         self.options: tuple[str, ...] | None = None
         #: requests that failed in this session (each reported once, as it happened)
         self.failures = 0
@@ -183,7 +194,9 @@ class ChatSession:
                 if not self.handle(line):
                     break
             return 1 if self.failures else 0
-        session = PromptSession(history=InMemoryHistory(), completer=command_completer(), complete_while_typing=False)
+        session: PromptSession[str] = PromptSession(
+            history=InMemoryHistory(), completer=command_completer(), complete_while_typing=False
+        )
         while True:
             prompt = "◆ › " if self.options else "› "
             try:

@@ -17,6 +17,7 @@ import time
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 #: The question id used for the one ``choice`` a terminal question becomes.
 QUESTION_ID = "decision"
@@ -108,7 +109,7 @@ def entropy_reading(h: float) -> str:
     return "does not know"
 
 
-def conversation_text(messages: Sequence[dict]) -> str:
+def conversation_text(messages: Sequence[dict[str, Any]]) -> str:
     """The conversation as the System One ``state``: one ``Role: content`` block per turn.
 
     ``messages`` are OpenAI-style ``{"role", "content"}`` dicts; the result is
@@ -117,14 +118,14 @@ def conversation_text(messages: Sequence[dict]) -> str:
     return "\n".join(f"{m['role'].capitalize()}: {m['content']}" for m in messages)
 
 
-def choice_request(state: str, question: str, options: Sequence[str], model: str | None = None) -> dict:
+def choice_request(state: str, question: str, options: Sequence[str], model: str | None = None) -> dict[str, Any]:
     """The ``POST /v1/systemone`` body asking ``question`` as one ``choice``.
 
     The labels are the ``criteria`` keys (descriptions null), in the given
     order; the options are never written into the state (seed: "Do not put the
     options in the state").
     """
-    body: dict = {
+    body: dict[str, Any] = {
         "state": state,
         "questions": {
             QUESTION_ID: {
@@ -163,7 +164,7 @@ class Decision:
     model: str
 
     @classmethod
-    def from_reply(cls, reply: dict, options: Sequence[str], seconds: float) -> Decision:
+    def from_reply(cls, reply: dict[str, Any], options: Sequence[str], seconds: float) -> Decision:
         """Read a ``/v1/systemone`` reply body for the question :data:`QUESTION_ID`.
 
         Raises :class:`ServerError` (status 200) when the body lacks the
@@ -281,7 +282,9 @@ class Client:
         cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
         return cls(self.host, self.port, timeout=self.timeout)
 
-    def _open(self, method: str, path: str, body: dict | None):
+    def _open(
+        self, method: str, path: str, body: dict[str, Any] | None
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """Send one request; return ``(connection, response)`` for a 2xx, else raise.
 
         A 429/503 carrying ``Retry-After`` (seconds, at most
@@ -296,7 +299,9 @@ class Client:
                 time.sleep(busy.delay)
         raise AssertionError("unreachable")
 
-    def _open_once(self, method: str, path: str, body: dict | None):
+    def _open_once(
+        self, method: str, path: str, body: dict[str, Any] | None
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         headers = {"Accept": "application/json, text/event-stream"}
         data = None
         if body is not None:
@@ -329,7 +334,7 @@ class Client:
             raise error
         return conn, resp
 
-    def _json(self, method: str, path: str, body: dict | None = None) -> dict:
+    def _json(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         conn, resp = self._open(method, path, body)
         try:
             raw = resp.read()
@@ -338,7 +343,8 @@ class Client:
         finally:
             conn.close()
         try:
-            return json.loads(raw)
+            reply: dict[str, Any] = json.loads(raw)
+            return reply
         except ValueError:
             raise ServerError(resp.status, "the reply is not JSON") from None
 
@@ -351,14 +357,14 @@ class Client:
         return [i for i in ids if isinstance(i, str)]
 
     def chat_stream(
-        self, messages: Sequence[dict], model: str | None = None, max_tokens: int | None = None
+        self, messages: Sequence[dict[str, Any]], model: str | None = None, max_tokens: int | None = None
     ) -> Iterator[str]:
         """``POST /v1/chat/completions`` with ``stream: true``; yields text deltas as they arrive.
 
         Reads the SSE ``data: {...}`` lines up to ``data: [DONE]``. Raises
         :class:`ServerError` for a non-2xx reply, an ``error`` event or a cut stream.
         """
-        body: dict = {"messages": list(messages), "stream": True}
+        body: dict[str, Any] = {"messages": list(messages), "stream": True}
         if model:
             body["model"] = model
         if max_tokens is not None:

@@ -16,12 +16,19 @@ import math
 import shlex
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 import attrs
 
-from gateway.engine.score import NORMALIZE
+from gateway.decision.arithmetic import NORMALIZE, probabilities
+
+if TYPE_CHECKING:
+    from gateway.engine.api import Engine, RequestStream, ScoreResult
+
+#: A drive command, ready to run (in the foreground or in the background).
+Run = Callable[[], Awaitable[None]]
 
 #: Printed by ``help`` in a drive session.
 DRIVE_HELP = """\
@@ -45,7 +52,7 @@ class _UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         raise _UsageError(f"{self.prog}: {message}")
 
 
@@ -61,7 +68,7 @@ def _num(x: float | None) -> str:
     return "nan" if math.isnan(x) else format(x, ".9g")
 
 
-def describe(ev) -> str:
+def describe(ev: Any) -> str:
     """One readable line for a reply event (``Accept``, ``Echo``, ``Data``, ...)."""
     kind = type(ev).__name__.upper()
     rid = getattr(ev, "id", None)
@@ -99,15 +106,15 @@ def describe(ev) -> str:
     return f"{head} {ev!r}"
 
 
-def score_table(result, normalize: str = "sum") -> list[str]:
+def score_table(result: ScoreResult, normalize: str = "sum") -> list[str]:
     """Lines of a ScoreResult: per group, each option's tokens, logprob and probability.
 
-    The probabilities are :meth:`gateway.engine.ScoreResult.probabilities` (the server's
+    The probabilities are :func:`gateway.decision.arithmetic.probabilities` (the server's
     arithmetic); raises its ``ValueError`` for an unusable option (no token, a non-finite logprob).
     """
     lines = []
     for gi, row in enumerate(result.groups):
-        probs = result.probabilities(gi, normalize)
+        probs = probabilities(result, gi, normalize)
         width = max(8, *(len(repr(o.option)) for o in row))
         if len(result.groups) > 1:
             lines.append(f"group {gi}")
@@ -136,14 +143,18 @@ class DriveSession:
     """
 
     def __init__(
-        self, engine, out: Callable[[str], None], read_line: Callable[[], anyio.abc.Awaitable[str]], tg
+        self,
+        engine: Engine,
+        out: Callable[[str], None],
+        read_line: Callable[[], Awaitable[str]],
+        tg: anyio.abc.TaskGroup,
     ) -> None:
         self.eng = engine
         self.out = out
         self.read_line = read_line
         self.tg = tg
         #: Requests running now, by id (for ``cancel ID``).
-        self.running: dict[int, object] = {}
+        self.running: dict[int | None, RequestStream] = {}
         self._background_count = 0
         self._foreground: anyio.CancelScope | None = None
         self._change = anyio.Event()
@@ -191,7 +202,7 @@ class DriveSession:
         self._foreground.cancel()
         return True
 
-    async def _guarded(self, fn) -> None:
+    async def _guarded(self, fn: Run) -> None:
         from gateway.engine import EngineError, RequestError
 
         try:
@@ -205,7 +216,7 @@ class DriveSession:
         except Exception as exc:  # a typed-in frame the protocol layer refuses
             self.out(f"error ({type(exc).__name__}): {exc}")
 
-    async def _background(self, fn) -> None:
+    async def _background(self, fn: Run) -> None:
         if self._background_count == 0:
             self._idle = anyio.Event()
         self._background_count += 1
@@ -223,7 +234,7 @@ class DriveSession:
 
     # -------------------------------------------------------- commands
 
-    def _command(self, word: str, args: list[str]):
+    def _command(self, word: str, args: list[str]) -> Run | None:
         eng = self.eng
         if word == "help":
             return self._say(DRIVE_HELP.rstrip())
@@ -238,7 +249,7 @@ class DriveSession:
             return self.wait
         if word == "ping":
 
-            async def ping():
+            async def ping() -> None:
                 values = await eng.ping()
                 self.out("PONG     " + " ".join(f"{k}={v}" for k, v in values.items()))
 
@@ -290,7 +301,7 @@ class DriveSession:
             p.add_argument("--normalize", choices=NORMALIZE, default="sum")
             a = p.parse_args(args)
 
-            async def score():
+            async def score() -> None:
                 r = await eng.score(
                     a.prefix, [(a.stem, a.options)], pin=a.pin, slot=a.slot, fast=False if a.fallback else None
                 )
@@ -304,7 +315,7 @@ class DriveSession:
             a = p.parse_args(args)
             slot, record = _slot_and_text(a.words, "decide")
 
-            async def decide():
+            async def decide() -> None:
                 decision, done = await eng.decide(record, slot=slot or 0)
                 self.out("DECISION " + json.dumps(decision, ensure_ascii=False))
                 self.out(describe(done))
@@ -312,14 +323,14 @@ class DriveSession:
             return decide
         raise _UsageError(f"unknown command {word!r}; try 'help'")
 
-    def _say(self, text: str):
-        async def say():
+    def _say(self, text: str) -> Run:
+        async def say() -> None:
             self.out(text)
 
         return say
 
-    def _stream(self, make_stream):
-        async def run():
+    def _stream(self, make_stream: Callable[[], RequestStream]) -> Run:
+        async def run() -> None:
             stream = make_stream()
             try:
                 async with stream:
@@ -338,8 +349,8 @@ class DriveSession:
         self._change.set()
         self._change = anyio.Event()
 
-    def _cancel(self, rid: int):
-        async def cancel():
+    def _cancel(self, rid: int) -> Run:
+        async def cancel() -> None:
             # A request started in the background may not have its id yet: wait
             # until it shows up, or until no background command is left.
             while rid not in self.running and self._background_count:
@@ -353,7 +364,7 @@ class DriveSession:
 
         return cancel
 
-    async def _raw_frame(self, line: str):
+    async def _raw_frame(self, line: str) -> Run | None:
         """A request frame typed as on the wire; its payload (if any) is read next."""
         from gateway.cli.drive_frames import read_frame
 
@@ -375,19 +386,19 @@ class DriveSession:
             return None
         slot = getattr(event, "slot", None)
 
-        def make(rid, slot_no):
+        def make(rid: int, slot_no: int) -> Any:
             changes = {"id": rid}
             if slot is not None:
                 changes["slot"] = slot_no
             return attrs.evolve(event, **changes)
 
-        def open_stream():
+        def open_stream() -> RequestStream:
             s = eng.request(make, slot=slot, slotless=slot is None)
             return s
 
         run = self._stream(open_stream)
 
-        async def announce():
+        async def announce() -> None:
             self.out(f"(sent {kind.upper()} with a fresh id; typed id {event.id})")
             await run()
 
@@ -405,7 +416,7 @@ def _slot_and_text(words: list[str], prog: str) -> tuple[int | None, str]:
     raise _UsageError(f"{prog}: expected [SLOT] TEXT (quote the text), got {words!r}")
 
 
-async def _drive(args) -> int:
+async def _drive(args: argparse.Namespace) -> int:
     from gateway.engine import Engine, EngineError
 
     def out(text: str) -> None:
@@ -428,7 +439,7 @@ async def _drive(args) -> int:
             async with anyio.create_task_group() as tg:
                 session = DriveSession(eng, out, read_line, tg)
 
-                async def on_sigint():
+                async def on_sigint() -> None:
                     with anyio.open_signal_receiver(signal.SIGINT) as signals:
                         async for _ in signals:
                             if not session.interrupt():
@@ -455,8 +466,8 @@ async def _drive(args) -> int:
 # ---------------------------------------------------------------- score
 
 
-def _engine_cmd(args) -> list[str]:
-    from gateway.cli.serve import default_model_or_exit, engine_or_exit
+def _engine_cmd(args: argparse.Namespace) -> list[str]:
+    from gateway.cli.plan import default_model_or_exit, engine_or_exit
 
     if args.engine:
         return shlex.split(args.engine)
@@ -464,7 +475,7 @@ def _engine_cmd(args) -> list[str]:
     return [str(engine_or_exit("serveproto score", "serveproto-llama")), "--model", model]
 
 
-async def _score(args) -> int:
+async def _score(args: argparse.Namespace) -> int:
     from gateway.engine import Engine, EngineError, RequestError
 
     cmd = _engine_cmd(args)
@@ -488,14 +499,14 @@ async def _score(args) -> int:
     return 0
 
 
-def score_lines(result, normalize: str = "sum", *, as_json: bool = False) -> list[str]:
+def score_lines(result: ScoreResult, normalize: str = "sum", *, as_json: bool = False) -> list[str]:
     """What ``serveproto score`` prints for a one-group ScoreResult: :func:`score_table`, or one JSON
     line (``options``: option, tokens, context_tokens, logprob, logprobs, probability; ``normalize``,
-    ``fast``, ``computed``, ``reused``). Raises ``ValueError`` as :meth:`ScoreResult.probabilities`."""
+    ``fast``, ``computed``, ``reused``). Raises ``ValueError`` as :func:`gateway.decision.arithmetic.probabilities`."""
     if not as_json:
         return score_table(result, normalize)
     row = result.groups[0]
-    probs = result.probabilities(0, normalize)
+    probs = probabilities(result, 0, normalize)
     return [
         json.dumps(
             {
@@ -543,7 +554,7 @@ example:
 """
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``drive`` and ``score`` on the ``serveproto`` sub-command parser."""
     p = sub.add_parser(
         "drive",
@@ -602,7 +613,7 @@ def add_parsers(sub) -> None:
     s.set_defaults(func=_run_score)
 
 
-def _run_drive(args) -> int:
+def _run_drive(args: argparse.Namespace) -> int:
     if args.cmd and args.cmd[0] == "--":
         args.cmd = args.cmd[1:]
     if not args.cmd:
@@ -615,7 +626,7 @@ def _run_drive(args) -> int:
     return anyio.run(_drive, args)
 
 
-def _run_score(args) -> int:
+def _run_score(args: argparse.Namespace) -> int:
     _setup_logging()
     return anyio.run(_score, args)
 

@@ -8,6 +8,7 @@ engine would accept it, and the supervisor then sends the resulting event.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import serveproto
 from serveproto import Caps, EngineConnection, Ready, Stat
@@ -26,7 +27,7 @@ def request_parser() -> EngineConnection:
     return conn
 
 
-async def read_frame(first_line: str, more: Callable[[], Awaitable[str]]):
+async def read_frame(first_line: str, more: Callable[[], Awaitable[str]]) -> Any:
     """Parse one typed request frame: ``first_line``, then its payload from ``more()``.
 
     ``more`` returns the next typed line (with its ``\\n``), ``""`` at end of

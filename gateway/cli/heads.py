@@ -7,7 +7,7 @@ logprob reading, whose one prompt a head is served on), with the hidden state of
 (default: two thirds of the model's depth) at each question's prompt end read in the same
 SCORE. The questions are grouped by signature (:func:`gateway.decision.heads.signature`: type,
 instructions, options); each signature with at least ``--min-labels`` labels gets a head
-(:func:`gateway.decision.head_fit.fit`), written to
+(:func:`gateway.lab.head_fit.fit`), written to
 ``$SERVEPROTO_CACHE/heads/<model sha256>.json`` (``serve`` loads it for that model).
 
 Printed per signature, held out by request (``--folds`` folds: a head fitted on the others,
@@ -20,11 +20,18 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from gateway.paths import default_model_path
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from gateway.lab.evalset import Labelled
 
 #: The help text (the module docstring is for readers of the code: it cites functions).
 HELP = """\
@@ -45,7 +52,7 @@ against the answers as served. A fit that gets no head writes nothing and exits 
 """
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "heads",
         help="trained heads: one per recurring question (fit them on labelled requests)",
@@ -83,12 +90,19 @@ def default_layer(n_layer: int) -> int:
     return max(0, round(2 * n_layer / 3) - 1)
 
 
-async def read_all(items, model: str, threads: int, methods, layer: int | None, log=print):
+async def read_all(
+    items: Sequence[Labelled],
+    model: str,
+    threads: int,
+    methods: tuple[str, ...],
+    layer: int | None,
+    log: Callable[[str], None] = print,
+) -> tuple[int, list[tuple[Any, ...]]]:
     """``(layer, rows)``: per labelled question ``(signature, name, k, hidden, served probs, gold, request id)``."""
     import anyio
 
-    from gateway.cli.serve import engine_or_exit
-    from gateway.decision import heads, jev, pipeline
+    from gateway.cli.plan import engine_or_exit
+    from gateway.decision import heads, pipeline, schema
     from gateway.decision.chat_template import read_gguf
     from gateway.decision.prompts import PromptBuilder
     from gateway.engine import Engine
@@ -107,7 +121,7 @@ async def read_all(items, model: str, threads: int, methods, layer: int | None, 
         memory = pipeline.Memory()
         t0 = time.perf_counter()
         for n, item in enumerate(items, start=1):
-            parsed = jev.parse_request(item.body)
+            parsed = schema.parse_request(item.body)
             decided = await pipeline.decide(parsed, eng, settings, memory)
             for q in parsed.questions:
                 if q.id in item.gold and q.n_options > 1 and layer in decided.hidden.get(q.id, {}):
@@ -128,11 +142,11 @@ async def read_all(items, model: str, threads: int, methods, layer: int | None, 
     return layer, rows
 
 
-def held_out(X, y, k: int, ids: list[str], folds: int, seed: int):
+def held_out(X: np.ndarray, y: np.ndarray, k: int, ids: list[str], folds: int, seed: int) -> np.ndarray:
     """Out-of-fold probabilities ``(n, k)`` of heads fitted on the other folds (by request)."""
     import numpy as np
 
-    from gateway.decision import head_fit
+    from gateway.lab import head_fit
 
     f = head_fit._folds(ids, min(folds, len(set(ids))), seed)
     P = np.zeros((len(y), k))
@@ -143,11 +157,12 @@ def held_out(X, y, k: int, ids: list[str], folds: int, seed: int):
     return P
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     import anyio
     import numpy as np
 
-    from gateway.decision import calibration, debias, evalset, evaluation, head_fit, heads
+    from gateway.decision import calibration, debias, heads
+    from gateway.lab import evalset, evaluation, head_fit
 
     model = args.model or str(default_model_path())
     if not Path(model).exists():
@@ -167,7 +182,7 @@ def run(args) -> int:
         items = items[: args.limit]
     print(f"serveproto heads: {len(items)} labelled requests; x_debias {','.join(methods) or 'none'}", flush=True)
     layer, rows = anyio.run(read_all, items, model, args.threads, methods, args.layer, lambda s: print(s, flush=True))
-    by_sig: dict[str, list] = {}
+    by_sig: dict[str, list[tuple[Any, ...]]] = {}
     for r in rows:
         by_sig.setdefault(r[0], []).append(r)
     sha = calibration.sha256_file(model)

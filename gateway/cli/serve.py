@@ -14,6 +14,9 @@ model (each under its own supervisor); ``--model NAME=PATH``, repeatable,
 serves several models, the first the default. Once listening it prints one
 line, ``serveproto: serving <model> on http://<host>:<port>`` (with several
 engines, one line per model first).
+
+The flags are read once into a :class:`gateway.cli.config.ServeConfig`, passed
+whole from there; the engines' commands are planned by :mod:`gateway.cli.plan`.
 """
 
 from __future__ import annotations
@@ -22,20 +25,35 @@ import argparse
 import logging
 import os
 import re
-import shlex
-import subprocess
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
-from gateway.engine.build import ENGINES, EngineBuildError, ensure_engine
+from gateway.cli import config, plan
+from gateway.cli.config import KEEP_RESTARTING_BACKOFF_MAX, int_at_least
+from gateway.cli.plan import THREADS_ENV
+from gateway.engine.build import ENGINES
 from gateway.engine.errors import EngineError
-from gateway.paths import default_model_path
-from gateway.server.auth import API_KEY_ENV, key_from_env
+from gateway.engine.options import RestartPolicy
+from gateway.server.auth import API_KEY_ENV
 
-#: Environment variable giving the llama engine's thread count when --threads is not given.
-THREADS_ENV = "SERVEPROTO_THREADS"
+if TYPE_CHECKING:
+    from anyio import CancelScope
+    from anyio.abc import TaskStatus
+
+    from gateway.decision.calibration import Calibration
+    from gateway.decision.decision_log import DecisionLog
+    from gateway.decision.heads import HeadSet
+    from gateway.engine.api import Engine
+    from gateway.engine.pool import Pool
+    from gateway.http import HTTPServer
+    from gateway.server.app import App
+    from gateway.server.fleet import Served
+
+T = TypeVar("T")
 
 
 SERVE_HELP = """\
@@ -87,11 +105,13 @@ class EngineGaveUp(Exception):
 
 #: Seconds the server gives the requests in flight to be answered after the engine's supervisor gave up.
 GIVE_UP_DRAIN = 10.0
-#: The cap of the restart backoff with ``--keep-restarting`` (seconds): a broken engine is retried this often.
-KEEP_RESTARTING_BACKOFF_MAX = 30.0
+
+_positive_int = int_at_least(1)
+_non_negative_int = int_at_least(0)
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``serve`` sub-command and its flags, in the order ``--help`` lists them."""
     p = sub.add_parser(
         "serve",
         help="start the decision server (POST /v1/systemone and the OpenAI routes)",
@@ -128,6 +148,27 @@ def add_parsers(sub) -> None:
     p.add_argument(
         "--api-key", default=None, help=f"required bearer key (default ${API_KEY_ENV}; none: any key passes)"
     )
+    _add_llama_flags(p)
+    _add_device_flags(p)
+    _add_decision_flags(p)
+    _add_supervision_flags(p)
+    p.add_argument(
+        "--max-inflight", type=int, default=256, help="POST requests served at once (503 + Retry-After above)"
+    )
+    p.add_argument("--max-body", type=int, default=16 << 20, help="largest request body in bytes (413 above)")
+    p.add_argument("--log-level", default="INFO", help="logging level (INFO logs one JSON line per request)")
+    p.add_argument(
+        "--engine",
+        nargs=argparse.REMAINDER,
+        default=None,
+        help="the engine command and its arguments (everything after --engine); a bare "
+        f"{', '.join(ENGINES)} is the project's engine (built on first use when installed)",
+    )
+    p.set_defaults(func=run)
+
+
+def _add_llama_flags(p: argparse.ArgumentParser) -> None:
+    """The llama engine's flags (``gateway.cli.config.LlamaOptions``)."""
     p.add_argument(
         "--slots",
         type=_positive_int,
@@ -201,6 +242,10 @@ def add_parsers(sub) -> None:
         action="store_true",
         help="read --cache-dir, never write it (replicas sharing a folder another server fills)",
     )
+
+
+def _add_device_flags(p: argparse.ArgumentParser) -> None:
+    """One model over several devices: llama.cpp's placement flags, passed through (docs/devices.md)."""
     dev = p.add_argument_group(
         "one model over several devices (the llama engine; llama.cpp's own options, passed through: docs/devices.md)"
     )
@@ -237,6 +282,10 @@ def add_parsers(sub) -> None:
         metavar="N",
         help="the device index used with --split-mode none (and for intermediate results with row)",
     )
+
+
+def _add_decision_flags(p: argparse.ArgumentParser) -> None:
+    """How questions are answered and recorded (``gateway.cli.config.DecisionConfig``)."""
     p.add_argument(
         "--debias",
         type=_debias_methods,
@@ -281,6 +330,10 @@ def add_parsers(sub) -> None:
         help="with --log-decisions: refuse (503 naming the log) a request whose lines cannot be "
         "written, instead of answering it unlogged",
     )
+
+
+def _add_supervision_flags(p: argparse.ArgumentParser) -> None:
+    """The engine call's timeout and the supervisor's (``gateway.engine.options.EngineOptions``)."""
     # 600 s: a choice of 255 described labels (about 3,900 tokens) takes 1 to 3 minutes on 2 busy cores under the
     # default correction; a hung engine is caught by the watchdog's PING, not by this
     p.add_argument(
@@ -321,19 +374,6 @@ def add_parsers(sub) -> None:
         help="never give up on the engine: restart it for as long as the server runs, the backoff "
         f"doubling from 0.1 s to {KEEP_RESTARTING_BACKOFF_MAX:g} s",
     )
-    p.add_argument(
-        "--max-inflight", type=int, default=256, help="POST requests served at once (503 + Retry-After above)"
-    )
-    p.add_argument("--max-body", type=int, default=16 << 20, help="largest request body in bytes (413 above)")
-    p.add_argument("--log-level", default="INFO", help="logging level (INFO logs one JSON line per request)")
-    p.add_argument(
-        "--engine",
-        nargs=argparse.REMAINDER,
-        default=None,
-        help="the engine command and its arguments (everything after --engine); a bare "
-        f"{', '.join(ENGINES)} is the project's engine (built on first use when installed)",
-    )
-    p.set_defaults(func=run)
 
 
 #: A model's name in ``--model NAME=PATH``: what a request's ``model`` field names (no '/', so a path is a path).
@@ -359,7 +399,13 @@ class _ModelArg(argparse.Action):
     ``args.model`` is the first PATH (the default model). Two models under one name, or two unnamed
     models, are refused naming the flag."""
 
-    def __call__(self, parser, namespace, values, option_string=None):
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         try:
             name, path = parse_model_arg(values)
         except argparse.ArgumentTypeError as exc:
@@ -384,25 +430,6 @@ def _gpu_list(text: str) -> tuple[str, ...]:
     if not ids or any(not x or not re.fullmatch(r"[A-Za-z0-9-]+", x) for x in ids):
         raise argparse.ArgumentTypeError(f"must be comma-separated CUDA device ids (0,1) or 'none', got {text!r}")
     return ids
-
-
-def _int_at_least(low: int):
-    """An argparse ``type``: an integer ``>= low``, else ``ArgumentTypeError`` saying so."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
-        return value
-
-    return parse
-
-
-_positive_int = _int_at_least(1)
-_non_negative_int = _int_at_least(0)
 
 
 def _positive_float(text: str) -> float:
@@ -468,23 +495,9 @@ def _precision(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-#: ``--debias`` on the default model when not given. ``bench/quality.py`` (400 labelled questions, bench/README.md):
-#: accuracy 0.472 against 0.439 raw, 0.440 with the earlier default (canonical,content_free) and 0.406 for the
-#: letter read-out of llama-server-based peers; ECE 0.094 (0.178 the peers'); no answer changes with the order
-#: of a choice's labels (the prompt is the same); a new question on a known state and known options reads the
-#: positions ``none`` reads (the content-free reading is one per set of options, not one per question).
-DEFAULT_MODEL_DEBIAS = ("canonical", "spellings", "content_free_listing")
-
-
-def default_debias(args) -> tuple[str, ...]:
-    """The server's default ``x_debias``: ``--debias`` when given, else :data:`DEFAULT_MODEL_DEBIAS` when
-    serving the default model (neither ``--model`` nor ``--engine``), else none."""
-    if args.debias is not None:
-        return args.debias
-    return DEFAULT_MODEL_DEBIAS if not args.model and not args.engine else ()
-
-
-def load_calibration(choice: str | None, model_path: str | None, *, say=None):
+def load_calibration(
+    choice: str | None, model_path: str | None, *, say: Callable[[str], None] | None = None
+) -> Calibration | None:
     """The calibration ``serve`` applies: ``choice`` (``--calibration``) ``"none"`` for none, a file, or
     None for the model's own (:func:`gateway.decision.calibration.default_path` of its sha256, when it exists).
 
@@ -497,7 +510,7 @@ def load_calibration(choice: str | None, model_path: str | None, *, say=None):
 
     if choice == "none":
         return None
-    sha = calibration.sha256_file(model_path) if model_path and Path(model_path).exists() else None
+    sha = _model_sha256(model_path)
     if choice is None:
         if sha is None:
             return None
@@ -520,18 +533,24 @@ def load_calibration(choice: str | None, model_path: str | None, *, say=None):
         )
         return None
     path = Path(choice)
-    try:
-        cal = calibration.load(path)
-    except OSError as exc:
-        raise SystemExit(f"serveproto serve: --calibration: cannot read {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise SystemExit(f"serveproto serve: --calibration: {exc}") from None
+    cal = _load_or_exit("--calibration", calibration.load, path)
     if sha is not None and cal.model_sha256 != sha:
         raise SystemExit(
             f"serveproto serve: --calibration: {path} was fitted on another model file "
             f"(sha256 {cal.model_sha256[:12]}..., the served model's is {sha[:12]}...)"
         )
     return cal
+
+
+def _load_or_exit(flag: str, load: Callable[[Path], T], path: Path, shown: str | None = None) -> T:
+    """``load(path)`` for the file ``flag`` names; one that cannot be read or does not validate ends
+    ``serve`` with one line naming the flag and the file (as ``shown``, default ``path``): ``SystemExit``."""
+    try:
+        return load(path)
+    except OSError as exc:
+        raise SystemExit(f"serveproto serve: {flag}: cannot read {shown or path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise SystemExit(f"serveproto serve: {flag}: {exc}") from None
 
 
 def _say_stderr(line: str) -> None:
@@ -548,218 +567,22 @@ def _threads(value: str) -> int | str:
         raise argparse.ArgumentTypeError(f"{exc} (give an integer >= 1, or auto)") from None
 
 
-def default_threads(threads: int | str | None, environ=os.environ) -> int | str:
-    """The llama engine's threads: ``threads`` when given, else ``$SERVEPROTO_THREADS``, else ``"auto"``:
-    the engine starts on every core it may run on and drops a thread while its decodes get less CPU
-    time than their threads x wall time, something else wanting the cores, then tries one more
-    again (engines/llama/threads.c; spec/llama-engine.md, "Threads").
-
-    Raises ``SystemExit`` naming ``SERVEPROTO_THREADS`` when it is set but not an integer >= 1.
-    """
-    if threads is not None:
-        return threads
-    env = environ.get(THREADS_ENV, "").strip()
-    if env:
-        try:
-            return _positive_int(env)
-        except argparse.ArgumentTypeError as exc:
-            raise SystemExit(f"serveproto serve: {THREADS_ENV}: {exc}") from None
-    return "auto"
-
-
-def engine_argv(args, model: str | None = None, threads: int | str | None = None) -> tuple[list[str], str | None]:
-    """The engine's argv and the GGUF whose chat template the prompts use (None: ChatML): the llama
-    engine on ``model`` (default ``args.model``, else the default model) with ``threads`` (default
-    :func:`default_threads` of ``args.threads``), or ``--engine``'s command."""
-    if args.engine:
-        if args.precision != "native":
-            raise SystemExit(
-                "serveproto serve: --precision applies to the llama engine; with --engine, give your engine its model"
-            )
-        argv = shlex.split(args.engine[0]) + list(args.engine[1:]) if len(args.engine) == 1 else list(args.engine)
-        if argv and argv[0] in ENGINES:  # one of ours by its bare name: built on first use when installed
-            argv[0] = str(engine_or_exit("serveproto serve", argv[0]))
-        return argv, args.model
-    model = model or args.model
-    if model:
-        if not Path(model).exists():
-            raise SystemExit(f"serveproto serve: model {model} not found (run `make model`, or pass --model PATH)")
-    else:
-        model = str(default_model_or_exit("serveproto serve"))
-    if threads is None:
-        threads = default_threads(args.threads)
-    argv = [str(engine_or_exit("serveproto serve", "serveproto-llama")), "--model", model]
-    for flag, value in (
-        ("--slots", args.slots),
-        ("--ctx", args.ctx),
-        ("--ctx-max", args.ctx_max),
-        ("--threads", threads),
-        ("--numerics", args.numerics),
-        ("--score-cache-mb", args.score_cache_mb),
-        ("--rpc", args.rpc),
-        ("--split-mode", args.split_mode),
-        ("--tensor-split", args.tensor_split),
-        ("--main-gpu", args.main_gpu),
-    ):
-        if value is not None:
-            argv += [flag, str(value)]
-    argv += cache_argv(args)
-    if not os.access(argv[0], os.X_OK):
-        raise SystemExit(f"serveproto serve: {argv[0]} is not built (run `make engines`)")
-    return argv, model
-
-
-def cache_argv(args) -> list[str]:
-    """The llama engine's ``--cache-dir`` flags: ``args.cache_dir`` (``off``: none), else
-    :func:`gateway.paths.persist_dir`. The engine hashes the model file itself at its first lookup
-    (no ``--model-sha256`` from here: a file put in the default model's place is still hashed)."""
-    from gateway.paths import persist_dir
-
-    chosen = args.cache_dir
-    if chosen is not None and chosen.strip().lower() == "off":
-        return []
-    folder = Path(chosen) if chosen else persist_dir()
-    if folder is None:
-        return []
-    out = ["--cache-dir", str(folder)]
-    if args.cache_disk_mb is not None:
-        out += ["--cache-disk-mb", str(args.cache_disk_mb)]
-    if args.cache_read_only:
-        out.append("--cache-read-only")
-    return out
-
-
-def engine_or_exit(who: str, name: str) -> Path:
-    """Engine ``name``'s binary (:func:`gateway.engine.build.ensure_engine`: built on first use
-    outside a clone); a failed build ends the command with one line."""
-    try:
-        return ensure_engine(name)
-    except EngineBuildError as exc:
-        raise SystemExit(f"{who}: {exc}") from None
-
-
-def default_model_or_exit(who: str) -> Path:
-    """The default model, fetched and verified on first use (:mod:`gateway.engine.default_model`,
-    what ``make model`` runs); a failed fetch ends the command with one line."""
-    path = default_model_path()
-    if path.exists():
-        return path
-    from gateway.engine import default_model
-
-    try:
-        return default_model.ensure(path)
-    except default_model.FetchError as exc:
-        raise SystemExit(f"{who}: default model: {exc}") from None
-
-
-@attrs.frozen
-class Planned:
-    """One model of ``serve``: ``name`` (``--model NAME=PATH``'s NAME; None: the engine's CAPS ``model``),
-    ``path`` (the GGUF, for its chat template; None: ChatML) and ``specs``, its engines."""
-
-    name: str | None
-    path: str | None
-    specs: tuple  # of gateway.engine.pool.EngineSpec
-
-
-def cuda_build(binary: str) -> bool:
-    """True when the llama engine ``binary`` was linked against llama.cpp's CUDA backend
-    (``make -C engines all CUDA=1`` leaves ``.llama-cuda`` beside it, engines/llama/llama.mk)."""
-    return (Path(binary).parent / ".llama-cuda").exists()
-
-
-def gpu_devices(args, n_engines: int, binary: str, environ=os.environ) -> tuple[str, ...]:
-    """The CUDA devices the engines get in turn (empty: the environment is left alone): ``--gpus``, else,
-    for several llama engines (``binary``) on a CUDA build, ``$CUDA_VISIBLE_DEVICES`` or every GPU
-    ``nvidia-smi -L`` lists."""
-    if args.gpus is not None:
-        return args.gpus
-    if n_engines < 2 or args.engine or not cuda_build(binary):
-        return ()
-    visible = environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    if visible:
-        return tuple(x.strip() for x in visible.split(",") if x.strip())
-    try:
-        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ()
-    return tuple(str(i) for i, line in enumerate(x for x in listed.splitlines() if x.startswith("GPU ")))
-
-
-def plan_engines(args, environ=os.environ, cpu_count: int | None = None) -> list[Planned]:
-    """Every model ``serve`` starts and its ``--engines`` engine specs (``gateway.engine.pool.EngineSpec``,
-    options empty but ``env``), the first model the default.
-
-    Engines are named ``<model>-<i>`` (one engine alone: the binary's name, as before); each llama engine
-    gets ``--threads`` when given, else :func:`default_threads` (``auto`` for one engine alone; with
-    several, ``$SERVEPROTO_THREADS`` or the cores divided among them, at least 1); with :func:`gpu_devices`, engine ``i`` (counted over every model) gets ``CUDA_VISIBLE_DEVICES``
-    = ``devices[i mod n]``. Raises ``SystemExit`` for several models with ``--engine`` and for a
-    missing model or engine (:func:`engine_argv`).
-    """
-    from gateway.engine.pool import EngineSpec
-
-    models = list(getattr(args, "models", None) or [(None, args.model)])
-    if args.engine and len(models) > 1:
-        raise SystemExit(
-            "serveproto serve: --model NAME=PATH names several models for the llama engine; "
-            "with --engine, give one --model (its chat template) and your engine its model"
-        )
-    n = getattr(args, "engines", 1) or 1
-    total = n * len(models)
-    threads = default_threads(args.threads, environ)
-    if args.threads is None and total > 1:
-        pool = (cpu_count or os.cpu_count() or 1) if threads == "auto" else int(threads)
-        threads = max(1, pool // total)
-    plans, i, devices = [], 0, None
-    for name, path in models:
-        argv, model_path = engine_argv(args, model=path, threads=threads)
-        if devices is None:
-            devices = gpu_devices(args, total, argv[0], environ)
-        label = name or (Path(model_path).stem if model_path else os.path.basename(argv[0]))
-        specs = []
-        for k in range(n):
-            options = {}
-            if devices:
-                options["env"] = {**environ, "CUDA_VISIBLE_DEVICES": devices[i % len(devices)]}
-            ename = os.path.basename(argv[0]) if total == 1 else f"{label}-{k}"
-            specs.append(EngineSpec(ename, argv, options, model=name))
-            i += 1
-        plans.append(Planned(name, model_path, tuple(specs)))
-    return plans
-
-
-def _transcoded_argv(argv: list[str], threads: int | str | None, kind: str) -> list[str]:
-    """``argv`` with its ``--model`` replaced by the model's ``kind`` transcode (f32, f16, bf16; made once:
-    ``gateway.engine.precision``)."""
-    from gateway.engine.precision import ensure_transcode
-
-    i = argv.index("--model") + 1
-    n = default_threads(threads)
-    out = ensure_transcode(argv[i], kind, threads=n if isinstance(n, int) else os.cpu_count() or 1)
-    return argv[:i] + [str(out)] + argv[i + 1 :]
-
-
-def load_heads(choice: str | None, model_path: str | None):
+def load_heads(choice: str | None, model_path: str | None) -> HeadSet | None:
     """The heads ``serve`` answers with (:mod:`gateway.decision.heads`): ``choice`` (``--heads``) ``"none"``
     for none, a file, or None for the model's own (``$SERVEPROTO_CACHE/heads/<sha256>.json`` when it exists).
     A file that cannot be read, does not validate or was fitted on another model file raises ``SystemExit``."""
-    from gateway.decision import calibration, heads
+    from gateway.decision import heads
 
     if choice == "none":
         return None
-    sha = calibration.sha256_file(model_path) if model_path and Path(model_path).exists() else None
+    sha = _model_sha256(model_path)
     if choice is None:
         if sha is None or not heads.default_path(sha).exists():
             return None
         path = heads.default_path(sha)
     else:
         path = Path(choice)
-    try:
-        hs = heads.load(path)
-    except OSError as exc:
-        raise SystemExit(f"serveproto serve: --heads: cannot read {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise SystemExit(f"serveproto serve: --heads: {exc}") from None
+    hs = _load_or_exit("--heads", heads.load, path)
     if sha is not None and hs.model_sha256 != sha:
         raise SystemExit(
             f"serveproto serve: --heads: {path} was fitted on another model file (sha256 {hs.model_sha256[:12]}...)"
@@ -767,7 +590,7 @@ def load_heads(choice: str | None, model_path: str | None):
     return hs
 
 
-def load_calibrations(choice: str | None, paths: list[str | None]) -> list:
+def load_calibrations(choice: str | None, paths: list[str | None]) -> list[Calibration | None]:
     """:func:`load_calibration` for each model of ``paths`` (its GGUF, or None). With several models a
     ``--calibration FILE`` applies to the models it was fitted on (the same sha256) and none to the others;
     it is refused (``SystemExit``) when it fits none of them."""
@@ -775,13 +598,8 @@ def load_calibrations(choice: str | None, paths: list[str | None]) -> list:
         return [load_calibration(choice, p) for p in paths]
     from gateway.decision import calibration
 
-    try:
-        cal = calibration.load(Path(choice))
-    except OSError as exc:
-        raise SystemExit(f"serveproto serve: --calibration: cannot read {choice}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise SystemExit(f"serveproto serve: --calibration: {exc}") from None
-    shas = [calibration.sha256_file(p) if p and Path(p).exists() else None for p in paths]
+    cal = _load_or_exit("--calibration", calibration.load, Path(choice), shown=choice)
+    shas = [_model_sha256(p) for p in paths]
     if cal.model_sha256 not in shas:
         raise SystemExit(
             f"serveproto serve: --calibration: {choice} was fitted on none of the served model files "
@@ -790,118 +608,69 @@ def load_calibrations(choice: str | None, paths: list[str | None]) -> list:
     return [cal if sha == cal.model_sha256 else None for sha in shas]
 
 
-async def serve(args, *, task_status=None) -> None:
+def plan_engines(
+    args: argparse.Namespace, environ: Mapping[str, str] = os.environ, cpu_count: int | None = None
+) -> list[plan.Planned]:
+    """:func:`gateway.cli.plan.plan_engines` on the engines of the parsed command line ``args``."""
+    return plan.plan_engines(config.engines_config(args), environ, cpu_count)
+
+
+def engine_argv(args: argparse.Namespace) -> tuple[list[str], str | None]:
+    """:func:`gateway.cli.plan.engine_argv` of the first model of the parsed command line ``args``."""
+    return plan.engine_argv(config.engines_config(args))
+
+
+async def serve(args: argparse.Namespace, *, task_status: TaskStatus[Any] | None = None) -> None:
+    """``serveproto serve`` on its parsed command line ``args``: the configuration built once
+    (:func:`gateway.cli.config.from_args`), then :func:`serve_config`."""
+    await serve_config(config.from_args(args), task_status=task_status)
+
+
+async def serve_config(cfg: config.ServeConfig, *, task_status: TaskStatus[Any] | None = None) -> None:
     """Start the engines, load each model's description, listen; runs until cancelled."""
     import anyio
 
     from gateway.engine.pool import Pool
-    from gateway.http import HTTPServer, Limits, PortInUse
-    from gateway.server.app import App, ModelInfo
-    from gateway.server.fleet import Served
+    from gateway.http import HTTPServer, PortInUse
+    from gateway.server.app import App
 
-    if getattr(args, "log_decisions_required", False) and not getattr(args, "log_decisions", None):
-        raise SystemExit("serveproto serve: --log-decisions-required: needs --log-decisions FILE")
-    plans = plan_engines(args)
-    api_key = args.api_key or key_from_env()
+    plans = plan.plan_engines(cfg.engines)
     # the port first: a port in use is reported at once, before a model is loaded for nothing
     try:
-        listener = await HTTPServer.bind(args.host, args.port)
+        listener = await HTTPServer.bind(cfg.host, cfg.port)
     except PortInUse:
         raise ListenFailed(
-            f"serveproto: port {args.port} on {args.host} is in use (set PORT=..., e.g. PORT=8123 make serve)"
+            f"serveproto: port {cfg.port} on {cfg.host} is in use (set PORT=..., e.g. PORT=8123 make serve)"
         ) from None
     except OSError as exc:
-        raise ListenFailed(f"serveproto: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
-    if args.precision != "native":  # after the bind: a port in use is still reported at once
+        raise ListenFailed(f"serveproto: cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}") from None
+    try:  # after the bind: a port in use is still reported at once
+        if cfg.engines.llama.precision != "native":  # minutes the first time: in a worker thread
+            plans = await anyio.to_thread.run_sync(plan.transcoded, plans, cfg.engines.llama)
+        decisions = _open_decision_log(cfg.decision)
+    except BaseException as exc:
+        await listener.aclose()
         from gateway.engine.precision import TranscodeError
 
-        try:
-            for j, plan in enumerate(plans):
-                argv = await anyio.to_thread.run_sync(
-                    _transcoded_argv, list(plan.specs[0].argv), args.threads, args.precision
-                )
-                plans[j] = attrs.evolve(plan, specs=tuple(attrs.evolve(s, argv=argv) for s in plan.specs))
-        except BaseException as exc:
-            await listener.aclose()
-            if isinstance(exc, TranscodeError):
-                raise SystemExit(f"serveproto serve: --precision {args.precision}: {exc}") from None
-            raise
-    decisions = None
-    if getattr(args, "log_decisions", None):
-        from gateway.decision.decision_log import DecisionLog
-
-        try:
-            decisions = DecisionLog(args.log_decisions, required=bool(getattr(args, "log_decisions_required", False)))
-        except OSError as exc:
-            await listener.aclose()
-            raise SystemExit(
-                f"serveproto serve: --log-decisions: cannot open {args.log_decisions}: {exc.strerror or exc}"
-            ) from None
-    options = dict(
-        handshake_timeout=args.handshake_timeout,
-        health_interval=args.ping_interval,
-        ping_timeout=args.ping_timeout,
-        restart_period=args.restart_period,
-        max_restarts=None if args.keep_restarting else args.max_restarts,
-    )
-    if args.keep_restarting:
-        options["backoff_max"] = KEEP_RESTARTING_BACKOFF_MAX
-    specs = [attrs.evolve(s, options={**options, **s.options}) for plan in plans for s in plan.specs]
+        if isinstance(exc, TranscodeError):
+            raise SystemExit(f"serveproto serve: --precision {cfg.engines.llama.precision}: {exc}") from None
+        raise
+    specs = [s for p in plans for s in p.specs]
     gave_up: list[str] = []
-    async with listener, Pool.spawn(specs) as pool:
-        by_name = {e.name: e for e in pool.engines}
-        cals = await anyio.to_thread.run_sync(
-            load_calibrations, getattr(args, "calibration", None), [plan.path for plan in plans]
-        )
-        served: dict[str, Served] = {}
-        for plan, cal in zip(plans, cals):
-            first = by_name[plan.specs[0].name]
-            info = await anyio.to_thread.run_sync(ModelInfo.load, pool.first_caps[first.name].model, plan.path)
-            name = plan.name or pool.model_of(first)  # the name requests pick it by, and replies carry
-            if info.name != name:
-                info = attrs.evolve(info, name=name, description=info.description.replace(info.name, name, 1))
-            if name in served:
-                raise SystemExit(f"serveproto serve: two models are served as {name!r}: name them, --model NAME=PATH")
-            served[name] = Served(info, default_debias(args), cal)
-            served[name].settings.heads = await anyio.to_thread.run_sync(
-                load_heads, getattr(args, "heads", None), plan.path
-            )
-        app = App(pool, served, api_key=api_key, request_timeout=args.request_timeout, max_inflight=args.max_inflight)
+    async with listener, Pool.spawn(specs, cfg.engine) as pool:
+        served = await _served(pool, plans, cfg.decision)
+        app = App(pool, served, config=cfg.app)
         if decisions is not None:
             app.decision_log = decisions
-            for plan, s in zip(plans, served.values()):
-                s.model_sha256 = await anyio.to_thread.run_sync(_model_sha256, plan.path)
-        limits = Limits(max_body_bytes=args.max_body, max_decoded_bytes=max(args.max_body, 64 << 20))
+            for p, s in zip(plans, served.values()):
+                s.model_sha256 = await anyio.to_thread.run_sync(_model_sha256, p.path)
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, tg.cancel_scope)
-            server = HTTPServer(app, limits)
+            server = HTTPServer(app, cfg.limits)
             port = await server.start(tg, listener=listener)
             for engine in pool.engines:
-                tg.start_soon(_fail_upward, pool, engine, server, tg.cancel_scope, args, gave_up)
-            if len(pool.engines) > 1:
-                for name in served:
-                    engines = [e.name for e in pool.engines if pool.model_of(e) == name]
-                    print(f"serveproto: model {name}: {len(engines)} engine(s) ({', '.join(engines)})", flush=True)
-            print(f"serveproto: serving {app.model.name} on http://{args.host}:{port}", flush=True)
-            if app.debias:
-                print(
-                    f"serveproto: x_debias defaults to {','.join(app.debias)} (--debias none to turn it off)",
-                    flush=True,
-                )
-            for s in served.values():
-                if s.calibration is not None:
-                    print(
-                        f"serveproto: calibration {s.calibration.id} on answers read under x_debias "
-                        f"{','.join(s.calibration.debias) or 'none'}{f' ({s.name})' if len(served) > 1 else ''} "
-                        "(--calibration none to turn it off)",
-                        flush=True,
-                    )
-            if decisions is not None:
-                print(
-                    f"serveproto: logging decisions to {decisions.path} (ids, options, probabilities; no text)"
-                    + ("; a request it cannot log is refused" if decisions.required else ""),
-                    flush=True,
-                )
+                tg.start_soon(_fail_upward, pool, engine, server, tg.cancel_scope, cfg.engine.restart, gave_up)
+            _say_serving(app, pool, cfg.host, port)
             if task_status is not None:
                 task_status.started(port)
     if decisions is not None:
@@ -910,18 +679,89 @@ async def serve(args, *, task_status=None) -> None:
         raise EngineGaveUp(gave_up[0])
 
 
+def _open_decision_log(decision: config.DecisionConfig) -> DecisionLog | None:
+    """The decision log ``--log-decisions`` names (``gateway.decision.decision_log.DecisionLog``, opened
+    for appending), None without the flag; a file that cannot be opened ends ``serve`` with one line."""
+    if not decision.log_decisions:
+        return None
+    from gateway.decision.decision_log import DecisionLog
+
+    try:
+        return DecisionLog(decision.log_decisions, required=decision.log_decisions_required)
+    except OSError as exc:
+        raise SystemExit(
+            f"serveproto serve: --log-decisions: cannot open {decision.log_decisions}: {exc.strerror or exc}"
+        ) from None
+
+
+async def _served(pool: Pool, plans: list[plan.Planned], decision: config.DecisionConfig) -> dict[str, Served]:
+    """Each model as the app serves it (``gateway.server.fleet.Served``), by the name requests pick it by:
+    its description (from its first engine's CAPS and its GGUF), its default ``x_debias``, calibration
+    and heads. Raises ``SystemExit`` for two models under one name."""
+    import anyio
+
+    from gateway.server.app import ModelInfo
+    from gateway.server.fleet import Served
+
+    by_name = {e.name: e for e in pool.engines}
+    cals = await anyio.to_thread.run_sync(load_calibrations, decision.calibration, [p.path for p in plans])
+    served: dict[str, Served] = {}
+    for p, cal in zip(plans, cals):
+        first = by_name[p.specs[0].name]
+        info = await anyio.to_thread.run_sync(ModelInfo.load, pool.first_caps[first.name].model, p.path)
+        name = p.name or pool.model_of(first)  # the name requests pick it by, and replies carry
+        if info.name != name:
+            info = attrs.evolve(info, name=name, description=info.description.replace(info.name, name, 1))
+        if name in served:
+            raise SystemExit(f"serveproto serve: two models are served as {name!r}: name them, --model NAME=PATH")
+        served[name] = Served(info, decision.debias, cal)
+        served[name].settings.heads = await anyio.to_thread.run_sync(load_heads, decision.heads, p.path)
+    return served
+
+
+def _say_serving(app: App, pool: Pool, host: str, port: int) -> None:
+    """The lines ``serve`` prints once listening: each model's engines (with several), where it serves,
+    the default ``x_debias``, each calibration and the decision log."""
+    served = app.served
+    if len(pool.engines) > 1:
+        for name in served:
+            engines = [e.name for e in pool.engines if pool.model_of(e) == name]
+            print(f"serveproto: model {name}: {len(engines)} engine(s) ({', '.join(engines)})", flush=True)
+    print(f"serveproto: serving {app.model.name} on http://{host}:{port}", flush=True)
+    debias = served[app.default].debias
+    if debias:
+        print(f"serveproto: x_debias defaults to {','.join(debias)} (--debias none to turn it off)", flush=True)
+    for s in served.values():
+        if s.calibration is not None:
+            print(
+                f"serveproto: calibration {s.calibration.id} on answers read under x_debias "
+                f"{','.join(s.calibration.debias) or 'none'}{f' ({s.name})' if len(served) > 1 else ''} "
+                "(--calibration none to turn it off)",
+                flush=True,
+            )
+    decisions = app.decision_log
+    if decisions is not None:
+        print(
+            f"serveproto: logging decisions to {decisions.path} (ids, options, probabilities; no text)"
+            + ("; a request it cannot log is refused" if decisions.required else ""),
+            flush=True,
+        )
+
+
 def _model_sha256(model_path: str | None) -> str | None:
-    """The model file's sha256 for the decision log (None when serve was not given its path); the
-    calibration lookup has hashed it already, and sha256_file remembers."""
+    """The model file's sha256 (calibration and heads files name it; so do the decision log's lines), None
+    when serve was not given its path or it does not exist; sha256_file remembers, so it is hashed once."""
     from gateway.decision import calibration
 
     return calibration.sha256_file(model_path) if model_path and Path(model_path).exists() else None
 
 
-async def _fail_upward(pool, engine, server, scope, args, gave_up: list[str]) -> None:
+async def _fail_upward(
+    pool: Pool, engine: Engine, server: HTTPServer, scope: CancelScope, restart: RestartPolicy, gave_up: list[str]
+) -> None:
     """When the supervisors give up on every engine of a model, so does the server (OTP's answer to an
     exceeded restart intensity): it stops accepting, answers the requests in flight (they get 503 from the
-    engine's error) within :data:`GIVE_UP_DRAIN` seconds, then ``scope`` is cancelled and :func:`serve`
+    engine's error) within :data:`GIVE_UP_DRAIN` seconds, then ``scope`` is cancelled and :func:`serve_config`
     raises :class:`EngineGaveUp`, so that a process manager sees the exit and restarts the whole server.
     One engine of several giving up leaves its model to the others (``/health`` lists it ``gave_up``)."""
     await engine.wait_stopped()
@@ -936,18 +776,18 @@ async def _fail_upward(pool, engine, server, scope, args, gave_up: list[str]) ->
             model,
         )
         return
-    failures = args.max_restarts + 1
+    failures = (restart.max_restarts or 0) + 1
     who = "the engine" if len(pool.engines) == 1 else f"every engine of model {model}"
     gave_up.append(
         f"serveproto serve: giving up: {who} failed {failures} time(s) within "
-        f"{args.restart_period:g} s (--max-restarts {args.max_restarts}); last error: "
+        f"{restart.period:g} s (--max-restarts {restart.max_restarts}); last error: "
         f"{engine.last_error}; exiting with status 1 (--keep-restarting keeps retrying)"
     )
     await server.drain(GIVE_UP_DRAIN)
     scope.cancel()
 
 
-async def _stop_on_signal(scope) -> None:
+async def _stop_on_signal(scope: CancelScope) -> None:
     """SIGTERM or SIGINT stops the server: listener and connections cancelled, then the engine shut down."""
     import signal
 
@@ -960,7 +800,7 @@ async def _stop_on_signal(scope) -> None:
             return
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     import anyio
 
     logging.basicConfig(

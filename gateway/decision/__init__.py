@@ -6,10 +6,12 @@ benchmarks call), ``errors`` (what it raises: refusals naming the request's
 field, timeouts, unusable answers), ``refusals`` (an engine's refusal as the
 request's field), ``jev`` (the question schema: parse a Jev request body, shape
 answers), ``prompts`` and ``chat_template`` (the text the model reads),
-``scoring`` (the reported numbers; the softmax and sum/mean rule it reports are
-:mod:`gateway.engine.score`'s), ``debias`` and ``readings`` (position
-corrections, planned and combined), ``calibration`` (fitted maps), ``record``
-(the decision record a decision engine reads), ``evalset`` and ``evaluation``
-(the labelled set and its metrics).
-May import :mod:`gateway.engine`; never :mod:`gateway.server`, :mod:`gateway.http` or :mod:`gateway.cli`.
+``arithmetic`` (design step 4: the sum/mean rule and the softmax over option
+logprobs), ``scoring`` (the reported numbers), ``debias`` and ``readings`` (position
+corrections, planned and combined), ``calibration`` (fitted maps, loaded and applied),
+``heads`` (fitted heads, loaded and applied), ``record`` (the decision record a decision
+engine reads), ``decision_log`` (``--log-decisions``, written). Fitting and evaluating
+are the lab's (:mod:`gateway.lab`); no numpy here.
+May import :mod:`gateway.engine`; never :mod:`gateway.lab`, :mod:`gateway.server`, :mod:`gateway.http`
+or :mod:`gateway.cli`.
 """

@@ -15,10 +15,13 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader  # imports numpy: read only where a GGUF is opened (read_gguf)
 
 #: ChatML, for engines whose model carries no template (and for tests).
 CHATML = (
@@ -88,7 +91,7 @@ class ChatTemplate:
         return read_gguf(path)[0]
 
     @classmethod
-    def _from_reader(cls, reader, path: str | Path) -> ChatTemplate:
+    def _from_reader(cls, reader: GGUFReader, path: str | Path) -> ChatTemplate:
         """The template of the GGUF at ``path``, or ChatML when it has none.
 
         Reads ``tokenizer.chat_template`` and the BOS / EOS token strings with
@@ -97,7 +100,7 @@ class ChatTemplate:
         it is not a GGUF.
         """
 
-        def field(name: str):
+        def field(name: str) -> Any:
             f = reader.fields.get(name)
             return None if f is None else f.contents()
 
@@ -176,7 +179,7 @@ def read_gguf(path: str | Path) -> tuple[ChatTemplate, list[bytes] | None]:
     reader = GGUFReader(str(path), "r")
     template = ChatTemplate._from_reader(reader, path)
 
-    def field(name: str):
+    def field(name: str) -> Any:
         f = reader.fields.get(name)
         return None if f is None else f.contents()
 

@@ -84,7 +84,7 @@ def parse(value: Any) -> tuple[str, ...]:
     ``value``: ``"none"`` or ``[]`` (no correction), a method name, a
     comma-separated string of method names (``"cyclic,content_free"``, the
     flag's form), or a list of method names. ``None`` is not taken here: a
-    request's ``null`` means the server's default (:mod:`gateway.decision.jev`).
+    request's ``null`` means the server's default (:mod:`gateway.decision.schema`).
     Raises ``ValueError`` with a message fit for a 422 for anything else:
     ``"none"`` mixed with a method, ``cloze`` with ``letters``, ``cloze``
     with ``canonical`` or ``cyclic`` (a cloze prompt lists no options),

@@ -1,4 +1,5 @@
-"""The opt-in decision log (``serve --log-decisions FILE``) and reading it back for ``calibrate``.
+"""The opt-in decision log (``serve --log-decisions FILE``); reading it back for ``calibrate`` is the
+lab's (:mod:`gateway.lab.logged_answers`).
 
 One JSON line per answered question with two or more options, appended as the
 reply is sent::
@@ -34,14 +35,13 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from gateway.decision.evalset import gold_index, json_lines
-from gateway.decision.jev import QUESTION_TYPES, Question
+from gateway.decision.schema import Question
 
 log = logging.getLogger("serveproto.decisions")
 
@@ -51,7 +51,7 @@ WARN_INTERVAL = 60.0
 #: The write the log makes (``os.write``); a test replaces it to inject a short write or ``ENOSPC``.
 _write = os.write
 
-#: A decision-log line carries these keys; a labelled-request line (gateway.decision.evalset) does not.
+#: A decision-log line carries these keys; a labelled-request line (gateway.lab.evalset) does not.
 KEYS = ("request_id", "question_id", "type", "options", "probabilities", "config")
 
 
@@ -115,7 +115,9 @@ class DecisionLog:
     why the last write failed (``strerror``), or None.
     """
 
-    def __init__(self, path: str | Path, *, required: bool = False, clock=time.monotonic) -> None:
+    def __init__(
+        self, path: str | Path, *, required: bool = False, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.path = Path(path)
         self.required = required
         self.lost = 0
@@ -190,66 +192,3 @@ class DecisionLog:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-
-class DecisionLogError(ValueError):
-    """A decision log that cannot be fitted on: the message names the line and the field."""
-
-
-def is_log_line(obj: Any) -> bool:
-    """Whether a decoded JSON line is a decision-log line (not a labelled request)."""
-    return isinstance(obj, dict) and all(k in obj for k in KEYS)
-
-
-def gold_of(entry: Mapping[str, Any], where: str) -> int | None:
-    """The reply-order index of ``entry["answer"]``, or None when it is null (not judged).
-
-    The forms are those of a labelled file (:func:`gateway.decision.evalset.gold_index`). Raises
-    :class:`DecisionLogError` naming ``where`` for an answer that is not one of the options.
-    """
-    if entry.get("answer") is None:
-        return None
-    qtype, options = entry["type"], entry["options"]
-    criteria = None if qtype == "noul" else dict.fromkeys(options) if qtype == "choice" else list(options)
-    try:
-        return gold_index(Question(str(entry["question_id"]), qtype, None, criteria, False), entry["answer"])
-    except ValueError as exc:
-        raise DecisionLogError(f"{where}: answer: {exc}") from None
-
-
-def read_answers(path: str | Path) -> tuple[list[tuple[str, list[float], int, str]], dict[str, Any]]:
-    """The judged lines of a decision log as ``calibration.fit`` takes them, and their common config.
-
-    Returns ``([(type, uncalibrated probabilities, gold index, request id), ...], config)``,
-    ``config`` being the lines' ``config`` less ``x_calibration``. Raises :class:`DecisionLogError`
-    naming the line for a line that is not a decision-log line, an answer that is not an option,
-    probabilities that do not match the options, lines read under different models or
-    ``x_debias`` (one calibration fits one of each), or no judged line at all; ``OSError`` as
-    reading does.
-    """
-    answers: list[tuple[str, list[float], int, str]] = []
-    config: dict[str, Any] | None = None
-    for where, entry in json_lines(path, DecisionLogError):
-        if not is_log_line(entry):
-            raise DecisionLogError(f"{where}: not a decision-log line (needs {', '.join(KEYS)})")
-        if entry["type"] not in QUESTION_TYPES or not isinstance(entry["options"], list):
-            raise DecisionLogError(f"{where}: type: expected one of {', '.join(QUESTION_TYPES)} with a list of options")
-        gold = gold_of(entry, where)
-        if gold is None:
-            continue
-        p = entry.get("uncalibrated") or entry["probabilities"]
-        if not isinstance(p, list) or len(p) != len(entry["options"]):
-            raise DecisionLogError(f"{where}: uncalibrated: expected {len(entry['options'])} probabilities")
-        here = {k: v for k, v in dict(entry["config"]).items() if k != "x_calibration"}
-        if config is None:
-            config = here
-        elif (here.get("model_sha256"), here.get("x_debias")) != (config.get("model_sha256"), config.get("x_debias")):
-            raise DecisionLogError(
-                f"{where}: config: read under model {here.get('model_sha256')} and x_debias "
-                f"{here.get('x_debias')}, earlier lines under {config.get('model_sha256')} and "
-                f"{config.get('x_debias')}: one calibration fits one model and one x_debias"
-            )
-        answers.append((entry["type"], [float(x) for x in p], gold, str(entry["request_id"])))
-    if config is None:
-        raise DecisionLogError(f"{path}: no line has an answer: fill 'answer' on the lines you have judged")
-    return answers, config

@@ -8,7 +8,7 @@ engine's errors (:mod:`gateway.engine.errors`) pass through the pipeline as they
 
 from __future__ import annotations
 
-from gateway.decision.jev import JevValidationError
+from gateway.decision.schema import JevValidationError
 
 __all__ = ["Refused", "DecisionTimeout", "UnusableScores", "UnusableDecision"]
 
@@ -29,7 +29,7 @@ class DecisionTimeout(Exception):
 
 
 class UnusableScores(Exception):
-    """Option logprobs the pipeline cannot read (:func:`gateway.engine.score.option_scores`'s
+    """Option logprobs the pipeline cannot read (:func:`gateway.decision.arithmetic.option_scores`'s
     ``ValueError``): the message names the question (or the content-free reading) and why."""
 
 

@@ -9,7 +9,7 @@ the request's ``x_debias``), to a probability per option::
     z = (h - mean) / scale          standardized, per coordinate   (d,)
     p = softmax((W z + b) / T)      W (k, d), b (k,), T > 0        (k,)
 
-fitted by ``serveproto heads fit`` (:mod:`gateway.decision.head_fit`: ridge
+fitted by ``serveproto heads fit`` (:mod:`gateway.lab.head_fit`: ridge
 multinomial logistic regression, its strength cross-validated by request, then
 the temperature ``T`` fitted on held-out folds). Serving needs only the dot
 products below (plain Python: no numpy on the server's import path).

@@ -6,7 +6,7 @@ benchmarks call without HTTP. On a language model each question is a prompt of t
 seed's table scored option by option (one batched ``SCORE`` when the engine
 advertises ``x_score``, else the seed's pin + SUBMIT sequence; the engine API
 picks), read under the request's ``x_debias`` (:mod:`gateway.decision.readings`),
-then softmax (:mod:`gateway.engine.score`), calibration and the reported
+then softmax (:mod:`gateway.decision.arithmetic`), calibration and the reported
 millionths (:mod:`gateway.decision.scoring`). On a ``decide=1`` engine the whole
 request is one ``DECIDE`` record (:mod:`gateway.decision.record`). A question with
 a single option is answered without the engine.
@@ -21,26 +21,78 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import attrs
 
 from gateway.decision import debias, readings, record, refusals, scoring
-from gateway.decision.calibration import IDENTITY
+from gateway.decision.arithmetic import option_scores, softmax
+from gateway.decision.calibration import IDENTITY, Calibration
 from gateway.decision.errors import DecisionTimeout, Refused, UnusableDecision, UnusableScores
-from gateway.decision.jev import Question, SystemOneRequest
+from gateway.decision.heads import HeadSet
 from gateway.decision.keyset import KeySet
 from gateway.decision.prompts import PromptBuilder
+from gateway.decision.schema import Question, SystemOneRequest
+from gateway.engine.api import ReadOut, ScoreResult
 from gateway.engine.errors import RequestError
-from gateway.engine.score import option_scores, softmax
+from gateway.engine.score import OptionScore
+from serveproto import Done
 
-__all__ = ["Settings", "Memory", "Decided", "decide", "SEEN_STATES"]
+__all__ = ["EngineCaps", "DecisionEngine", "Settings", "Memory", "Decided", "decide", "SEEN_STATES"]
 
 log = logging.getLogger("serveproto.systemone")
 
 #: How many recent states the server remembers to decide ``pin_state`` on its own.
 SEEN_STATES = 1024
+
+#: ``score()`` groups as the pipeline sends them: ``[(stem, [option, ...]), ...]``.
+Groups = Sequence[tuple[str, Sequence[str]]]
+
+
+class EngineCaps(Protocol):
+    """What the pipeline reads of an engine's CAPS (:class:`serveproto.Caps`): ``decide`` (a decision
+    engine: DECIDE, not SCORE), ``slots`` (KV slots), ``x_hidden`` (layers SCORE's ``hidden`` reads;
+    0 without), ``decide_record`` (``"raw"``: the record's texts as sent)."""
+
+    @property
+    def decide(self) -> bool: ...
+
+    @property
+    def slots(self) -> int: ...
+
+    @property
+    def x_hidden(self) -> int: ...
+
+    @property
+    def decide_record(self) -> str | None: ...
+
+
+class DecisionEngine(Protocol):
+    """What the pipeline needs of an engine: :class:`gateway.engine.Engine`'s ``caps``, ``read_out``,
+    ``score`` and ``decide`` (the supervisor's engine, one backend of a fleet, the tests' fakes)."""
+
+    @property
+    def caps(self) -> EngineCaps: ...
+
+    async def read_out(
+        self, prompt: str, *, logprobs: int = ..., pin: bool = ..., slot: int | None = ..., route: str | None = ...
+    ) -> ReadOut: ...
+
+    async def score(
+        self,
+        prefix: str,
+        groups: Groups,
+        *,
+        pin: bool = ...,
+        slot: int | None = ...,
+        route: str | None = ...,
+        beside: tuple[str, Groups] | None = ...,
+        hidden: tuple[int, ...] = ...,
+    ) -> ScoreResult: ...
+
+    async def decide(self, record: bytes, *, slot: int = ...) -> tuple[dict[str, Any], Done]: ...
 
 
 @attrs.define
@@ -59,10 +111,10 @@ class Settings:
 
     prompts: PromptBuilder
     debias: tuple[str, ...] = ()
-    calibration: Any = None
+    calibration: Calibration | None = None
     timeout: float = 120.0
     hidden: tuple[int, ...] = ()
-    heads: Any = None
+    heads: HeadSet | None = None
 
 
 @attrs.define
@@ -110,10 +162,10 @@ class Memory:
     def __init__(self) -> None:
         self.states: OrderedDict[int, None] = OrderedDict()
         self.fixed = KeySet(SEEN_STATES)  # (slot, fixed prefix) by hash: no prompt text kept
-        self.content_free: OrderedDict[tuple, list[float]] = OrderedDict()
-        self.reading: dict[tuple, anyio.Event] = {}  # content-free readings in progress
+        self.content_free: OrderedDict[tuple[Any, ...], list[float]] = OrderedDict()
+        self.reading: dict[tuple[Any, ...], anyio.Event] = {}  # content-free readings in progress
 
-    def remember_content_free(self, key: tuple, mean_log_probs: list[float]) -> None:
+    def remember_content_free(self, key: tuple[Any, ...], mean_log_probs: list[float]) -> None:
         """Keep a question's content-free log-probabilities (the :data:`SEEN_STATES` latest questions)."""
         self.content_free[key] = mean_log_probs
         self.content_free.move_to_end(key)
@@ -131,11 +183,11 @@ class Memory:
         return was
 
 
-async def decide(request: SystemOneRequest, engine: Any, settings: Settings, memory: Memory) -> Decided:
+async def decide(request: SystemOneRequest, engine: DecisionEngine, settings: Settings, memory: Memory) -> Decided:
     """Answer every question of ``request``: probabilities by question id, usage and counters.
 
     ``engine``: the engine API (:class:`gateway.engine.Engine` or anything with its
-    ``caps``, ``score``, ``read_out``, ``decide``). Raises :class:`Refused` for a request
+    ``caps``, ``score``, ``read_out``, ``decide``: :class:`DecisionEngine`). Raises :class:`Refused` for a request
     the served engine cannot take (``cache_slot`` out of range, ``prefix`` on a decision
     engine, a text it refuses), :class:`DecisionTimeout`, :class:`UnusableScores` /
     :class:`UnusableDecision` for an answer it cannot read, and lets the engine's own
@@ -168,7 +220,7 @@ async def decide(request: SystemOneRequest, engine: Any, settings: Settings, mem
     return out
 
 
-def _check_slot(engine: Any, request: SystemOneRequest) -> None:
+def _check_slot(engine: DecisionEngine, request: SystemOneRequest) -> None:
     """Refuse a ``cache_slot`` past the engine's slots (naming the field)."""
     slots = max(1, int(engine.caps.slots or 1))
     if request.cache_slot is not None and request.cache_slot >= slots:
@@ -183,7 +235,10 @@ def _check_slot(engine: Any, request: SystemOneRequest) -> None:
         )
 
 
-async def _call(settings: Settings, fn, *args, **kwargs):
+_T = TypeVar("_T")
+
+
+async def _call(settings: Settings, fn: Callable[..., Awaitable[_T]], *args: Any, **kwargs: Any) -> _T:
     """One engine call under the server's time limit (:class:`DecisionTimeout` past it)."""
     try:
         with anyio.fail_after(settings.timeout):
@@ -192,12 +247,12 @@ async def _call(settings: Settings, fn, *args, **kwargs):
         raise DecisionTimeout(settings.timeout) from None
 
 
-def _n_ctx(engine: Any) -> int | None:
+def _n_ctx(engine: DecisionEngine) -> int | None:
     return refusals.max_prompt(engine.caps)
 
 
 def _refuse(
-    engine: Any,
+    engine: DecisionEngine,
     exc: BaseException,
     owners: list[Question | None],
     request: SystemOneRequest,
@@ -218,7 +273,12 @@ def _add(a: int | None, b: int | None) -> int | None:
 
 
 async def _score_path(
-    engine: Any, settings: Settings, mem: Memory, request: SystemOneRequest, questions: list[Question], out: Decided
+    engine: DecisionEngine,
+    settings: Settings,
+    mem: Memory,
+    request: SystemOneRequest,
+    questions: list[Question],
+    out: Decided,
 ) -> None:
     prompts = settings.prompts
     prefix_text = prompts.prefix(request.state, request.prefix)
@@ -301,9 +361,9 @@ async def _score_path(
             _refuse(
                 engine,
                 exc,
-                owners + (free.owners() if beside else []),
+                owners + (free.owners() if free is not None and beside else []),
                 request,
-                read_owners + (free.read_owners() if beside else []),
+                read_owners + (free.read_owners() if free is not None and beside else []),
             )
             raise
         content_free = (
@@ -318,14 +378,14 @@ async def _score_path(
     out.path = "score"
     if methods:
         out.debias = methods
-    done = getattr(result, "done", None)
-    out.computed = _add(out.computed, getattr(result, "computed", None))
-    out.reused = _add(out.reused, getattr(result, "reused", None))
-    out.disk = _add(out.disk, getattr(result, "disk", None))
-    out.snapshot = getattr(done, "snapshot", None) if done is not None else None
+    done = result.done
+    out.computed = _add(out.computed, result.computed)
+    out.reused = _add(out.reused, result.reused)
+    out.disk = _add(out.disk, result.disk)
+    out.snapshot = done.snapshot if done is not None else None
     if request.prefix and out.snapshot not in (None, "hit"):
         mem.fixed.pop((slot, prompts.fixed_prefix(request.prefix)), None)  # evicted: retake it next time
-    vectors = getattr(result, "hidden", None) or {}
+    vectors = result.hidden
     for q, (start, k) in zip(questions, spans):
         if settings.hidden:
             out.hidden[q.id] = {la: vectors[start, la] for la in settings.hidden if (start, la) in vectors}
@@ -388,13 +448,15 @@ class _FreeReading:
     """
 
     prefix: str  # the prompt up to where the state would start
-    keys: list[tuple]  # per question: (prefix, normalize, ((stem, scored, owner), ...))
-    owner_of: dict[tuple, Question]
-    missing: list[tuple] = attrs.field(factory=list)
+    keys: list[tuple[Any, ...]]  # per question: (prefix, normalize, ((stem, scored, owner), ...))
+    owner_of: dict[tuple[Any, ...], Question]
+    missing: list[tuple[Any, ...]] = attrs.field(factory=list)
     event: anyio.Event | None = None
 
     @classmethod
-    def plan(cls, settings: Settings, request: SystemOneRequest, questions: list[Question], method) -> _FreeReading:
+    def plan(
+        cls, settings: Settings, request: SystemOneRequest, questions: list[Question], method: readings.Method
+    ) -> _FreeReading:
         prefix = settings.prompts.prefix("", request.prefix)
         keys = []
         for q in questions:
@@ -406,7 +468,7 @@ class _FreeReading:
                     tuple((settings.prompts.stem(rd.text), rd.scored, rd.owner) for rd in reads),
                 )
             )
-        owner_of: dict[tuple, Question] = {}
+        owner_of: dict[tuple[Any, ...], Question] = {}
         for key, q in zip(keys, questions):
             owner_of.setdefault(key, q)
         return cls(prefix, keys, owner_of)
@@ -455,7 +517,7 @@ class _FreeReading:
         """The reply option of each scored text, per group of :meth:`groups`."""
         return [owner for key in self.missing for _ in debias.CONTENT_FREE_STATES for _s, _o, owner in key[2]]
 
-    def finish(self, mem: Memory, scored: list, normalize: str, out: Decided) -> list[list[float]]:
+    def finish(self, mem: Memory, scored: list[list[OptionScore]], normalize: str, out: Decided) -> list[list[float]]:
         """Remember the readings of ``missing`` from their groups' results (``scored``: one list of
         :class:`gateway.engine.api.OptionScore` per group of :meth:`groups`); return each question's
         mean content-free log-probabilities, one list of ``n_options`` floats per question."""
@@ -476,7 +538,7 @@ class _FreeReading:
 
 
 async def _decide_path(
-    engine: Any, settings: Settings, request: SystemOneRequest, questions: list[Question], out: Decided
+    engine: DecisionEngine, settings: Settings, request: SystemOneRequest, questions: list[Question], out: Decided
 ) -> None:
     if request.prefix is not None:
         raise Refused(
@@ -490,7 +552,7 @@ async def _decide_path(
         )
     slot = request.cache_slot if request.cache_slot is not None else 0
     _check_slot(engine, request)
-    raw = (getattr(engine.caps, "decide_record", None) or "") == "raw"
+    raw = engine.caps.decide_record == "raw"
     payload = record.serialize(record.build(request, tuple(questions), raw=raw))
     t0 = time.perf_counter()
     try:
@@ -508,7 +570,7 @@ async def _decide_path(
         out.probs[q.id] = scoring.report(probs[q.id])
     tokens = decision.get("input_tokens")
     if not isinstance(tokens, int) or isinstance(tokens, bool):
-        tokens = getattr(done, "prompt_tokens", 0) or 0
+        tokens = done.prompt_tokens
     out.input_tokens = int(tokens)
     engine_ms = decision.get("engine_ms")
     out.engine_ms = (

@@ -49,8 +49,8 @@ from typing import Any
 import attrs
 
 from gateway.decision import debias
+from gateway.decision.arithmetic import log_softmax, option_scores, softmax
 from gateway.decision.prompts import cloze_text, letters_text, listing_order, question_text, spellings
-from gateway.engine.score import log_softmax, option_scores, softmax
 
 FORMATS = ("listed", "cloze", "letters")
 
@@ -190,9 +190,9 @@ def log_probs(owner: Sequence[int], logprobs: Sequence[Sequence[float]], normali
     ``owner``: a :class:`Read`'s ``owner``; ``logprobs[k]``: the token
     logprobs of its ``scored[k]`` (engine order).
     Each option's score is the log of the summed probabilities of its scored
-    texts (:func:`gateway.engine.score.option_scores` per text, log-sum-exp per
-    option), then :func:`gateway.engine.score.log_softmax`. Raises ``ValueError`` as
-    :func:`gateway.engine.score.option_scores`.
+    texts (:func:`gateway.decision.arithmetic.option_scores` per text, log-sum-exp per
+    option), then :func:`gateway.decision.arithmetic.log_softmax`. Raises ``ValueError`` as
+    :func:`gateway.decision.arithmetic.option_scores`.
     """
     per_text = option_scores(logprobs, normalize)
     n = max(owner) + 1
@@ -266,6 +266,7 @@ def pride_prior(samples: Sequence[tuple[Sequence[Sequence[float]], Sequence[Sequ
         logit = [math.fsum(at[r][d] for r in range(len(at))) / len(at) for d in range(n)]
         prior = softmax(logit)
         total = prior if total is None else [a + b for a, b in zip(total, prior)]
+    assert total is not None  # samples is not empty
     return [x / len(samples) for x in total]
 
 

@@ -20,8 +20,8 @@ from typing import Any
 
 from gateway.decision import jsontext
 from gateway.decision.errors import UnusableDecision
-from gateway.decision.jev import Question, SystemOneRequest
 from gateway.decision.prompts import DEFAULT_INSTRUCTIONS
+from gateway.decision.schema import Question, SystemOneRequest
 
 
 def state_type(value: Any) -> str:

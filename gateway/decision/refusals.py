@@ -17,8 +17,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.decision.jev import MAX_OPTION_TOKENS, Question, SystemOneRequest
 from gateway.decision.prompts import as_text, question_text
+from gateway.decision.schema import MAX_OPTION_TOKENS, Question, SystemOneRequest
 
 #: ``groups[g].options[o]: why`` (the llama engine) or ``groups.g.options.o: why`` (the fixture).
 _OPTION_FIELD = re.compile(r"groups(?:\[(\d+)\]|\.(\d+))\.options(?:\[(\d+)\]|\.(\d+)):\s*(.*)", re.S)
@@ -121,7 +121,7 @@ def scoring_refusal(
     not a question's). ``read_owners[g][k]``: the reply option that scored text ``k`` of group
     ``g`` counts for (a canonical read scores them in another order; None: the reply's order).
     ``n_ctx``: the engine's context per slot in tokens (CAPS), for the message.
-    An option over :data:`gateway.decision.jev.MAX_OPTION_TOKENS` names the label; a prompt over the
+    An option over :data:`gateway.decision.schema.MAX_OPTION_TOKENS` names the label; a prompt over the
     context names its longest part (:func:`_longest_part`), the state or the question most often;
     another refusal of one option names that option.
     """

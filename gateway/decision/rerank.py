@@ -32,8 +32,7 @@ from typing import Any
 
 import attrs
 
-from gateway.decision import debias
-from gateway.decision.jev import JevValidationError, Question, SystemOneRequest
+from gateway.decision.schema import JevValidationError, Question, SystemOneRequest, x_debias
 
 #: Documents one request may rank (Cohere's documented bound for one call).
 MAX_DOCUMENTS = 1000
@@ -50,7 +49,7 @@ DOCUMENT_FIRST_QUESTION = "Search query: {query}\n\nIs this document relevant to
 #: log-odds alike, so it leaves the order as ``cyclic`` alone ranks and takes the model's lean to one answer out
 #: of the probability, read once for all documents). Not the server's ``--debias``: that one is chosen on the
 #: decision questions of ``bench/quality.py``, whose best corrections rank worse here.
-DEFAULT_DEBIAS = ("cyclic", "content_free_listing")
+DEFAULT_DEBIAS: tuple[str, ...] = ("cyclic", "content_free_listing")
 
 QUERY_FIRST = "query_first"
 DOCUMENT_FIRST = "document_first"
@@ -193,12 +192,9 @@ def parse(body: Any) -> RerankRequest:
     ret = body.get("return_documents")
     if ret is not None and not isinstance(ret, bool):
         errors.append(_err(["return_documents"], "Input should be a valid boolean", "bool_type"))
-    methods = DEFAULT_DEBIAS
-    if body.get("x_debias") is not None:
-        try:
-            methods = debias.parse(body["x_debias"])
-        except ValueError as exc:
-            errors.append(_err(["x_debias"], str(exc), "literal_error"))
+    methods = x_debias(body, errors)
+    if methods is None:
+        methods = DEFAULT_DEBIAS
     if errors:
         raise RerankInvalid(errors)
     assert isinstance(query, str) and isinstance(docs, list)

@@ -2,8 +2,8 @@
 
 Design step 4 itself (an option's score is the sum or the mean of its tokens'
 logprobs; probabilities are the softmax of the scores) is written once, in
-:mod:`gateway.engine.score` (:func:`~gateway.engine.score.option_scores`,
-:func:`~gateway.engine.score.softmax`), which the engine API uses too; this
+:mod:`gateway.decision.arithmetic` (:func:`~gateway.decision.arithmetic.option_scores`,
+:func:`~gateway.decision.arithmetic.softmax`), which ``serveproto score`` uses too; this
 module reports what it gives. Formulas from the seed (``000_*``, "Reading the
 answer"): ``confidence = (n * peak - 1) / (n - 1)``; a score question's answer
 is the expected level ``sum_i i * p_i``.
@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from gateway.engine.score import option_scores, softmax
+from gateway.decision.arithmetic import option_scores, softmax
 
 #: Probabilities are reported in units of 1 / QUANTUM.
 QUANTUM = 1_000_000
@@ -73,7 +73,7 @@ def expected_level(p: Sequence[float]) -> float:
 def decide(logprobs: Sequence[Sequence[float]], normalize: str = "sum") -> list[float]:
     """Option logprobs to reported probabilities: scores, softmax, quantized to millionths.
 
-    ``logprobs[o]``: option ``o``'s token logprobs (:func:`gateway.engine.score.option_scores`,
+    ``logprobs[o]``: option ``o``'s token logprobs (:func:`gateway.decision.arithmetic.option_scores`,
     whose ``ValueError`` it raises). Returns a list of ``n`` floats (``k / 1e6``) whose
     decimals sum to exactly 1.
     """

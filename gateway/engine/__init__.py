@@ -7,8 +7,8 @@ imported (to catch an error by type) without importing anyio.
 Modules: ``api`` (``Engine``: spawn, submit, read_out, score, decide, ping),
 ``process`` (one engine process and its pipe), ``supervisor`` (restarts,
 watchdog), ``slots`` (KV-slot FIFO queues and prefix routing), ``request``
-(one request's event stream), ``score`` (design step 4: the one softmax and
-sum/mean rule; which read-out positions an option owns), ``errors``,
+(one request's event stream), ``score`` (which read-out positions an option owns:
+option logprobs, no probabilities), ``errors``,
 ``pool`` (several engines by state affinity), ``precision`` (the F32 transcode),
 ``build`` (an engine built from the wheel's sources on first use, outside a clone),
 ``default_model`` (the default GGUF, fetched and verified).
@@ -33,7 +33,6 @@ __all__ = [
     "EngineTimeout",
     "EngineUnavailable",
     "RequestError",
-    "softmax",
 ]
 
 

@@ -16,7 +16,7 @@ import json
 import os
 import re
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Sequence, Union  # noqa: UP035  (Text and Groups below are runtime aliases)
+from typing import Any, AsyncIterator, Callable, Sequence, Union  # noqa: UP035  (Text and Groups below are runtime aliases)
 
 import anyio
 import attrs
@@ -32,12 +32,13 @@ from gateway.engine.errors import (
     EngineUnavailable,
     RequestError,
 )
-from gateway.engine.process import EngineProcess, unwrap_group
+from gateway.engine.options import EngineOptions
+from gateway.engine.process import EngineProcess, Inflight, unwrap_group
 from gateway.engine.request import RequestStream
-from gateway.engine.score import OptionScore, option_scores, option_tokens, softmax
+from gateway.engine.score import OptionScore, option_tokens
 from gateway.engine.slots import SlotLease
 from gateway.engine.supervisor import RestartPolicy, Supervisor
-from serveproto import Accept, Caps, Decide, Decision, Done, Echo, Hidden, Ping, Pong, Score, Scored, Submit
+from serveproto import Accept, Caps, Decide, Decision, Done, Echo, Event, Hidden, Ping, Pong, Score, Scored, Submit
 
 __all__ = [
     "Engine",
@@ -54,7 +55,6 @@ __all__ = [
     "EngineTimeout",
     "EngineUnavailable",
     "RequestError",
-    "softmax",
 ]
 
 Text = Union[str, bytes]  # noqa: UP007  (a runtime alias: keep the typing.Union object)
@@ -86,7 +86,7 @@ class ReadOut:
     engine has ``x_counters``); ``accept``: the ACCEPT, if any.
     """
 
-    echoes: list
+    echoes: list[Echo]
     done: Done
     accept: Accept | None = None
 
@@ -116,7 +116,7 @@ class ScoreResult:
     ``fast``: True when the engine's SCORE did it in one request.
     """
 
-    groups: list
+    groups: list[list[OptionScore]]
     done: Done | None = None
     computed: int | None = None
     reused: int | None = None
@@ -124,18 +124,17 @@ class ScoreResult:
     disk: int | None = None
     #: SCORE's ``hidden`` (spec 9.1): ``{(group, layer): (n_embd,) float32 values}``; empty when
     #: not asked for, or on a path that does not read them (the fallback, folded stems).
-    hidden: dict = attrs.field(factory=dict)
+    hidden: dict[tuple[int, int], tuple[float, ...]] = attrs.field(factory=dict)
 
-    def probabilities(self, group: int = 0, normalize: str = "sum") -> list[float]:
-        """Softmax over group ``group``'s options of their sum (or ``"mean"``) logprob: ``(n_options,)``.
 
-        The seed's "Scoring by hand" step 3 and DESIGN.md's data flow step 4, the same
-        arithmetic as the server's (:func:`gateway.engine.score.option_scores`, then
-        :func:`gateway.engine.score.softmax`). Raises ``ValueError`` for another
-        ``normalize``, or for an option with no token or a non-finite logprob (which no
-        engine sends: a hand-made result).
-        """
-        return softmax(option_scores([o.logprobs for o in self.groups[group]], normalize))
+#: Groups as the engine sends them: ``[(stem, [option, ...]), ...]`` in bytes (:func:`_normalize_groups`).
+_Groups = list[tuple[bytes, list[bytes]]]
+
+
+def _caps(proc: EngineProcess) -> Caps:
+    """A serving process's CAPS: :meth:`Supervisor.instance` returns processes past their handshake only."""
+    assert proc.caps is not None
+    return proc.caps
 
 
 #: The group of a folded SCORE's refusal (always its group 0), renamed to the caller's group.
@@ -157,10 +156,11 @@ def _plus(a: int | None, b: int | None) -> int | None:
 def _normalize_groups(groups: Groups) -> list[tuple[bytes, list[bytes]]]:
     if isinstance(groups, (str, bytes)) or not groups:
         raise ValueError("groups: expected a non-empty list of (stem, [options]) or of options")
+    pairs: Sequence[Any] = groups
     if all(isinstance(g, (str, bytes)) for g in groups):
-        groups = [("", list(groups))]
+        pairs = [("", list(groups))]
     out = []
-    for gi, g in enumerate(groups):
+    for gi, g in enumerate(pairs):
         try:
             stem, options = g
         except (TypeError, ValueError):
@@ -195,44 +195,30 @@ class Engine:
         argv: Sequence[str],
         *,
         name: str | None = None,
-        handshake_timeout: float | None = 60.0,
-        stall_timeout: float | None = 60.0,
-        health_interval: float | None = 5.0,
-        ping_timeout: float = 30.0,
-        request_timeout: float | None = None,
-        drain_timeout: float = 5.0,
-        term_timeout: float = 2.0,
-        max_restarts: int | None = 3,
-        restart_period: float = 60.0,
-        backoff_initial: float = 0.1,
-        backoff_max: float = 5.0,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        stderr_lines_per_s: int = 1000,
-        max_waiting: int | None = None,
+        options: EngineOptions | None = None,
+        **changes: Any,
     ) -> AsyncIterator[Engine]:
         """Start ``argv`` (a list, no shell), wait for its handshake, yield the :class:`Engine`.
 
-        Seconds: ``handshake_timeout`` (READY..STAT), ``health_interval`` (an
-        engine with ``x_health`` is PINGed this often, busy or idle; ``None``:
-        never) and ``ping_timeout`` (a PING unanswered this long: the engine is
-        stalled, killed and restarted, its requests fail with
-        :class:`EngineTimeout` ``what="stall"`` whatever their own deadlines;
-        :attr:`healthy` is already False once a PING waits longer than
-        ``health_interval``), ``stall_timeout`` (no output while requests are in
-        flight: the engine is declared hung the same way; the watchdog of an
-        engine without ``x_health``; ``None`` trusts the engine forever, and a
-        request written to an engine that stopped reading its stdin then waits
-        with it), ``request_timeout`` (default deadline of each request,
-        ``None``: none), ``drain_timeout`` / ``term_timeout`` (the shutdown
-        ladder: EOF, drain, SIGTERM, SIGKILL). Restarts: at most
-        ``max_restarts`` within ``restart_period`` s (``None``: no limit),
-        backoff doubling from ``backoff_initial`` to ``backoff_max`` s; then
-        health fails for good and :meth:`wait_stopped` returns.
-        The engine's stderr is logged line by line to ``gateway.engine.<name>``
-        (at most ``stderr_lines_per_s`` lines a second; the rest are counted).
-        ``max_waiting``: with that many callers already queued for slots, a new
-        request raises :class:`EngineBusy` at once (``None``: queue without bound).
+        ``options``: :class:`gateway.engine.options.EngineOptions` (default: its defaults), passed
+        whole to the supervisor and each process; ``changes`` override single fields by their flat
+        names (``handshake_timeout=10, max_restarts=0``; :meth:`EngineOptions.updated`, TypeError
+        for another name). Seconds: ``handshake_timeout`` (READY..STAT), ``health_interval`` (an
+        engine with ``x_health`` is PINGed this often, busy or idle; ``None``: never) and
+        ``ping_timeout`` (a PING unanswered this long: the engine is stalled, killed and
+        restarted, its requests fail with :class:`EngineTimeout` ``what="stall"`` whatever their
+        own deadlines; :attr:`healthy` is already False once a PING waits longer than
+        ``health_interval``), ``stall_timeout`` (no output while requests are in flight: the
+        engine is declared hung the same way; the watchdog of an engine without ``x_health``;
+        ``None`` trusts the engine forever, and a request written to an engine that stopped
+        reading its stdin then waits with it), ``request_timeout`` (default deadline of each
+        request, ``None``: none), ``drain_timeout`` / ``term_timeout`` (the shutdown ladder: EOF,
+        drain, SIGTERM, SIGKILL). Restarts: at most ``max_restarts`` within ``restart_period`` s
+        (``None``: no limit), backoff doubling from ``backoff_initial`` to ``backoff_max`` s; then
+        health fails for good and :meth:`wait_stopped` returns. The engine's stderr is logged
+        line by line to ``gateway.engine.<name>`` (at most ``stderr_lines_per_s`` lines a second;
+        the rest are counted). ``max_waiting``: with that many callers already queued for slots,
+        a new request raises :class:`EngineBusy` at once (``None``: queue without bound).
 
         Raises, from the first start (never retried): :class:`EngineLoadError`
         (LOAD_FAIL, or ``argv[0]`` cannot be executed), :class:`EngineTimeout`
@@ -241,26 +227,13 @@ class Engine:
         if not argv:
             raise ValueError("argv: the engine command is empty")
         name = name or os.path.basename(os.fspath(argv[0]))
-        policy = RestartPolicy(max_restarts, restart_period, backoff_initial, backoff_max)
-        sup = Supervisor(
-            argv,
-            name=name,
-            policy=policy,
-            handshake_timeout=handshake_timeout,
-            stall_timeout=stall_timeout,
-            health_interval=health_interval,
-            ping_timeout=ping_timeout,
-            drain_timeout=drain_timeout,
-            term_timeout=term_timeout,
-            env=env,
-            cwd=cwd,
-            stderr_lines_per_s=stderr_lines_per_s,
-        )
+        options = (options or EngineOptions()).updated(**changes)
+        sup = Supervisor(argv, name=name, options=options)
         try:
             async with anyio.create_task_group() as tg:
                 await tg.start(sup.run)
                 try:
-                    yield cls(sup, request_timeout=request_timeout, max_waiting=max_waiting)
+                    yield cls(sup, request_timeout=options.request_timeout, max_waiting=options.max_waiting)
                 finally:
                     sup.close()
         except BaseExceptionGroup as group:
@@ -350,7 +323,7 @@ class Engine:
 
     def request(
         self,
-        make,
+        make: Callable[[int, int], Event],
         *,
         slot: int | None = None,
         route: Text | None = None,
@@ -370,7 +343,7 @@ class Engine:
         key = _bytes(route, "route") if route is not None else b""
         timeout = self.request_timeout if timeout is None else timeout
 
-        async def start():
+        async def start() -> tuple[EngineProcess, Inflight]:
             proc = await self._sup.instance()
             if slotless:
                 return proc, await proc.begin(make, None)
@@ -392,8 +365,8 @@ class Engine:
             )
         return await proc.acquire(slot, key, pin)
 
-    def _on_lease(self, proc: EngineProcess, lease: SlotLease, make) -> RequestStream:
-        async def start():
+    def _on_lease(self, proc: EngineProcess, lease: SlotLease, make: Callable[[int, int], Event]) -> RequestStream:
+        async def start() -> tuple[EngineProcess, Inflight]:
             return proc, await proc.begin(make, lease)
 
         return RequestStream(start, name=self.name)
@@ -543,9 +516,9 @@ class Engine:
         deadline = anyio.current_time() + timeout if timeout is not None else float("inf")
         with anyio.CancelScope(deadline=deadline) as scope:
             proc = await self._sup.instance()
-            use_fast = proc.caps.x_score if fast is None else fast
-            hid = tuple(hidden) if proc.caps.x_hidden else ()
-            if use_fast and more and proc.caps.x_score_base:
+            use_fast = _caps(proc).x_score if fast is None else fast
+            hid = tuple(hidden) if _caps(proc).x_hidden else ()
+            if use_fast and more and _caps(proc).x_score_base:
                 try:
                     result = await self._score_fast(
                         prefix_b, norm + more, pin, slot, key, len(norm), len(base_b), hidden=hid
@@ -577,9 +550,9 @@ class Engine:
     async def _score_fast(
         self,
         prefix: bytes,
-        groups,
+        groups: _Groups,
         pin: bool,
-        slot,
+        slot: int | None,
         key: bytes,
         n_plain: int | None = None,
         base: int = 0,
@@ -618,6 +591,7 @@ class Engine:
             raise EngineProtocolError(
                 f"engine {self.name!r} answered SCORE without SCORED for (group, option) {missing}", name=self.name
             )
+        assert done is not None  # a request's stream ends with its DONE or raises
         return ScoreResult(
             groups=[[table[g, o] for o in range(len(opts))] for g, (_, opts) in enumerate(groups)],
             done=done,
@@ -631,9 +605,9 @@ class Engine:
     async def _score_one(
         self,
         prefix: bytes,
-        groups,
+        groups: _Groups,
         pin: bool,
-        slot,
+        slot: int | None,
         key: bytes,
         fast: bool,
         fold_route: bytes | None,
@@ -651,7 +625,9 @@ class Engine:
                 raise
             return await self._score_folded([(prefix, groups, fold_route)], slot, first)
 
-    async def _score_folded(self, parts, slot, first: int = 0) -> ScoreResult:
+    async def _score_folded(
+        self, parts: Sequence[tuple[bytes, _Groups, bytes | None]], slot: int | None, first: int = 0
+    ) -> ScoreResult:
         """Score each group in a SCORE of its own whose prefix is ``prefix + stem`` (its stem folded
         into the trunk), for groups whose stem is longer than one engine batch.
 
@@ -667,7 +643,7 @@ class Engine:
         No snapshot is taken: the slot keeps the last folded prefix, and the next request on the
         same prefix reuses it from there.
         """
-        out: list = []
+        out: list[list[OptionScore]] = []
         done = None
         computed: int | None = 0
         reused: int | None = 0
@@ -688,7 +664,9 @@ class Engine:
                 g += 1
         return ScoreResult(groups=out, done=done, computed=computed, reused=reused, fast=True, disk=disk)
 
-    async def _score_fallback(self, prefix: bytes, groups, pin: bool, slot, key: bytes) -> ScoreResult:
+    async def _score_fallback(
+        self, prefix: bytes, groups: _Groups, pin: bool, slot: int | None, key: bytes
+    ) -> ScoreResult:
         totals = {"computed": 0, "reused": 0, "counted": True}
         known_prefix: dict[int, bytes] = {}
         out = []
@@ -722,8 +700,10 @@ class Engine:
             fast=False,
         )
 
-    async def _read_on(self, proc: EngineProcess, lease: SlotLease, text: bytes, pin: bool, totals: dict) -> ReadOut:
-        counters = bool(proc.caps.x_counters)
+    async def _read_on(
+        self, proc: EngineProcess, lease: SlotLease, text: bytes, pin: bool, totals: dict[str, Any]
+    ) -> ReadOut:
+        counters = bool(_caps(proc).x_counters)
 
         def make(rid: int, s: int) -> Submit:
             return Submit(
@@ -748,7 +728,9 @@ class Engine:
             totals["reused"] += r.done.reused
         return r
 
-    async def decide(self, record: Text | dict, *, slot: int = 0, timeout: float | None = None) -> tuple[dict, Done]:
+    async def decide(
+        self, record: Text | dict[str, Any], *, slot: int = 0, timeout: float | None = None
+    ) -> tuple[dict[str, Any], Done]:
         """``DECIDE`` one decision record (spec/decision-record.md) on a ``decide=1`` engine.
 
         ``record``: the JSON record as text / bytes, or a dict (serialised as
@@ -765,7 +747,7 @@ class Engine:
             else _bytes(record, "record")
         )
         proc = await self._sup.instance()
-        if not proc.caps.decide:
+        if not _caps(proc).decide:
             raise RequestError("NOT_SUPPORTED", f"engine {self.name!r} does not advertise decide=1")
         decision = done = None
         stream = self.request(lambda rid, s: Decide(id=rid, slot=s, record=data), slot=slot, timeout=timeout)
@@ -783,6 +765,7 @@ class Engine:
             raise EngineProtocolError(
                 f"engine {self.name!r} sent a DECISION that is not JSON: {exc}", name=self.name
             ) from None
+        assert done is not None  # a request's stream ends with its DONE or raises
         return parsed, done
 
     async def ping(self, *, timeout: float | None = 10.0) -> dict[str, str]:
@@ -791,7 +774,7 @@ class Engine:
         ``NOT_SUPPORTED`` without ``x_health``, :class:`EngineTimeout` past ``timeout`` s.
         """
         proc = await self._sup.instance()
-        if not proc.caps.x_health:
+        if not _caps(proc).x_health:
             raise RequestError("NOT_SUPPORTED", f"engine {self.name!r} does not advertise x_health=1")
         stream = self.request(lambda rid, s: Ping(id=rid), slotless=True, timeout=timeout)
         async with stream:
@@ -801,7 +784,7 @@ class Engine:
         raise EngineProtocolError(f"engine {self.name!r} ended PING without PONG", name=self.name)
 
 
-def _readout(events: list) -> ReadOut:
+def _readout(events: list[object]) -> ReadOut:
     accept = next((e for e in events if isinstance(e, Accept)), None)
     echoes = [e for e in events if isinstance(e, Echo)]
     done = events[-1] if events and isinstance(events[-1], Done) else None

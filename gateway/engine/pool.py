@@ -12,15 +12,19 @@ loaded. ``submit`` / ``read_out`` / ``score`` / ``decide`` delegate to it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
+from typing import Any, cast
 
 import anyio
 import attrs
+from anyio.abc import TaskGroup, TaskStatus
 
-from gateway.engine import Engine, RequestStream
+from gateway.engine.api import Engine, Groups, ReadOut, RequestStream, ScoreResult, Text
 from gateway.engine.errors import EngineUnavailable
+from gateway.engine.options import EngineOptions
 from gateway.engine.process import unwrap_group
+from serveproto import Caps, Done
 
 #: Routing keys remembered for engine affinity (least recently used first out).
 AFFINITY_KEYS = 4096
@@ -32,16 +36,21 @@ AFFINITY_BYTES = 256
 AFFINITY_SLACK = 4
 
 
+def _argv(words: Iterable[str]) -> tuple[str, ...]:
+    """:class:`EngineSpec`'s ``argv`` as a tuple (``converter=tuple``, typed)."""
+    return tuple(words)
+
+
 @attrs.frozen
 class EngineSpec:
-    """One engine of a pool: its ``name``, its command ``argv``, keyword
-    arguments for :meth:`Engine.spawn` (timeouts, restarts, ``env`` such as
-    ``CUDA_VISIBLE_DEVICES`` to pin one GPU) and the ``model`` name it serves
-    (None: its CAPS ``model``)."""
+    """One engine of a pool: its ``name``, its command ``argv``, ``options`` (this engine's own
+    changes to the pool's :class:`gateway.engine.options.EngineOptions`, by :meth:`Engine.spawn`'s
+    keyword names: timeouts, restarts, ``env`` such as ``CUDA_VISIBLE_DEVICES`` to pin one GPU)
+    and the ``model`` name it serves (None: its CAPS ``model``)."""
 
     name: str
-    argv: tuple[str, ...] = attrs.field(converter=tuple)
-    options: dict = attrs.field(factory=dict)
+    argv: tuple[str, ...] = attrs.field(converter=_argv)
+    options: dict[str, Any] = attrs.field(factory=dict)
     model: str | None = None
 
 
@@ -52,14 +61,15 @@ class Pool:
         self.engines = list(engines)
         self._models = dict(models or {})  # engine name -> the model name it serves (spec, else first CAPS)
         #: engine name -> the CAPS of its first start (set by :meth:`spawn`).
-        self.first_caps: dict[str, object] = {}
+        self.first_caps: dict[str, Caps] = {}
         self._affinity: OrderedDict[tuple[str | None, bytes], str] = OrderedDict()
         self._turn = 0
 
     @classmethod
     @asynccontextmanager
-    async def spawn(cls, specs: Sequence[EngineSpec]) -> AsyncIterator[Pool]:
-        """Start every engine of ``specs`` concurrently; yield the :class:`Pool`.
+    async def spawn(cls, specs: Sequence[EngineSpec], options: EngineOptions | None = None) -> AsyncIterator[Pool]:
+        """Start every engine of ``specs`` concurrently, each on ``options`` (default: their defaults)
+        with its spec's own changes; yield the :class:`Pool`.
 
         Raises the first start error (ValueError for an empty or duplicate-named
         list); the engines already started are shut down gracefully.
@@ -70,16 +80,16 @@ class Pool:
         if len(set(names)) != len(names):
             raise ValueError(f"specs: engine names must be unique, got {names}")
         engines: list[Engine | None] = [None] * len(specs)
-        caps: dict[str, object] = {}
+        caps: dict[str, Caps] = {}
         stop = anyio.Event()
 
-        async def hold(spec: EngineSpec, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
-            async with Engine.spawn(spec.argv, name=spec.name, **spec.options) as eng:
+        async def hold(spec: EngineSpec, *, task_status: TaskStatus[Engine] = anyio.TASK_STATUS_IGNORED) -> None:
+            async with Engine.spawn(spec.argv, name=spec.name, options=options, **spec.options) as eng:
                 caps[spec.name] = eng.caps  # read at its handshake: the process may be gone by the time we yield
                 task_status.started(eng)
                 await stop.wait()
 
-        async def start_one(i: int, tg) -> None:
+        async def start_one(i: int, tg: TaskGroup) -> None:
             engines[i] = await tg.start(hold, specs[i])
 
         try:
@@ -89,7 +99,8 @@ class Pool:
                         for i in range(len(specs)):
                             starters.start_soon(start_one, i, tg)
                     pool = cls(
-                        engines, {s.name: s.model or getattr(caps[s.name], "model", None) or s.name for s in specs}
+                        cast("list[Engine]", engines),  # every one started, or the starters raised
+                        {s.name: s.model or getattr(caps[s.name], "model", None) or s.name for s in specs},
                     )
                     pool.first_caps = caps
                     yield pool
@@ -148,19 +159,21 @@ class Pool:
                 self._affinity.popitem(last=False)
         return chosen
 
-    def submit(self, prompt, *, model: str | None = None, **kw) -> RequestStream:
+    def submit(self, prompt: Text, *, model: str | None = None, **kw: Any) -> RequestStream:
         """:meth:`Engine.submit` on :meth:`pick` ``(model, route or prompt)``."""
         return self.pick(model, kw.get("route") or prompt).submit(prompt, **kw)
 
-    async def read_out(self, prompt, *, model: str | None = None, **kw):
+    async def read_out(self, prompt: Text, *, model: str | None = None, **kw: Any) -> ReadOut:
         """:meth:`Engine.read_out` on :meth:`pick` ``(model, route or prompt)``."""
         return await self.pick(model, kw.get("route") or prompt).read_out(prompt, **kw)
 
-    async def score(self, prefix, groups, *, model: str | None = None, **kw):
+    async def score(self, prefix: Text, groups: Groups, *, model: str | None = None, **kw: Any) -> ScoreResult:
         """:meth:`Engine.score` on :meth:`pick` ``(model, route or prefix)``."""
         return await self.pick(model, kw.get("route") or prefix).score(prefix, groups, **kw)
 
-    async def decide(self, record, *, model: str | None = None, **kw):
+    async def decide(
+        self, record: Text | dict[str, Any], *, model: str | None = None, **kw: Any
+    ) -> tuple[dict[str, Any], Done]:
         """:meth:`Engine.decide` on a decision engine (CAPS ``decide=1``) for ``model``."""
         fits = [
             e

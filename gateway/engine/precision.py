@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from gateway.engine.build import EngineBuildError, ensure_engine
@@ -153,7 +154,7 @@ def ensure_transcode(
     fingerprint = source_fingerprint(src)
     target = transcode_path(src, kind)
     label, name = f"serveproto: precision {kind}", kind.upper()
-    say = (lambda msg: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    say: Callable[[str], None] = (lambda msg: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     why = _not_of(target, kind, fingerprint)
     if why is None:
         say(f"{label}: reusing {target}")
@@ -186,6 +187,7 @@ def ensure_transcode(
             errors="replace",
         )
         with proc:
+            assert proc.stderr is not None  # stderr=PIPE
             for line in proc.stderr:
                 tail = (tail + [line.rstrip("\n")])[-20:]
                 if line.startswith(f"serveproto-quantize: {name}:"):

@@ -15,6 +15,7 @@ hung the same way. It never restarts anything: that is
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -23,6 +24,7 @@ import subprocess
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -36,6 +38,7 @@ from gateway.engine.errors import (
     EngineTimeout,
     EngineUnavailable,
 )
+from gateway.engine.options import ProcessOptions
 from gateway.engine.slots import SlotLease, SlotRouter
 from serveproto import (
     Cancel,
@@ -94,8 +97,8 @@ class Inflight:
     def __init__(self, rid: int, lease: SlotLease | None) -> None:
         self.id = rid
         self.lease = lease
-        self.send: MemoryObjectSendStream
-        self.recv: MemoryObjectReceiveStream
+        self.send: MemoryObjectSendStream[object]
+        self.recv: MemoryObjectReceiveStream[object]
         self.send, self.recv = anyio.create_memory_object_stream(math.inf)
         self.detached = False
 
@@ -133,35 +136,18 @@ class EngineProcess:
         argv: Sequence[str],
         *,
         name: str,
-        handshake_timeout: float | None,
-        stall_timeout: float | None,
-        health_interval: float | None,
-        ping_timeout: float,
-        drain_timeout: float,
-        term_timeout: float,
-        env: dict[str, str] | None,
-        cwd: str | None,
+        options: ProcessOptions,
         on_exit: Callable[[], None] | None,
-        stderr_lines_per_s: int,
-        max_line: int,
-        max_payload: int,
         will_restart: Callable[[], bool] | None = None,
     ) -> None:
         self.argv = [os.fspath(a) for a in argv]
         self.name = name
-        self.handshake_timeout = handshake_timeout
-        self.stall_timeout = stall_timeout
-        self.health_interval = health_interval
-        self.ping_timeout = ping_timeout
+        #: How the process is run and watched (timeouts in seconds, env, cwd, bounds).
+        self.options = options
         self._ping_sent: float | None = None  # when the watchdog's PING now unanswered was sent
-        self.drain_timeout = drain_timeout
-        self.term_timeout = term_timeout
-        self._env = env
-        self._cwd = cwd
         self._on_exit = on_exit
         self._will_restart = will_restart
-        self._stderr_lines_per_s = stderr_lines_per_s
-        self._conn = GatewayConnection(max_line=max_line, max_payload=max_payload)
+        self._conn = GatewayConnection(max_line=options.max_line, max_payload=options.max_payload)
         self._proc: anyio.abc.Process | None = None
         self._stderr_log = logging.getLogger(f"gateway.engine.{name}")
         self._stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL)
@@ -188,12 +174,12 @@ class EngineProcess:
     @property
     def pid(self) -> int | None:
         """The process id, or ``None`` before it started."""
-        return self._proc.pid if self._proc is not None else None
+        return self._running.pid if self._proc is not None else None
 
     @property
     def returncode(self) -> int | None:
         """The exit status once reaped (negative: the signal that killed it)."""
-        return self._proc.returncode if self._proc is not None else None
+        return self._running.returncode if self._proc is not None else None
 
     @property
     def healthy(self) -> bool:
@@ -205,7 +191,7 @@ class EngineProcess:
         """False while the watchdog's PING has gone unanswered for more than ``health_interval`` s
         (a beat missed: the engine is slow or stalled; at ``ping_timeout`` it is failed)."""
         sent = self._ping_sent
-        return sent is None or anyio.current_time() - sent <= (self.health_interval or 0.0)
+        return sent is None or anyio.current_time() - sent <= (self.options.health_interval or 0.0)
 
     @property
     def failure(self) -> BaseException | None:
@@ -235,22 +221,15 @@ class EngineProcess:
         argv: Sequence[str],
         *,
         name: str | None = None,
-        handshake_timeout: float | None = 60.0,
-        stall_timeout: float | None = 60.0,
-        health_interval: float | None = None,
-        ping_timeout: float = 30.0,
-        drain_timeout: float = 5.0,
-        term_timeout: float = 2.0,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
+        options: ProcessOptions | None = None,
         on_exit: Callable[[], None] | None = None,
-        stderr_lines_per_s: int = 1000,
-        max_line: int = 4096,
-        max_payload: int = 64 << 20,
         will_restart: Callable[[], bool] | None = None,
+        **changes: Any,
     ) -> AsyncIterator[EngineProcess]:
         """Start ``argv``, complete the handshake, yield the process; shut it down on exit.
 
+        ``options``: :class:`gateway.engine.options.ProcessOptions` (default: its defaults), with
+        ``changes`` by field name on top (``handshake_timeout=10``; TypeError for another name).
         ``will_restart``: asked when the process dies on its own, whether its owner will start
         another (the error then says ``"; restarting"``).
 
@@ -260,21 +239,12 @@ class EngineProcess:
         """
         if not argv:
             raise ValueError("argv: the engine command is empty")
+        options = dataclasses.replace(options or ProcessOptions(), **changes)
         self = cls(
             argv,
             name=name or os.path.basename(os.fspath(argv[0])),
-            handshake_timeout=handshake_timeout,
-            stall_timeout=stall_timeout,
-            health_interval=health_interval,
-            ping_timeout=ping_timeout,
-            drain_timeout=drain_timeout,
-            term_timeout=term_timeout,
-            env=env,
-            cwd=cwd,
+            options=options,
             on_exit=on_exit,
-            stderr_lines_per_s=stderr_lines_per_s,
-            max_line=max_line,
-            max_payload=max_payload,
             will_restart=will_restart,
         )
         try:
@@ -289,16 +259,17 @@ class EngineProcess:
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
-                    env=env,
-                    cwd=cwd,
+                    env=options.env,
+                    cwd=options.cwd,
                     start_new_session=True,
                 )
         except OSError as exc:
             self._mark_failed(
                 EngineLoadError("io", f"cannot execute {self.argv[0]!r}: {exc.strerror or exc}", name=self.name)
             )
+            assert self._failure is not None  # set by _mark_failed
             raise self._failure from exc
-        log.info("engine %s: started pid %d: %s", self.name, self._proc.pid, " ".join(self.argv))
+        log.info("engine %s: started pid %d: %s", self.name, self._running.pid, " ".join(self.argv))
         try:
             try:
                 async with anyio.create_task_group() as tg:
@@ -316,7 +287,7 @@ class EngineProcess:
                         tg.cancel_scope.cancel()
                         raise
                     tg.start_soon(self._read_loop)
-                    if health_interval is not None and self.caps.x_health:
+                    if options.health_interval is not None and self.caps is not None and self.caps.x_health:
                         tg.start_soon(self._watchdog)
                     try:
                         yield self
@@ -328,11 +299,11 @@ class EngineProcess:
                 raise unwrap_group(group) from None
         finally:
             with anyio.CancelScope(shield=True):
-                await self._proc.aclose()
-            log.info("engine %s: pid %d ended with status %s", self.name, self._proc.pid, self._proc.returncode)
+                await self._running.aclose()
+            log.info("engine %s: pid %d ended with status %s", self.name, self._running.pid, self._running.returncode)
 
     async def _handshake(self) -> None:
-        seconds = self.handshake_timeout
+        seconds = self.options.handshake_timeout
         with anyio.CancelScope(deadline=anyio.current_time() + seconds if seconds is not None else math.inf) as scope:
             while self.stat is None:
                 data = await self._receive()
@@ -373,7 +344,7 @@ class EngineProcess:
 
     async def _receive(self) -> bytes:
         try:
-            return await self._proc.stdout.receive(READ_CHUNK)
+            return await self._stdout.receive(READ_CHUNK)
         except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
             return b""
 
@@ -382,9 +353,9 @@ class EngineProcess:
         it died after its handshake (its requests get this error; ``"; restarting"`` when its owner
         starts another); its last stderr lines go to the log, not the message."""
         with anyio.move_on_after(REAP_GRACE):
-            await self._proc.wait()
+            await self._running.wait()
             await self._stderr_done.wait()
-        rc = self._proc.returncode
+        rc = self._running.returncode
         message = f"engine {self.name!r} {exit_words(rc, what)}"
         if serving and self._will_restart is not None and self._will_restart():
             message += "; restarting"
@@ -402,19 +373,22 @@ class EngineProcess:
         self._closing = True
         proc = self._proc
         try:
+            assert proc is not None  # started before anything shuts it down
             if graceful and self._failure is None:
-                with anyio.move_on_after(self.drain_timeout):
+                with anyio.move_on_after(self.options.drain_timeout):
                     async with self._write_lock:
-                        await proc.stdin.aclose()
+                        await self._stdin.aclose()
                     await proc.wait()
                 if proc.returncode is None:
                     log.warning(
-                        "engine %s: did not exit within %.1f s of EOF; terminating", self.name, self.drain_timeout
+                        "engine %s: did not exit within %.1f s of EOF; terminating",
+                        self.name,
+                        self.options.drain_timeout,
                     )
             if proc.returncode is None:
                 _signal(proc, signal.SIGTERM)
                 _signal(proc, signal.SIGCONT)  # a stopped engine (SIGSTOP) acts on the TERM only once resumed
-                with anyio.move_on_after(self.term_timeout):
+                with anyio.move_on_after(self.options.term_timeout):
                     await proc.wait()
             if proc.returncode is None:
                 log.warning("engine %s: did not exit on SIGTERM; killing", self.name)
@@ -449,8 +423,8 @@ class EngineProcess:
     # ------------------------------------------------------------ reading
 
     def _stall_deadline(self) -> float:
-        if self._inflight and self.stall_timeout is not None:
-            return anyio.current_time() + self.stall_timeout
+        if self._inflight and self.options.stall_timeout is not None:
+            return anyio.current_time() + self.options.stall_timeout
         return math.inf
 
     async def _read_loop(self) -> None:
@@ -464,11 +438,11 @@ class EngineProcess:
                     continue
                 await self._fail(
                     EngineTimeout(
-                        f"engine {self.name!r} wrote nothing for {self.stall_timeout} s with "
+                        f"engine {self.name!r} wrote nothing for {self.options.stall_timeout} s with "
                         f"{len(self._inflight)} request(s) in flight; killed",
                         name=self.name,
                         what="stall",
-                        seconds=self.stall_timeout or 0.0,
+                        seconds=self.options.stall_timeout or 0.0,
                     )
                 )
                 return
@@ -496,7 +470,7 @@ class EngineProcess:
                     return
                 self._dispatch(ev)
 
-    def _dispatch(self, ev) -> None:
+    def _dispatch(self, ev: object) -> None:
         rid = getattr(ev, "id", None)
         if rid is None:
             if isinstance(ev, Telemetry):
@@ -526,11 +500,13 @@ class EngineProcess:
         frames, spec 9.3). A PONG that has not come within ``ping_timeout`` s fails the engine
         with :class:`EngineTimeout` (``what="stall"``) and shuts it down: every request in it gets
         that error at once, whatever its own deadline."""
+        interval = self.options.health_interval
+        assert interval is not None  # the watchdog runs only with one
         while True:
-            await anyio.sleep(self.health_interval)
+            await anyio.sleep(interval)
             req: Inflight | None = None
             self._ping_sent = anyio.current_time()
-            with anyio.move_on_after(self.ping_timeout) as scope:
+            with anyio.move_on_after(self.options.ping_timeout) as scope:
                 try:
                     # not shielded: a PING line is written whole or not at all, and one that cannot
                     # even be written in time (a full pipe) is a stall too
@@ -551,10 +527,10 @@ class EngineProcess:
             if scope.cancelled_caught:
                 await self._fail(
                     EngineTimeout(
-                        f"engine {self.name!r} did not answer PING within {self.ping_timeout:g} s; killed",
+                        f"engine {self.name!r} did not answer PING within {self.options.ping_timeout:g} s; killed",
                         name=self.name,
                         what="stall",
-                        seconds=self.ping_timeout,
+                        seconds=self.options.ping_timeout,
                     )
                 )
                 return
@@ -564,7 +540,7 @@ class EngineProcess:
     async def _pump_stderr(self) -> None:
         buf = b""
         try:
-            async for chunk in self._proc.stderr:
+            async for chunk in self._stderr:
                 buf += chunk
                 *lines, buf = buf.split(b"\n")
                 while len(buf) > MAX_STDERR_LINE:
@@ -579,7 +555,9 @@ class EngineProcess:
                 self._log_stderr(buf)
             if self._dropped_lines:
                 self._stderr_log.warning(
-                    "(%d stderr lines not logged: over %d lines/s)", self._dropped_lines, self._stderr_lines_per_s
+                    "(%d stderr lines not logged: over %d lines/s)",
+                    self._dropped_lines,
+                    self.options.stderr_lines_per_s,
                 )
             self._stderr_done.set()
 
@@ -594,16 +572,42 @@ class EngineProcess:
         if now - self._window_start >= 1.0:
             if self._dropped_lines:
                 self._stderr_log.warning(
-                    "(%d stderr lines not logged: over %d lines/s)", self._dropped_lines, self._stderr_lines_per_s
+                    "(%d stderr lines not logged: over %d lines/s)",
+                    self._dropped_lines,
+                    self.options.stderr_lines_per_s,
                 )
             self._window_start, self._window_lines, self._dropped_lines = now, 0, 0
-        if self._window_lines < self._stderr_lines_per_s:
+        if self._window_lines < self.options.stderr_lines_per_s:
             self._window_lines += 1
             self._stderr_log.info("%s", text)
         else:
             self._dropped_lines += 1
 
     # ------------------------------------------------------------ requests
+
+    @property
+    def _running(self) -> anyio.abc.Process:
+        """The OS process: :meth:`start` opens it before anything else reads it."""
+        assert self._proc is not None
+        return self._proc
+
+    @property
+    def _stdin(self) -> anyio.abc.ByteSendStream:
+        stream = self._running.stdin
+        assert stream is not None  # opened with stdin=PIPE
+        return stream
+
+    @property
+    def _stdout(self) -> anyio.abc.ByteReceiveStream:
+        stream = self._running.stdout
+        assert stream is not None  # opened with stdout=PIPE
+        return stream
+
+    @property
+    def _stderr(self) -> anyio.abc.ByteReceiveStream:
+        stream = self._running.stderr
+        assert stream is not None  # opened with stderr=PIPE
+        return stream
 
     def _check_open(self) -> None:
         if self._failure is not None:
@@ -614,10 +618,11 @@ class EngineProcess:
     async def acquire(self, slot: int | None = None, key: bytes = b"", pin: bool = False) -> SlotLease:
         """Wait for a slot (FIFO) and return its lease; see :class:`SlotRouter`."""
         self._check_open()
+        assert self.router is not None  # set at the handshake, before any request
         return await self.router.acquire(slot, key, pin)
 
     async def begin(
-        self, make: Callable[[int, int], object], lease: SlotLease | None, *, shield: bool = True
+        self, make: Callable[[int, int], serveproto.Event], lease: SlotLease | None, *, shield: bool = True
     ) -> Inflight:
         """Send one request and return its :class:`Inflight`.
 
@@ -636,8 +641,10 @@ class EngineProcess:
         self._inflight[rid] = req
         if lease is not None:
             lease.begin()
-        if self._read_scope is not None and self.stall_timeout is not None:
-            self._read_scope.deadline = min(self._read_scope.deadline, anyio.current_time() + self.stall_timeout)
+        if self._read_scope is not None and self.options.stall_timeout is not None:
+            self._read_scope.deadline = min(
+                self._read_scope.deadline, anyio.current_time() + self.options.stall_timeout
+            )
         try:
             with anyio.CancelScope(shield=shield):
                 await self._write(event)
@@ -667,20 +674,20 @@ class EngineProcess:
             except LocalProtocolError as exc:
                 log.warning("engine %s: could not cancel %d: %s", self.name, req.id, exc)
 
-    async def _write(self, event) -> None:
+    async def _write(self, event: serveproto.Event) -> None:
         async with self._write_lock:
             if self._failure is not None or self._closing or self._eof:
                 # Not sent: the request is failed with the engine's error shortly.
                 return
             data = self._conn.send(event)
             try:
-                await self._proc.stdin.send(data)
+                await self._stdin.send(data)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
                 # The reader sees the EOF and fails everything with the exit status.
                 log.debug("engine %s: write failed: %r", self.name, exc)
 
 
-def _signal(proc, sig: int) -> None:
+def _signal(proc: anyio.abc.Process, sig: int) -> None:
     """Send ``sig`` unless the process was reaped.
 
     ``os.kill`` rather than ``Popen.send_signal``: the latter polls first, and

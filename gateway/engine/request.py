@@ -11,7 +11,7 @@ same path.
 from __future__ import annotations
 
 import math
-from typing import Awaitable, Callable  # noqa: UP035  (Starter below is a runtime alias)
+from typing import Any, Awaitable, Callable  # noqa: UP035  (Starter below is a runtime alias)
 
 import anyio
 
@@ -59,17 +59,17 @@ class RequestStream:
     async def __aenter__(self) -> RequestStream:
         return self
 
-    async def __aexit__(self, *exc_info) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
         """Give up on the request: CANCEL if it is still running; idempotent."""
         if not self._finished:
             self._finished = True
-            if self._req is not None:
+            if self._req is not None and self._proc is not None:  # set together by the starter
                 await self._proc.cancel(self._req)
 
-    async def __anext__(self):
+    async def __anext__(self) -> Any:
         if self._finished:
             raise StopAsyncIteration
         if self._deadline is None:
@@ -82,11 +82,13 @@ class RequestStream:
                 item = await self._req.recv.receive()
         except anyio.EndOfStream:
             self._finished = True
-            raise EngineCrashed(f"request {self._req.id} ended without DONE or ERROR", name=self.name) from None
+            rid = self._req.id if self._req is not None else None
+            raise EngineCrashed(f"request {rid} ended without DONE or ERROR", name=self.name) from None
         except anyio.ClosedResourceError:
             # Another task closed this stream (aclose) while we waited for its frames.
             self._finished = True
-            raise RequestError("CANCELLED", "closed by aclose() in another task", request_id=self._req.id) from None
+            rid = self._req.id if self._req is not None else 0
+            raise RequestError("CANCELLED", "closed by aclose() in another task", request_id=rid) from None
         except BaseException:
             # Cancelled by the caller (or anything unexpected): CANCEL, then re-raise.
             with anyio.CancelScope(shield=True):

@@ -22,58 +22,31 @@ from collections import deque
 from collections.abc import Sequence
 
 import anyio
+from anyio.abc import TaskStatus
 
 from gateway.engine.errors import EngineError, EngineUnavailable
+from gateway.engine.options import EngineOptions, RestartPolicy
 from gateway.engine.process import EngineProcess
 
+__all__ = ["RestartPolicy", "Supervisor"]
+
 log = logging.getLogger("gateway.engine")
-
-
-class RestartPolicy:
-    """Restart intensity and backoff.
-
-    ``max_restarts`` restarts are allowed within any ``period`` seconds (OTP's
-    intensity / period; 0 means never restart, ``None`` restart without limit).
-    The n-th consecutive restart waits ``min(backoff_max, backoff_initial *
-    2**(n-1))`` seconds; the count of consecutive restarts resets after a
-    process served for ``period`` s. Raises ValueError naming the field for a
-    negative value.
-    """
-
-    def __init__(
-        self, max_restarts: int | None = 3, period: float = 60.0, backoff_initial: float = 0.1, backoff_max: float = 5.0
-    ) -> None:
-        for field, value in (
-            ("max_restarts", max_restarts),
-            ("period", period),
-            ("backoff_initial", backoff_initial),
-            ("backoff_max", backoff_max),
-        ):
-            if value is not None and value < 0:
-                raise ValueError(f"{field}: must be >= 0, got {value}")
-        self.max_restarts = max_restarts
-        self.period = period
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
-
-    def delay(self, consecutive: int) -> float:
-        """Seconds to wait before the ``consecutive``-th restart in a row (1-based)."""
-        return min(self.backoff_max, self.backoff_initial * 2 ** max(0, consecutive - 1))
 
 
 class Supervisor:
     """Owns the current :class:`EngineProcess` of one engine command and restarts it.
 
-    ``process_kw`` go to :meth:`EngineProcess.start` (timeouts, env, cwd, ...).
-    Use through :meth:`gateway.engine.Engine.spawn`, which runs :meth:`run` in
+    ``options``: :class:`gateway.engine.options.EngineOptions`; its ``restart``
+    is the policy, its ``process`` goes to :meth:`EngineProcess.start` whole
+    (timeouts, env, cwd, ...). Use through :meth:`gateway.engine.Engine.spawn`, which runs :meth:`run` in
     a task group and calls :meth:`close` on exit.
     """
 
-    def __init__(self, argv: Sequence[str], *, name: str, policy: RestartPolicy, **process_kw) -> None:
+    def __init__(self, argv: Sequence[str], *, name: str, options: EngineOptions) -> None:
         self.argv = list(argv)
         self.name = name
-        self.policy = policy
-        self._kw = process_kw
+        self.options = options
+        self.policy: RestartPolicy = options.restart
         self._current: EngineProcess | None = None
         self._ready = anyio.Event()  # set while a process serves (and once stopped): instance() waits on it
         #: The supervisor's lifetime: :meth:`run` runs inside it, :meth:`close` cancels it (whatever
@@ -158,7 +131,7 @@ class Supervisor:
             self._restart_times.popleft()
         return len(self._restart_times) < self.policy.max_restarts
 
-    async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Start the engine, then keep it running until :meth:`close` (or until it gives up).
 
         ``task_status.started()`` is called after the first handshake; an error
@@ -175,9 +148,9 @@ class Supervisor:
                         async with EngineProcess.start(
                             self.argv,
                             name=self.name,
+                            options=self.options.process,
                             on_exit=self._on_process_exit,
                             will_restart=self._will_restart,
-                            **self._kw,
                         ) as proc:
                             served = proc
                             self._current = proc

@@ -19,9 +19,10 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from email.utils import formatdate
 from http import HTTPStatus
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -168,7 +169,7 @@ class HTTPConnection:
             self._resume.set()
         await arrived.wait()
 
-    async def _send(self, event) -> None:
+    async def _send(self, event: h11.Event) -> None:
         data = self.conn.send(event)
         if data:
             try:
@@ -456,7 +457,7 @@ class HTTPConnection:
                     await aclose()
 
 
-_date_cache: list = [0, b""]
+_date_cache: list[Any] = [0, b""]
 
 
 def _http_date() -> bytes:
@@ -465,7 +466,8 @@ def _http_date() -> bytes:
     if _date_cache[0] != now:
         _date_cache[0] = now
         _date_cache[1] = formatdate(now, usegmt=True).encode("ascii")
-    return _date_cache[1]
+    date: bytes = _date_cache[1]
+    return date
 
 
 def _reason(status: int) -> bytes:
@@ -475,7 +477,7 @@ def _reason(status: int) -> bytes:
         return b""
 
 
-def _header(headers, name: bytes) -> str | None:
+def _header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> str | None:
     for k, v in headers:
         if k == name:
             return v.decode("latin-1")
@@ -544,7 +546,8 @@ class HTTPServer:
                 await stream.aclose()
             return
         try:
-            host, port = stream.extra(anyio.abc.SocketAttribute.remote_address)[:2]
+            address: Any = stream.extra(anyio.abc.SocketAttribute.remote_address)
+            host, port = address[:2]
             client = f"{host}:{port}"
         except Exception:
             client = ""
@@ -577,7 +580,7 @@ class HTTPServer:
                 await self._drained.wait()
         return not self._live
 
-    async def _accept(self, listener: anyio.abc.Listener, tg: anyio.abc.TaskGroup) -> None:
+    async def _accept(self, listener: anyio.abc.Listener[anyio.abc.SocketStream], tg: anyio.abc.TaskGroup) -> None:
         # The connections run in ``tg``, outside this scope: drain() stops accepting, not serving.
         with anyio.CancelScope() as scope:
             self._accepting.append(scope)
@@ -589,7 +592,7 @@ class HTTPServer:
         self.connections -= 1
 
     @staticmethod
-    async def bind(host: str = "127.0.0.1", port: int = 0) -> anyio.abc.Listener:
+    async def bind(host: str = "127.0.0.1", port: int = 0) -> anyio.abc.Listener[anyio.abc.SocketStream]:
         """A TCP listener on ``host:port`` (port 0 picks a free one), to pass to :meth:`start`.
 
         Binding apart from serving lets a caller claim the port before slow
@@ -608,7 +611,7 @@ class HTTPServer:
         tg: anyio.abc.TaskGroup,
         host: str = "127.0.0.1",
         port: int = 0,
-        listener: anyio.abc.Listener | None = None,
+        listener: anyio.abc.Listener[anyio.abc.SocketStream] | None = None,
     ) -> int:
         """Serve in ``tg`` on ``listener``, or on a new one bound to ``host:port``. Returns the bound port."""
         if listener is None:
@@ -623,7 +626,7 @@ class HTTPServer:
             await self.start(tg, host, port)
 
 
-def access_line(request: Request, status: int, seconds: float, extra: dict | None = None) -> str:
+def access_line(request: Request, status: int, seconds: float, extra: dict[str, Any] | None = None) -> str:
     """The structured log line of one request: one JSON object (orjson) on one line."""
     record = {
         "request_id": request.request_id,

@@ -11,6 +11,7 @@ engine that is down 503 with ``Retry-After``), anything else a logged 500.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import functools
 import logging
@@ -22,12 +23,18 @@ import attrs
 import orjson
 
 from gateway.decision import pipeline
+from gateway.decision.calibration import Calibration
 from gateway.decision.chat_template import ChatTemplate, read_gguf
+from gateway.decision.decision_log import DecisionLog
+from gateway.decision.prompts import PromptBuilder
 from gateway.http import HTTPError, Request, Response, Router, access_line
-from gateway.server import auth, routes_jev, routes_openai, routes_ops, routes_rerank, routing
+from gateway.server import auth, routes_ops, routes_rerank, routing
 from gateway.server.errors import RETRY_AFTER, http_error, log_note
 from gateway.server.fleet import Backend, Served
+from gateway.server.jev import routes as routes_jev
 from gateway.server.metrics import Metrics
+from gateway.server.openai import routes as routes_openai
+from serveproto import Caps
 
 log = logging.getLogger("serveproto.access")
 
@@ -97,6 +104,21 @@ class ModelInfo:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class AppConfig:
+    """The application's own settings, built once (``serveproto serve``: from its flags).
+
+    ``api_key``: the bearer token every non-public route requires (``None``, the default:
+    none). ``request_timeout``: seconds one engine call may take before the client gets a
+    503 (default 120; ``serve``'s ``--request-timeout`` defaults to 600). ``max_inflight``:
+    POST requests served at once (default 256); one more is answered 503 + ``Retry-After``.
+    """
+
+    api_key: str | None = None
+    request_timeout: float = 120.0
+    max_inflight: int = 256
+
+
 class App:
     """The HTTP handler over one engine, or over several engines and models.
 
@@ -105,11 +127,12 @@ class App:
     or ``engine`` a :class:`gateway.engine.pool.Pool` and ``model`` a dict
     model name -> :class:`gateway.server.fleet.Served` (the first is the
     default model: a request naming no served model gets it; the pool's
-    ``model_of`` names each engine's model). ``api_key``: required bearer
-    token, or None for none. ``request_timeout``: seconds one engine call may
-    take before the client gets a 503. ``max_inflight``: POST requests served
-    at once; one more is answered 503 + ``Retry-After`` at once rather than
-    queued past the client's timeout (the SDK gives up after 10 s).
+    ``model_of`` names each engine's model). ``config``: :class:`AppConfig`
+    (the bearer key, the engine call's timeout, the POST requests served at
+    once: one more is answered 503 + ``Retry-After`` at once rather than
+    queued past the client's timeout, the SDK giving up after 10 s), with
+    ``changes`` by field name on top (``api_key=...``, ``request_timeout=5``;
+    TypeError for another name).
     ``debias``: the :mod:`gateway.decision.debias` methods applied when a
     request does not say (``x_debias``); none by default (with a dict of
     models, each :class:`Served` has its own).
@@ -126,14 +149,12 @@ class App:
         engine: Any,
         model: ModelInfo | dict[str, Served],
         *,
-        api_key: str | None = None,
-        request_timeout: float = 120.0,
-        max_inflight: int = 256,
+        config: AppConfig | None = None,
         debias: tuple[str, ...] = (),
+        **changes: Any,
     ) -> None:
-        self.max_inflight = max_inflight
+        self.config = dataclasses.replace(config or AppConfig(), **changes)
         self.inflight = 0
-        self.api_key = api_key
         self.metrics = Metrics(
             engine_restarts=lambda: float(sum(b.status()["restarts"] for b in self.backends)),
             engine_up=lambda: 1.0 if all(b.status()["healthy"] for b in self.backends) else 0.0,
@@ -155,7 +176,7 @@ class App:
             engines = [engine]
         self.default = next(iter(self.served))
         for s in self.served.values():
-            s.settings.timeout = request_timeout
+            s.settings.timeout = self.config.request_timeout
         self.backends = [
             Backend(
                 e,
@@ -185,43 +206,31 @@ class App:
         return self.served[self.default].info
 
     @property
-    def prompts(self):
+    def prompts(self) -> PromptBuilder:
         return self.served[self.default].prompts
 
     @property
-    def caps(self):
-        return self.engine.caps
+    def caps(self) -> Caps:
+        return self.backends[0].caps
 
     @property
-    def settings(self):
+    def settings(self) -> pipeline.Settings:
         """The default model's decision settings (``gateway.decision.pipeline.Settings``)."""
         return self.served[self.default].settings
 
     @property
-    def memory(self):
+    def memory(self) -> pipeline.Memory:
         """The first engine's decision memory (``gateway.decision.pipeline.Memory``)."""
         return self.backends[0].memory
 
     @property
-    def request_timeout(self) -> float:
-        """Seconds one engine call may take before the client gets a 503."""
-        return self.served[self.default].settings.timeout
-
-    @property
-    def debias(self) -> tuple[str, ...]:
-        return self.served[self.default].debias
-
-    @debias.setter
-    def debias(self, methods: tuple[str, ...]) -> None:
-        self.served[self.default].debias = tuple(methods)
-
-    @property
-    def calibration(self):
+    def calibration(self) -> Calibration | None:
         """The default model's calibration (``gateway.decision.calibration.Calibration`` or None)."""
         return self.served[self.default].calibration
 
     @calibration.setter
-    def calibration(self, value) -> None:
+    def calibration(self, value: Calibration | None) -> None:
+        """Set the default model's calibration (``serve`` does, after construction)."""
         self.served[self.default].calibration = value
 
     @property
@@ -234,12 +243,12 @@ class App:
         self.served[self.default].model_sha256 = value
 
     @property
-    def decision_log(self):
+    def decision_log(self) -> DecisionLog | None:
         """The server's decision log (``gateway.decision.decision_log.DecisionLog``) or None: every engine's."""
         return self._decision_log
 
     @decision_log.setter
-    def decision_log(self, log) -> None:
+    def decision_log(self, log: DecisionLog | None) -> None:
         self._decision_log = log
         for b in self.backends:
             b.decision_log = log
@@ -266,7 +275,7 @@ class App:
         first). Everything else (public routes, unknown paths, methods not
         allowed) goes on to :meth:`__call__`. Logged and counted as a response.
         """
-        if not self.api_key:
+        if not self.config.api_key:
             return None
         try:
             route, _ = self.router.resolve(request)
@@ -275,7 +284,7 @@ class App:
         if route in PUBLIC_ROUTES:
             return None
         try:
-            auth.check(request, self.api_key)
+            auth.check(request, self.config.api_key)
         except HTTPError as exc:
             response = exc.response()
             self.metrics.observe_request(route, request.method, response.status, 0.0)
@@ -291,9 +300,9 @@ class App:
         try:
             route, handler = self.router.resolve(request)
             if route not in PUBLIC_ROUTES:
-                auth.check(request, self.api_key)
+                auth.check(request, self.config.api_key)
             if request.method == "POST":
-                if self.inflight >= self.max_inflight:
+                if self.inflight >= self.config.max_inflight:
                     raise HTTPError(
                         503,
                         "overloaded_error",

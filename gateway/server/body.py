@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from gateway.http import HTTPError, Request
-from gateway.server.errors import validation_body
+from gateway.server.jev.protocol import validation_body
 
 
 def parse_json(request: Request) -> Any:
@@ -37,7 +37,7 @@ def parse_json(request: Request) -> Any:
     return value
 
 
-class _Repeats(dict):
+class _Repeats(dict[str, Any]):
     """An object of the body that repeats a key (``repeated``: the first such key)."""
 
     repeated: str
@@ -53,14 +53,18 @@ def duplicate_key(body: bytes) -> tuple[list[Any], str] | None:
     """
     found = False
 
-    def pairs(items: list[tuple[str, Any]]) -> dict:
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
         nonlocal found
         obj = dict(items)
         if len(obj) == len(items):
             return obj
         seen: set[str] = set()
         repeats = _Repeats(obj)
-        repeats.repeated = next(k for k, _ in items if k in seen or seen.add(k))
+        for k, _ in items:
+            if k in seen:
+                repeats.repeated = k
+                break
+            seen.add(k)
         found = True
         return repeats
 

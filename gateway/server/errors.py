@@ -2,17 +2,17 @@
 
 :func:`http_error` takes the decision room's typed errors (:mod:`gateway.decision.errors`,
 the request's validation), the engine's (:mod:`gateway.engine.errors`) and the routes'
-own :class:`HTTPError`; :func:`validation_body` is the shape of every 422 body.
+own :class:`HTTPError`; every 422 body has Jev's shape (:func:`gateway.server.jev.protocol.validation_body`).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from gateway.decision.errors import DecisionTimeout, UnusableDecision, UnusableScores
-from gateway.decision.jev import JevValidationError
+from gateway.decision.rerank import RerankInvalid
+from gateway.decision.schema import JevValidationError
 from gateway.engine.errors import EngineError, RequestError
 from gateway.http import HTTPError
+from gateway.server.jev.protocol import error_body, validation_body
 
 #: Seconds a client is told to wait when the engine is down or busy.
 RETRY_AFTER = "1"
@@ -30,8 +30,10 @@ def http_error(exc: BaseException) -> HTTPError | None:
     """
     if isinstance(exc, HTTPError):
         return exc
-    if isinstance(exc, JevValidationError):
+    if isinstance(exc, RerankInvalid):  # /v1/rerank's 422 adds the ``message`` its clients print
         return HTTPError(422, "invalid_request_error", str(exc), body=exc.body())
+    if isinstance(exc, JevValidationError):
+        return HTTPError(422, "invalid_request_error", str(exc), body=error_body(exc))
     if isinstance(exc, DecisionTimeout):
         return HTTPError(503, "overloaded_error", str(exc), headers=[("retry-after", RETRY_AFTER)])
     if isinstance(exc, UnusableScores):
@@ -85,8 +87,15 @@ def engine_http_error(exc: EngineError | RequestError) -> HTTPError:
     return HTTPError(503, "overloaded_error", f"the engine is unavailable: {exc}", headers=retry)
 
 
-def validation_body(detail: list[dict[str, Any]], message: str, param: str) -> dict[str, Any]:
-    """Every 422 body: Jev's ``detail`` list (what the SDK reads) and an ``error`` envelope beside it,
-    ``{"type": "invalid_request_error", "message", "param"}`` (``param``: the dotted field, ``""`` for
-    the body as a whole), the same shape :meth:`JevValidationError.body` gives."""
-    return {"detail": detail, "error": {"type": "invalid_request_error", "message": message, "param": param}}
+def openai_error(message: str, param: str | None = None) -> HTTPError:
+    """A 400 in OpenAI's error envelope, with Jev's ``detail`` beside it (each client reads its own): the
+    OpenAI routes' refusals and ``/v1/decisions``'; ``param`` names the request's field (None: the body)."""
+    return HTTPError(
+        400,
+        "invalid_request_error",
+        message,
+        body={
+            "error": {"message": message, "type": "invalid_request_error", "param": param, "code": None},
+            "detail": {"error_type": "invalid_request_error", "message": message},
+        },
+    )

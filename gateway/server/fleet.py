@@ -12,11 +12,19 @@ scoring memory (which states and fixed prefixes it holds as snapshots).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.decision import pipeline
+from gateway.decision.calibration import Calibration
 from gateway.decision.chat_template import ChatTemplate, TemplateError
+from gateway.decision.decision_log import DecisionLog
 from gateway.decision.prompts import PromptBuilder
+from gateway.engine.api import Engine
+from serveproto import Caps
+
+if TYPE_CHECKING:
+    from gateway.server.app import ModelInfo
+    from gateway.server.metrics import Metrics
 
 log = logging.getLogger("serveproto.serve")
 
@@ -29,7 +37,11 @@ class Served:
     :class:`PromptBuilder` of its chat template (ChatML when the template is unusable)."""
 
     def __init__(
-        self, info: Any, debias: tuple[str, ...] = (), calibration: Any = None, model_sha256: str | None = None
+        self,
+        info: ModelInfo,
+        debias: tuple[str, ...] = (),
+        calibration: Calibration | None = None,
+        model_sha256: str | None = None,
     ) -> None:
         self.info = info
         self.model_sha256 = model_sha256
@@ -43,10 +55,12 @@ class Served:
 
     @property
     def prompts(self) -> PromptBuilder:
+        """The prompts of the model's chat template (ChatML when it is unusable)."""
         return self.settings.prompts
 
     @property
     def debias(self) -> tuple[str, ...]:
+        """The ``x_debias`` methods of a request that sends none (settable)."""
         return self.settings.debias
 
     @debias.setter
@@ -54,15 +68,17 @@ class Served:
         self.settings.debias = tuple(methods)
 
     @property
-    def calibration(self):
+    def calibration(self) -> Calibration | None:
+        """The model's calibration, or None (settable: ``serve`` sets it after construction)."""
         return self.settings.calibration
 
     @calibration.setter
-    def calibration(self, value) -> None:
+    def calibration(self, value: Calibration | None) -> None:
         self.settings.calibration = value
 
     @property
     def name(self) -> str:
+        """The model's name (the reply's ``model``)."""
         return self.info.name
 
 
@@ -75,12 +91,12 @@ class Backend:
     pipeline's ``gateway.decision.pipeline.Memory``: what this engine holds is its own.
     """
 
-    def __init__(self, engine: Any, served: Served, *, metrics: Any, memory: Any = None) -> None:
+    def __init__(self, engine: Engine, served: Served, *, metrics: Metrics, memory: pipeline.Memory) -> None:
         self.engine = engine
         self.served = served
         self.metrics = metrics
         self.memory = memory
-        self.decision_log: Any = None
+        self.decision_log: DecisionLog | None = None
 
     @property
     def name(self) -> str:
@@ -89,35 +105,43 @@ class Backend:
         return name if isinstance(name, str) else self.served.name
 
     @property
-    def caps(self):
+    def caps(self) -> Caps:
+        """The engine's CAPS (raises :class:`gateway.engine.errors.EngineUnavailable` while it has none)."""
         return self.engine.caps
 
     @property
-    def model(self):
+    def model(self) -> ModelInfo:
+        """The model's :class:`gateway.server.app.ModelInfo` (the reply's ``model`` name, its template)."""
         return self.served.info
 
     @property
-    def settings(self):
+    def settings(self) -> pipeline.Settings:
+        """The model's decision settings (prompts, default ``x_debias``, calibration, heads, timeout)."""
         return self.served.settings
 
     @property
     def request_timeout(self) -> float:
+        """Seconds one engine call may take before the client gets a 503."""
         return self.served.settings.timeout
 
     @property
     def prompts(self) -> PromptBuilder:
+        """The model's prompts (its chat template's)."""
         return self.served.prompts
 
     @property
     def debias(self) -> tuple[str, ...]:
+        """The ``x_debias`` methods of a request that sends none."""
         return self.served.debias
 
     @property
-    def calibration(self):
+    def calibration(self) -> Calibration | None:
+        """The model's calibration, or None."""
         return self.served.calibration
 
     @property
     def model_sha256(self) -> str | None:
+        """The model file's sha256 (the decision log's lines), or None when unknown."""
         return self.served.model_sha256
 
     def status(self) -> dict[str, Any]:

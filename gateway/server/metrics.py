@@ -9,7 +9,8 @@ up, restarts, requests in flight and waiting, requests routed to it).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -25,7 +26,7 @@ class Metrics:
         self,
         engine_restarts: Callable[[], float] | None = None,
         engine_up: Callable[[], float] | None = None,
-        engines: Callable[[], list[dict]] | None = None,
+        engines: Callable[[], list[dict[str, Any]]] | None = None,
     ) -> None:
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
@@ -63,7 +64,7 @@ class Metrics:
             "or refused with --log-decisions-required",
             registry=r,
         )
-        self._children: dict = {}
+        self._children: dict[Any, Any] = {}
         restarts = Gauge("serveproto_engine_restarts", "Times the engine process was restarted", registry=r)
         up = Gauge("serveproto_engine_up", "1 when the engine is healthy", registry=r)
         restarts.set_function(engine_restarts or (lambda: 0.0))
@@ -109,10 +110,10 @@ class _PerEngine:
         ("waiting", "Requests queued for the engine process's slots", "waiting"),
     )
 
-    def __init__(self, engines: Callable[[], list[dict]]) -> None:
+    def __init__(self, engines: Callable[[], list[dict[str, Any]]]) -> None:
         self.engines = engines
 
-    def collect(self):
+    def collect(self) -> Iterator[GaugeMetricFamily]:
         rows = self.engines()
         for field, doc, key in self.FIELDS:
             family = GaugeMetricFamily(f"serveproto_engine_process_{field}", doc, labels=["engine", "model"])

@@ -4,16 +4,18 @@ see ``docs/terminal-and-page.md``)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from importlib import resources
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.http import Request, Response
 
 if TYPE_CHECKING:
     from gateway.server.app import App
+    from gateway.server.fleet import Backend
 
 
-def capabilities(app: App) -> list[str]:
+def capabilities(app: App | Backend) -> list[str]:
     """``["chat", "systemone"]`` for a language model, ``["systemone", "decision"]`` for a decision-only
     engine, ``["chat", "systemone", "decision"]`` for a chat engine with a decision head."""
     caps = app.caps
@@ -30,7 +32,7 @@ def _health_of_many(app: App) -> Response:
     engine, else 503 + ``Retry-After`` and ``unavailable`` naming the models that have none."""
     engines = [b.status() for b in app.backends]
     down = [name for name in app.served if not any(e["healthy"] for e in engines if e["model"] == name)]
-    body = {"status": "unavailable" if down else "ok", "model": app.model.name, "engines": engines}
+    body: dict[str, Any] = {"status": "unavailable" if down else "ok", "model": app.model.name, "engines": engines}
     if down:
         body["unavailable"] = down
         return Response.json(body, 503, [("retry-after", "1")])
@@ -96,7 +98,7 @@ def register(app: App) -> None:
         body, content_type = app.metrics.render()
         return Response.text(body, content_type=content_type)
 
-    def static(name: str, content_type: str):
+    def static(name: str, content_type: str) -> Callable[[Request], Awaitable[Response]]:
         data = (resources.files("gateway.server") / "static" / name).read_bytes()
 
         async def handler(request: Request) -> Response:

@@ -1,10 +1,10 @@
-"""``POST /v1/systemone``: the request's validation and the reply's shape (TypeSafe's Jev contract).
+"""The question schema: a ``/v1/systemone`` request validated into what the decision room answers.
 
 :func:`parse_request` turns a decoded JSON body into a :class:`SystemOneRequest`
 or raises :class:`JevValidationError` listing every problem at once, as
 ``{"loc": ["body", ...path], "msg", "type"}`` entries (FastAPI/pydantic's
-shape, which the official SDK reads). :func:`answer` and :func:`reply` build
-the answer objects and the reply; every field beyond Jev's is ``x_``-prefixed.
+shape, which the official SDK reads). The wire's side of the contract (the 422
+body, the answers and the reply) is the server's: :mod:`gateway.server.jev.protocol`.
 See ``../shared/notes/jev-contract.md`` and the seed's "The HTTP endpoint".
 """
 
@@ -15,9 +15,9 @@ from typing import Any
 
 import attrs
 
-from gateway.decision import debias, scoring
+from gateway.decision import debias
+from gateway.decision.arithmetic import check_normalize
 from gateway.decision.prompts import as_text
-from gateway.engine.score import check_normalize
 
 MAX_QUESTIONS = 64
 MAX_OPTIONS = 255
@@ -27,23 +27,12 @@ QUESTION_TYPES = ("noul", "choice", "score")
 
 
 class JevValidationError(Exception):
-    """A request that does not validate. ``errors``: the 422 ``detail`` list."""
+    """A request that does not validate. ``errors``: the 422 ``detail`` list
+    (:func:`gateway.server.jev.protocol.error_body` is its 422 body)."""
 
     def __init__(self, errors: list[dict[str, Any]]) -> None:
         super().__init__("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors))
         self.errors = errors
-
-    def body(self) -> dict[str, Any]:
-        """The 422 body: Jev's ``detail`` list (the SDK reads it) and an ``error`` envelope beside it."""
-        first = self.errors[0]
-        return {
-            "detail": self.errors,
-            "error": {
-                "type": "invalid_request_error",
-                "message": str(self),
-                "param": ".".join(map(str, first["loc"][1:])),
-            },
-        }
 
 
 @attrs.frozen
@@ -120,15 +109,33 @@ def _how_alike(a: str, b: str) -> str:
     return f"only by case, surrounding whitespace, {_HIDDEN}"
 
 
-def _err(loc: list, msg: str, type_: str) -> dict[str, Any]:
+def _err(loc: list[Any], msg: str, type_: str) -> dict[str, Any]:
     return {"loc": ["body", *loc], "msg": msg, "type": type_}
+
+
+def _options_count(loc: list[Any], what: str, unit: str, n: int) -> dict[str, Any]:
+    """The error of a question with ``n`` options, outside 1 to :data:`MAX_OPTIONS`."""
+    return _err(loc, f"{what} needs 1 to {MAX_OPTIONS} {unit}, got {n}", "too_short" if not n else "too_long")
+
+
+def x_debias(body: dict[str, Any], errors: list[dict[str, Any]]) -> tuple[str, ...] | None:
+    """A body's ``x_debias`` (:func:`gateway.decision.debias.parse`), None when absent or null. A value
+    it refuses appends the error naming the field to ``errors`` (and gives None); ``/v1/rerank``'s
+    body reads it the same way (:func:`gateway.decision.rerank.parse`)."""
+    if body.get("x_debias") is None:
+        return None
+    try:
+        return debias.parse(body["x_debias"])
+    except ValueError as exc:
+        errors.append(_err(["x_debias"], str(exc), "literal_error"))
+        return None
 
 
 def _is_content(v: Any) -> bool:
     return isinstance(v, (str, dict, list))
 
 
-def _check_content(errors: list, loc: list, v: Any, *, nullable: bool) -> None:
+def _check_content(errors: list[dict[str, Any]], loc: list[Any], v: Any, *, nullable: bool) -> None:
     if v is None and nullable:
         return
     if not _is_content(v):
@@ -136,7 +143,7 @@ def _check_content(errors: list, loc: list, v: Any, *, nullable: bool) -> None:
         errors.append(_err(loc, f"Input should be {what}", "content_type"))
 
 
-def _question(errors: list, qid: str, raw: Any) -> Question | None:
+def _question(errors: list[dict[str, Any]], qid: str, raw: Any) -> Question | None:
     loc = ["questions", qid]
     if not isinstance(raw, dict):
         errors.append(_err(loc, "Input should be an object", "dict_type"))
@@ -171,13 +178,7 @@ def _question(errors: list, qid: str, raw: Any) -> Question | None:
         elif not isinstance(criteria, dict):
             errors.append(_err(cloc, "Input should be an object of labels", "dict_type"))
         elif not 1 <= len(criteria) <= MAX_OPTIONS:
-            errors.append(
-                _err(
-                    cloc,
-                    f"A choice needs 1 to {MAX_OPTIONS} labels, got {len(criteria)}",
-                    "too_short" if not criteria else "too_long",
-                )
-            )
+            errors.append(_options_count(cloc, "A choice", "labels", len(criteria)))
         else:
             seen: dict[str, str] = {}
             for label, desc in criteria.items():
@@ -219,13 +220,7 @@ def _question(errors: list, qid: str, raw: Any) -> Question | None:
         elif not isinstance(criteria, list):
             errors.append(_err(cloc, "Input should be a list of levels, level 0 first", "list_type"))
         elif not 1 <= len(criteria) <= MAX_OPTIONS:
-            errors.append(
-                _err(
-                    cloc,
-                    f"A score needs 1 to {MAX_OPTIONS} levels, got {len(criteria)}",
-                    "too_short" if not criteria else "too_long",
-                )
-            )
+            errors.append(_options_count(cloc, "A score", "levels", len(criteria)))
         else:
             for i, level in enumerate(criteria):
                 _check_content(errors, [*cloc, i], level, nullable=False)
@@ -315,12 +310,7 @@ def parse_request(body: Any) -> SystemOneRequest:
     cache_slot = body.get("cache_slot")
     if cache_slot is not None and (isinstance(cache_slot, bool) or not isinstance(cache_slot, int) or cache_slot < 0):
         errors.append(_err(["cache_slot"], "Input should be a non-negative integer", "int_type"))
-    debias_methods = None
-    if body.get("x_debias") is not None:
-        try:
-            debias_methods = debias.parse(body["x_debias"])
-        except ValueError as exc:
-            errors.append(_err(["x_debias"], str(exc), "literal_error"))
+    debias_methods = x_debias(body, errors)
     head = body.get("x_head")
     if head is not None and head != "none":
         errors.append(_err(["x_head"], "Input should be 'none' (answer without the served heads)", "literal_error"))
@@ -337,64 +327,3 @@ def parse_request(body: Any) -> SystemOneRequest:
         debias=debias_methods,
         head=head,
     )
-
-
-def answer(question: Question, probabilities: list[float], extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The Jev answer of one question from its reported probabilities (options in reply order).
-
-    ``probabilities``: ``(n_options,)`` as :func:`gateway.decision.scoring.decide` /
-    :func:`gateway.decision.scoring.report` return them (noul: ``[p_no, p_yes]``).
-    noul gets ``{"type", "noul"}`` only; choice ``choice`` (the argmax, first
-    on ties), ``probabilities`` by label, ``confidence``; score ``score`` (the
-    expected level), ``legend`` and ``probabilities`` keyed ``"0".."n-1"``,
-    ``confidence``. ``extra`` fields (``x_``-prefixed) are added to choice
-    and score answers.
-    """
-    p = probabilities
-    if question.type == "noul":
-        return {"type": "noul", "noul": scoring.r6(p[1])}
-    if question.type == "choice":
-        labels = list(question.criteria)
-        best = max(range(len(p)), key=lambda i: (p[i], -i))
-        out = {
-            "type": "choice",
-            "choice": labels[best],
-            "probabilities": {label: p[i] for i, label in enumerate(labels)},
-            "confidence": scoring.r6(scoring.confidence(p)),
-        }
-    else:
-        out = {
-            "type": "score",
-            "score": scoring.r6(scoring.expected_level(p)),
-            "legend": {str(i): level for i, level in enumerate(question.criteria)},
-            "probabilities": {str(i): x for i, x in enumerate(p)},
-            "confidence": scoring.r6(scoring.confidence(p)),
-        }
-    out["x_entropy"] = scoring.r6(scoring.entropy(p))
-    if extra:
-        out.update(extra)
-    return out
-
-
-def reply(
-    model: str,
-    answers: dict[str, dict[str, Any]],
-    input_tokens: int,
-    output_tokens: int,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The 200 body: ``{"model", "answers", "usage": {"input_tokens", "output_tokens"}}`` plus ``x_`` extras.
-
-    Token counts are ints (the SDK rejects floats). ``extra`` keys must
-    start with ``x_`` (``ValueError`` otherwise).
-    """
-    body: dict[str, Any] = {
-        "model": model,
-        "answers": answers,
-        "usage": {"input_tokens": int(input_tokens), "output_tokens": int(output_tokens)},
-    }
-    for k, v in (extra or {}).items():
-        if not k.startswith("x_"):
-            raise ValueError(f"extra reply field {k!r} is not x_-prefixed")
-        body[k] = v
-    return body

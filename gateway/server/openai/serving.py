@@ -1,140 +1,73 @@
-"""OpenAI-style routes: ``GET /v1/models`` (with Jev's card), ``POST /v1/chat/completions`` and
+"""Serving OpenAI's API: ``GET /v1/models`` (with Jev's card), ``POST /v1/chat/completions`` and
 ``POST /v1/completions``, each answered whole or streamed as server-sent events (``stream``).
 ``/v1/completions`` with ``echo`` + ``logprobs`` reads the prompt out (each prompt token's
 log-probability, which llama-server does not give), whole or streamed.
 
 Both generating routes turn the engine's events into OpenAI *choices*, one per chunk
-(:class:`ChatChunks`, :class:`CompletionChunks`): a streamed reply sends each choice as one SSE
-chunk, a whole reply merges the same choices into one, so the two carry the same text and
-logprobs. An engine with ``chat=0`` generates nothing: these routes answer 400 with a pointer to
-``/v1/systemone``.
+(:mod:`gateway.server.openai.protocol`'s :class:`ChatChunks`, :class:`CompletionChunks`): a
+streamed reply sends each choice as one SSE chunk, a whole reply merges the same choices into
+one, so the two carry the same text and logprobs. An engine with ``chat=0`` generates nothing:
+these routes answer 400 with a pointer to ``/v1/systemone``.
 """
 
 from __future__ import annotations
 
 import codecs
 import logging
-import math
 import time
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import attrs
-import orjson
 
 from gateway.decision import refusals
 from gateway.decision.chat_template import TemplateError
-from gateway.engine import EngineError, RequestError
+from gateway.engine import RequestError
 from gateway.http import HTTPError, Request, Response
-from gateway.server.body import parse_json
-from gateway.server.errors import engine_http_error
+from gateway.server.errors import openai_error
+from gateway.server.openai.protocol import (
+    SSE_DONE,
+    ChatChunks,
+    Chunks,
+    CompletionChunks,
+    Item,
+    chat_messages,
+    flag,
+    json_body,
+    number,
+    one_choice,
+    sse,
+    stop_strings,
+    stream_error,
+    wants_usage,
+)
 from gateway.server.routes_ops import capabilities
 from serveproto import Accept, Data, Done, Echo
 
 if TYPE_CHECKING:
     from gateway.server.app import App
+    from gateway.server.fleet import Backend
 
 log = logging.getLogger("serveproto.openai")
 
 DEFAULT_MAX_TOKENS = 256
-#: The four parallel lists of a completion's ``logprobs`` object, in OpenAI's order.
-LOGPROB_KEYS = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
 #: How many snapshot levels a read-out is stitched across at most.
 MAX_STITCH = 8
 
-#: One step of a generation, as the chunk builders take it: ``("echo", echoes, None)`` (a
-#: completion's prompt part: its read-out, a list of ``Echo``, or None without logprobs), ``("text",
-#: piece, data)`` per generated token (``piece`` the text it adds, maybe ``""``; ``data`` its
-#: ``Data`` event, None for text flushed at the end), ``("done", finish_reason, done)`` last
-#: (``done`` the ``Done`` event, None when a stop string ended generation on the gateway side).
-#: Chunk builders pass over any other kind (``_generate``'s ``"readout"`` positions).
-Item = tuple[str, Any, Any]
 
-
-def _bad(message: str, param: str | None = None) -> HTTPError:
-    """A 400 in OpenAI's error envelope, with Jev's ``detail`` beside it (each client reads its own)."""
-    return HTTPError(
-        400,
-        "invalid_request_error",
-        message,
-        body={
-            "error": {"message": message, "type": "invalid_request_error", "param": param, "code": None},
-            "detail": {"error_type": "invalid_request_error", "message": message},
-        },
-    )
-
-
-def _require_chat(app: App) -> None:
+def _require_chat(app: Backend) -> None:
     if not app.caps.chat:
-        raise _bad(
+        raise openai_error(
             f"{app.model.name} is a decision engine: it generates nothing. Ask it with POST /v1/systemone.", "model"
         )
 
 
-def _body(request: Request) -> dict:
-    body = parse_json(request)
-    if not isinstance(body, dict):
-        raise _bad("the body must be a JSON object")
-    return body
-
-
-def _number(body: dict, name: str, default, lo: float, hi: float, integer: bool = False):
-    v = body.get(name, default)
-    if v is None:
-        return default
-    ok = isinstance(v, int) if integer else isinstance(v, (int, float))
-    if isinstance(v, bool) or not ok or not (lo <= v <= hi) or (not integer and not math.isfinite(v)):
-        kind = "an integer" if integer else "a number"
-        raise _bad(f"'{name}' must be {kind} in [{lo:g}, {hi:g}]", name)
-    return v
-
-
-def _flag(body: dict, name: str, param: str | None = None) -> bool:
-    """A boolean field (absent or null: False); anything else is a 400 naming ``param`` (default ``name``)."""
-    v = body.get(name)
-    if v is None:
-        return False
-    if not isinstance(v, bool):
-        raise _bad(f"'{param or name}' must be a boolean", param or name)
-    return v
-
-
-def _include_usage(body: dict) -> bool:
-    """``stream_options.include_usage``: an object with a boolean, or null."""
-    opts = body.get("stream_options")
-    if opts is None:
-        return False
-    if not isinstance(opts, dict):
-        raise _bad("'stream_options' must be an object", "stream_options")
-    return _flag(opts, "include_usage", "stream_options.include_usage")
-
-
-def _one_choice(body: dict, name: str) -> None:
-    """``n`` (or ``best_of``): absent, null or 1; more choices are a 400 naming the field rather than
-    one choice answered as if the client had not asked (issue 16)."""
-    v = body.get(name)
-    if v is None or (v == 1 and isinstance(v, int) and not isinstance(v, bool)):
-        return
-    raise _bad(f"'{name}' must be 1: this server returns one choice per request", name)
-
-
-def _stops(body: dict) -> list[str]:
-    stop = body.get("stop")
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        return [stop] if stop else []
-    if isinstance(stop, list) and all(isinstance(s, str) for s in stop) and len(stop) <= 4:
-        return [s for s in stop if s]
-    raise _bad("'stop' must be a string or an array of up to 4 strings", "stop")
-
-
-def _sampling(app: App, body: dict) -> dict[str, Any]:
+def _sampling(app: Backend, body: dict[str, Any]) -> dict[str, Any]:
     n_ctx = int(app.caps.n_ctx or 1 << 20)
     return {
         # the default is capped by the context: a field the client did not send is never refused
-        "max_tokens": _number(
+        "max_tokens": number(
             body,
             "max_tokens",
             body.get("max_completion_tokens") or min(DEFAULT_MAX_TOKENS, n_ctx),
@@ -142,8 +75,8 @@ def _sampling(app: App, body: dict) -> dict[str, Any]:
             n_ctx,
             integer=True,
         ),
-        "temperature": float(_number(body, "temperature", 0.0, 0.0, 2.0)),
-        "top_p": float(_number(body, "top_p", 1.0, 1e-9, 1.0)),
+        "temperature": float(number(body, "temperature", 0.0, 0.0, 2.0)),
+        "top_p": float(number(body, "top_p", 1.0, 1e-9, 1.0)),
     }
 
 
@@ -194,8 +127,8 @@ class Tally:
 
 
 async def _generate(
-    app: App, prompt: str, params: dict, stops: list[str], logprobs: int, tally: Tally
-) -> AsyncIterator[Item]:
+    app: Backend, prompt: str, params: dict[str, Any], stops: list[str], logprobs: int, tally: Tally
+) -> AsyncGenerator[Item, None]:
     """Generate from ``prompt``: ``("readout", None, echo)`` per prompt position the engine reads out
     (when ``logprobs`` > 0), then the :data:`Item` s ``text`` ... ``done``; counts tokens into ``tally``.
 
@@ -241,187 +174,7 @@ async def _generate(
                 await aclose()
 
 
-def _messages(body: dict) -> list[dict[str, str]]:
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise _bad("'messages' must be a non-empty array", "messages")
-    out = []
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer", "tool"):
-            raise _bad(f"messages[{i}].role must be system, user, assistant, developer or tool", f"messages[{i}].role")
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: keep the text ones
-            parts = []
-            for p in content:
-                if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                    raise _bad(f"messages[{i}].content: only text parts are supported", f"messages[{i}].content")
-                parts.append(p["text"])
-            content = "".join(parts)
-        if content is None:
-            content = ""
-        if not isinstance(content, str):
-            raise _bad(f"messages[{i}].content must be a string or text parts", f"messages[{i}].content")
-        role = "system" if m["role"] == "developer" else m["role"]
-        out.append({"role": role, "content": content})
-    return out
-
-
-def _sse(obj: Any) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
-
-
-#: The last event of every stream.
-SSE_DONE = b"data: [DONE]\n\n"
-
-
-def _piece(pieces: list[bytes] | None, tid: int) -> bytes:
-    """Token ``tid``'s bytes from the vocabulary, or ``<tid>`` when the vocabulary is unknown."""
-    return pieces[tid] if pieces is not None and 0 <= tid < len(pieces) else f"<{tid}>".encode()
-
-
-def _chat_logprob(raw: bytes, logprob: float, top, pieces: list[bytes] | None) -> dict:
-    """One entry of OpenAI's chat ``logprobs.content``: the token, its logprob, its bytes, the top alternatives."""
-    return {
-        "token": raw.decode("utf-8", "replace"),
-        "logprob": logprob,
-        "bytes": list(raw),
-        "top_logprobs": [
-            {"token": _piece(pieces, t).decode("utf-8", "replace"), "logprob": lp, "bytes": list(_piece(pieces, t))}
-            for t, lp in top
-        ],
-    }
-
-
-def _top(ev, k: int, pieces: list[bytes] | None) -> dict[str, float] | None:
-    """A completion's ``top_logprobs`` entry: token text -> logprob, the ``k`` most likely first (None for k=0)."""
-    if k == 0:
-        return None
-    out: dict[str, float] = {}
-    for tid, lp in ev.top[:k]:
-        out.setdefault(_piece(pieces, tid).decode("utf-8", "replace"), lp)
-    return out
-
-
-class Chunks(Protocol):
-    """What turns a route's :data:`Item` s into OpenAI choices, and merges them for a whole reply."""
-
-    def opening(self) -> list[dict]: ...
-    def choices(self, item: Item) -> list[dict]: ...
-    def whole(self, choices: list[dict]) -> dict: ...
-
-
-class ChatChunks:
-    """Chat chunk choices (``delta``, per-token ``logprobs.content``) and the whole reply's choice.
-
-    ``top_n``: None without logprobs, else the alternatives per token (0..32);
-    ``pieces``: token bytes by id (the model's vocabulary), or None.
-    """
-
-    def __init__(self, top_n: int | None, pieces: list[bytes] | None) -> None:
-        self.top_n = top_n
-        self.pieces = pieces
-
-    def opening(self) -> list[dict]:
-        return [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
-
-    def choices(self, item: Item) -> list[dict]:
-        kind, value, ev = item
-        if kind == "done":
-            return [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": value}]
-        if kind != "text":
-            return []
-        lp = None
-        if self.top_n is not None and ev is not None and ev.logprob is not None:
-            lp = {"content": [_chat_logprob(bytes(ev.text), ev.logprob, ev.top[: self.top_n], self.pieces)]}
-        if not value and lp is None:
-            return []
-        return [{"index": 0, "delta": {"content": value}, "logprobs": lp, "finish_reason": None}]
-
-    def whole(self, choices: list[dict]) -> dict:
-        content = "".join(c["delta"].get("content", "") for c in choices)
-        lps = [e for c in choices if c["logprobs"] for e in c["logprobs"]["content"]]
-        return {
-            "index": 0,
-            "message": {"role": "assistant", "content": content},
-            "finish_reason": choices[-1]["finish_reason"],
-            "logprobs": {"content": lps} if self.top_n is not None else None,
-        }
-
-
-class CompletionChunks:
-    """Completion choices (``text``, per-token ``logprobs`` lists) and the whole reply's choice.
-
-    ``prompt``: sent first when ``echo``; ``k``: None without logprobs, else
-    the alternatives per token (0..32). ``text_offset`` counts characters of
-    the tokens' texts from the start of the choice's text (the prompt's, with
-    ``echo``), across chunks.
-    """
-
-    def __init__(self, prompt: str, k: int | None, pieces: list[bytes] | None) -> None:
-        self.prompt = prompt
-        self.k = k
-        self.pieces = pieces
-        self.offset = 0
-
-    def opening(self) -> list[dict]:
-        return []
-
-    def choices(self, item: Item) -> list[dict]:
-        kind, value, ev = item
-        if kind == "done":
-            return [{"text": "", "index": 0, "logprobs": None, "finish_reason": value}]
-        if kind == "echo":
-            rows = [] if value is None else [self._row(e, math.isnan(e.logprob)) for e in value]
-            return [self._choice(self.prompt, rows)]
-        if kind != "text":
-            return []
-        rows = [self._row(ev, False)] if self.k is not None and ev is not None else []
-        return [self._choice(value, rows)] if value or rows else []
-
-    def _row(self, ev, cold: bool) -> tuple[str, float | None, dict | None]:
-        text = bytes(ev.text).decode("utf-8", "replace")
-        return (text, None, None) if cold else (text, ev.logprob, _top(ev, self.k or 0, self.pieces))
-
-    def _choice(self, text: str, rows: list[tuple]) -> dict:
-        lp = None
-        if self.k is not None:
-            offsets = []
-            for token, _, _ in rows:
-                offsets.append(self.offset)
-                self.offset += len(token)
-            lp = {
-                "tokens": [r[0] for r in rows],
-                "token_logprobs": [r[1] for r in rows],
-                "top_logprobs": [r[2] for r in rows],
-                "text_offset": offsets,
-            }
-        return {"text": text, "index": 0, "logprobs": lp, "finish_reason": None}
-
-    def whole(self, choices: list[dict]) -> dict:
-        lp = None
-        if self.k is not None:
-            lp = {key: [x for c in choices if c["logprobs"] for x in c["logprobs"][key]] for key in LOGPROB_KEYS}
-        return {
-            "text": "".join(c["text"] for c in choices),
-            "index": 0,
-            "logprobs": lp,
-            "finish_reason": choices[-1]["finish_reason"],
-        }
-
-
-def _stream_error(exc: Exception, request_id: str) -> dict:
-    """The in-band error event of a stream that failed after its 200: OpenAI's error object, with the
-    message and type the same failure gets before the 200 (gateway.server.errors.engine_http_error)."""
-    if isinstance(exc, (EngineError, RequestError)):
-        err = engine_http_error(exc)
-        message, kind = err.message, err.error_type
-    else:
-        log.error("request %s failed mid-stream", request_id, exc_info=exc)
-        message, kind = f"internal error (request {request_id})", "api_error"
-    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
-
-
-def _check_prompt_bytes(app: App, prompt: str, param: str) -> None:
+def _check_prompt_bytes(app: Backend, prompt: str, param: str) -> None:
     """A 400 naming ``param`` for a prompt that no context of the engine's ``n_ctx`` tokens can hold,
     before the engine reads it: over ``n_ctx`` times the model's longest token piece in bytes
     (:func:`gateway.decision.refusals.over_any_context`; no check when either is unknown)."""
@@ -431,14 +184,14 @@ def _check_prompt_bytes(app: App, prompt: str, param: str) -> None:
         return
     n = len(prompt.encode("utf-8", "surrogatepass"))
     if n > n_ctx * longest:
-        raise _bad(
+        raise openai_error(
             f"'{param}': the prompt is longer than the engine's context of {n_ctx} tokens ({n} bytes; a token "
             f"of this model stands for at most {longest} bytes)",
             param,
         )
 
 
-def _prompt_refusal(app: App, exc: BaseException, param: str) -> HTTPError | None:
+def _prompt_refusal(app: Backend, exc: BaseException, param: str) -> HTTPError | None:
     """A 400 naming ``param`` (the request's field the prompt came from) for the engine's refusal of a
     prompt longer than its context, with the engine's token counts; None for any other error."""
     reason = getattr(exc, "reason", "") or ""
@@ -446,14 +199,16 @@ def _prompt_refusal(app: App, exc: BaseException, param: str) -> HTTPError | Non
         return None
     n_ctx = getattr(app.caps, "n_ctx", None)
     limit = f" of {n_ctx} tokens" if isinstance(n_ctx, int) and n_ctx > 0 else ""
-    return _bad(f"'{param}': the prompt is longer than the engine's context{limit} (the engine said: {reason})", param)
+    return openai_error(
+        f"'{param}': the prompt is longer than the engine's context{limit} (the engine said: {reason})", param
+    )
 
 
 async def _reply(
-    app: App,
+    app: Backend,
     request: Request,
-    body: dict,
-    items: AsyncIterator[Item],
+    body: dict[str, Any],
+    items: AsyncGenerator[Item, None],
     shape: Chunks,
     tally: Tally,
     *,
@@ -472,8 +227,8 @@ async def _reply(
     request is cancelled). A prompt over the engine's context is a 400 naming
     ``param``, the request's field the prompt was made from.
     """
-    stream = _flag(body, "stream")
-    include_usage = _include_usage(body)
+    stream = flag(body, "stream")
+    include_usage = wants_usage(body)
     base = {"id": ident, "object": objects[1], "created": int(time.time()), "model": app.model.name}
     if not stream:
         choices = shape.opening()
@@ -499,21 +254,21 @@ async def _reply(
             raise refused from None
         raise
 
-    async def events() -> AsyncIterator[bytes]:
+    async def events() -> AsyncGenerator[bytes, None]:
         item = first
         try:
             for choice in shape.opening():
-                yield _sse({**base, "choices": [choice]})
+                yield sse({**base, "choices": [choice]})
             while True:
                 for choice in shape.choices(item):
-                    yield _sse({**base, "choices": [choice]})
+                    yield sse({**base, "choices": [choice]})
                 if item[0] == "done":
                     break
                 item = await items.__anext__()
             if include_usage:
-                yield _sse({**base, "choices": [], "usage": tally.usage()})
+                yield sse({**base, "choices": [], "usage": tally.usage()})
         except Exception as exc:  # after the 200: tell the client in-band
-            yield _sse(_stream_error(exc, request.request_id))
+            yield sse(stream_error(exc, request.request_id))
         finally:
             app.metrics.generated.inc(tally.completion_tokens)
             await items.aclose()
@@ -522,25 +277,25 @@ async def _reply(
     return Response(200, [("content-type", "text/event-stream"), ("cache-control", "no-cache")], events())
 
 
-async def chat_completions(app: App, request: Request) -> Response:
+async def chat_completions(server: App, request: Request) -> Response:
     """``POST /v1/chat/completions``: the messages through the model's chat template, generated whole or streamed.
     ``model`` picks a served model (any other name: the default), then its least loaded engine."""
-    body = _body(request)
-    app = _backend(app, body)
+    body = json_body(request)
+    app = _backend(server, body)
     _require_chat(app)
-    messages = _messages(body)
-    _one_choice(body, "n")
+    messages = chat_messages(body)
+    one_choice(body, "n")
     params = _sampling(app, body)
-    stops = _stops(body)
-    want_lp = _flag(body, "logprobs")
-    top_n = _number(body, "top_logprobs", 0, 0, int(app.caps.max_logprobs or 20), integer=True) if want_lp else None
+    stops = stop_strings(body)
+    want_lp = flag(body, "logprobs")
+    top_n = number(body, "top_logprobs", 0, 0, int(app.caps.max_logprobs or 20), integer=True) if want_lp else None
     try:
         prompt = app.prompts.chat(messages)
     except TemplateError as exc:
-        raise _bad(f"the model's chat template refuses these messages: {exc}", "messages") from None
+        raise openai_error(f"the model's chat template refuses these messages: {exc}", "messages") from None
     _check_prompt_bytes(app, prompt, "messages")
     tally = Tally()
-    items = _generate(app, prompt, params, stops, max(1, top_n) if want_lp else 0, tally)
+    items = _generate(app, prompt, params, stops, max(1, top_n) if top_n is not None else 0, tally)
     return await _reply(
         app,
         request,
@@ -554,7 +309,7 @@ async def chat_completions(app: App, request: Request) -> Response:
     )
 
 
-async def full_readout(app: App, prompt: str, k: int, echoes: list) -> list:
+async def full_readout(app: Backend, prompt: str, k: int, echoes: list[Echo]) -> list[Echo]:
     """The read-out of every position of ``prompt``, given the ``echoes`` the engine sent.
 
     The engine reads out from the end of the deepest snapshot it restored
@@ -597,26 +352,26 @@ class CompletionAsk:
     echo: bool
     logprobs: int | None
     max_tokens: int
-    params: dict
+    params: dict[str, Any]
     stops: list[str]
 
     @classmethod
-    def parse(cls, app: App, body: dict) -> CompletionAsk:
+    def parse(cls, app: Backend, body: dict[str, Any]) -> CompletionAsk:
         """Validate ``body``; raises a 400 (OpenAI's envelope) naming the field."""
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if not isinstance(prompt, str) or not prompt:
-            raise _bad("'prompt' must be a non-empty string", "prompt")
+            raise openai_error("'prompt' must be a non-empty string", "prompt")
         _check_prompt_bytes(app, prompt, "prompt")
-        echo = _flag(body, "echo")
-        _one_choice(body, "n")
-        _one_choice(body, "best_of")
-        k = _number(body, "logprobs", None, 0, int(app.caps.max_logprobs or 32), integer=True)
+        echo = flag(body, "echo")
+        one_choice(body, "n")
+        one_choice(body, "best_of")
+        k = number(body, "logprobs", None, 0, int(app.caps.max_logprobs or 32), integer=True)
         max_tokens = body.get("max_tokens", 16)
         if max_tokens == 0 and not isinstance(max_tokens, bool):
             if not (echo and k is not None):
-                raise _bad(
+                raise openai_error(
                     "max_tokens=0 needs echo=true and logprobs (it reads the prompt out and generates nothing)",
                     "max_tokens",
                 )
@@ -624,10 +379,10 @@ class CompletionAsk:
         else:
             params = _sampling(app, {**body, "max_tokens": 16 if max_tokens is None else max_tokens})
             max_tokens = params["max_tokens"]
-        return cls(prompt, echo, k, max_tokens, params, _stops(body))
+        return cls(prompt, echo, k, max_tokens, params, stop_strings(body))
 
 
-async def _completion_items(app: App, ask: CompletionAsk, tally: Tally) -> AsyncIterator[Item]:
+async def _completion_items(app: Backend, ask: CompletionAsk, tally: Tally) -> AsyncGenerator[Item, None]:
     """The :data:`Item` s of a completion: with ``echo`` the prompt part first (its full read-out
     with logprobs), then the generated tokens and ``done``.
 
@@ -639,13 +394,14 @@ async def _completion_items(app: App, ask: CompletionAsk, tally: Tally) -> Async
     """
     k = ask.logprobs
     if ask.max_tokens == 0:
+        assert k is not None  # CompletionAsk.parse refuses max_tokens=0 without logprobs
         ro = await app.engine.read_out(ask.prompt, logprobs=max(1, k), pin=False, slot=None)
         if ro.done is not None:
             tally.prompt_tokens = int(ro.done.prompt_tokens)
         yield ("echo", await full_readout(app, ask.prompt, k, list(ro.echoes)), None)
         yield ("done", "length", ro.done)
         return
-    echoes: list = []
+    echoes: list[Echo] = []
     pending = ask.echo
     gen = _generate(app, ask.prompt, ask.params, ask.stops, 0 if k is None else max(1, k), tally)
     try:
@@ -661,11 +417,11 @@ async def _completion_items(app: App, ask: CompletionAsk, tally: Tally) -> Async
         await gen.aclose()
 
 
-async def completions(app: App, request: Request) -> Response:
+async def completions(server: App, request: Request) -> Response:
     """``POST /v1/completions``: a raw prompt, generated whole or streamed; ``echo`` + ``logprobs`` read it out.
     ``model`` picks a served model as on the chat route."""
-    body = _body(request)
-    app = _backend(app, body)
+    body = json_body(request)
+    app = _backend(server, body)
     _require_chat(app)
     ask = CompletionAsk.parse(app, body)
     tally = Tally()
@@ -683,7 +439,7 @@ async def completions(app: App, request: Request) -> Response:
     )
 
 
-def _backend(app: App, body: dict):
+def _backend(app: App, body: dict[str, Any]) -> Backend:
     """The engine (a :class:`gateway.server.fleet.Backend`) for ``body``'s ``model``; the prompt is
     read there, so it goes to the least loaded engine of that model (no routing key)."""
     model = body.get("model")
@@ -721,18 +477,3 @@ async def models(app: App, request: Request) -> Response:
             }
         )
     return Response.json({"object": "list", "data": data, "models": jev_models})
-
-
-def register(app: App) -> None:
-    async def _models(request: Request) -> Response:
-        return await models(app, request)
-
-    async def _chat(request: Request) -> Response:
-        return await chat_completions(app, request)
-
-    async def _completions(request: Request) -> Response:
-        return await completions(app, request)
-
-    app.router.route("/v1/models", "GET", _models)
-    app.router.route("/v1/chat/completions", "POST", _chat)
-    app.router.route("/v1/completions", "POST", _completions)

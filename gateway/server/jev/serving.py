@@ -1,11 +1,12 @@
-"""``POST /v1/systemone`` (TypeSafe's Jev) and ``POST /v1/decisions`` (OpenAI's Decisions API shape).
+"""Serving ``POST /v1/systemone`` (TypeSafe's Jev) and ``POST /v1/decisions`` (OpenAI's Decisions API shape).
 
-Each route is parse -> decide -> reply: the body is parsed into a
-:class:`~gateway.decision.jev.SystemOneRequest` (:func:`gateway.decision.jev.parse_request`,
+Each request is parse -> decide -> reply: the body is parsed into a
+:class:`~gateway.decision.schema.SystemOneRequest` (:func:`gateway.decision.schema.parse_request`,
 or :func:`parse_decisions` for the OpenAI shape), answered by the decision pipeline
 (:func:`gateway.decision.pipeline.decide`, with the app's engine, settings and memory),
-and written in the route's reply shape. What the pipeline raises is mapped to HTTP by
-:mod:`gateway.server.errors` (``/v1/decisions`` gives a refusal OpenAI's envelope).
+and written in the route's reply shape (:mod:`gateway.server.jev.protocol` for Jev's). What
+the pipeline raises is mapped to HTTP by :mod:`gateway.server.errors` (``/v1/decisions`` gives
+a refusal OpenAI's envelope).
 """
 
 from __future__ import annotations
@@ -13,25 +14,27 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from gateway.decision import decision_log, jev, pipeline, refusals, scoring
+from gateway.decision import decision_log, pipeline, refusals, schema, scoring
 from gateway.decision.calibration import IDENTITY
 from gateway.decision.errors import Refused
-from gateway.decision.jev import JevValidationError, SystemOneRequest
 from gateway.decision.pipeline import Decided
 from gateway.decision.prompts import as_text
+from gateway.decision.schema import JevValidationError, SystemOneRequest
 from gateway.http import HTTPError, Request, Response
 from gateway.server.body import parse_json
-from gateway.server.errors import RETRY_AFTER
+from gateway.server.errors import RETRY_AFTER, openai_error
+from gateway.server.jev import protocol
 from gateway.server.routing import HEADER as ROUTE_HEADER
 from gateway.server.routing import routing_key
 
 if TYPE_CHECKING:
     from gateway.server.app import App
+    from gateway.server.fleet import Backend
 
 
-async def decide(app: App, parsed: SystemOneRequest) -> Decided:
-    """The decision pipeline on one parsed request, counted in the app's metrics; ``app`` is the app or
-    the :class:`gateway.server.fleet.Backend` the request was routed to (its engine, settings and memory).
+async def decide(app: Backend, parsed: SystemOneRequest) -> Decided:
+    """The decision pipeline on one parsed request, counted in the app's metrics; ``app`` is the
+    :class:`gateway.server.fleet.Backend` the request was routed to (its engine, settings and memory).
 
     A request with a part no context can hold is refused (:class:`Refused`, the engine's own 422)
     before the engine reads it (:func:`gateway.decision.refusals.over_any_context`)."""
@@ -49,7 +52,7 @@ async def decide(app: App, parsed: SystemOneRequest) -> Decided:
     return decided
 
 
-def log_decisions(app: App, request_id: str, parsed: SystemOneRequest, decided: Decided) -> None:
+def log_decisions(app: Backend, request_id: str, parsed: SystemOneRequest, decided: Decided) -> None:
     """Append the request's answers to the server's decision log, when it keeps one (``--log-decisions``).
 
     Lines that cannot be written are counted in ``serveproto_decision_log_lines_lost_total`` and the
@@ -86,14 +89,14 @@ def _headers(request: Request, decided: Decided) -> list[tuple[str, str]]:
 
 
 async def systemone(app: App, request: Request) -> Response:
-    parsed = jev.parse_request(parse_json(request))
+    parsed = schema.parse_request(parse_json(request))
     key = routing_key(parsed.state, parsed.prefix)
     here = app.backend(parsed.model, key)  # the model named (else the default), by state affinity then load
     decided = await decide(here, parsed)
     log_decisions(here, request.request_id, parsed, decided)
     answers = {
         q.id: {
-            **jev.answer(q, decided.probs[q.id]),
+            **protocol.answer(q, decided.probs[q.id]),
             "x_calibration": decided.calibration.get(q.id, IDENTITY),
             **({"x_head": decided.heads[q.id]} if q.id in decided.heads else {}),
         }
@@ -112,25 +115,13 @@ async def systemone(app: App, request: Request) -> Response:
         extra["x_debias"] = list(decided.debias)
     if decided.warnings:
         extra["x_warnings"] = decided.warnings
-    body = jev.reply(here.model.name, answers, decided.input_tokens, decided.output_tokens, extra)
+    body = protocol.reply(here.model.name, answers, decided.input_tokens, decided.output_tokens, extra)
     return Response.json(body, headers=_headers(request, decided) + [(ROUTE_HEADER, key)])
 
 
 # --- OpenAI's Decisions API shape -------------------------------------------------------------
 
 _OPENAI_TYPES = {"predicate": "noul", "choice": "choice", "score": "score"}
-
-
-def _openai_error(message: str, param: str) -> HTTPError:
-    return HTTPError(
-        400,
-        "invalid_request_error",
-        message,
-        body={
-            "error": {"message": message, "type": "invalid_request_error", "param": param, "code": None},
-            "detail": {"error_type": "invalid_request_error", "message": message},
-        },
-    )
 
 
 def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
@@ -143,17 +134,17 @@ def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
     :class:`HTTPError` 400 in OpenAI's error envelope, naming the parameter.
     """
     if not isinstance(body, dict):
-        raise _openai_error("the body must be a JSON object", "")
+        raise openai_error("the body must be a JSON object", "")
     if "input" not in body:
-        raise _openai_error("'input' is required", "input")
+        raise openai_error("'input' is required", "input")
     qs = body.get("questions")
-    if not isinstance(qs, list) or not 1 <= len(qs) <= jev.MAX_QUESTIONS:
-        raise _openai_error(f"'questions' must be an array of 1 to {jev.MAX_QUESTIONS} questions", "questions")
+    if not isinstance(qs, list) or not 1 <= len(qs) <= schema.MAX_QUESTIONS:
+        raise openai_error(f"'questions' must be an array of 1 to {schema.MAX_QUESTIONS} questions", "questions")
     converted: dict[str, Any] = {}
     for i, q in enumerate(qs):
         param = f"questions[{i}]"
         if not isinstance(q, dict) or q.get("type") not in _OPENAI_TYPES:
-            raise _openai_error(f"{param}.type must be 'predicate', 'choice' or 'score'", f"{param}.type")
+            raise openai_error(f"{param}.type must be 'predicate', 'choice' or 'score'", f"{param}.type")
         text = q.get("question", q.get("instructions"))
         jq: dict[str, Any] = {"type": _OPENAI_TYPES[q["type"]]}
         if text is not None:
@@ -161,15 +152,15 @@ def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
         if q["type"] == "choice":
             choices = q.get("choices")
             if not isinstance(choices, list) or not choices:
-                raise _openai_error(f"{param}.choices must be a non-empty array", f"{param}.choices")
+                raise openai_error(f"{param}.choices must be a non-empty array", f"{param}.choices")
             crit = {}
             for j, c in enumerate(choices):
                 if not isinstance(c, dict) or not isinstance(c.get("value"), str) or not c["value"]:
-                    raise _openai_error(
+                    raise openai_error(
                         f"{param}.choices[{j}].value must be a non-empty string", f"{param}.choices[{j}].value"
                     )
                 if c["value"] in crit:
-                    raise _openai_error(
+                    raise openai_error(
                         f"{param}.choices[{j}].value repeats {c['value']!r}", f"{param}.choices[{j}].value"
                     )
                 crit[c["value"]] = c.get("description")
@@ -177,27 +168,27 @@ def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
         elif q["type"] == "score":
             levels = q.get("levels")
             if not isinstance(levels, list) or not levels:
-                raise _openai_error(f"{param}.levels must be a non-empty array", f"{param}.levels")
+                raise openai_error(f"{param}.levels must be a non-empty array", f"{param}.levels")
             crit_l = []
             for j, lv in enumerate(levels):
                 if not isinstance(lv, dict) or not isinstance(lv.get("label"), str):
-                    raise _openai_error(f"{param}.levels[{j}].label must be a string", f"{param}.levels[{j}].label")
+                    raise openai_error(f"{param}.levels[{j}].label must be a string", f"{param}.levels[{j}].label")
                 desc = lv.get("description")
                 crit_l.append(f"{lv['label']}: {as_text(desc)}" if desc else lv["label"])
             jq["criteria"] = crit_l
         converted[str(i)] = jq
     try:
         extension = {k: body[k] for k in ("x_debias", "x_head") if k in body}
-        parsed = jev.parse_request(
+        parsed = schema.parse_request(
             {"state": body["input"], "questions": converted, "model": body.get("model"), **extension}
         )
     except JevValidationError as exc:
         e = exc.errors[0]
-        raise _openai_error(e["msg"], _openai_param(e["loc"], qs)) from None
+        raise openai_error(e["msg"], _openai_param(e["loc"], qs)) from None
     return parsed, qs
 
 
-def _openai_param(loc: list, sent: list[dict[str, Any]]) -> str:
+def _openai_param(loc: list[Any], sent: list[dict[str, Any]]) -> str:
     """The ``/v1/decisions`` parameter of a System One field path (``["body", "questions", "1",
     "criteria", "sales"]`` is ``questions[1].choices[2].value``; ``state`` is ``input``)."""
     path = list(loc[1:])
@@ -229,7 +220,7 @@ async def decisions(app: App, request: Request) -> Response:
         decided = await decide(here, parsed)
     except Refused as exc:  # what the engine refused, in this route's envelope
         e = exc.errors[0]
-        raise _openai_error(e["msg"], _openai_param(e["loc"], sent)) from None
+        raise openai_error(e["msg"], _openai_param(e["loc"], sent)) from None
     log_decisions(here, request.request_id, parsed, decided)
     answers = []
     for q, raw in zip(parsed.questions, sent):
@@ -268,14 +259,3 @@ async def decisions(app: App, request: Request) -> Response:
         "usage": {"input_tokens": decided.input_tokens, "output_tokens": decided.output_tokens},
     }
     return Response.json(body, headers=_headers(request, decided) + [(ROUTE_HEADER, key)])
-
-
-def register(app: App) -> None:
-    async def _systemone(request: Request) -> Response:
-        return await systemone(app, request)
-
-    async def _decisions(request: Request) -> Response:
-        return await decisions(app, request)
-
-    app.router.route("/v1/systemone", "POST", _systemone)
-    app.router.route("/v1/decisions", "POST", _decisions)

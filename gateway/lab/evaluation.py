@@ -11,15 +11,19 @@ of weight 1/3, so each question weighs the same). Used by
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from typing import Union
 
 import numpy as np
 
 #: Probabilities are reported in millionths, so a gold option's probability can be 0: NLL clips at this.
 NLL_FLOOR = 1e-6
 
+#: One float per answer: a list, or a float64 array of shape ``(m,)``.
+Floats = Union[Sequence[float], np.ndarray]  # noqa: UP007  (a runtime alias)
 
-def _w(weights: Sequence[float] | None, n: int) -> np.ndarray:
+
+def _w(weights: Floats | None, n: int) -> np.ndarray:
     w = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
     if w.shape != (n,) or n == 0 or (w < 0).any() or w.sum() <= 0:
         raise ValueError("weights: expected one non-negative weight per answer, with a positive sum")
@@ -27,7 +31,8 @@ def _w(weights: Sequence[float] | None, n: int) -> np.ndarray:
 
 
 def argmax(p: Sequence[float]) -> int:
-    """The reported answer: the most likely option, the first on ties (as :func:`gateway.decision.jev.answer`)."""
+    """The reported answer: the most likely option, the first on ties (as
+    :func:`gateway.server.jev.protocol.answer`)."""
     best = 0
     for i, x in enumerate(p):
         if x > p[best]:
@@ -69,9 +74,7 @@ def bins(conf: np.ndarray, w: np.ndarray, n_bins: int) -> np.ndarray:
     return out
 
 
-def ece(
-    conf: Sequence[float], correct: Sequence[float], weights: Sequence[float] | None = None, n_bins: int = 10
-) -> float:
+def ece(conf: Floats, correct: Floats, weights: Floats | None = None, n_bins: int = 10) -> float:
     """Expected calibration error of top-label confidences, with equal-mass bins.
 
     ``sum_b (W_b / W) |acc_b - conf_b|`` over ``n_bins`` bins holding equal
@@ -94,7 +97,7 @@ def ece(
 
 
 def ece_floor(
-    conf: Sequence[float], weights: Sequence[float] | None = None, n_bins: int = 10, rounds: int = 200, seed: int = 0
+    conf: Floats, weights: Floats | None = None, n_bins: int = 10, rounds: int = 200, seed: int = 0
 ) -> tuple[float, float]:
     """The ECE a perfectly calibrated model with these confidences would show on this many answers.
 
@@ -124,7 +127,9 @@ def nll(probs: Sequence[Sequence[float]], gold: Sequence[int], weights: Sequence
     return float((w * s).sum() / w.sum())
 
 
-def macro_f1(pred: Sequence, gold: Sequence, tasks: Sequence[str], weights: Sequence[float] | None = None) -> float:
+def macro_f1(
+    pred: Sequence[Hashable], gold: Sequence[Hashable], tasks: Sequence[str], weights: Sequence[float] | None = None
+) -> float:
     """Macro-F1 per task, averaged over tasks.
 
     ``pred[k]``, ``gold[k]``: answer ``k``'s predicted and gold class (any
@@ -172,7 +177,12 @@ def order_stability(by_order: Sequence[dict[str, float]]) -> tuple[bool, float]:
     """
     if len(by_order) < 2:
         raise ValueError("order stability needs at least two orders")
-    winners = {max(d, key=lambda k, d=d: (d[k], -list(d).index(k))) for d in by_order}
+
+    def top(d: dict[str, float]) -> str:
+        order = list(d)
+        return max(d, key=lambda k: (d[k], -order.index(k)))
+
+    winners = {top(d) for d in by_order}
     labels = list(by_order[0])
     pairs = [(a, b) for i, a in enumerate(by_order) for b in by_order[i + 1 :]]
     mean = sum(jsd([a[x] for x in labels], [b[x] for x in labels]) for a, b in pairs) / len(pairs)

@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 import orjson
 
-from gateway.decision import jev
+from gateway.decision import schema
 
 #: The generator's default seed and size (states per domain: tickets, reviews, emails, orders).
 SEED = 14
@@ -54,7 +54,7 @@ class Labelled:
     """
 
     id: str
-    body: dict
+    body: dict[str, Any]
     gold: dict[str, int]
     tasks: dict[str, str]
 
@@ -66,7 +66,7 @@ class LabelledFileError(ValueError):
 # --- reading and writing --------------------------------------------------------------------------
 
 
-def gold_index(question: jev.Question, answer: Any) -> int:
+def gold_index(question: schema.Question, answer: Any) -> int:
     """The reply-order index of ``answer`` for ``question`` (see the module doc for the forms).
 
     Raises ``ValueError`` naming what was expected.
@@ -87,7 +87,7 @@ def gold_index(question: jev.Question, answer: Any) -> int:
     return answer
 
 
-def gold_value(question: jev.Question, index: int) -> Any:
+def gold_value(question: schema.Question, index: int) -> Any:
     """The inverse of :func:`gold_index`: ``True``/``False``, the label, or the level."""
     if question.type == "noul":
         return index == 1
@@ -103,8 +103,8 @@ def parse_line(obj: Any, where: str) -> Labelled:
             f"{where}: expected an object with 'request' (a System One body) and 'gold' (an object)"
         )
     try:
-        parsed = jev.parse_request(obj["request"])
-    except jev.JevValidationError as exc:
+        parsed = schema.parse_request(obj["request"])
+    except schema.JevValidationError as exc:
         raise LabelledFileError(f"{where}: request: {exc}") from None
     by_id = {q.id: q for q in parsed.questions}
     gold = {}
@@ -116,7 +116,9 @@ def parse_line(obj: Any, where: str) -> Labelled:
         except ValueError as exc:
             raise LabelledFileError(f"{where}: gold.{qid}: {exc}") from None
     rid = obj.get("id", where)
-    tasks = obj.get("tasks") if isinstance(obj.get("tasks"), dict) else {}
+    tasks = obj.get("tasks")
+    if not isinstance(tasks, dict):
+        tasks = {}
     return Labelled(str(rid), obj["request"], gold, {qid: str(tasks.get(qid, qid)) for qid in by_id})
 
 
@@ -146,9 +148,9 @@ def json_lines(path: str | Path, error: type[Exception]) -> Iterator[tuple[str, 
                 raise error(f"{where}: not JSON: {exc}") from None
 
 
-def to_json(item: Labelled) -> dict:
+def to_json(item: Labelled) -> dict[str, Any]:
     """The JSON line of ``item`` (:func:`read_jsonl`'s form, with ``tasks`` kept)."""
-    parsed = jev.parse_request(item.body)
+    parsed = schema.parse_request(item.body)
     by_id = {q.id: q for q in parsed.questions}
     return {
         "id": item.id,
@@ -501,7 +503,7 @@ ORDER_NOTES_CALM = ["No hurry.", "Leave it with the neighbour if I am out.", "",
 ORDER_GIFT_NOTES = ["It is a present for my mother.", "This is a gift, please do not include the price."]
 
 
-def _question_sets() -> dict[str, dict[str, dict]]:
+def _question_sets() -> dict[str, dict[str, dict[str, Any]]]:
     """The questions of each domain, by question id (each id is its own task)."""
     return {
         "ticket": {
@@ -730,7 +732,7 @@ def generate(seed: int = SEED, sizes: dict[str, int] | None = None) -> list[Labe
             state, answers = make(rng)
             questions = qsets[domain]
             body = {"state": state, "questions": questions}
-            parsed = jev.parse_request(body)
+            parsed = schema.parse_request(body)
             gold = {q.id: gold_index(q, answers[q.id]) for q in parsed.questions}
             out.append(Labelled(f"{domain}-{k}", body, gold, {qid: f"{domain}.{qid}" for qid in questions}))
     return out
@@ -740,7 +742,7 @@ def summary(items: Sequence[Labelled]) -> dict[str, dict[str, Any]]:
     """Per task: its type, option count, question count and the share of each gold answer (by index)."""
     out: dict[str, dict[str, Any]] = {}
     for item in items:
-        parsed = jev.parse_request(item.body)
+        parsed = schema.parse_request(item.body)
         for q in parsed.questions:
             if q.id not in item.gold:
                 continue

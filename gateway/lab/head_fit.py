@@ -31,7 +31,8 @@ LAMBDAS = (1e-3, 1e-2, 3e-2, 1e-1, 1.0)
 def _softmax(z: np.ndarray) -> np.ndarray:
     z = z - z.max(axis=1, keepdims=True)
     e = np.exp(z)
-    return e / e.sum(axis=1, keepdims=True)
+    out: np.ndarray = e / e.sum(axis=1, keepdims=True)
+    return out
 
 
 def fit_lr(Z: np.ndarray, y: np.ndarray, k: int, lam: float, iters: int = 250) -> tuple[np.ndarray, np.ndarray]:
