@@ -325,6 +325,8 @@ int sched_lease(engine *e, int slot);
  * task after). free: frees its state (task_end). */
 typedef struct task_ops {
     int scratch; /* it takes scratch sequences (SCORE's trie rows): they are shared among such tasks */
+    int row_lse; /* its decoded reads every logits row's logsumexp (SCORE): sched.c's rows_lse computes
+                    them first, spread over threads (sched_row_lse) */
     int (*start)(struct engine *e, struct task *t);
     int (*unit)(struct engine *e, struct task *t);
     int (*want)(struct engine *e, struct task *t);
@@ -336,11 +338,11 @@ typedef struct task_ops {
 } task_ops;
 
 /* The table of a kind whose operations are named <kind>_start, <kind>_unit, ... */
-#define TASK_OPS(kind, uses_scratch)                                                                  \
-    {                                                                                                 \
-        .scratch = (uses_scratch), .start = kind##_start, .unit = kind##_unit, .want = kind##_want,   \
-        .fill = kind##_fill, .decoded = kind##_decoded, .undo = kind##_undo, .fail = kind##_fail,    \
-        .free = kind##_free,                                                                          \
+#define TASK_OPS(kind, uses_scratch, reads_row_lse)                                              \
+    {                                                                                            \
+        .scratch = (uses_scratch), .row_lse = (reads_row_lse), .start = kind##_start,            \
+        .unit = kind##_unit, .want = kind##_want, .fill = kind##_fill, .decoded = kind##_decoded, \
+        .undo = kind##_undo, .fail = kind##_fail, .free = kind##_free,                           \
     }
 
 extern const task_ops submit_ops; /* submit.c: SUBMIT, a prefill then a generation */

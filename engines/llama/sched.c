@@ -105,7 +105,7 @@ static void rows_lse(engine *e, task *const *in, int n_in)
         e->row_lse[i] = NAN;
     for (int k = 0; k < n_in; k++) {
         const task *t = in[k];
-        if (!is_score(t))
+        if (!t->ops->row_lse)
             continue;
         for (int r = t->row0; r < t->row0 + t->rows; r++)
             if (e->batch.logits[r]) {

@@ -836,4 +836,4 @@ static void score_fail(engine *e, task *t, int rc)
                                                            : "llama_decode of the options failed");
 }
 
-const task_ops score_ops = TASK_OPS(score, 1);
+const task_ops score_ops = TASK_OPS(score, 1, 1);

@@ -361,4 +361,4 @@ static void submit_fail(engine *e, task *t, int rc)
     sp_write_error(&e->w, t->rq.id, "BAD_REQUEST", rc == 1 ? "the KV cache has no room for the batch" : "llama_decode failed (%d)", rc);
 }
 
-const task_ops submit_ops = TASK_OPS(submit, 0);
+const task_ops submit_ops = TASK_OPS(submit, 0, 0);
