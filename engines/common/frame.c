@@ -57,6 +57,15 @@ int sp_parse_uint(const char *s, size_t n, uint64_t *out)
     return 0;
 }
 
+/* Moves *i past the ASCII digits at s[*i ..] (before n); returns how many. */
+static size_t skip_digits(const char *s, size_t n, size_t *i)
+{
+    size_t from = *i;
+    while (*i < n && s[*i] >= '0' && s[*i] <= '9')
+        (*i)++;
+    return *i - from;
+}
+
 /* -?(inf|nan|[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?) */
 int sp_parse_float(const char *s, size_t n, double *out)
 {
@@ -74,28 +83,17 @@ int sp_parse_float(const char *s, size_t n, double *out)
         *out = NAN;
         return 0;
     }
-    size_t digits = 0;
-    while (i < n && s[i] >= '0' && s[i] <= '9') {
-        i++;
-        digits++;
-    }
-    if (digits == 0)
+    if (skip_digits(s, n, &i) == 0)
         return -1;
     if (i < n && s[i] == '.') {
         i++;
-        while (i < n && s[i] >= '0' && s[i] <= '9')
-            i++;
+        skip_digits(s, n, &i);
     }
     if (i < n && (s[i] == 'e' || s[i] == 'E')) {
         i++;
         if (i < n && (s[i] == '+' || s[i] == '-'))
             i++;
-        size_t exp_digits = 0;
-        while (i < n && s[i] >= '0' && s[i] <= '9') {
-            i++;
-            exp_digits++;
-        }
-        if (exp_digits == 0)
+        if (skip_digits(s, n, &i) == 0)
             return -1;
     }
     if (i != n || n >= 64)
@@ -808,6 +806,15 @@ int sp_write_accept(sp_writer *w, uint64_t id, uint64_t prompt_tokens)
                              (unsigned long long)prompt_tokens));
 }
 
+/* The end of a frame's line, then its payload of n bytes and the payload's '\n'. */
+static int wb_payload(sp_writer *w, const void *p, size_t n)
+{
+    int r = wb_bytes(w, "\n", 1);
+    r |= wb_bytes(w, p, n);
+    r |= wb_bytes(w, "\n", 1);
+    return r;
+}
+
 int sp_write_echo(sp_writer *w, uint64_t id, uint64_t position, double logprob,
                   int k, const sp_alt *top, const void *text, size_t n)
 {
@@ -815,9 +822,7 @@ int sp_write_echo(sp_writer *w, uint64_t id, uint64_t position, double logprob,
                       (unsigned long long)position);
     r |= wb_float(w, logprob);
     r |= wb_alts(w, k, top);
-    r |= wb_bytes(w, "\n", 1);
-    r |= wb_bytes(w, text, n);
-    r |= wb_bytes(w, "\n", 1);
+    r |= wb_payload(w, text, n);
     return emit(w, r);
 }
 
@@ -830,9 +835,7 @@ int sp_write_data(sp_writer *w, uint64_t id, const void *text, size_t n,
         r |= wb_float(w, logprob);
         r |= wb_alts(w, k, top);
     }
-    r |= wb_bytes(w, "\n", 1);
-    r |= wb_bytes(w, text, n);
-    r |= wb_bytes(w, "\n", 1);
+    r |= wb_payload(w, text, n);
     return emit(w, r);
 }
 

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "frame.h"
+#include "loop.h"
 #include "llama.h"
 
 #define ENGINE_MAX_LOGPROBS   SP_MAX_LOGPROBS /* CAPS max_logprobs */
@@ -54,20 +55,49 @@ typedef struct device_options {
     struct ggml_backend_device *devices[DEVICES_MAX + 1]; /* with --rpc: llama_model_params.devices, NULL-ended */
 } device_options;
 
+/* A task's life (sched.c; spec/llama-engine.md, "Many requests at once"),
+ * every transition written down:
+ *   FREE -> QUEUED        a SUBMIT or SCORE taken from stdin (main.c: on_request)
+ *   QUEUED -> FREE        CANCEL before it started: answered CANCELLED at once (main.c: on_cancel)
+ *   QUEUED -> RUNNING     its start runs, between decodes, in arrival order (sched.c: start_new);
+ *                         a start that answers it whole (-1) ends it: -> FREE
+ *   RUNNING -> CANCELLED  CANCEL arrived; a decode holding its rows aborts (main.c: on_cancel)
+ *   RUNNING -> FREE       its DONE or ERROR is written (task_end), from want, fill, decoded, fail
+ *   CANCELLED -> FREE     answered CANCELLED at the next step (sched.c: sched_step), or its DONE
+ *                         when the decode it is in finishes it first (a CANCEL read while the
+ *                         device computes, overlap: the decode is not aborted)
+ * RUNNING and CANCELLED tasks hold their kind's state (st); QUEUED ones hold nothing. STOP is
+ * not a state: a flag that a generation's want reads (and a SCORE ignores). */
+typedef enum task_state {
+    TASK_FREE = 0,  /* the entry is unused (a zeroed task) */
+    TASK_QUEUED,    /* taken, not started */
+    TASK_RUNNING,   /* started: st holds its kind's state */
+    TASK_CANCELLED, /* started, CANCEL arrived: answered between decodes */
+} task_state;
+
+struct task_ops;
+
 /* A request taken from stdin and not yet answered (sched.c). A task is
  * started (tokenized, ACCEPTed) between decodes, then gives rows to the
- * decodes until it ends: it writes its DONE or ERROR and is freed at once. */
+ * decodes until it ends: it writes its DONE or ERROR and is freed at once.
+ * The scheduler runs it through its kind's operations (ops), never by kind. */
 typedef struct task {
-    int used;
-    int started;    /* its kind's start ran: st holds its state */
+    task_state state;
+    const struct task_ops *ops; /* submit_ops or score_ops (main.c) */
     sp_request rq;
     uint64_t arrival;  /* arrival order (ties of served) */
     uint64_t served;   /* the decode that last took rows from it */
     int stop;       /* STOP arrived: generate nothing more */
-    int cancel;     /* CANCEL arrived: answered CANCELLED between decodes */
     int row0, rows; /* its rows in the batch being decoded (rows 0: none) */
-    void *st;       /* submit.c's or score.c's state */
+    void *st;       /* its kind's state (submit.c's or score.c's) */
 } task;
+
+/* Started: st holds its kind's state (RUNNING or CANCELLED). */
+static inline int task_started(const task *t)
+{
+    return t->state == TASK_RUNNING || t->state == TASK_CANCELLED;
+}
+
 /* The tokens whose KV rows sequence `slot` holds, positions 0 .. n-1. */
 typedef struct slot_state {
     llama_token *tokens; /* capacity n_ctx */
@@ -188,9 +218,8 @@ typedef struct engine {
     score_cache scores;         /* --score-cache-mb; only with invariant numerics */
     int splice_check;           /* --splice-check: tokenize whole too and compare */
 
-    sp_reader rd;
+    sp_loop in;                 /* stdin's frames (engines/common/loop.h; in.eof: stdin ended) */
     sp_writer w;
-    int in_eof;                 /* stdin ended */
     int out_failed;             /* stdout is gone */
 
     task tasks[ENGINE_QUEUE_MAX];
@@ -284,31 +313,39 @@ int sched_step(engine *e);
 void task_end(engine *e, task *t);
 int sched_lease(engine *e, int slot);
 
-/* submit.c / score.c: a request as a task. start: tokenize, reuse, ACCEPT
- * (0), or answer it whole (-1: the task is ended). unit / want: the fewest
- * and the most rows it can use in the next decode (want 0: none now; want
- * may end the task, e.g. a generation whose STOP arrived). fill: adds at most
- * `budget` rows (and scratch sequences) to e->batch, returns the rows added.
- * decoded: reads its rows' logits after a decode. undo: the decode failed or
- * was aborted; the KV cache is put back as before the fill. fail: answers
- * the failure of llama_decode status rc and ends the task. cancel: answers
- * CANCELLED and ends it. */
-int submit_start(engine *e, task *t);
-int submit_unit(engine *e, task *t);
-int submit_want(engine *e, task *t);
-int submit_fill(engine *e, task *t, int budget);
-void submit_decoded(engine *e, task *t);
-void submit_undo(engine *e, task *t);
-void submit_fail(engine *e, task *t, int rc);
-void submit_free(engine *e, task *t);
+/* submit.c / score.c: a request as a task, one table of operations per kind,
+ * which the scheduler calls without knowing the kind. start: tokenize, reuse,
+ * ACCEPT (0), or answer it whole (-1: the task is ended). unit / want: the
+ * fewest and the most rows it can use in the next decode (want 0: none now;
+ * want may end the task, e.g. a generation whose STOP arrived). fill: adds at
+ * most `budget` rows and `seq_budget` scratch sequences to e->batch, returns
+ * the rows added. decoded: reads its rows' logits after a decode. undo: the
+ * decode failed or was aborted; the KV cache is put back as before the fill.
+ * fail: answers the failure of llama_decode status rc (the scheduler ends the
+ * task after). free: frees its state (task_end). */
+typedef struct task_ops {
+    int scratch; /* it takes scratch sequences (SCORE's trie rows): they are shared among such tasks */
+    int row_lse; /* its decoded reads every logits row's logsumexp (SCORE): sched.c's rows_lse computes
+                    them first, spread over threads (sched_row_lse) */
+    int (*start)(struct engine *e, struct task *t);
+    int (*unit)(struct engine *e, struct task *t);
+    int (*want)(struct engine *e, struct task *t);
+    int (*fill)(struct engine *e, struct task *t, int budget, int seq_budget);
+    void (*decoded)(struct engine *e, struct task *t);
+    void (*undo)(struct engine *e, struct task *t);
+    void (*fail)(struct engine *e, struct task *t, int rc);
+    void (*free)(struct engine *e, struct task *t);
+} task_ops;
 
-int score_start(engine *e, task *t);
-int score_unit(engine *e, task *t);
-int score_want(engine *e, task *t);
-int score_fill(engine *e, task *t, int budget, int seq_budget);
-void score_decoded(engine *e, task *t);
-void score_undo(engine *e, task *t);
-void score_fail(engine *e, task *t, int rc);
-void score_free(engine *e, task *t);
+/* The table of a kind whose operations are named <kind>_start, <kind>_unit, ... */
+#define TASK_OPS(kind, uses_scratch, reads_row_lse)                                              \
+    {                                                                                            \
+        .scratch = (uses_scratch), .row_lse = (reads_row_lse), .start = kind##_start,            \
+        .unit = kind##_unit, .want = kind##_want, .fill = kind##_fill, .decoded = kind##_decoded, \
+        .undo = kind##_undo, .fail = kind##_fail, .free = kind##_free,                           \
+    }
+
+extern const task_ops submit_ops; /* submit.c: SUBMIT, a prefill then a generation */
+extern const task_ops score_ops;  /* score.c: SCORE, a trunk then its options' trie */
 
 #endif

@@ -10,7 +10,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -72,6 +71,17 @@ static int parse_int_arg(const char *name, const char *v, int lo, int hi, int *o
     return 0;
 }
 
+/* v must be `no` or `yes`: *out is 0 or 1. */
+static int parse_pair_arg(const char *name, const char *v, const char *no, const char *yes, int *out)
+{
+    if (strcmp(v, no) && strcmp(v, yes)) {
+        fprintf(stderr, "serveproto-llama: %s must be %s or %s, got '%s'\n", name, no, yes, v);
+        return -1;
+    }
+    *out = !strcmp(v, yes);
+    return 0;
+}
+
 static int parse_options(int argc, char **argv, options *o)
 {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -129,11 +139,7 @@ static int parse_options(int argc, char **argv, options *o)
         else if (!strcmp(a, "--chunk"))
             rc = parse_int_arg(a, v, 1, 2048, &o->chunk);
         else if (!strcmp(a, "--kv-type")) {
-            if (strcmp(v, "f32") && strcmp(v, "f16")) {
-                fprintf(stderr, "serveproto-llama: --kv-type must be f32 or f16, got '%s'\n", v);
-                return -1;
-            }
-            o->kv_f16 = !strcmp(v, "f16");
+            rc = parse_pair_arg(a, v, "f32", "f16", &o->kv_f16);
             o->kv_set = 1;
         } else if (!strcmp(a, "--score-cache-mb")) {
             rc = parse_int_arg(a, v, 0, 1 << 20, &o->score_cache_mb);
@@ -146,11 +152,7 @@ static int parse_options(int argc, char **argv, options *o)
         } else if (!strcmp(a, "--float-digits")) {
             rc = parse_int_arg(a, v, 9, 17, &sp_float_digits);
         } else if (!strcmp(a, "--numerics")) {
-            if (strcmp(v, "invariant") && strcmp(v, "fast")) {
-                fprintf(stderr, "serveproto-llama: --numerics must be invariant or fast, got '%s'\n", v);
-                return -1;
-            }
-            o->fast = !strcmp(v, "fast");
+            rc = parse_pair_arg(a, v, "invariant", "fast", &o->fast);
             o->numerics_set = 1;
         } else if (!strcmp(a, "--seed")) {
             rc = parse_int_arg(a, v, 0, 0x7fffffff, &seed);
@@ -510,9 +512,9 @@ static void engine_free(engine *e)
     if (e->model)
         llama_model_free(e->model);
     for (int i = 0; i < ENGINE_QUEUE_MAX; i++)
-        if (e->tasks[i].used)
+        if (e->tasks[i].state != TASK_FREE)
             task_end(e, &e->tasks[i]);
-    sp_reader_free(&e->rd);
+    sp_loop_free(&e->in);
     sp_writer_free(&e->w);
 }
 
@@ -532,146 +534,106 @@ static void handshake(engine *e)
     sp_write_stat(&e->w, stat, 4);
 }
 
-/* ---- frames in ---- */
+/* ---- frames in (engines/common/loop.h: the loop; here the engine's part) ---- */
 
-static task *find_task(engine *e, uint64_t id)
+static void *find_task(void *eng, uint64_t id)
 {
+    engine *e = eng;
     for (int i = 0; i < ENGINE_QUEUE_MAX; i++)
-        if (e->tasks[i].used && e->tasks[i].rq.id == id)
+        if (e->tasks[i].state != TASK_FREE && e->tasks[i].rq.id == id)
             return &e->tasks[i];
     return NULL;
 }
 
-/* Takes one parsed request frame: control frames are answered now, work is
- * made a task (or refused). Takes ownership of *rq. */
-static void dispatch(engine *e, sp_request *rq)
+/* A work request: SUBMIT and SCORE become a task (or are refused), IMAGE and
+ * DECIDE are refused. Takes *rq's buffers into the task. */
+static void on_request(void *eng, sp_request *rq)
 {
-    task *t = find_task(e, rq->id);
-    switch (rq->kind) {
-    case SP_SUBMIT:
-    case SP_SCORE:
-        if (rq->kind == SP_SUBMIT && e->skip_submit_id == rq->id) {
-            e->skip_submit_id = 0; /* its IMAGE was already refused */
-            break;
-        }
-        if (t) {
-            sp_write_error(&e->w, rq->id, "DUPLICATE_ID", "id %llu is in flight", (unsigned long long)rq->id);
-            break;
-        }
-        if (rq->slot >= (uint64_t)e->n_slots) {
-            sp_write_error(&e->w, rq->id, "BAD_REQUEST", "slot %llu is out of range 0..%d",
-                           (unsigned long long)rq->slot, e->n_slots - 1);
-            break;
-        }
-        for (int j = 0; j < ENGINE_QUEUE_MAX; j++)
-            if (e->tasks[j].used && e->tasks[j].rq.slot == rq->slot) {
-                sp_write_error(&e->w, rq->id, "SLOT_BUSY", "slot %llu is serving request %llu",
-                               (unsigned long long)rq->slot, (unsigned long long)e->tasks[j].rq.id);
-                goto done;
-            }
-        for (int j = 0; j < ENGINE_QUEUE_MAX; j++)
-            if (!e->tasks[j].used) {
-                t = &e->tasks[j];
-                break;
-            }
-        if (!t) {
-            sp_write_error(&e->w, rq->id, "BAD_REQUEST", "too many requests in flight (%d)", ENGINE_QUEUE_MAX);
-            break;
-        }
-        memset(t, 0, sizeof *t);
-        t->used = 1;
-        t->rq = *rq;
-        t->arrival = ++e->arrivals;
-        e->n_tasks++;
-        memset(rq, 0, sizeof *rq);
-        return;
-    case SP_IMAGE:
+    engine *e = eng;
+    if (rq->kind == SP_IMAGE) {
         sp_write_error(&e->w, rq->id, "NOT_SUPPORTED", "this engine has no image tower (vision=0)");
         e->skip_submit_id = rq->id;
-        break;
-    case SP_DECIDE:
-        sp_write_error(&e->w, rq->id, "NOT_SUPPORTED", "this engine has no decision mode (decide=0)");
-        break;
-    case SP_STOP:
-        if (!t)
-            sp_write_error(&e->w, rq->id, "NOT_FOUND", "no request %llu in flight", (unsigned long long)rq->id);
-        else
-            t->stop = 1;
-        break;
-    case SP_CANCEL:
-        if (!t) {
-            sp_write_error(&e->w, rq->id, "NOT_FOUND", "no request %llu in flight", (unsigned long long)rq->id);
-        } else if (!t->started) {
-            /* holds nothing yet: answered at once, even inside a decode */
-            sp_write_error(&e->w, rq->id, "CANCELLED", "cancelled before it ran");
-            task_end(e, t);
-        } else {
-            /* answered by the scheduler between decodes; a decode that has
-             * its rows aborts now (the others in it retry their chunks) */
-            t->cancel = 1;
-            if (e->in_decode && t->rows > 0)
-                e->abort_decode = 1;
-        }
-        break;
-    case SP_PING:
-        if (t) {
-            sp_write_error(&e->w, rq->id, "DUPLICATE_ID", "id %llu is in flight", (unsigned long long)rq->id);
-        } else {
-            char f[64];
-            snprintf(f, sizeof f, "active=%d", e->n_tasks);
-            sp_write_pong(&e->w, rq->id, f);
-        }
-        break;
+        return;
     }
-done:
-    sp_request_free(rq);
-}
-
-/* Parses and dispatches every complete frame buffered. */
-static void drain(engine *e)
-{
-    for (;;) {
-        sp_request rq;
-        sp_error err;
-        memset(&rq, 0, sizeof rq);
-        sp_status st = sp_reader_next(&e->rd, &rq, &err);
-        if (st == SP_FRAME)
-            dispatch(e, &rq);
-        else if (st == SP_BAD)
-            sp_write_error(&e->w, err.id, err.code, "%s", err.reason);
-        else {
-            if (st == SP_EOF)
-                e->in_eof = 1;
+    if (rq->kind == SP_DECIDE) {
+        sp_write_error(&e->w, rq->id, "NOT_SUPPORTED", "this engine has no decision mode (decide=0)");
+        return;
+    }
+    if (rq->kind != SP_SUBMIT && rq->kind != SP_SCORE)
+        return; /* STOP, CANCEL, PING: the loop's */
+    if (rq->kind == SP_SUBMIT && e->skip_submit_id == rq->id) {
+        e->skip_submit_id = 0; /* its IMAGE was already refused */
+        return;
+    }
+    task *t = find_task(e, rq->id);
+    if (t) {
+        sp_write_error(&e->w, rq->id, "DUPLICATE_ID", "id %llu is in flight", (unsigned long long)rq->id);
+        return;
+    }
+    if (rq->slot >= (uint64_t)e->n_slots) {
+        sp_write_error(&e->w, rq->id, "BAD_REQUEST", "slot %llu is out of range 0..%d",
+                       (unsigned long long)rq->slot, e->n_slots - 1);
+        return;
+    }
+    for (int j = 0; j < ENGINE_QUEUE_MAX; j++)
+        if (e->tasks[j].state != TASK_FREE && e->tasks[j].rq.slot == rq->slot) {
+            sp_write_error(&e->w, rq->id, "SLOT_BUSY", "slot %llu is serving request %llu",
+                           (unsigned long long)rq->slot, (unsigned long long)e->tasks[j].rq.id);
             return;
         }
+    for (int j = 0; j < ENGINE_QUEUE_MAX && !t; j++)
+        if (e->tasks[j].state == TASK_FREE)
+            t = &e->tasks[j];
+    if (!t) {
+        sp_write_error(&e->w, rq->id, "BAD_REQUEST", "too many requests in flight (%d)", ENGINE_QUEUE_MAX);
+        return;
+    }
+    memset(t, 0, sizeof *t);
+    t->state = TASK_QUEUED;
+    t->ops = rq->kind == SP_SCORE ? &score_ops : &submit_ops; /* the one place that knows the kinds */
+    t->rq = *rq;
+    t->arrival = ++e->arrivals;
+    e->n_tasks++;
+    memset(rq, 0, sizeof *rq);
+}
+
+static void on_stop(void *eng, void *t)
+{
+    (void)eng;
+    ((task *)t)->stop = 1;
+}
+
+static void on_cancel(void *eng, void *task_, uint64_t id)
+{
+    engine *e = eng;
+    task *t = task_;
+    if (t->state == TASK_QUEUED) {
+        /* holds nothing yet: answered at once, even inside a decode */
+        sp_write_error(&e->w, id, "CANCELLED", "cancelled before it ran");
+        task_end(e, t);
+    } else {
+        /* answered by the scheduler between decodes; a decode that has
+         * its rows aborts now (the others in it retry their chunks) */
+        t->state = TASK_CANCELLED;
+        if (e->in_decode && t->rows > 0)
+            e->abort_decode = 1;
     }
 }
 
-/* One read of stdin; at EOF or on a read error the input is over. */
-static void fill(engine *e)
+static int n_active(void *eng)
 {
-    ssize_t r = sp_reader_fill(&e->rd, 0);
-    if (r < 0 && (errno == EINTR || errno == EAGAIN))
-        return;
-    if (r < 0) {
-        fprintf(stderr, "serveproto-llama: reading stdin: %s\n", strerror(errno));
-        sp_reader_feed(&e->rd, NULL, 0);
-    }
+    return ((engine *)eng)->n_tasks;
 }
+
+static const sp_loop_ops engine_loop_ops = {
+    .request = on_request, .find = find_task, .stop = on_stop, .cancel = on_cancel, .active = n_active,
+    .not_found = { "no request ", " in flight" }, .name = "serveproto-llama",
+};
 
 /* Non-blocking: takes whatever stdin has now (called between decode steps). */
 void engine_poll(engine *e)
 {
-    if (!e->in_eof) {
-        struct pollfd pfd = { 0, POLLIN, 0 };
-        while (poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLIN | POLLHUP | POLLERR))) {
-            fill(e);
-            drain(e);
-            if (e->in_eof)
-                break;
-        }
-    }
-    drain(e);
+    sp_loop_poll(&e->in);
 }
 
 static uint64_t now_us(void)
@@ -715,7 +677,7 @@ int main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     static engine e; /* large; zero-initialised */
-    if (sp_reader_init(&e.rd, SP_EXT_ALL) != 0 || sp_writer_init(&e.w, 1) != 0) {
+    if (sp_writer_init(&e.w, 1) != 0 || sp_loop_init(&e.in, SP_EXT_ALL, &e.w, &engine_loop_ops, &e) != 0) {
         fprintf(stderr, "serveproto-llama: out of memory\n");
         return 1;
     }
@@ -736,7 +698,7 @@ int main(int argc, char **argv)
         if (e.n_tasks > 0) {
             /* tasks that cannot run are a bug: answer them rather than spin */
             for (int i = 0; i < ENGINE_QUEUE_MAX; i++)
-                if (e.tasks[i].used) {
+                if (e.tasks[i].state != TASK_FREE) {
                     fprintf(stderr, "serveproto-llama: request %llu cannot make progress\n",
                             (unsigned long long)e.tasks[i].rq.id);
                     sp_write_error(&e.w, e.tasks[i].rq.id, "BAD_REQUEST", "the engine could not schedule it");
@@ -749,10 +711,10 @@ int main(int argc, char **argv)
          * last scores) */
         if (e.scores.disk && persist_idle_pending(e.scores.disk, &e))
             persist_idle(e.scores.disk, &e);
-        if (e.in_eof)
+        if (e.in.eof)
             break;
-        fill(&e);
-        drain(&e);
+        sp_loop_read(&e.in);
+        sp_loop_drain(&e.in);
     }
     profile_free(&e.prof);
     int rc = e.w.failed ? 1 : 0;

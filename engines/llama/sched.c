@@ -19,20 +19,11 @@
 
 #include "engine.h"
 
-static int is_score(const task *t)
-{
-    return t->rq.kind == SP_SCORE;
-}
-
 /* Frees the task's state and its entry (its DONE or ERROR is written). */
 void task_end(engine *e, task *t)
 {
-    if (t->started) {
-        if (is_score(t))
-            score_free(e, t);
-        else
-            submit_free(e, t);
-    }
+    if (task_started(t))
+        t->ops->free(e, t);
     sp_request_free(&t->rq);
     memset(t, 0, sizeof *t);
     e->n_tasks--;
@@ -65,14 +56,14 @@ static int start_new(engine *e)
     task *list[ENGINE_QUEUE_MAX];
     int n = 0;
     for (int i = 0; i < ENGINE_QUEUE_MAX; i++)
-        if (e->tasks[i].used && !e->tasks[i].started)
+        if (e->tasks[i].state == TASK_QUEUED)
             list[n++] = &e->tasks[i];
     qsort(list, (size_t)n, sizeof *list, by_arrival);
     for (int i = 0; i < n; i++) {
         task *t = list[i];
-        t->started = 1;
-        int rc = is_score(t) ? score_start(e, t) : submit_start(e, t);
-        if (rc != 0 && t->used)
+        t->state = TASK_RUNNING;
+        int rc = t->ops->start(e, t);
+        if (rc != 0 && t->state != TASK_FREE)
             task_end(e, t);
     }
     return n;
@@ -114,7 +105,7 @@ static void rows_lse(engine *e, task *const *in, int n_in)
         e->row_lse[i] = NAN;
     for (int k = 0; k < n_in; k++) {
         const task *t = in[k];
-        if (!is_score(t))
+        if (!t->ops->row_lse)
             continue;
         for (int r = t->row0; r < t->row0 + t->rows; r++)
             if (e->batch.logits[r]) {
@@ -152,7 +143,7 @@ int sched_lease(engine *e, int slot)
         return 1;
     if (ls >= 0 && e->slots[ls].n > e->n_ctx) {
         for (int i = 0; i < ENGINE_QUEUE_MAX; i++)
-            if (e->tasks[i].used && e->tasks[i].started && (int)e->tasks[i].rq.slot == ls)
+            if (task_started(&e->tasks[i]) && (int)e->tasks[i].rq.slot == ls)
                 return 0;
         slot_truncate(e, ls, e->n_ctx);
     }
@@ -219,7 +210,7 @@ int sched_step(engine *e)
         mark[1] = profile_now_us();
     for (int i = 0; i < ENGINE_QUEUE_MAX; i++) {
         task *t = &e->tasks[i];
-        if (t->used && t->cancel) {
+        if (t->state == TASK_CANCELLED) {
             sp_write_error(&e->w, t->rq.id, "CANCELLED", "cancelled");
             task_end(e, t);
             worked = 1;
@@ -227,13 +218,13 @@ int sched_step(engine *e)
     }
 
     turn tu[ENGINE_QUEUE_MAX];
-    int n = 0, n_score = 0;
+    int n = 0, n_scratch = 0;
     for (int i = 0; i < ENGINE_QUEUE_MAX; i++) {
         task *t = &e->tasks[i];
-        if (!t->used)
+        if (t->state == TASK_FREE)
             continue;
-        int w = is_score(t) ? score_want(e, t) : submit_want(e, t);
-        if (!t->used) { /* want ended it (STOP, or nothing left to compute) */
+        int w = t->ops->want(e, t);
+        if (t->state == TASK_FREE) { /* want ended it (STOP, or nothing left to compute) */
             worked = 1;
             continue;
         }
@@ -241,8 +232,8 @@ int sched_step(engine *e)
             continue;
         tu[n].t = t;
         tu[n].want = w;
-        tu[n].unit = is_score(t) ? score_unit(e, t) : submit_unit(e, t);
-        n_score += is_score(t);
+        tu[n].unit = t->ops->unit(e, t);
+        n_scratch += t->ops->scratch;
         n++;
     }
     if (n == 0) {
@@ -256,7 +247,7 @@ int sched_step(engine *e)
     allot(tu, n, e->n_ubatch, e->n_chunk);
 
     /* scratch sequences: a share each, like the rows */
-    int seq_share = n_score > 0 ? e->n_score_seqs / n_score : e->n_score_seqs;
+    int seq_share = n_scratch > 0 ? e->n_score_seqs / n_scratch : e->n_score_seqs;
     if (seq_share < 1)
         seq_share = 1;
     batch_clear(&e->batch);
@@ -272,7 +263,7 @@ int sched_step(engine *e)
         if (seqs > seq_share)
             seqs = seq_share;
         t->row0 = e->batch.n_tokens;
-        t->rows = is_score(t) ? score_fill(e, t, tu[i].give, seqs) : submit_fill(e, t, tu[i].give);
+        t->rows = t->ops->fill(e, t, tu[i].give, seqs);
         if (t->rows > 0 && e->slots[t->rq.slot].n + slot_rows(e, t) > e->n_ctx && !sched_lease(e, (int)t->rq.slot)) {
             /* past its slot while another request holds the lease: these rows wait (a trunk or
              * prefill chunk, or a generation step: fills that change nothing but the batch) and
@@ -315,19 +306,13 @@ int sched_step(engine *e)
         for (int i = 0; i < n_in; i++) {
             task *t = in[i];
             t->served = e->decodes;
-            if (is_score(t))
-                score_decoded(e, t);
-            else
-                submit_decoded(e, t);
-            if (t->used)
+            t->ops->decoded(e, t);
+            if (t->state != TASK_FREE)
                 t->rows = 0;
         }
     } else {
         for (int i = 0; i < n_in; i++) {
-            if (is_score(in[i]))
-                score_undo(e, in[i]);
-            else
-                submit_undo(e, in[i]);
+            in[i]->ops->undo(e, in[i]);
             in[i]->rows = 0;
         }
         if (rc == MODEL_DECODE_CANCELLED && e->abort_decode) {
@@ -338,11 +323,8 @@ int sched_step(engine *e)
         } else {
             fprintf(stderr, "serveproto-llama: llama_decode of %d tokens failed (%d)\n", e->batch.n_tokens, rc);
             for (int i = 0; i < n_in; i++) {
-                if (is_score(in[i]))
-                    score_fail(e, in[i], rc);
-                else
-                    submit_fail(e, in[i], rc);
-                if (in[i]->used)
+                in[i]->ops->fail(e, in[i], rc);
+                if (in[i]->state != TASK_FREE)
                     task_end(e, in[i]);
             }
             e->solo = 0;

@@ -344,7 +344,7 @@ static void drop_carry(engine *e, task *t)
     st->carry_group = st->carry_next = -1;
 }
 
-void score_free(engine *e, task *t)
+static void score_free(engine *e, task *t)
 {
     score_state *st = t->st;
     if (!st)
@@ -408,7 +408,7 @@ static void trunk_loaded(engine *e, task *t, double pred_lse)
     st->pred_lse = pred_lse;
 }
 
-int score_start(engine *e, task *t)
+static int score_start(engine *e, task *t)
 {
     sp_request *rq = &t->rq;
     const int slot = (int)rq->slot;
@@ -563,7 +563,7 @@ static int pack(const score_state *st, int budget, int seqs, int *nodes)
  * ubatch of rows: the bound on how long a CANCEL waits where llama.cpp does
  * not call the abort callback (a GPU build reads stdin between decodes
  * only). Only one option longer than a ubatch by itself runs past it. */
-int score_unit(engine *e, task *t)
+static int score_unit(engine *e, task *t)
 {
     score_state *st = t->st;
     const score_job *job = &st->job;
@@ -580,7 +580,7 @@ int score_unit(engine *e, task *t)
     return nodes > 0 ? nodes : 1;
 }
 
-int score_want(engine *e, task *t)
+static int score_want(engine *e, task *t)
 {
     score_state *st = t->st;
     if (st->trunk_a < st->job.trunk)
@@ -635,8 +635,10 @@ static void keep_stem(engine *e, task *t, int row0)
     st->carry_next_end = end;
 }
 
+static void score_decoded(engine *e, task *t);
+
 /* Adds a trunk chunk, or the trie of the next options that fit. */
-int score_fill(engine *e, task *t, int budget, int seqs)
+static int score_fill(engine *e, task *t, int budget, int seqs)
 {
     score_state *st = t->st;
     score_job *job = &st->job;
@@ -732,7 +734,7 @@ static void drop_scratch(engine *e, score_state *st)
         llama_memory_seq_rm(mem, st->seq0 + q, -1, -1);
 }
 
-void score_decoded(engine *e, task *t)
+static void score_decoded(engine *e, task *t)
 {
     score_state *st = t->st;
     score_job *job = &st->job;
@@ -799,7 +801,7 @@ void score_decoded(engine *e, task *t)
 /* The trunk's rows: as a SUBMIT's prefill (submit.c, submit_undo); the
  * trie's: dropped with their scratch sequences, the finished ubatches of the
  * decode included, so the chunk is computed again whole. */
-void score_undo(engine *e, task *t)
+static void score_undo(engine *e, task *t)
 {
     score_state *st = t->st;
     if (st->trunk_a < st->job.trunk) {
@@ -822,7 +824,7 @@ void score_undo(engine *e, task *t)
     }
 }
 
-void score_fail(engine *e, task *t, int rc)
+static void score_fail(engine *e, task *t, int rc)
 {
     score_state *st = t->st;
     if (st->trunk_a < st->job.trunk) {
@@ -833,3 +835,5 @@ void score_fail(engine *e, task *t, int rc)
     sp_write_error(&e->w, t->rq.id, "BAD_REQUEST", rc == 1 ? "the KV cache has no room for the options"
                                                            : "llama_decode of the options failed");
 }
+
+const task_ops score_ops = TASK_OPS(score, 1, 1);

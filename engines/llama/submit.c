@@ -159,7 +159,7 @@ typedef struct submit_state {
     double t0;           /* generation's start (tok_s) */
 } submit_state;
 
-void submit_free(engine *e, task *t)
+static void submit_free(engine *e, task *t)
 {
     (void)e;
     submit_state *st = t->st;
@@ -222,7 +222,7 @@ static void gen_step(engine *e, task *t, const float *logits)
     st->next = tok;
 }
 
-int submit_start(engine *e, task *t)
+static int submit_start(engine *e, task *t)
 {
     sp_request *rq = &t->rq;
     const int slot = (int)rq->slot;
@@ -277,14 +277,14 @@ int submit_start(engine *e, task *t)
     return 0;
 }
 
-int submit_unit(engine *e, task *t)
+static int submit_unit(engine *e, task *t)
 {
     (void)e;
     (void)t;
     return 1;
 }
 
-int submit_want(engine *e, task *t)
+static int submit_want(engine *e, task *t)
 {
     submit_state *st = t->st;
     if (!st->smpl)
@@ -298,8 +298,9 @@ int submit_want(engine *e, task *t)
 
 /* Prefill: positions a .. b-1 (every row's logits kept with read-out, else
  * the last prompt position's only); generation: the sampled token. */
-int submit_fill(engine *e, task *t, int budget)
+static int submit_fill(engine *e, task *t, int budget, int seq_budget)
 {
+    (void)seq_budget; /* no scratch sequences */
     submit_state *st = t->st;
     int slot = (int)t->rq.slot;
     if (st->smpl) {
@@ -312,7 +313,7 @@ int submit_fill(engine *e, task *t, int budget)
     return st->b - st->a;
 }
 
-void submit_decoded(engine *e, task *t)
+static void submit_decoded(engine *e, task *t)
 {
     submit_state *st = t->st;
     sp_request *rq = &t->rq;
@@ -345,17 +346,19 @@ void submit_decoded(engine *e, task *t)
  * the slot's sequence, the only one this task's rows are in, and a failed
  * one never placed them; the slot's token list was not extended, so removing
  * whatever the sequence holds past it makes the two equal again. */
-void submit_undo(engine *e, task *t)
+static void submit_undo(engine *e, task *t)
 {
     int slot = (int)t->rq.slot;
     llama_memory_seq_rm(llama_get_memory(e->ctx), slot, e->slots[slot].n, -1);
 }
 
 /* Any failure other than a cancellation leaves the slot's rows in doubt: drop them. */
-void submit_fail(engine *e, task *t, int rc)
+static void submit_fail(engine *e, task *t, int rc)
 {
     int slot = (int)t->rq.slot;
     slot_truncate(e, slot, 0);
     e->slots[slot].n = 0;
     sp_write_error(&e->w, t->rq.id, "BAD_REQUEST", rc == 1 ? "the KV cache has no room for the batch" : "llama_decode failed (%d)", rc);
 }
+
+const task_ops submit_ops = TASK_OPS(submit, 0, 0);
