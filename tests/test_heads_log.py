@@ -3,7 +3,7 @@
 A server with ``--log-decisions`` (a fake engine) answers two requests; the client keeps their bodies
 under ``x_request_id`` (step 2), judges some log lines (step 3), and the docs' own join script (step 4,
 read out of docs/http-api.md and run as it is) writes the labelled file; what ``heads fit`` reads from it
-(:func:`gateway.decision.evalset.read_jsonl`) is compared with the bodies sent and the answers judged."""
+(:func:`gateway.lab.evalset.read_jsonl`) is compared with the bodies sent and the answers judged."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import httpx2
 import orjson
 import pytest
 
-from gateway.decision import evalset
+from gateway.lab import evalset
 from gateway.decision.decision_log import DecisionLog
 from test_routes_support import TICKET, FakeEngine, make_app, running
 
