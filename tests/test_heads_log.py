@@ -14,8 +14,8 @@ import httpx2
 import orjson
 import pytest
 
-from gateway.lab import evalset
 from gateway.decision.decision_log import DecisionLog
+from gateway.lab import evalset
 from test_routes_support import TICKET, FakeEngine, make_app, running
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "http-api.md"
