@@ -11,7 +11,7 @@ import select
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "engines" / "bin" / "serveproto-fixture"
 PAYLOAD_KINDS = {b"ECHO", b"DATA", b"DECISION"}
 HANDSHAKE_STAT = b"STAT 0 0 0 0\n"
