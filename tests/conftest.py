@@ -11,7 +11,7 @@ import pytest
 from gateway.paths import PERSIST_ENV, default_model_path, engine_bin
 
 # A server the tests start keeps nothing on disk unless a test asks (--cache-dir): what one test
-# computed would otherwise answer the next one's "cold" request (tests/test_llama_persist.py).
+# computed would otherwise answer the next one's "cold" request (tests/engines/test_llama_persist.py).
 os.environ.setdefault(PERSIST_ENV, "off")
 
 

@@ -1,4 +1,4 @@
-"""A small synchronous driver for serveproto-fixture used by tests/test_fixture_engine*.py.
+"""A small synchronous driver for serveproto-fixture used by tests/engines/test_fixture_engine*.py.
 
 Frames are read off the engine's stdout with ``select`` and ``os.read`` (no
 userspace buffering, so "nothing arrived within t seconds" is a real check).
