@@ -1,7 +1,9 @@
 # serveproto: the two commands of the README.
 #   make serve   start the decision server on the default model (HOST, PORT, MODEL, THREADS, DEBIAS, PRECISION,
 #                SERVEPROTO_API_KEY)
-#   make test    run the tests
+#   make test    run the tests: every tier, lint first (.ci/run runs this one)
+#   make test-quick  the quick tier alone (tests/protocol, tests/gateway: no engine process, no model; under a
+#                minute); tests/engines and tests/e2e start the engines (README, "Tests")
 # Both create .venv, build the engines and fetch the default model; a second run reuses all of it.
 
 PYTHON ?= python3
@@ -15,13 +17,18 @@ DEBIAS ?=
 PRECISION ?=
 export SERVEPROTO_CACHE ?= $(HOME)/.cache/serveproto
 
-.PHONY: serve test lint venv venv-test engines model browser clean
+.PHONY: serve test test-quick lint venv venv-test engines model browser clean
 
 serve: venv engines model
 	$(VENV)/bin/serveproto serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL)) $(if $(THREADS),--threads $(THREADS)) $(if $(DEBIAS),--debias $(DEBIAS)) $(if $(PRECISION),--precision $(PRECISION))
 
 test: lint engines model browser
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# Selected by folder, so a test that starts an engine cannot land here unmarked: tests/conftest.py fails any
+# test of these folders that starts one (a serveproto* program or a file of engines/bin).
+test-quick: venv-test
+	$(VENV)/bin/pytest -q tests/protocol tests/gateway $(PYTEST_ARGS)
 
 # ruff (lint + format check) on the paths listed in pyproject.toml's [tool.ruff] include, and
 # mypy --strict on serveproto/ and gateway/ ([tool.mypy]); `ruff format` and `ruff check --fix` repair most of it.

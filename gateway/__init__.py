@@ -1,6 +1,6 @@
 """The gateway: everything between an HTTP client and an engine process, in six rooms.
 
-Imports run one way (``tests/test_layers.py`` fails otherwise)::
+Imports run one way (``tests/gateway/test_layers.py`` fails otherwise)::
 
     cli  ->  server  ->  decision  ->  engine
      \\          \\->  http

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,42 @@ import pytest
 from gateway.paths import PERSIST_ENV, default_model_path, engine_bin
 
 # A server the tests start keeps nothing on disk unless a test asks (--cache-dir): what one test
-# computed would otherwise answer the next one's "cold" request (tests/test_llama_persist.py).
+# computed would otherwise answer the next one's "cold" request (tests/engines/test_llama_persist.py).
 os.environ.setdefault(PERSIST_ENV, "off")
+
+
+TESTS = Path(__file__).resolve().parent
+# The quick tier (make test-quick): the tests of these folders start no engine process.
+QUICK_TIERS = (TESTS / "protocol", TESTS / "gateway")
+
+
+def is_engine_argv(args: object) -> bool:
+    """True if a ``subprocess.Popen`` argv starts an engine: a program named ``serveproto*`` (the engines of
+    ``engines/bin`` and the ``serveproto`` command, whose ``serve`` starts one) or any argument naming a
+    file of ``engines/bin``."""
+    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)  # type: ignore[call-overload]
+    words = [os.fsdecode(a) for a in argv]
+    if words and Path(words[0].split()[0] if words[0] else "").name.startswith("serveproto"):
+        return True
+    return any("engines/bin/" in w for w in words)
+
+
+@pytest.fixture(autouse=True)
+def quick_tier_spawns_no_engine(request, monkeypatch):
+    """A test of the quick tier (``tests/protocol``, ``tests/gateway``) that starts an engine fails here,
+    whichever backend starts it (asyncio, trio and ``subprocess`` all go through ``subprocess.Popen``):
+    such a test belongs in ``tests/engines`` or ``tests/e2e``."""
+    path = Path(str(request.node.path)).resolve()
+    if not any(tier in path.parents for tier in QUICK_TIERS):
+        return
+    real_init = subprocess.Popen.__init__
+
+    def guarded(self, args, *rest, **kwargs):
+        if is_engine_argv(args):
+            raise AssertionError(f"{path.name} is in the quick tier but starts an engine ({args!r})")
+        real_init(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
 
 
 @pytest.fixture(params=["asyncio", "trio"])

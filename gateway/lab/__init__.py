@@ -8,5 +8,5 @@ and cross-validating the maps :mod:`gateway.decision.calibration` serves, and th
 (a judged decision log read back for fitting).
 Imported by :mod:`gateway.cli` and ``bench/`` only; may import :mod:`gateway.decision`,
 :mod:`gateway.engine` and :mod:`gateway.paths`, never :mod:`gateway.server`, :mod:`gateway.http`
-or :mod:`gateway.cli` (``tests/test_layers.py``).
+or :mod:`gateway.cli` (``tests/gateway/test_layers.py``).
 """

@@ -5,5 +5,5 @@
 parse -> :func:`gateway.decision.pipeline.decide` -> reply, counted and logged), ``routes``
 (the paths on the app's router). May import the server's shared modules (``body``, ``errors``,
 ``routing``), :mod:`gateway.decision`, :mod:`gateway.engine` and :mod:`gateway.http`; never another
-API's package (``tests/test_layers.py``).
+API's package (``tests/gateway/test_layers.py``).
 """

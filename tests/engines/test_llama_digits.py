@@ -25,7 +25,7 @@ import pytest
 
 from gateway.paths import engine_bin
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from digits import FILLER, GROUPS, STATE, differences, numbers, spawn, the_matrix
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]

@@ -13,7 +13,7 @@ import pytest
 import serveproto as sp
 from serveproto import _connection
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 PUBLIC = {
     "__version__",

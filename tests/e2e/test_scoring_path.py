@@ -146,7 +146,7 @@ def test_step_4_is_written_once_in_the_gateway():
     import ast
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1] / "gateway"
+    root = Path(__file__).resolve().parents[2] / "gateway"
     found = []
     for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):

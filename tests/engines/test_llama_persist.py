@@ -25,7 +25,7 @@ import pytest
 
 from gateway.engine import EngineError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from digits import GROUPS, STATE, numbers, spawn
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]

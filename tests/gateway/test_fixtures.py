@@ -1,6 +1,6 @@
 """The fixtures: the default model fetcher, the tiny GGUF generator, the GGUF reader, the oracle.
 
-The oracle's agreement with llama.cpp itself is in tests/test_oracle.py; here
+The oracle's agreement with llama.cpp itself is in tests/engines/test_oracle.py; here
 each piece is checked on its own, against hand-computed values or properties
 that a wrong implementation would break.
 """

@@ -1,4 +1,4 @@
-"""A small synchronous driver for serveproto-fixture used by tests/test_fixture_engine*.py.
+"""A small synchronous driver for serveproto-fixture used by tests/engines/test_fixture_engine*.py.
 
 Frames are read off the engine's stdout with ``select`` and ``os.read`` (no
 userspace buffering, so "nothing arrived within t seconds" is a real check).
@@ -11,7 +11,7 @@ import select
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "engines" / "bin" / "serveproto-fixture"
 PAYLOAD_KINDS = {b"ECHO", b"DATA", b"DECISION"}
 HANDSHAKE_STAT = b"STAT 0 0 0 0\n"

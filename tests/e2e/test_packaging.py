@@ -26,7 +26,7 @@ import pytest
 
 import serveproto
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_command_without_the_server_extra_names_what_is_missing(monkeypatch, capsys):

@@ -204,7 +204,7 @@ async def test_engine_that_keeps_dying_is_restarted_then_the_server_fails_upward
     """Each engine process exits after its third frame (one DECIDE answered): the supervisor restarts
     it, requests are answered or get 503 + Retry-After, the metrics count the restarts, and once the
     restart intensity is spent the server stops: ``serve`` raises ``EngineGaveUp`` (``serveproto
-    serve`` exits 1; tests/test_hostile.py runs the command)."""
+    serve`` exits 1; tests/e2e/test_hostile.py runs the command)."""
     from gateway.cli.serve import EngineGaveUp
 
     args = build_parser().parse_args(

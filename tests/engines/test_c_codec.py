@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VECTORS = ROOT / "spec" / "vectors"
 CODEC_CHECK = ROOT / "engines" / "bin" / "codec-check"
 

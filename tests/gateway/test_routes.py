@@ -491,7 +491,7 @@ def test_docs_http_api_lists_every_route_and_the_open_ones():
 
     from gateway.server.app import PUBLIC_ROUTES
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "http-api.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "http-api.md").read_text()
     table = doc.split("## Routes", 1)[1].split("\n## ", 1)[0]
     rows = {
         line.split("|")[2].strip(): line.split("|")[3].strip()

@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import load  # noqa: E402

@@ -30,7 +30,7 @@ from gateway.cli.chat_client import (
     parse_options,
 )
 
-STATIC = Path(__file__).resolve().parents[1] / "gateway" / "server" / "static"
+STATIC = Path(__file__).resolve().parents[2] / "gateway" / "server" / "static"
 
 
 class FakeServer:

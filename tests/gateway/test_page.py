@@ -1,6 +1,6 @@
 """The System One page (gateway/server/static) in real headless Chromium, against a fake server.
 
-The fake server (tests/test_chat_client.py) serves the static files at ``/``
+The fake server (tests/e2e/test_chat_client.py) serves the static files at ``/``
 and answers ``/v1/systemone`` and ``/v1/chat/completions`` with replies chosen
 here; the page is driven with selenium and Debian's chromium + chromedriver.
 Set ``SERVEPROTO_PAGE_SCREENSHOT=path.png`` to keep a screenshot of the first test.

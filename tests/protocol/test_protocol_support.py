@@ -14,7 +14,7 @@ import attrs
 import serveproto as sp
 from serveproto import _events
 
-VECTORS = pathlib.Path(__file__).resolve().parent.parent / "spec" / "vectors"
+VECTORS = pathlib.Path(__file__).resolve().parents[2] / "spec" / "vectors"
 ALL_CAPS = {"x_score": "1", "x_counters": "1", "x_health": "1", "vision": "1", "decide": "1"}
 
 _FLOAT_FIELDS = {"temperature", "top_p", "logprob", "tok_s", "hit_pct", "rss_gb"}

@@ -26,7 +26,7 @@ from gateway.cli.serve import engine_argv, serve
 from gateway.engine import Engine
 from gateway.paths import engine_bin
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from digits import FILLER, GROUPS, STATE, numbers, read_out_scores, spawn
 from rpc import free_port, rpc_servers
 

@@ -30,7 +30,7 @@ from gateway.cli.chat_client import Client
 from gateway.paths import engine_bin
 from test_chat_client import STATIC, entropy_oracle
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = engine_bin("serveproto-fixture")
 
 
