@@ -5,7 +5,7 @@ plain read-out from position 0; SCORE; SCORE with the groups reversed; each grou
 of 16 and 9th of 16; the pinned one-by-one fallback; after a longer pinned state; after 20
 unrelated requests; the state reached in three pieces. The engine prints every number with
 ``--float-digits 17`` (a double reads back to its own bits), so ``==`` compares bits.
-``tests/test_llama_digits.py`` asserts every cell equal on the CPU; on a GPU build this prints
+``tests/engines/test_llama_digits.py`` asserts every cell equal on the CPU; on a GPU build this prints
 which cells move and by how much::
 
     python bench/digits.py [--model M.gguf] [--engine-arg=--flash-attn ...] [--threads 1]

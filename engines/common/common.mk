@@ -1,5 +1,5 @@
 # engines/common: the frame codec, the JSON reader and the frame loop (loop.h) every engine links, and
-# codec-check, the conformance driver of tests/test_c_codec.py.
+# codec-check, the conformance driver of tests/engines/test_c_codec.py.
 # An engine links $(COMMON_LIB) and compiles with $(COMMON_CFLAGS) (then -lm).
 COMMON_CFLAGS := -Icommon
 COMMON_HDR    := common/frame.h common/json.h common/loop.h

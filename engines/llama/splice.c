@@ -24,7 +24,7 @@
  * continuation); when the check fails, or no cut qualifies, or the tokenizer
  * is not byte-level BPE, the continuation is tokenized whole.
  * --splice-check tokenizes every continuation whole as well and counts
- * (and logs) any difference; tests/test_llama_engine_splice.py runs it.
+ * (and logs) any difference; tests/engines/test_llama_engine_splice.py runs it.
  */
 #include <stdio.h>
 #include <stdlib.h>

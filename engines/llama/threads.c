@@ -15,7 +15,7 @@
  * THREADS_PROBE_MAX_S), one that holds resets it: on cores that stay shared
  * the tries cost little.
  * The thread count moves no digit: every kernel of invariant numerics
- * computes each output on one thread (tests/test_llama_digits.py). */
+ * computes each output on one thread (tests/engines/test_llama_digits.py). */
 #include <sched.h>
 #include <stdio.h>
 #include <sys/resource.h>

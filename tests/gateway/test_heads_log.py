@@ -18,7 +18,7 @@ from gateway.decision.decision_log import DecisionLog
 from gateway.lab import evalset
 from test_routes_support import TICKET, FakeEngine, make_app, running
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "http-api.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "http-api.md"
 
 
 def join_script() -> str:
