@@ -11,8 +11,9 @@ instructions, options); each signature with at least ``--min-labels`` labels get
 ``$SERVEPROTO_CACHE/heads/<model sha256>.json`` (``serve`` loads it for that model).
 
 Printed per signature, held out by request (``--folds`` folds: a head fitted on the others,
-read on each fold): accuracy and ECE of the head against the answers as served (the reading
-under ``--debias``, uncalibrated).
+read on each fold): accuracy and ECE of the head against the logprob reading under ``--debias``
+(default none, uncalibrated; not necessarily what ``serve`` answered, whose default correction
+may differ).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ state of --layer at each question's prompt end; questions are grouped by signatu
 instructions, options) and each signature with --min-labels labels or more gets a head (ridge
 logistic regression, its strength and a temperature chosen by cross-validation over requests).
 The table printed gives, per signature and held out by request, the accuracy and ECE of the head
-against the answers as served. A fit that gets no head writes nothing and exits 1.
+against the logprob reading under --debias (default none). A fit that gets no head writes nothing and exits 1.
 """
 
 
@@ -188,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
     sha = calibration.sha256_file(model)
     out_heads = []
     print(f"\nlayer {layer}; held out by request ({args.folds} folds)\n")
-    print("| question | labels | served accuracy | head accuracy | served ECE | head ECE |")
+    print("| question | labels | reading accuracy | head accuracy | reading ECE | head ECE |")
     print("|---|---|---|---|---|---|")
     for sig, rs in sorted(by_sig.items(), key=lambda kv: kv[1][0][1]):
         name, k = rs[0][1], rs[0][2]
