@@ -259,5 +259,6 @@ def _fit_and_write(
             print(f"\nreliability diagram: {png}")
         except ImportError:
             print("\nno reliability diagram: matplotlib is not installed (pip install 'serveproto[calibrate]')")
-    print(f"calibration {doc['id']} written to {out} (serve loads it for this model)")
+    where = f"serve loads it with --calibration {out}" if args.out else "serve loads it for this model"
+    print(f"calibration {doc['id']} written to {out} ({where})")
     return 0

@@ -36,7 +36,7 @@ def test_calibrate_and_serve_on_the_default_model(tmp_path, monkeypatch, capsys)
     printed = capsys.readouterr().out
     path = calibration.default_path(calibration.sha256_file(model))
     cal = calibration.load(path)
-    assert f"calibration {cal.id} written to {path}" in printed
+    assert f"calibration {cal.id} written to {path} (serve loads it for this model)" in printed
     assert "| all | 50 |" in printed and "ECE before -> after" in printed
     assert set(cal.maps) == {"noul", "choice", "score"}
     assert path.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
