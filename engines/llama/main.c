@@ -71,6 +71,13 @@ static int parse_int_arg(const char *name, const char *v, int lo, int hi, int *o
     return 0;
 }
 
+/* The environment's `name` is set to exactly `value`. */
+static int env_is(const char *name, const char *value)
+{
+    const char *v = getenv(name);
+    return v && !strcmp(v, value);
+}
+
 /* v must be `no` or `yes`: *out is 0 or 1. */
 static int parse_pair_arg(const char *name, const char *v, const char *no, const char *yes, int *out)
 {
@@ -419,8 +426,7 @@ static int load(engine *e, options *o)
         setenv("GGML_CUDA_DISABLE_GRAPHS", "1", 0);
     /* SCORE's hidden states (hidden.c); asks for nothing without them. SERVEPROTO_NO_EVAL_CALLBACK=1
      * leaves the callback out (CAPS x_hidden=0): the benchmark of what it costs (bench/README.md) */
-    const char *no_eval = getenv("SERVEPROTO_NO_EVAL_CALLBACK");
-    e->no_hidden = no_eval && !strcmp(no_eval, "1");
+    e->no_hidden = env_is("SERVEPROTO_NO_EVAL_CALLBACK", "1");
     cp.cb_eval = e->no_hidden ? NULL : hidden_eval;
     cp.cb_eval_user_data = e;
     g_log_tail[0] = '\0';
@@ -429,13 +435,12 @@ static int load(engine *e, options *o)
         return load_fail(e, "nomem", "creating the context of %u tokens failed: %s", cp.n_ctx, log_detail());
     /* SERVEPROTO_NO_ABORT_CALLBACK=1: as on a GPU build, whose backend never calls it: a CANCEL
      * is read between decodes only (the tests of that path run on the CPU) */
-    const char *no_abort = getenv("SERVEPROTO_NO_ABORT_CALLBACK");
-    if (!no_abort || strcmp(no_abort, "1") != 0)
+    if (!env_is("SERVEPROTO_NO_ABORT_CALLBACK", "1"))
         llama_set_abort_callback(e->ctx, engine_decode_abort, e);
     /* overlap (sched.c): on where llama_decode returns before the device is done, a GPU or rpc
      * servers; SERVEPROTO_OVERLAP=1 runs that path on the CPU too (its tests), =0 turns it off */
     const char *overlap = getenv("SERVEPROTO_OVERLAP");
-    e->overlap = overlap && *overlap ? strcmp(overlap, "0") != 0 : devices_local_gpu() || o->dev.n_rpc > 0;
+    e->overlap = overlap && *overlap ? strcmp(overlap, "0") != 0 : gpu || o->dev.n_rpc > 0;
 
     e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
     e->snaps = calloc((size_t)e->n_pins, sizeof *e->snaps);
@@ -448,7 +453,7 @@ static int load(engine *e, options *o)
     e->n_threads = o->threads;
     e->threads_max = o->threads;
     /* on a GPU the CPU threads wait for the device: nothing to adapt */
-    e->threads_auto = o->threads_auto && !devices_local_gpu() && o->dev.n_rpc == 0;
+    e->threads_auto = o->threads_auto && !gpu && o->dev.n_rpc == 0;
     e->echo_rows = malloc((size_t)e->n_batch * sizeof *e->echo_rows);
     e->echo_lse = malloc((size_t)e->n_batch * sizeof *e->echo_lse);
     e->echo_k = malloc((size_t)e->n_batch * sizeof *e->echo_k);
