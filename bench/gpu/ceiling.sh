@@ -47,7 +47,7 @@ load() {  # TAG MODEL [NAME=VALUE...] ENGINE_FLAGS...: the NAME=VALUE words go t
   local envs=()
   while [ $# -gt 0 ] && [[ "$1" != -* && "$1" == *=* ]]; do envs+=("$1"); shift; done
   [ "$(left)" -gt 60 ] || { echo "== load $tag: skipped, $(left) s left"; return; }
-  echo "== load $tag: $*"
+  echo "== load $tag: ${envs[*]} $*"
   rm -f /tmp/prof-$tag.*
   nvidia-smi dmon -s u -d 1 -o T > $RES/dmon-$tag.log 2>&1 &
   local dm=$!
