@@ -17,6 +17,7 @@ bits are equal.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -128,11 +129,25 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=str(default_model_path()))
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--engine-arg", action="append", default=[], help="an engine argument (repeatable)")
+    ap.add_argument("--dump", metavar="FILE", help="write every cell's numbers to FILE (JSON)")
+    ap.add_argument(
+        "--against",
+        metavar="FILE",
+        action="append",
+        default=[],
+        help="another run's --dump: how far its read-out lies from this one's (repeatable)",
+    )
     args = ap.parse_args(argv)
     cells = anyio.run(lambda: the_matrix(args.model, *args.engine_arg, threads=args.threads))
     print(f"digits matrix: {Path(args.model).name}, engine args {args.engine_arg or 'default'}, {args.threads} threads")
     for name, d in differences(cells).items():
         print(f"  {name:30s} max |d| {d:.3e}  {'equal bits' if cells[name] == cells['read-out'] else 'DIFFERENT'}")
+    if args.dump:
+        Path(args.dump).write_text(json.dumps(cells))
+    for other in args.against:
+        theirs = json.loads(Path(other).read_text())["read-out"]
+        diffs = [abs(a - b) for ra, rb in zip(cells["read-out"], theirs) for a, b in zip(ra, rb)]
+        print(f"  read-out against {Path(other).name}: max |d| {max(diffs):.3e}, mean {sum(diffs) / len(diffs):.3e} nats")
     return 0
 
 

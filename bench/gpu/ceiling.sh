@@ -21,7 +21,9 @@ left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 # written under another name and renamed, so that a file at $F16 is whole; a generation already running
 # (a call that started one before run.sh's build, the same way) is waited for, not repeated
 F16_PID=
-if [ ! -f $F16 ] && ! pgrep -f "make_model.py model .*--type f16" > /dev/null; then
+NEED_F16=1  # LOADS whose lines name no f16 model write none
+[ -n "${LOADS:-}" ] && ! grep -q "^ *[^ ]* f16" <<< "$LOADS" && NEED_F16=0
+if [ $NEED_F16 = 1 ] && [ ! -f $F16 ] && ! pgrep -f "make_model.py model .*--type f16" > /dev/null; then
   ( python3 bench/gpu/make_model.py model --tokenizer $C/tokenizer.gguf --out $F16.part --type f16 \
     > $RES/model-f16.log 2>&1 && mv $F16.part $F16; echo "F16 model: exit $? $(tail -1 $RES/model-f16.log)" ) &
   F16_PID=$!

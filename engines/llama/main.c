@@ -294,6 +294,36 @@ static int auto_slots(engine *e, const options *o)
     return n < 1 ? 1 : n > cap ? cap : n;
 }
 
+/* With --numerics invariant on a GPU: one decode of two tokens runs every
+ * matmul and attention of the model once; an op that ggml-cuda has no
+ * batch-invariant kernel for (float weights through cuBLAS, a quantized KV
+ * cache, an unsupported head size...) logs "batch-dependent kernel" there
+ * (llama/patches/0006), and the load is refused rather than serve digits
+ * that move with the batch. */
+static int gpu_invariant_check(engine *e)
+{
+    llama_token bos = llama_vocab_bos(e->vocab);
+    llama_batch b = llama_batch_init(2, 0, 1);
+    for (int i = 0; i < 2; i++) {
+        b.token[i] = bos >= 0 ? bos : 0;
+        b.pos[i] = i;
+        b.n_seq_id[i] = 1;
+        b.seq_id[i][0] = 0;
+        b.logits[i] = i == 1;
+    }
+    b.n_tokens = 2;
+    g_log_tail[0] = '\0';
+    int rc = llama_decode(e->ctx, b);
+    llama_synchronize(e->ctx);
+    llama_batch_free(b);
+    llama_memory_seq_rm(llama_get_memory(e->ctx), 0, -1, -1);
+    if (rc != 0)
+        return load_fail(e, "nomem", "the first decode failed (%d): %s", rc, log_detail());
+    if (log_has("batch-dependent kernel"))
+        return load_fail(e, "unsupported", "--numerics invariant on this GPU: %s (use --numerics fast)", log_detail());
+    return 0;
+}
+
 static int load(engine *e, options *o)
 {
     /* io / format are told apart before llama.cpp sees the file. */
@@ -309,20 +339,17 @@ static int load(engine *e, options *o)
     if (got < 4 || memcmp(magic, "GGUF", 4) != 0)
         return load_fail(e, "format", "%s: not a GGUF file (bad magic)", o->model);
 
-    /* Invariance is a property of the CPU backend's reference kernels; a GPU
-     * build runs llama.cpp's own kernels (spec/llama-engine.md). There the
-     * defaults are the fast ones (bench/README.md, "The ceiling"): flash
-     * attention on an F16 KV cache (1.12x the document's requests/s of F32 KV
-     * without it on an H200, and CUDA graphs on), and the weights read into
-     * memory rather than mapped, so that the input embedding, which stays on
-     * the host, never takes a page fault of the file in the middle of a
-     * decode. */
+    /* A GPU build defaults to llama.cpp's own kernels (spec/llama-engine.md):
+     * flash attention on an F16 KV cache (1.12x the document's requests/s of
+     * F32 KV without it on an H200, and CUDA graphs on), and the weights read
+     * into memory rather than mapped, so that the input embedding, which stays
+     * on the host, never takes a page fault of the file in the middle of a
+     * decode. --numerics invariant there runs ggml-cuda's batch-invariant
+     * kernels (llama/patches/0006), checked at the end of load. */
     int gpu = devices_local_gpu();
     if (gpu) {
-        if (o->numerics_set && !o->fast)
-            return load_fail(e, "unsupported", "--numerics invariant needs the CPU backend; this engine is built for a GPU "
-                             "(use --numerics fast, or a CPU build)");
-        o->fast = 1;
+        if (!o->numerics_set)
+            o->fast = 1;
         if (!o->kv_set)
             o->kv_f16 = 1;
         if (!o->no_flash_attn)
@@ -347,8 +374,10 @@ static int load(engine *e, options *o)
      * between a GEMV and a GEMM kernel by batch rows: off for invariant digits. */
     if (!o->fast) {
         mp.use_extra_bufts = false;
-        /* read when llama.cpp creates the CPU backend (llama/patches/0001) */
-        setenv("GGML_CPU_USE_REF", "1", 1);
+        /* read when llama.cpp creates the CPU backend (llama/patches/0001); on a GPU
+         * build the CUDA backend's switch instead (0006), whose flash attention takes
+         * the F16 K and V that 0002 would keep in F32 under the CPU's */
+        setenv(gpu ? "GGML_CUDA_INVARIANT" : "GGML_CPU_USE_REF", "1", 1);
         /* a sequence's new cells above its old ones (llama/patches/0003), so
          * its cells lie in position order whatever other slots freed; a value
          * the user set is kept (LLAMA_KV_CELLS_IN_ORDER=0 shows what it buys) */
@@ -433,6 +462,8 @@ static int load(engine *e, options *o)
     e->ctx = llama_init_from_model(e->model, cp);
     if (!e->ctx)
         return load_fail(e, "nomem", "creating the context of %u tokens failed: %s", cp.n_ctx, log_detail());
+    if (gpu && !o->fast && gpu_invariant_check(e) != 0)
+        return -1;
     /* SERVEPROTO_NO_ABORT_CALLBACK=1: as on a GPU build, whose backend never calls it: a CANCEL
      * is read between decodes only (the tests of that path run on the CPU) */
     if (!env_is("SERVEPROTO_NO_ABORT_CALLBACK", "1"))
