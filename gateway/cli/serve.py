@@ -715,13 +715,13 @@ async def _served(pool: Pool, plans: list[plan.Planned], decision: config.Decisi
         if name in served:
             raise SystemExit(f"serveproto serve: two models are served as {name!r}: name them, --model NAME=PATH")
         served[name] = Served(info, decision.debias, cal)
-        served[name].settings.heads = await anyio.to_thread.run_sync(load_heads, decision.heads, p.path)
+        served[name].heads = await anyio.to_thread.run_sync(load_heads, decision.heads, p.path)
     return served
 
 
 def _say_serving(app: App, pool: Pool, host: str, port: int) -> None:
     """The lines ``serve`` prints once listening: each model's engines (with several), where it serves,
-    the default ``x_debias``, each calibration and the decision log."""
+    the default ``x_debias``, each calibration, each model's trained heads and the decision log."""
     served = app.served
     if len(pool.engines) > 1:
         for name in served:
@@ -737,6 +737,14 @@ def _say_serving(app: App, pool: Pool, host: str, port: int) -> None:
                 f"serveproto: calibration {s.calibration.id} on answers read under x_debias "
                 f"{','.join(s.calibration.debias) or 'none'}{f' ({s.name})' if len(served) > 1 else ''} "
                 "(--calibration none to turn it off)",
+                flush=True,
+            )
+        if s.heads is not None:
+            names = [h.name for h in s.heads.heads.values()]
+            print(
+                f"serveproto: {len(names)} trained head(s) answer the questions they were fitted on"
+                f"{f' ({s.name})' if len(served) > 1 else ''}: {', '.join(names) or 'none'} "
+                "(--heads none to turn them off)",
                 flush=True,
             )
     decisions = app.decision_log

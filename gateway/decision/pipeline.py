@@ -132,6 +132,8 @@ class Decided:
     calibration (only questions a calibration map was applied to); ``hidden``:
     question id -> layer -> the hidden state (``Settings.hidden``, engines that
     read it); ``heads``: question id -> the name of the head that answered it;
+    ``head_debias``: question id -> the methods a head's question was read under instead
+    of ``debias`` (the head's own ``x_debias``, usually none);
     ``prompt_tokens``: question id -> its longest prompt in tokens, option
     included (scoring path only).
     """
@@ -151,6 +153,7 @@ class Decided:
     uncalibrated: dict[str, list[float]] = attrs.field(factory=dict)
     hidden: dict[str, dict[int, tuple[float, ...]]] = attrs.field(factory=dict)
     heads: dict[str, str] = attrs.field(factory=dict)
+    head_debias: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
     prompt_tokens: dict[str, int] = attrs.field(factory=dict)
 
 
@@ -393,6 +396,7 @@ async def _score_path(
         if head is not None and (start, head.layer) in vectors:
             out.probs[q.id] = scoring.report(head.predict(vectors[start, head.layer]))
             out.heads[q.id] = head.name
+            out.head_debias[q.id] = tuple(head.methods)
             continue
         rows = [[tuple(o.logprobs) for o in result.groups[g]] for g in range(start, start + k)]
         counts = {len(x) for x in rows[0]}

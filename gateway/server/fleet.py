@@ -1,7 +1,7 @@
 """The engines and models behind one server, and what a request routed to one of them sees.
 
 A :class:`Served` model is what the server knows of one model (its
-description, chat template, prompts, default ``x_debias``, calibration); a
+description, chat template, prompts, default ``x_debias``, calibration, heads); a
 :class:`Backend` is one engine with its model: the object the routes answer
 through (``engine``, ``caps``, ``model``, ``prompts``, ``debias``,
 ``calibration``, ``request_timeout``, ``metrics``) and the engine's own
@@ -18,6 +18,7 @@ from gateway.decision import pipeline
 from gateway.decision.calibration import Calibration
 from gateway.decision.chat_template import ChatTemplate, TemplateError
 from gateway.decision.decision_log import DecisionLog
+from gateway.decision.heads import HeadSet
 from gateway.decision.prompts import PromptBuilder
 from gateway.engine.api import Engine
 from serveproto import Caps
@@ -33,7 +34,8 @@ class Served:
     """One model as the server serves it: ``info`` (``gateway.server.app.ModelInfo``: the reply's
     ``model`` name, description, template, GGUF path and pieces), ``debias`` (the methods applied
     when a request sends no ``x_debias``), ``calibration`` (a ``gateway.decision.calibration.Calibration``
-    or None), ``model_sha256`` (the GGUF's, for the decision log; None when unknown) and the
+    or None), ``heads`` (a ``gateway.decision.heads.HeadSet`` or None), ``model_sha256`` (the GGUF's, for
+    the decision log; None when unknown) and the
     :class:`PromptBuilder` of its chat template (ChatML when the template is unusable)."""
 
     def __init__(
@@ -75,6 +77,16 @@ class Served:
     @calibration.setter
     def calibration(self, value: Calibration | None) -> None:
         self.settings.calibration = value
+
+    @property
+    def heads(self) -> HeadSet | None:
+        """The model's trained heads (a :class:`gateway.decision.heads.HeadSet`), or None (settable:
+        ``serve`` sets them after construction)."""
+        return self.settings.heads
+
+    @heads.setter
+    def heads(self, value: HeadSet | None) -> None:
+        self.settings.heads = value
 
     @property
     def name(self) -> str:

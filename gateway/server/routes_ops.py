@@ -39,6 +39,23 @@ def _health_of_many(app: App) -> Response:
     return Response.json(body)
 
 
+def served_settings(app: App) -> list[dict[str, Any]]:
+    """``GET /v1``'s ``served``: per served model, the default first, what ``serve`` said when it started:
+    ``{"model", "x_debias" (the default methods, [] for none), "calibration" (the file's id, or None),
+    "heads" (the names of its trained heads, [] for none)}``."""
+    out = []
+    for name, s in app.served.items():
+        out.append(
+            {
+                "model": name,
+                "x_debias": list(s.debias),
+                "calibration": s.calibration.id if s.calibration is not None else None,
+                "heads": [h.name for h in s.heads.heads.values()] if s.heads is not None else [],
+            }
+        )
+    return out
+
+
 def register(app: App) -> None:
     async def health(request: Request) -> Response:
         # 200 only while the engine serves and answers the supervisor's PINGs in time; a stalled
@@ -61,6 +78,7 @@ def register(app: App) -> None:
                 "object": "index",
                 "model": app.model.name,
                 "capabilities": capabilities(app),
+                "served": served_settings(app),
                 "routes": [
                     {
                         "method": "POST",

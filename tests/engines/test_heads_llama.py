@@ -80,6 +80,8 @@ def test_fit_and_serve_heads_on_the_default_model(tmp_path, monkeypatch, capsys)
 
     with_heads = anyio.run(ask, {})
     without = anyio.run(ask, {"x_head": "none"})
+    # "other" was read under the default correction: the reply names it
+    assert with_heads["x_debias"] == without["x_debias"] == ["canonical", "spellings", "content_free_listing"]
     for q in parsed.questions:
         a, b = with_heads["answers"][q.id], without["answers"][q.id]
         assert "x_head" not in b
@@ -90,4 +92,5 @@ def test_fit_and_serve_heads_on_the_default_model(tmp_path, monkeypatch, capsys)
         assert a["x_head"] == h.name
         fitted = next(d for d in doc["heads"] if d["signature"] == h.signature)
         expected = scoring.report(list(head_fit.predict(fitted, np.array([hidden[q.id][19]]))[0]))
-        assert a == protocol.answer(q, expected) | {"x_calibration": "identity", "x_head": h.name}
+        # the head's reading is under its own x_debias (none), which the answer says in place of the reply's
+        assert a == protocol.answer(q, expected) | {"x_calibration": "identity", "x_head": h.name, "x_debias": []}

@@ -88,6 +88,12 @@ def _headers(request: Request, decided: Decided) -> list[tuple[str, str]]:
     return [("x-serveproto-engine-ms", f"{decided.engine_ms:.3f}"), ("x-serveproto-path", decided.path)]
 
 
+def _head_fields(decided: Decided, qid: str) -> dict[str, Any]:
+    """The ``x_`` fields of an answer a trained head gave: ``x_head`` (its name) and ``x_debias`` (the
+    methods its prompt was read under, ``[]`` for none, in place of the reply's ``x_debias``)."""
+    return {"x_head": decided.heads[qid], "x_debias": list(decided.head_debias.get(qid, ()))}
+
+
 async def systemone(app: App, request: Request) -> Response:
     parsed = schema.parse_request(parse_json(request))
     key = routing_key(parsed.state, parsed.prefix)
@@ -98,7 +104,7 @@ async def systemone(app: App, request: Request) -> Response:
         q.id: {
             **protocol.answer(q, decided.probs[q.id]),
             "x_calibration": decided.calibration.get(q.id, IDENTITY),
-            **({"x_head": decided.heads[q.id]} if q.id in decided.heads else {}),
+            **(_head_fields(decided, q.id) if q.id in decided.heads else {}),
         }
         for q in parsed.questions
     }
@@ -111,7 +117,9 @@ async def systemone(app: App, request: Request) -> Response:
         extra["x_positions"] = {"computed": decided.computed, "reused": decided.reused, "snapshot": decided.snapshot}
         if decided.disk is not None:  # an engine that keeps results on disk (CAPS x_persist)
             extra["x_positions"]["disk"] = decided.disk
-    if decided.debias:
+    # the corrections applied: absent when no answer was read under them (every question a head answered
+    # carries its own x_debias)
+    if decided.debias and any(q.id not in decided.heads and q.n_options > 1 for q in parsed.questions):
         extra["x_debias"] = list(decided.debias)
     if decided.warnings:
         extra["x_warnings"] = decided.warnings

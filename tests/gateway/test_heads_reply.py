@@ -1,0 +1,134 @@
+"""What a reply says of the answers a trained head gave, and what ``serve`` says of its heads, without a model.
+
+A fake engine that reads hidden states (CAPS ``x_hidden``) answers the support ticket with a head on its
+``department`` question: that answer names the head (``x_head``) and the correction its prompt was read
+under (``x_debias``: the head's own, none), not the request's; the reply's ``x_debias`` is the correction
+of the answers read under it, absent when a head answered every question. ``GET /v1`` lists each model's
+default ``x_debias``, calibration and heads; ``serve``'s start-up lines name the heads as they name a
+calibration."""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import httpx2
+import pytest
+
+from gateway.cli import serve as serve_cli
+from gateway.cli.config import DEFAULT_MODEL_DEBIAS
+from gateway.decision import heads, schema, scoring
+from gateway.server.jev import protocol
+from test_routes_support import TICKET, FakeCaps, FakeEngine, make_app, running
+
+
+@attrs.frozen
+class HiddenCaps(FakeCaps):
+    x_hidden: int = 30
+
+
+class HiddenEngine(FakeEngine):
+    """The fake engine, plus SCORE's ``hidden``: every group's state at every layer asked is ``(1.0, 0.0)``."""
+
+    async def score(self, prefix, groups, pin=False, slot=None, route=None, beside=None, hidden=()):
+        result = await super().score(prefix, groups, pin, slot, route, beside)
+        return attrs.evolve(result, hidden={(g, la): (1.0, 0.0) for g in range(len(groups)) for la in hidden})
+
+
+def department_head() -> heads.Head:
+    q = next(q for q in schema.parse_request(TICKET).questions if q.id == "department")
+    # logits (2, 0, 1) over billing, technical, sales for the hidden state (1, 0)
+    return heads.Head(
+        "head-dept",
+        heads.signature(q),
+        3,
+        (0.0, 0.0),
+        (1.0, 1.0),
+        ((2.0, 0.0), (0.0, 0.0), (1.0, 0.0)),
+        (0.0, 0.0, 0.0),
+    )
+
+
+def app_with_head():
+    app = make_app(HiddenEngine(HiddenCaps()), debias=DEFAULT_MODEL_DEBIAS)
+    head = department_head()
+    app.served[app.default].heads = heads.HeadSet("00" * 32, {head.signature: head})
+    return app
+
+
+def expected_department() -> dict:
+    q = next(q for q in schema.parse_request(TICKET).questions if q.id == "department")
+    z = [math.exp(v) for v in (2.0, 0.0, 1.0)]
+    return protocol.answer(q, scoring.report([v / sum(z) for v in z])) | {
+        "x_calibration": "identity",
+        "x_head": "head-dept",
+        "x_debias": [],
+    }
+
+
+@pytest.mark.anyio
+async def test_a_head_answer_names_its_own_correction_not_the_requests():
+    app = app_with_head()
+    only = {**TICKET, "questions": {"department": TICKET["questions"]["department"]}}
+    async with running(app) as base:
+        async with httpx2.AsyncClient(base_url=base) as client:
+            mixed = (await client.post("/v1/systemone", json=TICKET)).json()
+            alone = (await client.post("/v1/systemone", json=only)).json()
+            off = (await client.post("/v1/systemone", json={**TICKET, "x_head": "none"})).json()
+    assert mixed["answers"]["department"] == expected_department()
+    # the other two were read under the default correction, which the reply names
+    assert mixed["x_debias"] == ["canonical", "spellings", "content_free_listing"]
+    assert {k for q in ("urgency", "severity") for k in mixed["answers"][q] if k.startswith("x_")} == {
+        "x_calibration",
+        "x_entropy",
+    }
+    # a head answered every question: no answer was read under the request's correction
+    assert alone["answers"] == {"department": expected_department()}
+    assert "x_debias" not in alone
+    # heads off: the question is read as always, under the reply's x_debias
+    assert off["x_debias"] == ["canonical", "spellings", "content_free_listing"]
+    assert set(off["answers"]["department"]) == {
+        "type",
+        "choice",
+        "probabilities",
+        "confidence",
+        "x_entropy",
+        "x_calibration",
+    }
+
+
+@pytest.mark.anyio
+async def test_get_v1_lists_each_models_correction_calibration_and_heads():
+    app = app_with_head()
+    plain = make_app()
+    async with running(app) as base, running(plain) as base_plain:
+        async with httpx2.AsyncClient() as client:
+            with_head = (await client.get(base + "/v1")).json()["served"]
+            without = (await client.get(base_plain + "/v1")).json()["served"]
+    assert with_head == [
+        {
+            "model": "fake-model",
+            "x_debias": ["canonical", "spellings", "content_free_listing"],
+            "calibration": None,
+            "heads": ["head-dept"],
+        }
+    ]
+    assert without == [{"model": "fake-model", "x_debias": [], "calibration": None, "heads": []}]
+
+
+class OnePool:
+    def __init__(self, app):
+        self.engines = [app.engine]
+
+
+def test_serve_names_its_heads_at_start_up(capsys):
+    app = app_with_head()
+    serve_cli._say_serving(app, OnePool(app), "127.0.0.1", 8000)
+    assert capsys.readouterr().out.splitlines() == [
+        "serveproto: serving fake-model on http://127.0.0.1:8000",
+        "serveproto: x_debias defaults to canonical,spellings,content_free_listing (--debias none to turn it off)",
+        "serveproto: 1 trained head(s) answer the questions they were fitted on: head-dept (--heads none to turn them off)",
+    ]
+    app.served[app.default].heads = None
+    serve_cli._say_serving(app, OnePool(app), "127.0.0.1", 8000)
+    assert "head" not in capsys.readouterr().out
