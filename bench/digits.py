@@ -147,7 +147,9 @@ def main(argv=None) -> int:
     for other in args.against:
         theirs = json.loads(Path(other).read_text())["read-out"]
         diffs = [abs(a - b) for ra, rb in zip(cells["read-out"], theirs) for a, b in zip(ra, rb)]
-        print(f"  read-out against {Path(other).name}: max |d| {max(diffs):.3e}, mean {sum(diffs) / len(diffs):.3e} nats")
+        print(
+            f"  read-out against {Path(other).name}: max |d| {max(diffs):.3e}, mean {sum(diffs) / len(diffs):.3e} nats"
+        )
     return 0
 
 

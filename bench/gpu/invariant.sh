@@ -9,8 +9,11 @@
 #      and how far the GPU's read-out lies from the CPU's;
 #   3. what invariant refuses: F16 weights (cuBLAS), a 4-layer F16 model;
 #   4. the cost: bench/load.py at 32 clients (bench/gpu/ceiling.sh's load cells), fast against
-#      invariant without the score cache (the kernels' price) and with it (the default).
-# INV_S seconds in all (pass run.sh's time left); INV_PARTS (default "digits small refuse load") picks.
+#      invariant without the score cache (the kernels' price) and with it (the default); INV_LOADS
+#      replaces those lines (GGML_CUDA_INVARIANT_SKIP=fa|mm|fusion prices one part of the switch);
+#   5. (part gqa) the attention kernel with one query head a warp: the same bits as with several.
+# INV_S seconds in all (pass run.sh's time left); INV_PARTS (default "digits small refuse load") picks;
+# INV_AGAINST="--against FILE" compares the invariant read-out with an earlier call's dump.
 set -u
 Q4=$1
 RES=${RES:-/tmp/gpu-res}
@@ -38,9 +41,11 @@ digits() {  # TAG [NAME=VALUE...] DIGITS_ARGS...
 INV="--engine-arg=--numerics --engine-arg=invariant"
 if has digits; then
   digits fast python3 bench/digits.py --model $Q4
-  digits inv python3 bench/digits.py --model $Q4 $INV --against $RES/digits-fast.json
+  digits inv python3 bench/digits.py --model $Q4 $INV --against $RES/digits-fast.json ${INV_AGAINST:-}
   grep -q DIFFERENT $RES/digits-inv.log && digits inv-j128 GGML_CUDA_INVARIANT_MMQ_J=128 python3 bench/digits.py --model $Q4 $INV
 fi
+# the attention kernel with one query head a warp (GGML_CUDA_INVARIANT_FA_GQA=0): the same bits
+has gqa && digits inv-g1 GGML_CUDA_INVARIANT_FA_GQA=0 python3 bench/digits.py --model $Q4 $INV --against $RES/digits-inv.json
 if has small || has refuse; then
   wait $SMALL_PID
   tail -2 $RES/model-4l.log
@@ -56,8 +61,9 @@ if has refuse; then
   echo "engine: exit ${PIPESTATUS[0]}; stderr: $(grep -c "" $RES/refuse-f16.err) lines, $(grep -m2 "batch-dependent" $RES/refuse-f16.err)"
 fi
 if has load; then
-  LOADS="fast q4 --numerics fast
+  # INV_LOADS: other load lines (ceiling.sh's LOADS), e.g. GGML_CUDA_INVARIANT_SKIP=fa to price a part
+  LOADS=${INV_LOADS:-"fast q4 --numerics fast
 inv-nocache q4 --numerics invariant --score-cache-mb 0
-inv q4 --numerics invariant" CEILING_S=$(left) RES=$RES bash bench/gpu/ceiling.sh $Q4
+inv q4 --numerics invariant"} CEILING_S=$(left) RES=$RES bash bench/gpu/ceiling.sh $Q4
 fi
 echo "invariant.sh: $(( $(date +%s) - T0 )) s"
