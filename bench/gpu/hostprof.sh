@@ -15,7 +15,7 @@ PERF="env LD_LIBRARY_PATH=$C/perf $C/perf/perf"
 $PERF --version || { echo "hostprof: no usable perf in $C/perf"; exit 1; }
 rm -f /tmp/prof-$TAG.*
 SERVEPROTO_PROFILE=/tmp/prof-$TAG python3 bench/load.py --no-llama-server --model $MODEL --workloads document \
-  --clients 32 --seconds ${LOAD_S:-20} --requests 1000000 --debias none --engine engines/bin/serveproto-llama --model $MODEL "$@" \
+  --clients 32 --seconds ${LOAD_S:-20} --requests 999999 --debias none --engine engines/bin/serveproto-llama --model $MODEL "$@" \
   > $RES/hostprof-load-$TAG.log 2>&1 &
 LOAD=$!
 for _ in $(seq 60); do  # the engine up and the cell running: its profile file has a busy line
