@@ -296,8 +296,8 @@ static int auto_slots(engine *e, const options *o)
 
 /* With --numerics invariant on a GPU: one decode of two tokens runs every
  * matmul and attention of the model once; an op that ggml-cuda has no
- * batch-invariant kernel for (float weights through cuBLAS, a quantized KV
- * cache, an unsupported head size...) logs "batch-dependent kernel" there
+ * batch-invariant kernel for (float weights through cuBLAS, a mixture of
+ * experts, an unsupported head size...) logs "batch-dependent kernel" there
  * (llama/patches/0006), and the load is refused rather than serve digits
  * that move with the batch. */
 static int gpu_invariant_check(engine *e)
