@@ -177,6 +177,15 @@ int devices_local_gpu(void)
            ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_IGPU) != NULL;
 }
 
+const char *devices_local_gpu_name(void)
+{
+    ggml_backend_dev_t d = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU);
+    if (!d)
+        d = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_IGPU);
+    const char *name = d ? ggml_backend_dev_description(d) : NULL;
+    return name ? name : "";
+}
+
 /* Registers the --rpc servers (each checked reachable first) and sets the model parameters' devices,
  * split_mode, main_gpu and tensor_split. Returns NULL, or the LOAD_FAIL kind with err naming the
  * flag: "io" for a server that cannot be resolved or reached, "unsupported" for a value that does

@@ -187,6 +187,7 @@ typedef struct engine {
     int slots_auto;      /* --slots unset: n_slots was sized from memory */
     char model_name[256];
     const char *numerics;  /* "invariant" or "fast" (CAPS numerics) */
+    char gpu_name[64];     /* the local GPU that computes (its description), "" on the CPU: persist keys */
     char devices_caps[1024]; /* CAPS keys of --split-mode, --tensor-split, --main-gpu, --rpc (devices.c) */
 
     slot_state *slots;
@@ -255,6 +256,8 @@ double rss_gb(void);
 int devices_is_option(const char *flag);
 int devices_parse(device_options *d, const char *flag, const char *value);
 int devices_local_gpu(void);
+/* The first local GPU's description ("NVIDIA H200"), or "" without one. */
+const char *devices_local_gpu_name(void);
 const char *devices_apply(device_options *d, struct llama_model_params *mp, char *err, size_t cap);
 void devices_caps(const device_options *d, char *out, size_t cap);
 

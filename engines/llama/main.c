@@ -444,7 +444,19 @@ static int load(engine *e, options *o)
      * keep flash attention on its row-by-row path and every matmul on the
      * per-row vec_dot path, whatever the batch shape. */
     cp.flash_attn_type = o->flash_attn || !o->fast ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    e->numerics = o->fast ? "fast" : "invariant";
+    /* What the engine promises (CAPS x_numerics, the score cache, its files). GGML_CUDA_INVARIANT_SKIP
+     * (patch 0006) leaves parts of the GPU's invariant kernels out to price them: their digits move, so
+     * then it promises nothing. */
+    int invariant = !o->fast;
+    const char *skip = getenv("GGML_CUDA_INVARIANT_SKIP");
+    if (gpu && invariant && skip && *skip) {
+        invariant = 0;
+        fprintf(stderr, "serveproto-llama: GGML_CUDA_INVARIANT_SKIP=%s: digits move without those parts: "
+                        "CAPS x_numerics=fast, no score cache, no cache files\n", skip);
+    }
+    e->numerics = invariant ? "invariant" : "fast";
+    if (gpu)
+        snprintf(e->gpu_name, sizeof e->gpu_name, "%s", devices_local_gpu_name());
     /* CUDA graphs off with that pair (F32 KV, no flash attention): on an H200
      * with llama.cpp 0c1e57098bba it aborted in cudaGraphLaunch ("an illegal
      * instruction was encountered") on a warm SCORE after a 13.5K-token state,
@@ -496,9 +508,9 @@ static int load(engine *e, options *o)
         return load_fail(e, "nomem", "allocating the read-out buffers failed");
     e->batch = llama_batch_init(e->n_batch, 0, e->n_score_seqs + 1); /* a stem's node: its options and the carry */
     /* kept numbers equal fresh ones only when the arithmetic is invariant */
-    if (score_cache_init(&e->scores, o->fast ? 0 : (size_t)o->score_cache_mb << 20) != 0)
+    if (score_cache_init(&e->scores, invariant ? (size_t)o->score_cache_mb << 20 : 0) != 0)
         return load_fail(e, "nomem", "allocating the score cache failed");
-    if (o->cache_dir && o->fast)
+    if (o->cache_dir && !invariant)
         fprintf(stderr, "serveproto-llama: cache: --numerics fast: nothing read from or kept in %s\n", o->cache_dir);
     else if (o->cache_dir && o->score_cache_mb == 0)
         fprintf(stderr, "serveproto-llama: cache: --score-cache-mb 0: nothing read from or kept in %s\n", o->cache_dir);

@@ -270,8 +270,15 @@ persist *persist_open(const persist_options *o, engine *e)
     memcpy(p->id.magic, MAGIC, sizeof MAGIC);
     p->id.version = PERSIST_VERSION;
     field(p->id.build, sizeof p->id.build, SP_BUILD_ID);
+    /* a GPU's invariant digits are that GPU model's: neither the CPU's nor another GPU's (patch 0006) */
+    char gpu[16] = "";
+    if (e->gpu_name[0]) {
+        unsigned char g[32];
+        sha256_hash(g, (const unsigned char *)e->gpu_name, strlen(e->gpu_name));
+        snprintf(gpu, sizeof gpu, " gpu=%02x%02x%02x%02x", g[0], g[1], g[2], g[3]);
+    }
     char numerics[64];
-    snprintf(numerics, sizeof numerics, "%s kv=%s", e->numerics, o->kv_type);
+    snprintf(numerics, sizeof numerics, "%s kv=%s%s", e->numerics, o->kv_type, gpu);
     field(p->id.numerics, sizeof p->id.numerics, numerics);
     const char *tmpl = llama_model_chat_template(e->model, NULL);
     unsigned char d[32];
