@@ -211,7 +211,8 @@ def _add_llama_flags(p: argparse.ArgumentParser) -> None:
         choices=("invariant", "fast"),
         default=None,
         help="the llama engine's arithmetic: invariant (the CPU default: every number depends on the "
-        "model, the build and the tokens only, whatever ran before or beside it) or fast "
+        "model, the build and the tokens only, whatever ran before or beside it; on a GPU build for "
+        "quantized weights only, so not with --precision, and refused at load otherwise) or fast "
         "(llama.cpp's batch-shape-dependent kernels; the GPU default)",
     )
     p.add_argument(
