@@ -171,17 +171,21 @@ static int rpc_reachable(const char *ep, char *err, size_t cap)
 
 /* Whether this build has a local GPU device (CUDA...); RPC devices, also typed GPU, are not
  * registered yet when the engine asks (before devices_apply). */
+/* The first local GPU (a discrete one before an integrated one), or NULL. */
+static ggml_backend_dev_t local_gpu(void)
+{
+    ggml_backend_dev_t d = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU);
+    return d ? d : ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_IGPU);
+}
+
 int devices_local_gpu(void)
 {
-    return ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU) != NULL ||
-           ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_IGPU) != NULL;
+    return local_gpu() != NULL;
 }
 
 const char *devices_local_gpu_name(void)
 {
-    ggml_backend_dev_t d = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU);
-    if (!d)
-        d = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_IGPU);
+    ggml_backend_dev_t d = local_gpu();
     const char *name = d ? ggml_backend_dev_description(d) : NULL;
     return name ? name : "";
 }

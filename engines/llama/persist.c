@@ -274,8 +274,10 @@ persist *persist_open(const persist_options *o, engine *e)
     char gpu[16] = "";
     if (e->gpu_name[0]) {
         unsigned char g[32];
+        char g_hex[9] = "";
         sha256_hash(g, (const unsigned char *)e->gpu_name, strlen(e->gpu_name));
-        snprintf(gpu, sizeof gpu, " gpu=%02x%02x%02x%02x", g[0], g[1], g[2], g[3]);
+        hex(g, 4, g_hex);
+        snprintf(gpu, sizeof gpu, " gpu=%s", g_hex);
     }
     char numerics[64];
     snprintf(numerics, sizeof numerics, "%s kv=%s%s", e->numerics, o->kv_type, gpu);

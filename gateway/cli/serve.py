@@ -741,7 +741,7 @@ def _say_serving(app: App, pool: Pool, host: str, port: int) -> None:
                 flush=True,
             )
         if s.heads is not None:
-            names = [h.name for h in s.heads.heads.values()]
+            names = s.heads.names
             print(
                 f"serveproto: {len(names)} trained head(s) answer the questions they were fitted on"
                 f"{f' ({s.name})' if len(served) > 1 else ''}: {', '.join(names) or 'none'} "

@@ -98,6 +98,11 @@ class HeadSet:
     model_sha256: str
     heads: dict[str, Head]
 
+    @property
+    def names(self) -> list[str]:
+        """Each head's name, in the file's order."""
+        return [h.name for h in self.heads.values()]
+
     def match(self, question: Any) -> Head | None:
         """The head of ``question`` (its :func:`signature`), or None."""
         h = self.heads.get(signature(question))

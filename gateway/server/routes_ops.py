@@ -50,7 +50,7 @@ def served_settings(app: App) -> list[dict[str, Any]]:
                 "model": name,
                 "x_debias": list(s.debias),
                 "calibration": s.calibration.id if s.calibration is not None else None,
-                "heads": [h.name for h in s.heads.heads.values()] if s.heads is not None else [],
+                "heads": s.heads.names if s.heads is not None else [],
             }
         )
     return out
