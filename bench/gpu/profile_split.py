@@ -8,6 +8,12 @@ second stay at half the busiest interval's or more (a load cell, not the warm-up
 table gives, over that stretch, the rows and outputs a decode, each part's milliseconds a decode and its
 share of the wall time. ``--dmon``: an ``nvidia-smi dmon -s u`` log of the same run; its mean SM
 utilisation over the samples above 5% is printed beside (the share of time a kernel ran).
+
+Files written with llama/patches/0007 carry 13 more sums after ``max_rows``: llama_decode's own host time
+(batch checked, memory: ubatches split and cells found, output buffer, cells applied, graph built, graph
+allocated, inputs set, graph computed or queued, outputs), then ubatches, graphs reused, KV cells attended
+(n_kv) and tokens. For those a second table gives each inner part's milliseconds a decode over the same
+stretch, the ubatches a decode, the share of graphs reused and the mean n_kv a ubatch.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import itertools
 from pathlib import Path
 
 PARTS = ("gap", "start", "fill", "decode", "early", "sync", "read")
+INNER = ("batch", "memory", "outbuf", "apply", "build", "alloc", "inputs", "compute", "outputs")
+INNER_AT = 13  # the first inner column: after t_s, 3 counts, 7 parts, early_tasks, max_rows
 
 
 def busy_stretch(lines: list[list[float]]) -> tuple[list[float], list[float]] | None:
@@ -36,10 +44,14 @@ def busy_stretch(lines: list[list[float]]) -> tuple[list[float], list[float]] | 
     return lines[best[0]], lines[best[1]]
 
 
+def read_lines(path: Path) -> list[list[float]]:
+    """A profile file's data lines as numbers (the ``#`` header skipped)."""
+    return [[float(x) for x in ln.split()] for ln in path.read_text().splitlines() if ln and not ln.startswith("#")]
+
+
 def split(path: Path) -> str | None:
     """One table row for a profile file, or None when it saw no busy stretch."""
-    lines = [[float(x) for x in ln.split()] for ln in path.read_text().splitlines() if ln and not ln.startswith("#")]
-    stretch = busy_stretch(lines)
+    stretch = busy_stretch(read_lines(path))
     if stretch is None:
         return None
     a, b = stretch
@@ -53,6 +65,25 @@ def split(path: Path) -> str | None:
     return (
         f"| {path.name} | {wall_ms / 1e3:.1f} | {d:.0f} | {(b[2] - a[2]) / d:.0f} | {(b[3] - a[3]) / d:.1f} | "
         f"{(b[2] - a[2]) / (wall_ms / 1e3):.0f} | " + " | ".join(cells) + " |"
+    )
+
+
+def inner_split(path: Path) -> str | None:
+    """One row of the inside-llama_decode table, or None for a file without those columns or a busy stretch."""
+    stretch = busy_stretch(read_lines(path))
+    if stretch is None or len(stretch[1]) < INNER_AT + len(INNER) + 4:
+        return None
+    a, b = stretch
+    d = b[1] - a[1]
+    delta = [b[INNER_AT + i] - a[INNER_AT + i] for i in range(len(INNER) + 4)]
+    ubatches, reused, n_kv, tokens = delta[len(INNER) :]
+    if d <= 0 or ubatches <= 0:
+        return None
+    ms = delta[: len(INNER)]
+    return (
+        f"| {path.name} | {ubatches / d:.2f} | {tokens / ubatches:.0f} | {n_kv / ubatches:.0f} | {reused / ubatches:.0%} | "
+        + " | ".join(f"{m / d:.2f}" for m in ms)
+        + f" | {sum(ms) / d:.2f} |"
     )
 
 
@@ -89,6 +120,16 @@ def main() -> None:
         row = split(f)
         if row:
             print(row)
+    inner = [r for r in map(inner_split, args.files) if r]
+    if inner:
+        print("\ninside llama_decode, host ms a decode")
+        print(
+            "| engine | ubatches a decode | tokens a ubatch | n_kv a ubatch | graphs reused | "
+            + " | ".join(INNER)
+            + " | sum |"
+        )
+        print("|" + "---|" * (6 + len(INNER)))
+        print("\n".join(inner))
     if args.dmon and args.dmon.exists():
         print(dmon_mean(args.dmon))
 

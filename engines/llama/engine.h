@@ -169,6 +169,14 @@ typedef struct engine_profile {
     uint64_t early; /* tasks started early, while the device computed (overlap) */
     uint64_t us[ENGINE_PROFILE_PARTS];
 } engine_profile;
+/* llama_decode's own split (llama/patches/0007, on with SERVEPROTO_PROFILE):
+ * microseconds of batch checked, memory (ubatches split, cells found),
+ * output buffer, cells applied, graph built, graph allocated, inputs set,
+ * graph computed or queued, outputs queued; then ubatches, graphs reused,
+ * KV cells attended (n_kv) and tokens, summed over ubatches. Copies up to n
+ * counters to out and returns how many. */
+#define SERVEPROTO_DECODE_PARTS 9
+int serveproto_decode_profile(uint64_t *out, int n);
 
 typedef struct engine {
     struct llama_model *model;

@@ -15,9 +15,16 @@
  *   sync   llama_synchronize after it: the wait for the device to finish
  *          (about 0 on the CPU);
  *   read   the rows read out: logsumexp, option logprobs, frames written.
+ * Inside llama_decode, llama/patches/0007 times llama.cpp's own host work
+ * (the same switch): the batch checked, memory (ubatches split, KV cells
+ * found), the output buffer, cells applied, graph built, graph allocated,
+ * inputs set (the KQ mask among them), graph computed (CPU) or queued (GPU),
+ * and the outputs; and counts the ubatches, the graphs reused, the KV cells
+ * attended (n_kv) and the tokens, summed over ubatches.
  * Every ENGINE_PROFILE_US the running sums go to PATH.<pid> as one line
- * (milliseconds, the rows and outputs per decode, the tasks started early,
- * and the most rows one decode held), so a load benchmark
+ * under a header of column names (milliseconds, the rows and outputs per
+ * decode, the tasks started early, the most rows one decode held, then
+ * llama_decode's inner parts and counts), so a load benchmark
  * reads the split of its interval from the difference of two lines (and
  * the last line is written at exit). Off by
  * default: then the step makes no clock call and no llama_synchronize, and
@@ -53,7 +60,9 @@ void profile_init(engine_profile *p)
     }
     p->on = 1;
     p->t0 = p->reported = profile_now_us();
-    fprintf(p->f, "# t_s decodes rows outputs gap_ms start_ms fill_ms decode_ms early_ms sync_ms read_ms early_tasks max_rows\n");
+    fprintf(p->f, "# t_s decodes rows outputs gap_ms start_ms fill_ms decode_ms early_ms sync_ms read_ms early_tasks max_rows"
+                  " batch_ms memory_ms outbuf_ms apply_ms build_ms alloc_ms inputs_ms compute_ms"
+                  " outputs_ms ubatches reused n_kv tokens\n");
     fflush(p->f);
 }
 
@@ -64,7 +73,15 @@ static void report(engine_profile *p, uint64_t now)
             (unsigned long long)p->rows, (unsigned long long)p->outputs);
     for (int i = 0; i < ENGINE_PROFILE_PARTS; i++)
         fprintf(p->f, " %.1f", (double)p->us[i] * 1e-3);
-    fprintf(p->f, " %llu %d\n", (unsigned long long)p->early, p->max_rows);
+    fprintf(p->f, " %llu %d", (unsigned long long)p->early, p->max_rows);
+    /* llama_decode's own parts (llama/patches/0007), summed since the start */
+    uint64_t in[SERVEPROTO_DECODE_PARTS + 4] = {0};
+    serveproto_decode_profile(in, SERVEPROTO_DECODE_PARTS + 4);
+    for (int i = 0; i < SERVEPROTO_DECODE_PARTS; i++)
+        fprintf(p->f, " %.1f", (double)in[i] * 1e-3);
+    for (int i = SERVEPROTO_DECODE_PARTS; i < SERVEPROTO_DECODE_PARTS + 4; i++)
+        fprintf(p->f, " %llu", (unsigned long long)in[i]);
+    fputc('\n', p->f);
     fflush(p->f);
 }
 

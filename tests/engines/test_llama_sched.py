@@ -158,10 +158,18 @@ def test_with_overlap_tasks_arriving_in_a_decode_start_before_its_read_with_the_
         if eng.proc.poll() is None:
             eng.proc.kill()
     assert not [rid for rid in got if got[rid] != alone_numbers[rid]], "numbers moved under overlap"
-    (prof,) = tmp_path.glob("prof.*")
-    assert prof.read_text().splitlines()[0].split()[-2:] == ["early_tasks", "max_rows"]
-    early = int(prof.read_text().splitlines()[-1].split()[-2])
+    early = profile_last(tmp_path)["early_tasks"]
     assert 1 <= early <= len(requests), early
+
+
+def profile_last(tmp_path) -> dict[str, float]:
+    """The last line of the one SERVEPROTO_PROFILE file under tmp_path, by its header's column names."""
+    (prof,) = tmp_path.glob("prof.*")
+    lines = prof.read_text().splitlines()
+    names = lines[0].split()[1:]  # after the "#"
+    values = [float(x) for x in lines[-1].split()]
+    assert len(names) == len(values), (names, values)
+    return dict(zip(names, values, strict=True))
 
 
 BIG = score(20, 0, 11, 12, [" it depends on the size of item {g} today", " only when item {g} is late again"])
@@ -233,7 +241,8 @@ WIDE = Score(
 def test_no_decode_holds_more_than_one_ubatch(model_path, tmp_path, monkeypatch):
     """A question larger than a ubatch is cut between decodes (its stem kept in the carry), so no decode
     holds more than ``--ubatch`` rows, the most a CANCEL waits on a GPU build (the engine's profile,
-    SERVEPROTO_PROFILE, counts the rows of its largest decode); its numbers are those of one decode."""
+    SERVEPROTO_PROFILE, counts the rows of its largest decode); its numbers are those of one decode. The
+    same profile's inner columns (llama_decode's own host parts) add up within its decode time."""
     one = Engine(model_path, "--float-digits", "17", "--slots", "8", "--ctx", "1024", "--ubatch", "512")
     try:
         want = numbers(one.request(WIDE))
@@ -247,10 +256,15 @@ def test_no_decode_holds_more_than_one_ubatch(model_path, tmp_path, monkeypatch)
     finally:
         if eng.proc.poll() is None:
             eng.proc.kill()
-    (prof,) = tmp_path.glob("prof.*")
-    last = prof.read_text().splitlines()[-1].split()
-    decodes, rows, max_rows = int(last[1]), int(last[2]), int(last[-1])
+    last = profile_last(tmp_path)
+    decodes, rows, max_rows = last["decodes"], last["rows"], last["max_rows"]
     assert rows > 3 * 32 and decodes >= 4 and max_rows <= 32, (decodes, rows, max_rows)
+    # llama_decode's own split (llama/patches/0007): each decode is one ubatch of its rows, each
+    # attending at least its own cells, and the inner parts are inside the decode part
+    assert (last["ubatches"], last["tokens"]) == (decodes, rows), last
+    assert last["n_kv"] >= rows and last["reused"] <= last["ubatches"], last
+    inner = ("batch", "memory", "outbuf", "apply", "build", "alloc", "inputs", "compute", "outputs")
+    assert 0 < sum(last[f"{p}_ms"] for p in inner) <= last["decode_ms"] + 0.1 * len(inner), last
 
 
 def test_without_the_abort_callback_a_cancel_ends_a_big_score_between_decodes(model_path, monkeypatch):
