@@ -49,9 +49,8 @@ def read_lines(path: Path) -> list[list[float]]:
     return [[float(x) for x in ln.split()] for ln in path.read_text().splitlines() if ln and not ln.startswith("#")]
 
 
-def split(path: Path) -> str | None:
-    """One table row for a profile file, or None when it saw no busy stretch."""
-    stretch = busy_stretch(read_lines(path))
+def split(name: str, stretch: tuple[list[float], list[float]] | None) -> str | None:
+    """One table row for a profile file's busy stretch, or None when it saw none."""
     if stretch is None:
         return None
     a, b = stretch
@@ -63,14 +62,13 @@ def split(path: Path) -> str | None:
     ms = [b[4 + parts.index(p)] - a[4 + parts.index(p)] if p in parts else 0.0 for p in PARTS]
     cells = [f"{m / d:.2f} ({m / wall_ms:.0%})" for m in ms]
     return (
-        f"| {path.name} | {wall_ms / 1e3:.1f} | {d:.0f} | {(b[2] - a[2]) / d:.0f} | {(b[3] - a[3]) / d:.1f} | "
+        f"| {name} | {wall_ms / 1e3:.1f} | {d:.0f} | {(b[2] - a[2]) / d:.0f} | {(b[3] - a[3]) / d:.1f} | "
         f"{(b[2] - a[2]) / (wall_ms / 1e3):.0f} | " + " | ".join(cells) + " |"
     )
 
 
-def inner_split(path: Path) -> str | None:
+def inner_split(name: str, stretch: tuple[list[float], list[float]] | None) -> str | None:
     """One row of the inside-llama_decode table, or None for a file without those columns or a busy stretch."""
-    stretch = busy_stretch(read_lines(path))
     if stretch is None or len(stretch[1]) < INNER_AT + len(INNER) + 4:
         return None
     a, b = stretch
@@ -81,7 +79,7 @@ def inner_split(path: Path) -> str | None:
         return None
     ms = delta[: len(INNER)]
     return (
-        f"| {path.name} | {ubatches / d:.2f} | {tokens / ubatches:.0f} | {n_kv / ubatches:.0f} | {reused / ubatches:.0%} | "
+        f"| {name} | {ubatches / d:.2f} | {tokens / ubatches:.0f} | {n_kv / ubatches:.0f} | {reused / ubatches:.0%} | "
         + " | ".join(f"{m / d:.2f}" for m in ms)
         + f" | {sum(ms) / d:.2f} |"
     )
@@ -116,11 +114,12 @@ def main() -> None:
         + " |"
     )
     print("|" + "---|" * (6 + len(PARTS)))
-    for f in args.files:
-        row = split(f)
+    stretches = [(f.name, busy_stretch(read_lines(f))) for f in args.files]
+    for name, stretch in stretches:
+        row = split(name, stretch)
         if row:
             print(row)
-    inner = [r for r in map(inner_split, args.files) if r]
+    inner = [r for r in (inner_split(name, stretch) for name, stretch in stretches) if r]
     if inner:
         print("\ninside llama_decode, host ms a decode")
         print(
