@@ -70,7 +70,7 @@ LLAMA_ENGINE_SRCS := $(wildcard llama/*.c)
 LLAMA_ENGINE_HDRS := $(wildcard llama/*.h)
 
 .PHONY: llama-libs llama-src
-all: $(BIN)/serveproto-llama $(BIN)/llama-prefill-ref $(BIN)/ggml-rpc-server
+all: $(BIN)/serveproto-llama $(BIN)/llama-prefill-ref $(BIN)/llama-tokenize-ref $(BIN)/ggml-rpc-server
 
 llama-libs: $(LLAMA_STAMP)
 
@@ -133,6 +133,10 @@ $(BIN)/serveproto-llama: $(LLAMA_ENGINE_SRCS) $(LLAMA_ENGINE_HDRS) $(COMMON_LIB)
 
 # The reference for bench/engine.py: llama.cpp's own batched decode of a prompt, nothing else.
 $(BIN)/llama-prefill-ref: llama/bench/prefill_ref.c $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
+	$(CC) $(LLAMA_CFLAGS) -o $@ $< $(LLAMA_LDLIBS)
+
+# llama.cpp's llama_tokenize of texts, timed (bench/README.md, "Tokenizing"; tests/engines/test_llama_tokenize.py).
+$(BIN)/llama-tokenize-ref: llama/bench/tokenize_ref.c $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
 	$(CC) $(LLAMA_CFLAGS) -o $@ $< $(LLAMA_LDLIBS)
 
 # llama-server from the same sdist, stock (no patches): the peer bench/repeat.py and bench/load.py

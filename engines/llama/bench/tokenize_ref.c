@@ -1,0 +1,118 @@
+/* llama-tokenize-ref: llama.cpp's own llama_tokenize of texts, timed: what
+ * a SCORE's start pays per stem and option (bench/README.md, "Tokenizing").
+ *
+ * usage: llama-tokenize-ref --model PATH --texts FILE [--reps N] [--ids]
+ * FILE holds the texts separated by NUL bytes. Each is tokenized as the
+ * engine does (model_tokenize: BOS when the model asks, special tokens
+ * parsed) --reps times (default 100); one line per text on stdout:
+ * "bytes=<n> tokens=<n> us=<mean microseconds a call>", and with --ids a
+ * second line of its token ids. Only the vocabulary is loaded.
+ * LLAMA_UNICODE_STD_REGEX=1 (llama/patches/0008) takes llama.cpp's stock
+ * std::regex split of \p{N} instead of the patch's, for comparing the two. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "llama.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void quiet(enum ggml_log_level level, const char *text, void *ud)
+{
+    (void)ud;
+    if (level == GGML_LOG_LEVEL_ERROR)
+        fputs(text, stderr);
+}
+
+static char *read_all(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, n = 0, k;
+    char *buf = malloc(cap + 1);
+    while (buf && (k = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += k;
+        if (n == cap) {
+            char *b = realloc(buf, 2 * cap + 1);
+            if (!b) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = b;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    if (buf)
+        buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model = NULL, *texts = NULL;
+    int reps = 100, ids = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--model") && i + 1 < argc)
+            model = argv[++i];
+        else if (!strcmp(argv[i], "--texts") && i + 1 < argc)
+            texts = argv[++i];
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--ids"))
+            ids = 1;
+        else {
+            fprintf(stderr, "usage: llama-tokenize-ref --model PATH --texts FILE [--reps N] [--ids]\n");
+            return 2;
+        }
+    }
+    if (!model || !texts || reps < 1) {
+        fprintf(stderr, "usage: llama-tokenize-ref --model PATH --texts FILE [--reps N] [--ids]\n");
+        return 2;
+    }
+    llama_log_set(quiet, NULL);
+    llama_backend_init();
+    struct llama_model_params mp = llama_model_default_params();
+    mp.vocab_only = true;
+    struct llama_model *m = llama_model_load_from_file(model, mp);
+    if (!m) {
+        fprintf(stderr, "llama-tokenize-ref: cannot load %s\n", model);
+        return 1;
+    }
+    const struct llama_vocab *v = llama_model_get_vocab(m);
+    size_t len = 0;
+    char *buf = read_all(texts, &len);
+    if (!buf) {
+        fprintf(stderr, "llama-tokenize-ref: cannot read %s\n", texts);
+        return 1;
+    }
+    int cap = (int)len + 16;
+    llama_token *toks = malloc((size_t)cap * sizeof *toks);
+    for (char *s = buf; toks && s < buf + len; s += strlen(s) + 1) {
+        int n = (int)strlen(s), nt = 0;
+        double t0 = now_s();
+        for (int r = 0; r < reps; r++)
+            nt = llama_tokenize(v, s, n, toks, cap, true, true);
+        double us = (now_s() - t0) / reps * 1e6;
+        printf("bytes=%d tokens=%d us=%.2f\n", n, nt, us);
+        if (ids) {
+            for (int i = 0; i < nt; i++)
+                printf(i ? " %d" : "%d", toks[i]);
+            putchar('\n');
+        }
+    }
+    free(toks);
+    free(buf);
+    llama_model_free(m);
+    llama_backend_free();
+    return 0;
+}
