@@ -134,11 +134,19 @@ typedef struct prefix_tokens {
     uint64_t last_use;   /* LRU clock */
 } prefix_tokens;
 
+/* A SCORE group's stem tokenized once, its tail kept so that each option is
+ * tokenized from a cut near the stem's end (splice.c, splice_stem). */
+typedef struct stem_tokens {
+    prefix_tokens tail;  /* the prefix's bytes from its cut + the stem, and their tokens */
+    int head;            /* the prefix's tokens before tail (its cut); -1: no tail kept */
+} stem_tokens;
+
 /* How the continuations of SCORE were tokenized (stderr with --splice-check). */
 typedef struct splice_stats {
     uint64_t spliced;    /* prefix tokens + a tail tokenized from the cut */
     uint64_t whole;      /* no safe cut, or the tail failed its check: whole text */
     uint64_t mismatched; /* --splice-check: the splice differed from the whole text */
+    uint64_t stem;       /* of the spliced: an option tokenized from its stem's cut (splice_option) */
 } splice_stats;
 
 /* SCORE results kept between requests (score_cache.c). */
@@ -283,6 +291,11 @@ void slot_append(engine *e, int slot, const llama_token *toks, int n);
 const prefix_tokens *prefix_tokens_get(engine *e, const char *text, size_t len);
 int splice_tokenize(engine *e, const prefix_tokens *p, const char *a, size_t na, const char *b, size_t nb,
                     llama_token **out, int *n_out);
+int splice_stem(engine *e, const prefix_tokens *p, const char *stem, size_t ns, llama_token **out, int *n_out,
+                stem_tokens *st);
+int splice_option(engine *e, const prefix_tokens *p, const stem_tokens *st, const char *stem, size_t ns,
+                  const char *opt, size_t no, llama_token **out, int *n_out);
+void stem_tokens_free(stem_tokens *st);
 void prefix_tokens_free(engine *e);
 
 /* score_cache.c: an option's logprobs kept by the hash of its tokens */

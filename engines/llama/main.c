@@ -550,9 +550,10 @@ static void engine_free(engine *e)
     }
     score_cache_free(&e->scores);
     if (e->splice_check)
-        fprintf(stderr, "serveproto-llama: splice check: %llu spliced, %llu whole, %llu mismatched\n",
+        fprintf(stderr, "serveproto-llama: splice check: %llu spliced, %llu whole, %llu mismatched, "
+                        "%llu from a stem's cut\n",
                 (unsigned long long)e->splice.spliced, (unsigned long long)e->splice.whole,
-                (unsigned long long)e->splice.mismatched);
+                (unsigned long long)e->splice.mismatched, (unsigned long long)e->splice.stem);
     if (e->batch.token)
         llama_batch_free(e->batch);
     if (e->ctx)

@@ -208,7 +208,8 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
         }
         llama_token *gt = NULL;
         int ng = 0;
-        if (splice_tokenize(e, gp, stem->str, stem->len, "", 0, &gt, &ng) != 0) {
+        stem_tokens stt;
+        if (splice_stem(e, gp, stem->str, stem->len, &gt, &ng, &stt) != 0) {
             snprintf(msg, cap, "groups[%zu].stem: could not be tokenized", g);
             goto out;
         }
@@ -216,6 +217,7 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
             const spj_value *ov = &os->items[o];
             if (ov->type != SPJ_STRING) {
                 free(gt);
+                stem_tokens_free(&stt);
                 snprintf(msg, cap, "groups[%zu].options[%zu]: expected a string", g, o);
                 goto out;
             }
@@ -224,8 +226,9 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
             ot->index = (int)o;
             ot->anchor = job->n_hidden > 0 && o == 0;
             ot->based = gp != pt;
-            if (splice_tokenize(e, gp, stem->str, stem->len, ov->str, ov->len, &ot->toks, &ot->n) != 0) {
+            if (splice_option(e, gp, &stt, stem->str, stem->len, ov->str, ov->len, &ot->toks, &ot->n) != 0) {
                 free(gt);
+                stem_tokens_free(&stt);
                 snprintf(msg, cap, "groups[%zu].options[%zu]: could not be tokenized", g, o);
                 goto out;
             }
@@ -242,6 +245,7 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
                 why = "is longer than the context";
             if (why) {
                 free(gt);
+                stem_tokens_free(&stt);
                 snprintf(msg, cap, "groups[%zu].options[%zu]: the text %s", g, o, why);
                 goto out;
             }
@@ -257,6 +261,7 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
                 job->longest = ot->n;
         }
         free(gt);
+        stem_tokens_free(&stt);
     }
     if (n_plain == 0) /* every group on a shorter base: the trunk is what they all share */
         for (int j = 0; j < job->n_opts; j++)

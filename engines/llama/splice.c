@@ -50,15 +50,17 @@ void prefix_tokens_free(engine *e)
 }
 
 /* Finds p->cut / p->cut_off (-1 when none qualifies): the token byte
- * offsets come from each token's piece, which must spell the text exactly. */
-static void find_cut(engine *e, prefix_tokens *p)
+ * offsets come from each token's piece, which must spell the text exactly.
+ * `whole`: p's tokens are a whole text's, so a first BOS was added by the
+ * tokenizer (0: a tail's, every token spelled). */
+static void find_cut(engine *e, prefix_tokens *p, int whole)
 {
     p->cut = -1;
     p->cut_off = 0;
     if (llama_vocab_type(e->vocab) != LLAMA_VOCAB_TYPE_BPE || llama_vocab_get_add_eos(e->vocab))
         return;
     int first = 0;
-    if (p->n > 0 && llama_vocab_get_add_bos(e->vocab) && p->toks[0] == llama_vocab_bos(e->vocab))
+    if (whole && p->n > 0 && llama_vocab_get_add_bos(e->vocab) && p->toks[0] == llama_vocab_bos(e->vocab))
         first = 1; /* added by the tokenizer, not spelled in the text */
     size_t *off = malloc((size_t)(p->n + 1) * sizeof *off);
     if (!off)
@@ -123,7 +125,7 @@ const prefix_tokens *prefix_tokens_get(engine *e, const char *text, size_t len)
     lru->text[len] = '\0';
     lru->len = len;
     lru->last_use = ++e->clock;
-    find_cut(e, lru);
+    find_cut(e, lru, 1);
     return lru;
 }
 
@@ -179,14 +181,39 @@ static int tokenize_spliced(engine *e, const prefix_tokens *p, const char *a, si
     return 0;
 }
 
-/* Tokenizes p's text + a + b (a, b: the stem and the option, either may be
- * empty) exactly as model_tokenize would the concatenation, in time that
- * grows with the bytes after the prefix's cut. *out is malloc'ed and owned
- * by the caller. Returns 0, or -1 (out of memory, tokenizer error). */
-int splice_tokenize(engine *e, const prefix_tokens *p, const char *a, size_t na, const char *b, size_t nb,
-                    llama_token **out, int *n_out)
+/* --splice-check: tokenizes p's text + a + b whole as well and counts (and
+ * logs) a difference from the splice in *out, which then takes the whole
+ * text's tokens. Returns 0, or -1 (*out freed). */
+static int check_whole(engine *e, const prefix_tokens *p, const char *a, size_t na, const char *b, size_t nb,
+                       llama_token **out, int *n_out)
+{
+    llama_token *w = NULL;
+    int nw = 0;
+    if (tokenize_whole(e, p, a, na, b, nb, &w, &nw) != 0) {
+        free(*out);
+        return -1;
+    }
+    if (nw != *n_out || memcmp(w, *out, (size_t)nw * sizeof *w) != 0) {
+        e->splice.mismatched++;
+        fprintf(stderr, "serveproto-llama: splice mismatch: prefix %zu bytes cut at token %d, "
+                        "continuation '%.*s%.*s': %d tokens spliced, %d whole\n",
+                p->len, p->cut, (int)na, a, (int)nb, b, *n_out, nw);
+        free(*out);
+        *out = w;
+        *n_out = nw;
+    } else {
+        free(w);
+    }
+    return 0;
+}
+
+/* splice_tokenize; *spliced says whether the tokens came from the splice
+ * (and, under --splice-check, matched the whole text's). */
+static int splice_or_whole(engine *e, const prefix_tokens *p, const char *a, size_t na, const char *b, size_t nb,
+                           llama_token **out, int *n_out, int *spliced)
 {
     int rc = 1;
+    *spliced = 0;
     if (p->cut >= 0) {
         rc = tokenize_spliced(e, p, a, na, b, nb, out, n_out);
         if (rc < 0)
@@ -197,24 +224,100 @@ int splice_tokenize(engine *e, const prefix_tokens *p, const char *a, size_t na,
         return tokenize_whole(e, p, a, na, b, nb, out, n_out);
     }
     e->splice.spliced++;
-    if (e->splice_check) {
-        llama_token *w = NULL;
-        int nw = 0;
-        if (tokenize_whole(e, p, a, na, b, nb, &w, &nw) != 0) {
-            free(*out);
-            return -1;
-        }
-        if (nw != *n_out || memcmp(w, *out, (size_t)nw * sizeof *w) != 0) {
-            e->splice.mismatched++;
-            fprintf(stderr, "serveproto-llama: splice mismatch: prefix %zu bytes cut at token %d, "
-                            "continuation '%.*s%.*s': %d tokens spliced, %d whole\n",
-                    p->len, p->cut, (int)na, a, (int)nb, b, *n_out, nw);
-            free(*out);
-            *out = w;
-            *n_out = nw;
-        } else {
-            free(w);
-        }
-    }
+    uint64_t bad = e->splice.mismatched;
+    if (e->splice_check && check_whole(e, p, a, na, b, nb, out, n_out) != 0)
+        return -1;
+    *spliced = e->splice.mismatched == bad;
     return 0;
+}
+
+/* Tokenizes p's text + a + b (a, b: the stem and the option, either may be
+ * empty) exactly as model_tokenize would the concatenation, in time that
+ * grows with the bytes after the prefix's cut. *out is malloc'ed and owned
+ * by the caller. Returns 0, or -1 (out of memory, tokenizer error). */
+int splice_tokenize(engine *e, const prefix_tokens *p, const char *a, size_t na, const char *b, size_t nb,
+                    llama_token **out, int *n_out)
+{
+    int spliced;
+    return splice_or_whole(e, p, a, na, b, nb, out, n_out, &spliced);
+}
+
+void stem_tokens_free(stem_tokens *st)
+{
+    entry_free(&st->tail);
+    st->head = -1;
+}
+
+/* The tokens of p's text + stem, as splice_tokenize, into *out; and *st
+ * (freed with stem_tokens_free) for splice_option: when those tokens were
+ * spliced, their tail (from the prefix's cut: the prefix's last bytes and
+ * the stem) becomes a prefix of its own, with a cut near the stem's end, so
+ * each option is tokenized from there instead of from the prefix's cut. The
+ * same argument as the prefix's cut holds there (the file's head): the tail
+ * tokenized alone is the whole text's tokens from the prefix's cut on.
+ * Returns 0, or -1 (out of memory, tokenizer error). */
+int splice_stem(engine *e, const prefix_tokens *p, const char *stem, size_t ns, llama_token **out, int *n_out,
+                stem_tokens *st)
+{
+    int spliced;
+    memset(st, 0, sizeof *st);
+    st->head = -1;
+    if (splice_or_whole(e, p, stem, ns, "", 0, out, n_out, &spliced) != 0)
+        return -1;
+    if (!spliced)
+        return 0;
+    prefix_tokens *t = &st->tail;
+    size_t nt = p->len - p->cut_off;
+    t->n = *n_out - p->cut;
+    t->len = nt + ns;
+    t->text = malloc(t->len + 1);
+    t->toks = malloc((size_t)(t->n > 0 ? t->n : 1) * sizeof *t->toks);
+    if (!t->text || !t->toks) {
+        stem_tokens_free(st);
+        return 0; /* the options go the prefix's way */
+    }
+    memcpy(t->text, p->text + p->cut_off, nt);
+    memcpy(t->text + nt, stem, ns);
+    t->text[t->len] = '\0';
+    memcpy(t->toks, *out + p->cut, (size_t)t->n * sizeof *t->toks);
+    find_cut(e, t, 0);
+    if (t->cut < 0)
+        stem_tokens_free(st);
+    else
+        st->head = p->cut;
+    return 0;
+}
+
+/* Tokenizes p's text + stem + opt exactly as model_tokenize would, like
+ * splice_tokenize, but from st's cut near the stem's end when splice_stem
+ * kept one (and its tail passes the check), in time that grows with the
+ * bytes after that cut. Returns 0, or -1 (out of memory, tokenizer error). */
+int splice_option(engine *e, const prefix_tokens *p, const stem_tokens *st, const char *stem, size_t ns,
+                  const char *opt, size_t no, llama_token **out, int *n_out)
+{
+    if (st->head < 0)
+        return splice_tokenize(e, p, stem, ns, opt, no, out, n_out);
+    llama_token *r = NULL;
+    int nr = 0;
+    int rc = tokenize_spliced(e, &st->tail, "", 0, opt, no, &r, &nr);
+    if (rc < 0)
+        return -1;
+    if (rc == 1)
+        return splice_tokenize(e, p, stem, ns, opt, no, out, n_out);
+    llama_token *t = malloc((size_t)(st->head + nr) * sizeof *t);
+    if (!t) {
+        free(r);
+        return -1;
+    }
+    memcpy(t, p->toks, (size_t)st->head * sizeof *t);
+    memcpy(t + st->head, r, (size_t)nr * sizeof *t);
+    free(r);
+    *out = t;
+    *n_out = st->head + nr;
+    e->splice.spliced++;
+    e->splice.stem++;
+    if (!e->splice_check)
+        return 0;
+    /* the whole text: p's text + stem + opt (check_whole joins p's text with a and b) */
+    return check_whole(e, p, stem, ns, opt, no, out, n_out);
 }

@@ -124,9 +124,9 @@ def shut_down(eng: Engine) -> tuple[int, str]:
 
 
 def splice_stats(stderr: str) -> dict[str, int]:
-    m = re.search(r"splice check: (\d+) spliced, (\d+) whole, (\d+) mismatched", stderr)
+    m = re.search(r"splice check: (\d+) spliced, (\d+) whole, (\d+) mismatched, (\d+) from a stem's cut", stderr)
     assert m, stderr[-2000:]
-    return {"spliced": int(m[1]), "whole": int(m[2]), "mismatched": int(m[3])}
+    return {"spliced": int(m[1]), "whole": int(m[2]), "mismatched": int(m[3]), "stem": int(m[4])}
 
 
 def test_spliced_tokenization_equals_whole_text_on_many_texts(tiny):  # noqa: F811
@@ -164,6 +164,36 @@ def test_spliced_tokenization_equals_whole_text_on_many_texts(tiny):  # noqa: F8
     # most texts take the splice; the CJK-only and the 1-token prefixes cannot
     assert stats["spliced"] > 0.8 * n_texts, stats
     assert stats["whole"] >= 2 * 4, stats
+    # options of long-enough stems start from the stem's own cut
+    assert stats["stem"] > 0.4 * n_texts, stats
+
+
+def test_options_of_a_long_stem_are_tokenized_from_the_stems_cut(tiny):  # noqa: F811
+    """Questions as the gateway writes them (ChatML turns, an instruction, numbers), options that start
+    mid-word, with spaces, newlines, digits, control tokens: every option from its stem's cut, none
+    differing from the whole text."""
+    rng = random.Random(20261204)
+    eng = Engine(tiny, "--splice-check", "--ctx", "4096")
+    n_options = 0
+    try:
+        for rid in range(1, 9):
+            groups = []
+            for q in range(4):
+                stem = (
+                    f"<|im_end|>\n<|im_start|>user\nQuestion {rid}{q}. {text(rng, rng.randint(8, 30))}"
+                    "<|im_end|>\n<|im_start|>assistant\n" + rng.choice(["", "Answer:", " ", "12"])
+                )
+                opts = sorted({continuation(rng) for _ in range(6)} - {""})
+                groups.append({"stem": stem, "options": opts})
+                n_options += len(opts)
+            ev = score(eng, rid, {"prefix": text(rng, 60), "groups": groups})
+            assert isinstance(ev[-1], Done), ev[-1]
+    finally:
+        rc, stderr = shut_down(eng)
+    assert rc == 0, stderr[-2000:]
+    stats = splice_stats(stderr)
+    assert stats["mismatched"] == 0, stderr[-4000:]
+    assert stats["stem"] == n_options, stats
 
 
 def test_splice_needs_no_check_flag_and_scores_like_the_checked_engine(tiny):  # noqa: F811
