@@ -9,7 +9,8 @@
 #      engines/llama/profile.c) and nvidia-smi dmon beside it; bench/gpu/profile_split.py's table per run.
 # Each step runs within CEILING_S seconds in all (pass run.sh's time left). LOADS="TAG q4|f16 [NAME=VALUE...]
 # FLAGS" lines instead run only those loads (the F16 model written meanwhile when one needs it; NAME=VALUE
-# words set the engine's environment, e.g. SERVEPROTO_OVERLAP=0).
+# words set the engine's environment, e.g. SERVEPROTO_OVERLAP=0; DEBIAS=VALUE is bench/load.py's --debias
+# instead, default none).
 set -u
 Q4=$1
 F16=/tmp/llama3-8b-random.F16.gguf
@@ -49,13 +50,15 @@ load() {  # TAG MODEL [NAME=VALUE...] ENGINE_FLAGS...: the NAME=VALUE words go t
   local envs=()
   while [ $# -gt 0 ] && [[ "$1" != -* && "$1" == *=* ]]; do envs+=("$1"); shift; done
   [ "$(left)" -gt 60 ] || { echo "== load $tag: skipped, $(left) s left"; return; }
+  local debias=none  # DEBIAS=VALUE among the words: load.py's --debias (e.g. 'canonical,content_free;none')
+  for w in "${envs[@]}"; do [[ $w == DEBIAS=* ]] && debias=${w#DEBIAS=}; done
   echo "== load $tag: ${envs[*]} $*"
   rm -f /tmp/prof-$tag.*
   nvidia-smi dmon -s u -d 1 -o T > $RES/dmon-$tag.log 2>&1 &
   local dm=$!
   env "${envs[@]}" SERVEPROTO_PROFILE=/tmp/prof-$tag timeout $(( $(left) - 15 )) python3 bench/load.py --no-llama-server \
     --model $model --workloads ${WORKLOADS:-document,tickets} --clients 32 --seconds ${SECONDS_CELL:-5} \
-    --debias none --json $RES/load-$tag.json --engine engines/bin/serveproto-llama --model $model "$@" \
+    --debias "$debias" --json $RES/load-$tag.json --engine engines/bin/serveproto-llama --model $model "$@" \
     > $RES/load-$tag.log 2>&1
   echo "load $tag: exit $?"
   kill $dm 2>/dev/null
