@@ -132,11 +132,11 @@ $(BIN)/serveproto-llama: $(LLAMA_ENGINE_SRCS) $(LLAMA_ENGINE_HDRS) $(COMMON_LIB)
 	  $(LLAMA_VENDOR_HASH)/sha256/sha256.c $(COMMON_LIB) $(LLAMA_LDLIBS)
 
 # The reference for bench/engine.py: llama.cpp's own batched decode of a prompt, nothing else.
-$(BIN)/llama-prefill-ref: llama/bench/prefill_ref.c $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
+$(BIN)/llama-prefill-ref: llama/bench/prefill_ref.c llama/bench/ref_common.h $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
 	$(CC) $(LLAMA_CFLAGS) -o $@ $< $(LLAMA_LDLIBS)
 
 # llama.cpp's llama_tokenize of texts, timed (bench/README.md, "Tokenizing"; tests/engines/test_llama_tokenize.py).
-$(BIN)/llama-tokenize-ref: llama/bench/tokenize_ref.c $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
+$(BIN)/llama-tokenize-ref: llama/bench/tokenize_ref.c llama/bench/ref_common.h $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
 	$(CC) $(LLAMA_CFLAGS) -o $@ $< $(LLAMA_LDLIBS)
 
 # llama-server from the same sdist, stock (no patches): the peer bench/repeat.py and bench/load.py

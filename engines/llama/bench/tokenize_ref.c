@@ -15,20 +15,7 @@
 #include <time.h>
 
 #include "llama.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void quiet(enum ggml_log_level level, const char *text, void *ud)
-{
-    (void)ud;
-    if (level == GGML_LOG_LEVEL_ERROR)
-        fputs(text, stderr);
-}
+#include "ref_common.h"
 
 static char *read_all(const char *path, size_t *len)
 {
