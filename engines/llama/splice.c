@@ -23,6 +23,11 @@
  * from the cut up to its last SPLICE_FREE tokens (those may merge with the
  * continuation); when the check fails, or no cut qualifies, or the tokenizer
  * is not byte-level BPE, the continuation is tokenized whole.
+ * A group's options share its stem: splice_stem tokenizes prefix + stem
+ * once as above and keeps that tail (the prefix's bytes from its cut, the
+ * stem) as a prefix of its own with a cut of its own near the stem's end, so
+ * splice_option tokenizes each option from there, with the same check, and
+ * a question's stem is not tokenized again for every option.
  * --splice-check tokenizes every continuation whole as well and counts
  * (and logs) any difference; tests/engines/test_llama_engine_splice.py runs it.
  */
@@ -144,6 +149,24 @@ static int tokenize_whole(engine *e, const prefix_tokens *p, const char *a, size
     return rc;
 }
 
+/* *out = head[0 .. n_head) + tail (malloc'ed; tail, malloc'ed, is freed).
+ * Returns 0, or -1 (out of memory). */
+static int join_tokens(const llama_token *head, int n_head, llama_token *tail, int n_tail, llama_token **out,
+                       int *n_out)
+{
+    llama_token *t = malloc((size_t)(n_head + n_tail) * sizeof *t);
+    if (!t) {
+        free(tail);
+        return -1;
+    }
+    memcpy(t, head, (size_t)n_head * sizeof *t);
+    memcpy(t + n_head, tail, (size_t)n_tail * sizeof *t);
+    free(tail);
+    *out = t;
+    *n_out = n_head + n_tail;
+    return 0;
+}
+
 /* Splices: the prefix's tokens before the cut, then the tail's. Returns 0,
  * 1 when the tail failed its check (nothing allocated), or -1. */
 static int tokenize_spliced(engine *e, const prefix_tokens *p, const char *a, size_t na, const char *b, size_t nb,
@@ -168,17 +191,7 @@ static int tokenize_spliced(engine *e, const prefix_tokens *p, const char *a, si
         free(tail);
         return 1;
     }
-    llama_token *t = malloc((size_t)(p->cut + n_tail) * sizeof *t);
-    if (!t) {
-        free(tail);
-        return -1;
-    }
-    memcpy(t, p->toks, (size_t)p->cut * sizeof *t);
-    memcpy(t + p->cut, tail, (size_t)n_tail * sizeof *t);
-    free(tail);
-    *out = t;
-    *n_out = p->cut + n_tail;
-    return 0;
+    return join_tokens(p->toks, p->cut, tail, n_tail, out, n_out);
 }
 
 /* --splice-check: tokenizes p's text + a + b whole as well and counts (and
@@ -304,16 +317,8 @@ int splice_option(engine *e, const prefix_tokens *p, const stem_tokens *st, cons
         return -1;
     if (rc == 1)
         return splice_tokenize(e, p, stem, ns, opt, no, out, n_out);
-    llama_token *t = malloc((size_t)(st->head + nr) * sizeof *t);
-    if (!t) {
-        free(r);
+    if (join_tokens(p->toks, st->head, r, nr, out, n_out) != 0)
         return -1;
-    }
-    memcpy(t, p->toks, (size_t)st->head * sizeof *t);
-    memcpy(t + st->head, r, (size_t)nr * sizeof *t);
-    free(r);
-    *out = t;
-    *n_out = st->head + nr;
     e->splice.spliced++;
     e->splice.stem++;
     if (!e->splice_check)
