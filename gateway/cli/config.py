@@ -47,7 +47,8 @@ class LlamaOptions:
     ``rpc`` / ``split_mode`` / ``tensor_split`` / ``main_gpu`` (llama.cpp's placement over devices,
     docs/devices.md), ``cache_dir`` (a folder, ``off``, or ``None``: ``gateway.paths.persist_dir``),
     ``cache_disk_mb`` (its budget, MB), ``cache_read_only`` (default False) and ``precision``
-    (``native``, the default, or a transcode: ``f32``, ``f16``, ``bf16``; ``gateway.engine.precision``).
+    (``native``, the default, or a transcode: ``f32``, ``f16``, ``bf16``; ``gateway.engine.precision``),
+    ``ubatch`` (the rows of one ``llama_decode``, 1 to 2048).
     """
 
     slots: int | None = None
@@ -64,6 +65,7 @@ class LlamaOptions:
     cache_disk_mb: int | None = None
     cache_read_only: bool = False
     precision: str = "native"
+    ubatch: int | None = None
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,7 @@ def engine_argv(
     argv = [str(engine_or_exit("serveproto serve", "serveproto-llama")), "--model", model]
     for flag, value in (
         ("--slots", llama.slots),
+        ("--ubatch", llama.ubatch),
         ("--ctx", llama.ctx),
         ("--ctx-max", llama.ctx_max),
         ("--threads", threads),

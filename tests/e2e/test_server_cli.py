@@ -99,6 +99,20 @@ def test_the_cache_dir_defaults_to_the_cache_and_can_be_turned_off(tmp_path, mon
     assert cache_of(llama_argv(tmp_path, monkeypatch)) == []
 
 
+def test_ubatch_goes_to_the_engine_and_its_range_is_checked(tmp_path, monkeypatch, capsys):
+    import pytest
+
+    from gateway.cli import build_parser
+
+    argv = llama_argv(tmp_path, monkeypatch, "--ubatch", "1024")
+    assert argv[argv.index("--ubatch") + 1] == "1024"
+    assert "--ubatch" not in llama_argv(tmp_path, monkeypatch)  # the engine's own default
+    for value, says in (("0", "must be at least 1, got 0"), ("4096", "must be at most 2048, got 4096")):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", "--ubatch", value])
+        assert f"argument --ubatch: {says}" in capsys.readouterr().err
+
+
 def test_bad_threads_flag_says_what_it_takes(capsys):
     import pytest
 

@@ -54,7 +54,7 @@ def test_each_flag_lands_on_its_field(monkeypatch):
             *("--heads", "h.json", "--log-decisions", "d.jsonl", "--log-decisions-required"),
             *("--request-timeout", "7", "--handshake-timeout", "8", "--ping-interval", "2", "--ping-timeout", "9"),
             *("--max-restarts", "0", "--restart-period", "11", "--max-inflight", "4", "--max-body", "1000"),
-            *("--log-level", "WARNING"),
+            *("--log-level", "WARNING", "--ubatch", "1024"),
         )
     )
     assert (cfg.host, cfg.port, cfg.log_level) == ("0.0.0.0", 0, "WARNING")
@@ -63,7 +63,7 @@ def test_each_flag_lands_on_its_field(monkeypatch):
         None,
         2,
         ("0", "1"),
-        LlamaOptions(2, 512, 4096, 3, "fast", 0, "h:50052", "row", "3,1", 1, "off", 9, True, "native"),
+        LlamaOptions(2, 512, 4096, 3, "fast", 0, "h:50052", "row", "3,1", 1, "off", 9, True, "native", 1024),
     )
     assert cfg.engine == EngineOptions(
         ProcessOptions(handshake_timeout=8.0, health_interval=2.0, ping_timeout=9.0),
