@@ -9,8 +9,9 @@ word's tokens kept). Texts:
 - **repeated** (``--reps`` calls each, the mean): the load benchmark's document (``bench/load.py``), its
   first 300 bytes, a ChatML question stem as the gateway writes one, a one-token option, a line of
   numbers;
-- **new tickets**: ``--tickets`` tickets of ``bench/load.py``'s generator, each tokenized once in a
-  fresh process (the words a new text shares with the ones before are what 0009 saves).
+- **new tickets**: ``--tickets`` tickets of ``bench/load.py``'s generator, each tokenized once, all of
+  them in one fresh process per way and round (the words a new text shares with the ones before it
+  are what 0009 saves).
 
 The three ways run in turn ``--rounds`` times, and each cell is the median of its rounds.
 
@@ -121,8 +122,9 @@ def main() -> None:
         + " | ".join(cells)
         + f" | {total['stock'] / total['0008 + 0009']:.1f}x |"
     )
-    if any(r[1] != s[1] for way in WAYS for r, s in zip(new[way], new["stock"], strict=True)):
-        sys.exit("token counts differ between the ways")
+    for got in (rep, new):
+        if any(r[1] != s[1] for way in WAYS for r, s in zip(got[way], got["stock"], strict=True)):
+            sys.exit("token counts differ between the ways")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ SERVEPROTO_CACHE ?= $(HOME)/.cache/serveproto
 LLAMA_CACHE  := $(SERVEPROTO_CACHE)/llama.cpp/$(LLAMA_PY_VERSION)
 LLAMA_SDIST  := $(LLAMA_CACHE)/sdist/llama_cpp_python-$(LLAMA_PY_VERSION).tar.gz
 LLAMA_SUBSET := CMakeLists.txt cmake ggml src include vendor LICENSE
-# Our patches to ggml (llama/patches/, see spec/llama-engine.md "Reproducible digits"), applied to a
+# Our patches to llama.cpp and ggml (llama/patches/, see spec/llama-engine.md "Reproducible digits"), applied to a
 # copy of the pristine subset named after their hash, so a changed patch gets its own source and build.
 LLAMA_PATCHES  := $(sort $(wildcard llama/patches/*.patch))
 LLAMA_PATCH_ID := $(shell cat $(LLAMA_PATCHES) /dev/null | sha256sum | cut -c1-10)

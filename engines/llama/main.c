@@ -721,7 +721,8 @@ int main(int argc, char **argv)
 {
     options o;
     if (parse_options(argc, argv, &o) != 0) {
-        usage();
+        /* the error above stays the last lines (the gateway quotes an engine's last stderr lines) */
+        fprintf(stderr, "serveproto-llama: --help lists the options\n");
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);

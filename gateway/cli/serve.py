@@ -192,7 +192,8 @@ def _add_llama_flags(p: argparse.ArgumentParser) -> None:
         type=_ubatch,
         default=None,
         metavar="N",
-        help="rows of one llama_decode, shared by the requests in flight, 1 to 2048 (default 512): larger "
+        help="rows of one llama_decode, shared by the requests in flight, 1 to 2048 (default 512; the engine "
+        "caps it at --ctx, CAPS n_ubatch says what it took): larger "
         "decodes keep a GPU busier (an H200 with F16 weights at 32 clients: --slots 32 --ubatch 1024 "
         "answered 1.05-1.14x the requests/s of the defaults, bench/README.md), and a CANCEL waits up to "
         "one of them",

@@ -8,7 +8,9 @@
  * "bytes=<n> tokens=<n> us=<mean microseconds a call>", and with --ids a
  * second line of its token ids. Only the vocabulary is loaded.
  * LLAMA_UNICODE_STD_REGEX=1 (llama/patches/0008) takes llama.cpp's stock
- * std::regex split of \p{N} instead of the patch's, for comparing the two. */
+ * std::regex split of \p{N} instead of the patch's, LLAMA_BPE_NO_WORD_CACHE=1
+ * (0009) merges every word again instead of keeping each word's tokens: both
+ * for comparing the patched tokenizer with the stock one. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
