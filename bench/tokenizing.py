@@ -77,6 +77,16 @@ def run(model: Path, texts: list[str], reps: int, env: dict[str, str]) -> list[t
     return rows
 
 
+def in_turn(model: Path, texts: list[str], reps: int, rounds: int) -> dict[str, list[list[tuple[int, int, float]]]]:
+    """Each way's :func:`run` of ``texts``, the ways in turn, ``rounds`` times (a shared machine's speed
+    drifts, so the rounds interleave): per way, one list of rows per round."""
+    out: dict[str, list[list[tuple[int, int, float]]]] = {way: [] for way in WAYS}
+    for _ in range(rounds):
+        for way, env in WAYS.items():
+            out[way].append(run(model, texts, reps, env))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None, help="GGUF (default: the default model)")
@@ -86,12 +96,8 @@ def main() -> None:
     args = ap.parse_args()
     model = args.model or default_model_path()
     labels, texts = zip(*repeated_texts(), strict=True)
-    # the ways in turn, --rounds times, and each cell the median: a shared machine's speed drifts
-    rounds: dict[str, list[list[tuple[int, int, float]]]] = {way: [] for way in WAYS}
-    for _ in range(args.rounds):
-        for way, env in WAYS.items():
-            rounds[way].append(run(model, list(texts), args.reps, env))
-    rep = {
+    rounds = in_turn(model, list(texts), args.reps, args.rounds)
+    rep = {  # each cell the median of its rounds
         way: [(r[0][i][0], r[0][i][1], statistics.median(x[i][2] for x in r)) for i in range(len(texts))]
         for way, r in rounds.items()
     }
@@ -109,10 +115,7 @@ def main() -> None:
     for serial in range(args.tickets):
         state = ticket_body(1000 + serial, 15)["state"]
         tickets.append(state if isinstance(state, str) else json.dumps(state))
-    runs: dict[str, list[list[tuple[int, int, float]]]] = {way: [] for way in WAYS}
-    for _ in range(args.rounds):
-        for way, env in WAYS.items():
-            runs[way].append(run(model, tickets, 1, env))
+    runs = in_turn(model, tickets, 1, args.rounds)
     new = {way: r[0] for way, r in runs.items()}
     nb = sum(r[0] for r in new["stock"])
     total = {way: statistics.median(sum(x[2] for x in one) for one in r) for way, r in runs.items()}

@@ -107,6 +107,7 @@ class EngineGaveUp(Exception):
 GIVE_UP_DRAIN = 10.0
 
 _positive_int = int_at_least(1)
+_non_negative_int = int_at_least(0)
 
 
 def _ubatch(text: str) -> int:
@@ -115,9 +116,6 @@ def _ubatch(text: str) -> int:
     if value > 2048:
         raise argparse.ArgumentTypeError(f"must be at most 2048, got {value}")
     return value
-
-
-_non_negative_int = int_at_least(0)
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
