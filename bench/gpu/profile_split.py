@@ -13,7 +13,9 @@ Files written with llama/patches/0007 carry 13 more sums after ``max_rows``: lla
 (batch checked, memory: ubatches split and cells found, output buffer, cells applied, graph built, graph
 allocated, inputs set, graph computed or queued, outputs), then ubatches, graphs reused, KV cells attended
 (n_kv) and tokens. For those a second table gives each inner part's milliseconds a decode over the same
-stretch, the ubatches a decode, the share of graphs reused and the mean n_kv a ubatch.
+stretch, the ubatches a decode, the share of graphs reused and the mean n_kv a ubatch. Files written since
+the pipeline (engines/llama/sched.c) end with the decodes whose rows were read after the next decode was queued:
+their share of the decodes is the table's last column.
 """
 
 from __future__ import annotations
@@ -78,10 +80,12 @@ def inner_split(name: str, stretch: tuple[list[float], list[float]] | None) -> s
     if d <= 0 or ubatches <= 0:
         return None
     ms = delta[: len(INNER)]
+    at = INNER_AT + len(INNER) + 4  # files written since the pipeline: the decodes read after the next was queued
+    piped = f"{(b[at] - a[at]) / d:.0%}" if len(b) > at else "-"
     return (
         f"| {name} | {ubatches / d:.2f} | {tokens / ubatches:.0f} | {n_kv / ubatches:.0f} | {reused / ubatches:.0%} | "
         + " | ".join(f"{m / d:.2f}" for m in ms)
-        + f" | {sum(ms) / d:.2f} |"
+        + f" | {sum(ms) / d:.2f} | {piped} |"
     )
 
 
@@ -125,9 +129,9 @@ def main() -> None:
         print(
             "| engine | ubatches a decode | tokens a ubatch | n_kv a ubatch | graphs reused | "
             + " | ".join(INNER)
-            + " | sum |"
+            + " | sum | pipelined |"
         )
-        print("|" + "---|" * (6 + len(INNER)))
+        print("|" + "---|" * (7 + len(INNER)))
         print("\n".join(inner))
     if args.dmon and args.dmon.exists():
         print(dmon_mean(args.dmon))

@@ -89,6 +89,7 @@ typedef struct task {
     uint64_t served;   /* the decode that last took rows from it */
     int stop;       /* STOP arrived: generate nothing more */
     int row0, rows; /* its rows in the batch being decoded (rows 0: none) */
+    int pending;    /* its rows are in the decode left in flight, not read yet (sched.c, the pipeline) */
     void *st;       /* its kind's state (submit.c's or score.c's) */
 } task;
 
@@ -175,6 +176,7 @@ typedef struct engine_profile {
     uint64_t decodes, rows, outputs;
     int max_rows; /* the most rows one decode held */
     uint64_t early; /* tasks started early, while the device computed (overlap) */
+    uint64_t pipelined; /* decodes whose rows were read after the next decode was queued (the pipeline) */
     uint64_t us[ENGINE_PROFILE_PARTS];
 } engine_profile;
 /* llama_decode's own split (llama/patches/0007, on with SERVEPROTO_PROFILE):
@@ -210,7 +212,13 @@ typedef struct engine {
     snapshot *snaps;
     uint64_t clock;
 
-    struct llama_batch batch;   /* n_batch tokens, up to n_score_seqs seq ids each */
+    struct llama_batch batch;   /* n_batch tokens, up to n_score_seqs seq ids each: the decode being filled */
+    struct llama_batch batch_pend; /* the same size: the decode left in flight (pipeline), its rows unread */
+    task *pend[ENGINE_QUEUE_MAX]; /* that decode's tasks */
+    int n_pend;
+    int pipeline;               /* the next decode may be queued before the last one's rows are read: the
+                                 * rows of others at least this many (0: never; sched.c, the pipeline) */
+    int read_prev;              /* the rows being read are the decode before the last one (engine_logits) */
     llama_token_data *cand;     /* n_vocab candidates for the sampler */
     int n_threads;              /* the decodes' CPU threads now */
     int threads_auto;           /* --threads auto: n_threads moves between 1 and threads_max (threads.c) */
@@ -317,6 +325,7 @@ bool hidden_eval(struct ggml_tensor *t, bool ask, void *user_data);
 /* main.c: frames in */
 void engine_poll(engine *e);
 double sched_row_lse(const engine *e, int row, const float *logits);
+const float *engine_logits(const engine *e, int row);
 bool engine_decode_abort(void *data);
 void engine_log_aborting(int on);
 

@@ -484,6 +484,14 @@ static int load(engine *e, options *o)
      * servers; SERVEPROTO_OVERLAP=1 runs that path on the CPU too (its tests), =0 turns it off */
     const char *overlap = getenv("SERVEPROTO_OVERLAP");
     e->overlap = overlap && *overlap ? strcmp(overlap, "0") != 0 : gpu || o->dev.n_rpc > 0;
+    /* the pipeline (sched.c): with overlap, a decode's rows may be read after the next decode is queued,
+     * from llama.cpp's output ring (llama/patches/0010); SERVEPROTO_PIPELINE=N sets the rows the other
+     * tasks must want for it (0: off; on the CPU, where it gains nothing, its tests turn it on) */
+    const char *pipeline = getenv("SERVEPROTO_PIPELINE");
+    e->pipeline = pipeline && *pipeline ? atoi(pipeline) : e->overlap ? e->n_ubatch / 4 : 0;
+    if (e->pipeline < 0)
+        e->pipeline = 0;
+    llama_set_output_ring(e->ctx, e->pipeline > 0);
 
     e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
     e->snaps = calloc((size_t)e->n_pins, sizeof *e->snaps);
@@ -507,6 +515,7 @@ static int load(engine *e, options *o)
     if (!e->echo_rows || !e->echo_lse || !e->echo_k || !e->echo_top || !e->row_lse || !e->row_logits || !e->row_index)
         return load_fail(e, "nomem", "allocating the read-out buffers failed");
     e->batch = llama_batch_init(e->n_batch, 0, e->n_score_seqs + 1); /* a stem's node: its options and the carry */
+    e->batch_pend = llama_batch_init(e->n_batch, 0, e->n_score_seqs + 1);
     /* kept numbers equal fresh ones only when the arithmetic is invariant */
     if (score_cache_init(&e->scores, invariant ? (size_t)o->score_cache_mb << 20 : 0) != 0)
         return load_fail(e, "nomem", "allocating the score cache failed");
@@ -556,6 +565,8 @@ static void engine_free(engine *e)
                 (unsigned long long)e->splice.mismatched, (unsigned long long)e->splice.stem);
     if (e->batch.token)
         llama_batch_free(e->batch);
+    if (e->batch_pend.token)
+        llama_batch_free(e->batch_pend);
     if (e->ctx)
         llama_free(e->ctx);
     if (e->model)

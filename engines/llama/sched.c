@@ -11,6 +11,17 @@
  * a few chunks), and a CANCEL aborts the decode its task is
  * in within one ubatch: the other tasks of that decode put their rows back
  * (undo) and take the same chunk again in the next one.
+ *
+ * The pipeline (e->pipeline: a GPU, whose llama_decode returns with the
+ * decode queued, and llama.cpp's output ring, llama/patches/0010): a decode's
+ * rows may be left unread (its tasks pending) while the next decode is filled
+ * from the other tasks and queued; the rows are read once it is, from the
+ * ring, while the device computes. So the device goes from one decode to the
+ * next without waiting for the host's read-out, fill and graph build. A
+ * pending task gives no rows to the next decode (it needs its own read
+ * first), so the step leaves a decode pending only when the others want rows
+ * enough to fill one (at least e->pipeline, and half the decode in flight);
+ * else it reads the rows at once, as without the pipeline.
  */
 #include <math.h>
 #include <stdio.h>
@@ -109,7 +120,7 @@ static void rows_lse(engine *e, task *const *in, int n_in)
             continue;
         for (int r = t->row0; r < t->row0 + t->rows; r++)
             if (e->batch.logits[r]) {
-                e->row_logits[n] = llama_get_logits_ith(e->ctx, r);
+                e->row_logits[n] = engine_logits(e, r);
                 e->row_index[n++] = r;
             }
     }
@@ -118,7 +129,15 @@ static void rows_lse(engine *e, task *const *in, int n_in)
         e->row_lse[e->row_index[j]] = model_logsumexp(e->row_logits[j], e->n_vocab);
 }
 
-/* Row `row`'s logsumexp of the last decode: the one rows_lse computed, or
+/* Row `row`'s logits in the decode being read: llama_get_logits_ith, or, when that decode is the one before
+ * the last llama_decode (the pipeline), llama_get_logits_prev_ith (llama.cpp's output ring: it waits for that
+ * decode's copy to the host only). n_vocab floats; NULL for a row without logits. */
+const float *engine_logits(const engine *e, int row)
+{
+    return e->read_prev ? llama_get_logits_prev_ith(e->ctx, row) : llama_get_logits_ith(e->ctx, row);
+}
+
+/* Row `row`'s logsumexp in the decode being read: the one rows_lse computed, or
  * model_logsumexp of `logits` (its logits) for a row it did not. */
 double sched_row_lse(const engine *e, int row, const float *logits)
 {
@@ -197,9 +216,51 @@ static void allot(turn *tu, int n, int budget, int chunk)
     }
 }
 
+/* Reads the rows of the decode left in flight (its tasks, e->pend): each task's decoded, with e->batch
+ * that decode's batch for the while. prev: a llama_decode was called since (the rows come from llama.cpp's
+ * output ring), else it was the last one. */
+static void read_pending(engine *e, int prev)
+{
+    struct llama_batch filling = e->batch;
+    e->batch = e->batch_pend;
+    e->read_prev = prev;
+    rows_lse(e, e->pend, e->n_pend);
+    for (int i = 0; i < e->n_pend; i++) {
+        task *t = e->pend[i];
+        t->pending = 0;
+        t->served = e->decodes;
+        t->ops->decoded(e, t);
+        if (t->state != TASK_FREE)
+            t->rows = 0;
+    }
+    e->read_prev = 0;
+    e->n_pend = 0;
+    e->batch_pend = e->batch;
+    e->batch = filling;
+}
+
+/* Leave the decode just queued in flight, its rows unread, and fill the next one first (the pipeline, the
+ * header comment)? Only when the tasks that are not in it want at least e->pipeline rows and half of its. */
+static int keep_pending(engine *e)
+{
+    if (!e->pipeline)
+        return 0;
+    int rows = 0;
+    for (int i = 0; i < ENGINE_QUEUE_MAX; i++) {
+        task *t = &e->tasks[i];
+        if (t->state != TASK_RUNNING || t->pending)
+            continue;
+        int w = t->ops->want(e, t);
+        if (t->state == TASK_RUNNING && w > 0)
+            rows += w;
+    }
+    return rows >= e->pipeline && 2 * rows >= e->batch_pend.n_tokens;
+}
+
 /* One step: new tasks started, cancelled ones answered, one llama_decode
- * filled from the runnable tasks and its rows read. Returns 1 when anything
- * happened (0: no task, or none can run). */
+ * filled from the runnable tasks and queued, and the rows of a decode read:
+ * this one's, or (the pipeline) the one before, left in flight. Returns 1
+ * when anything happened (0: no task, or none can run). */
 int sched_step(engine *e)
 {
     uint64_t mark[ENGINE_PROFILE_PARTS] = { 0 };
@@ -210,7 +271,7 @@ int sched_step(engine *e)
         mark[1] = profile_now_us();
     for (int i = 0; i < ENGINE_QUEUE_MAX; i++) {
         task *t = &e->tasks[i];
-        if (t->state == TASK_CANCELLED) {
+        if (t->state == TASK_CANCELLED && !t->pending) { /* a pending one: after its rows are read */
             sp_write_error(&e->w, t->rq.id, "CANCELLED", "cancelled");
             task_end(e, t);
             worked = 1;
@@ -221,7 +282,7 @@ int sched_step(engine *e)
     int n = 0, n_scratch = 0;
     for (int i = 0; i < ENGINE_QUEUE_MAX; i++) {
         task *t = &e->tasks[i];
-        if (t->state == TASK_FREE)
+        if (t->state == TASK_FREE || t->pending)
             continue;
         int w = t->ops->want(e, t);
         if (t->state == TASK_FREE) { /* want ended it (STOP, or nothing left to compute) */
@@ -237,6 +298,10 @@ int sched_step(engine *e)
         n++;
     }
     if (n == 0) {
+        if (e->n_pend > 0) { /* nothing to queue behind the decode in flight: its rows now */
+            read_pending(e, 0);
+            return 1;
+        }
         if (e->prof.on)
             profile_idle(&e->prof);
         return worked;
@@ -277,6 +342,10 @@ int sched_step(engine *e)
             in[n_in++] = t;
     }
     if (n_in == 0) {
+        if (e->n_pend > 0) {
+            read_pending(e, 0);
+            return 1;
+        }
         if (e->prof.on)
             profile_idle(&e->prof);
         return worked;
@@ -292,23 +361,45 @@ int sched_step(engine *e)
         mark[3] = profile_now_us();
     threads_after(e);
     e->in_decode = 0;
-    if (rc == 0 && e->overlap)
-        start_early(e);
-    if (e->prof.on) {
-        mark[4] = profile_now_us();
-        llama_synchronize(e->ctx);
-        mark[5] = profile_now_us();
-    }
     e->decodes++;
+    /* the decode in flight before this one: its rows from the ring (llama_decode has queued this one, or
+     * failed; either way the ring moved on) */
+    uint64_t t_read = 0, t_early = 0, t_sync = 0;
+    if (e->n_pend > 0) {
+        uint64_t t0 = e->prof.on ? profile_now_us() : 0;
+        read_pending(e, 1);
+        if (e->prof.on)
+            t_read += profile_now_us() - t0;
+    }
     if (rc == 0) {
         e->solo = 0;
-        rows_lse(e, in, n_in);
+        /* this decode's rows: in flight, read below or in the next step */
+        struct llama_batch b = e->batch;
+        e->batch = e->batch_pend;
+        e->batch_pend = b;
         for (int i = 0; i < n_in; i++) {
-            task *t = in[i];
-            t->served = e->decodes;
-            t->ops->decoded(e, t);
-            if (t->state != TASK_FREE)
-                t->rows = 0;
+            in[i]->pending = 1;
+            e->pend[i] = in[i];
+        }
+        e->n_pend = n_in;
+        uint64_t t0 = e->prof.on ? profile_now_us() : 0;
+        if (e->overlap)
+            start_early(e);
+        uint64_t t1 = e->prof.on ? profile_now_us() : 0;
+        t_early = t1 - t0;
+        if (keep_pending(e)) {
+            if (e->prof.on)
+                e->prof.pipelined++;
+        } else {
+            if (e->prof.on) {
+                t0 = profile_now_us();
+                llama_synchronize(e->ctx);
+                t1 = profile_now_us();
+                t_sync = t1 - t0;
+            }
+            read_pending(e, 0);
+            if (e->prof.on)
+                t_read += profile_now_us() - t1;
         }
     } else {
         for (int i = 0; i < n_in; i++) {
@@ -333,11 +424,17 @@ int sched_step(engine *e)
     e->abort_decode = 0;
     engine_log_aborting(0);
     if (e->prof.on) {
+        /* the parts in the profile's order whatever the order they ran in: early, sync, read */
+        mark[4] = mark[3] + t_early;
+        mark[5] = mark[4] + t_sync;
         mark[6] = profile_now_us();
+        if (mark[6] < mark[5] + t_read)
+            mark[6] = mark[5] + t_read;
+        const struct llama_batch *b = rc == 0 ? &e->batch_pend : &e->batch; /* this decode's rows, read or not */
         int outputs = 0;
-        for (int i = 0; i < e->batch.n_tokens; i++)
-            outputs += e->batch.logits[i] != 0;
-        profile_step(&e->prof, mark, e->batch.n_tokens, outputs);
+        for (int i = 0; i < b->n_tokens; i++)
+            outputs += b->logits[i] != 0;
+        profile_step(&e->prof, mark, b->n_tokens, outputs);
     }
     return 1;
 }

@@ -750,7 +750,7 @@ static void score_decoded(engine *e, task *t)
         st->computed += st->trunk_b - st->trunk_a;
         if (st->trunk_b == trunk) {
             const int row = t->row0 + trunk - 1 - st->trunk_a;
-            const float *pred = llama_get_logits_ith(e->ctx, row);
+            const float *pred = engine_logits(e, row);
             memcpy(st->pred, pred, (size_t)e->n_vocab * sizeof(float));
             trunk_loaded(e, t, sched_row_lse(e, row, pred));
             if (st->n_todo == 0)
@@ -774,7 +774,7 @@ static void score_decoded(engine *e, task *t)
                 lse = st->pred_lse;
             } else {
                 int node = ot->path[prev - ot->from];
-                logits = llama_get_logits_ith(e->ctx, t->row0 + node);
+                logits = engine_logits(e, t->row0 + node);
                 if (isnan(trie[node].lse))
                     trie[node].lse = sched_row_lse(e, t->row0 + node, logits);
                 lse = trie[node].lse;

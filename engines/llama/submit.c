@@ -104,9 +104,9 @@ static void write_echo(engine *e, uint64_t id, int pos, llama_token tok, const f
  * 49k vocabulary) is spread over the engine's threads; frames go out in order. */
 static void echo_rows(engine *e, uint64_t id, const llama_token *toks, int a, int row0, int rows, int k)
 {
-    /* llama_get_logits_ith may reorder outputs on first use: not from threads */
+    /* engine_logits (llama_get_logits_ith) may reorder outputs on first use: not from threads */
     for (int r = 0; r < rows; r++)
-        e->echo_rows[r] = llama_get_logits_ith(e->ctx, row0 + r);
+        e->echo_rows[r] = engine_logits(e, row0 + r);
     #pragma omp parallel for num_threads(e->n_threads) schedule(static)
     for (int r = 0; r < rows; r++) {
         e->echo_lse[r] = model_logsumexp(e->echo_rows[r], e->n_vocab);
@@ -320,7 +320,7 @@ static void submit_decoded(engine *e, task *t)
     const int slot = (int)rq->slot;
     if (st->smpl) {
         slot_append(e, slot, &st->next, 1);
-        gen_step(e, t, llama_get_logits_ith(e->ctx, t->row0));
+        gen_step(e, t, engine_logits(e, t->row0));
         return;
     }
     int a = st->a, b = st->b, n = st->n;
@@ -330,7 +330,7 @@ static void submit_decoded(engine *e, task *t)
     st->a = b;
     if (b < n)
         return;
-    const float *last = llama_get_logits_ith(e->ctx, t->row0 + n - 1 - a);
+    const float *last = engine_logits(e, t->row0 + n - 1 - a);
     if (rq->pin)
         snapshot_take(e, slot, st->toks, n, last);
     if (rq->max_tokens == 0) {

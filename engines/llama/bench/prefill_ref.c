@@ -5,6 +5,7 @@
  * usage: llama-prefill-ref --model PATH --prompt-file FILE [--ctx N] [--threads N]
  *                          [--reps N] [--all-logits] [--ubatch N]
  *                          [--tokens N,...] [--modes MODE,...]
+ *                          [--seqs S] [--shared P] [--background B]
  * The prompt is tokenized as the engine does (BOS when the model asks,
  * special tokens parsed) and decoded in batches of up to 2048 tokens into a
  * cleared KV cache, logits at the last position only (every position with
@@ -15,7 +16,17 @@
  * instead of the prompt as it is; --modes: one context per mode, the model
  * loaded once: f32 (the engine's defaults: F32 keys and values, no flash
  * attention), f16 (F16 KV), fa-f32, fa-f16 (flash attention). With either,
- * each line also names the mode and the ubatch and gives tokens/s. */
+ * each line also names the mode and the ubatch and gives tokens/s.
+ *
+ * A mixed decode, shaped like the engine's under load (--seqs S, --shared P,
+ * --background B; any of them): before the timed part, B cells of another
+ * sequence and a prefix of P tokens (seq 0) are decoded, untimed. Each rep
+ * then copies the prefix to S sequences and times one llama_decode of the
+ * --tokens count split into S contiguous groups, one a sequence on top of
+ * the prefix, its last row an output (every row with --all-logits), up to
+ * llama_synchronize; the groups are removed before the next rep. So the
+ * decode attends over B + P + tokens cells as the engine's 16 slots do, and
+ * its time against the one-sequence line is what the mixing costs. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,10 +36,80 @@
 #include "llama.h"
 #include "ref_common.h"
 
+/* Decodes tokens[0..n) into sequence `seq` at positions pos0.., in batches of n_batch, no output.
+ * Returns llama_decode's first non-zero code, or 0. */
+static int fill_seq(struct llama_context *lctx, struct llama_batch *b, int n_batch, const llama_token *tokens, int n,
+                    int seq, int pos0)
+{
+    for (int a = 0; a < n; a += n_batch) {
+        int m = n - a < n_batch ? n - a : n_batch;
+        b->n_tokens = m;
+        for (int i = 0; i < m; i++) {
+            b->token[i] = tokens[(a + i) % n];
+            b->pos[i] = pos0 + a + i;
+            b->n_seq_id[i] = 1;
+            b->seq_id[i][0] = seq;
+            b->logits[i] = 0;
+        }
+        int rc = llama_decode(lctx, *b);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* The mixed decodes (the header comment): background on seq 1 and the prefix on seq 0, untimed; then per size
+ * and rep one timed decode of S groups on seqs 2..S+1, each a copy of the prefix. One line per rep. */
+static int mixed_run(struct llama_context *lctx, struct llama_batch *b, int n_batch, const llama_token *seq,
+                     int n_seq, const int *sizes, int n_sizes, int reps, int all, int seqs, int shared,
+                     int background, const char *mode, unsigned ubatch)
+{
+    llama_memory_t mem = llama_get_memory(lctx);
+    llama_memory_clear(mem, true);
+    if ((background > 0 && fill_seq(lctx, b, n_batch, seq, background < n_seq ? background : n_seq, 1, 0) != 0) ||
+        (shared > 0 && fill_seq(lctx, b, n_batch, seq, shared < n_seq ? shared : n_seq, 0, 0) != 0)) {
+        fprintf(stderr, "llama-prefill-ref: the untimed prefill failed\n");
+        return 1;
+    }
+    for (int k = 0; k < n_sizes; k++) {
+        int m_all = sizes[k];
+        for (int r = 0; r < reps; r++) {
+            for (int s = 0; s < seqs; s++) {
+                llama_memory_seq_rm(mem, 2 + s, -1, -1);
+                if (shared > 0)
+                    llama_memory_seq_cp(mem, 0, 2 + s, -1, -1);
+            }
+            b->n_tokens = m_all;
+            for (int i = 0; i < m_all; i++) {
+                int g = (int)((long)i * seqs / m_all), g0 = (int)(((long)g * m_all + seqs - 1) / seqs);
+                int g1 = (int)(((long)(g + 1) * m_all + seqs - 1) / seqs);
+                b->token[i] = seq[(shared + i) % n_seq];
+                b->pos[i] = shared + (i - g0);
+                b->n_seq_id[i] = 1;
+                b->seq_id[i][0] = 2 + g;
+                b->logits[i] = (int8_t)(all || i == g1 - 1);
+            }
+            double t0 = now_s();
+            if (llama_decode(lctx, *b) != 0) {
+                fprintf(stderr, "llama-prefill-ref: the mixed decode failed\n");
+                return 1;
+            }
+            llama_synchronize(lctx);
+            double dt = now_s() - t0;
+            printf("tokens=%d seconds=%.6f mode=%s ubatch=%u tokens_per_s=%.0f seqs=%d shared=%d background=%d\n",
+                   m_all, dt, mode, ubatch, m_all / dt, seqs, shared, background);
+            fflush(stdout);
+        }
+    }
+    for (int s = 0; s < seqs; s++)
+        llama_memory_seq_rm(mem, 2 + s, -1, -1);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *model_path = NULL, *prompt_path = NULL;
-    int ctx = 4096, reps = 3, all = 0, ubatch = 512;
+    int ctx = 4096, reps = 3, all = 0, ubatch = 512, seqs = 0, shared = 0, background = 0;
     const char *tokens_arg = NULL, *modes_arg = NULL;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int threads = ncpu > 0 ? (int)ncpu : 1;
@@ -51,14 +132,25 @@ int main(int argc, char **argv)
             tokens_arg = argv[++i];
         else if (i + 1 < argc && !strcmp(argv[i], "--modes"))
             modes_arg = argv[++i];
+        else if (i + 1 < argc && !strcmp(argv[i], "--seqs"))
+            seqs = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--shared"))
+            shared = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--background"))
+            background = atoi(argv[++i]);
         else {
             fprintf(stderr, "llama-prefill-ref: bad argument %s\n", argv[i]);
             return 2;
         }
     }
-    if (!model_path || !prompt_path || ctx < 8 || reps < 1 || threads < 1 || ubatch < 1) {
+    int mixed = seqs > 0 || shared > 0 || background > 0;
+    if (seqs < 1)
+        seqs = 1;
+    if (!model_path || !prompt_path || ctx < 8 || reps < 1 || threads < 1 || ubatch < 1 || seqs > 120 ||
+        shared < 0 || background < 0) {
         fprintf(stderr, "usage: llama-prefill-ref --model PATH --prompt-file FILE [--ctx N] [--threads N] [--reps N] "
-                        "[--all-logits] [--ubatch N] [--tokens N,...] [--modes f32|f16|fa-f32|fa-f16,...]\n");
+                        "[--all-logits] [--ubatch N] [--tokens N,...] [--modes f32|f16|fa-f32|fa-f16,...] "
+                        "[--seqs 1..120] [--shared N] [--background N]\n");
         return 2;
     }
     int sizes[16], n_sizes = 0;
@@ -85,7 +177,7 @@ int main(int argc, char **argv)
         n_modes++;
         c = c[m] ? c + m + 1 : NULL;
     }
-    int sweep = tokens_arg || modes_arg;
+    int sweep = tokens_arg || modes_arg || mixed;
     FILE *f = fopen(prompt_path, "rb");
     if (!f) {
         perror(prompt_path);
@@ -121,6 +213,13 @@ int main(int argc, char **argv)
     for (int i = 0; i < longest; i++) /* the prompt again and again (BOS included: a benchmark's tokens) */
         seq[i] = toks[i % n];
     struct llama_batch b = llama_batch_init(n_batch, 0, 1);
+    if (mixed)
+        for (int k = 0; k < n_sizes; k++)
+            if (sizes[k] > n_batch || sizes[k] < seqs || shared + background + sizes[k] > 2 * ctx) {
+                fprintf(stderr, "llama-prefill-ref: a mixed decode of %d tokens needs %d..%d tokens and "
+                                "--shared + --background + tokens <= 2 x --ctx\n", sizes[k], seqs, n_batch);
+                return 2;
+            }
     for (int mi = 0; mi < n_modes; mi++) {
         const char *mode = modes[mi];
         int fa = !strncmp(mode, "fa-", 3), kv16 = !strcmp(mode + (fa ? 3 : 0), "f16");
@@ -140,6 +239,13 @@ int main(int argc, char **argv)
         if (!lctx) {
             fprintf(stderr, "llama-prefill-ref: cannot create the context (%s)\n", mode);
             return 1;
+        }
+        if (mixed) {
+            if (mixed_run(lctx, &b, n_batch, seq, longest, sizes, n_sizes, reps, all, seqs, shared, background, mode,
+                          cp.n_ubatch) != 0)
+                return 1;
+            llama_free(lctx);
+            continue;
         }
         for (int k = 0; k < n_sizes; k++) {
             int m_all = sizes[k];
