@@ -65,7 +65,8 @@ typedef struct device_options {
  *   RUNNING -> FREE       its DONE or ERROR is written (task_end), from want, fill, decoded, fail
  *   CANCELLED -> FREE     answered CANCELLED at the next step (sched.c: sched_step), or its DONE
  *                         when the decode it is in finishes it first (a CANCEL read while the
- *                         device computes, overlap: the decode is not aborted)
+ *                         device computes, overlap: the decode is not aborted; a pending task,
+ *                         the pipeline: after its rows are read)
  * RUNNING and CANCELLED tasks hold their kind's state (st); QUEUED ones hold nothing. STOP is
  * not a state: a flag that a generation's want reads (and a SCORE ignores). */
 typedef enum task_state {

@@ -673,9 +673,10 @@ static void on_cancel(void *eng, void *task_, uint64_t id)
         task_end(e, t);
     } else {
         /* answered by the scheduler between decodes; a decode that has
-         * its rows aborts now (the others in it retry their chunks) */
+         * its rows aborts now (the others in it retry their chunks); a
+         * pending task's rows are in the decode before, already computed */
         t->state = TASK_CANCELLED;
-        if (e->in_decode && t->rows > 0)
+        if (e->in_decode && t->rows > 0 && !t->pending)
             e->abort_decode = 1;
     }
 }
