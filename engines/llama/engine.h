@@ -178,6 +178,7 @@ typedef struct engine_profile {
     int max_rows; /* the most rows one decode held */
     uint64_t early; /* tasks started early, while the device computed (overlap) */
     uint64_t pipelined; /* decodes whose rows were read after the next decode was queued (the pipeline) */
+    uint64_t waited;    /* waits for the next requests while the device computed (the pipeline) */
     uint64_t us[ENGINE_PROFILE_PARTS];
 } engine_profile;
 /* llama_decode's own split (llama/patches/0007, on with SERVEPROTO_PROFILE):
@@ -220,6 +221,8 @@ typedef struct engine {
     int pipeline;               /* the next decode may be queued before the last one's rows are read: the
                                  * rows of others at least this many (0: never; sched.c, the pipeline) */
     int read_prev;              /* the rows being read are the decode before the last one (engine_logits) */
+    int pipe_wait_ms;           /* after a read from the ring ended requests, wait this long at most for
+                                 * the next ones (SERVEPROTO_PIPELINE_WAIT_MS; sched.c) */
     llama_token_data *cand;     /* n_vocab candidates for the sampler */
     int n_threads;              /* the decodes' CPU threads now */
     int threads_auto;           /* --threads auto: n_threads moves between 1 and threads_max (threads.c) */

@@ -491,6 +491,8 @@ static int load(engine *e, options *o)
     e->pipeline = pipeline && *pipeline ? atoi(pipeline) : e->overlap ? e->n_ubatch / 4 : 0;
     if (e->pipeline < 0)
         e->pipeline = 0;
+    const char *wait = getenv("SERVEPROTO_PIPELINE_WAIT_MS");
+    e->pipe_wait_ms = wait && *wait ? atoi(wait) : 2;
     llama_set_output_ring(e->ctx, e->pipeline > 0);
 
     e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);

@@ -257,6 +257,28 @@ static int keep_pending(engine *e)
     return rows >= e->pipeline && 2 * rows >= e->batch_pend.n_tokens;
 }
 
+/* After a read from the ring that ended requests, their clients' next requests are on their way (the
+ * gateway sends a slot's next request on its DONE) while the device still computes the decode just
+ * queued: wait for them up to e->pipe_wait_ms, starting each as it comes, until the other tasks want rows
+ * enough to keep that decode pending. Returns keep_pending's answer. */
+static int wait_for_more(engine *e, int ended)
+{
+    int keep = keep_pending(e);
+    if (keep || !ended || e->pipe_wait_ms <= 0)
+        return keep;
+    uint64_t end = profile_now_us() + (uint64_t)e->pipe_wait_ms * 1000u;
+    for (uint64_t now = profile_now_us(); !keep && now < end && !e->in.eof; now = profile_now_us()) {
+        sp_loop_wait(&e->in, (int)((end - now + 999) / 1000));
+        int n = start_new(e);
+        if (e->prof.on) {
+            e->prof.early += (uint64_t)n;
+            e->prof.waited++;
+        }
+        keep = keep_pending(e);
+    }
+    return keep;
+}
+
 /* One step: new tasks started, cancelled ones answered, one llama_decode
  * filled from the runnable tasks and queued, and the rows of a decode read:
  * this one's, or (the pipeline) the one before, left in flight. Returns 1
@@ -365,9 +387,12 @@ int sched_step(engine *e)
     /* the decode in flight before this one: its rows from the ring (llama_decode has queued this one, or
      * failed; either way the ring moved on) */
     uint64_t t_read = 0, t_early = 0, t_sync = 0;
+    int ended = 0; /* requests the read from the ring ended */
     if (e->n_pend > 0) {
         uint64_t t0 = e->prof.on ? profile_now_us() : 0;
+        ended = e->n_tasks;
         read_pending(e, 1);
+        ended -= e->n_tasks;
         if (e->prof.on)
             t_read += profile_now_us() - t0;
     }
@@ -387,7 +412,7 @@ int sched_step(engine *e)
             start_early(e);
         uint64_t t1 = e->prof.on ? profile_now_us() : 0;
         t_early = t1 - t0;
-        if (keep_pending(e)) {
+        if (wait_for_more(e, ended)) {
             if (e->prof.on)
                 e->prof.pipelined++;
         } else {
