@@ -484,11 +484,12 @@ static int load(engine *e, options *o)
      * servers; SERVEPROTO_OVERLAP=1 runs that path on the CPU too (its tests), =0 turns it off */
     const char *overlap = getenv("SERVEPROTO_OVERLAP");
     e->overlap = overlap && *overlap ? strcmp(overlap, "0") != 0 : gpu || o->dev.n_rpc > 0;
-    /* the pipeline (sched.c): with overlap, a decode's rows may be read after the next decode is queued,
-     * from llama.cpp's output ring (llama/patches/0010); SERVEPROTO_PIPELINE=N sets the rows the other
-     * tasks must want for it (0: off; on the CPU, where it gains nothing, its tests turn it on) */
+    /* the pipeline (sched.c): a decode's rows may be read after the next decode is queued, from
+     * llama.cpp's output ring (llama/patches/0010); SERVEPROTO_PIPELINE=N turns it on, N the rows the
+     * other tasks must want for it (off by default: not yet measured on a GPU, where it is meant to pay;
+     * on the CPU, which computes inside llama_decode, it gains nothing and its tests turn it on) */
     const char *pipeline = getenv("SERVEPROTO_PIPELINE");
-    e->pipeline = pipeline && *pipeline ? atoi(pipeline) : e->overlap ? e->n_ubatch / 4 : 0;
+    e->pipeline = pipeline && *pipeline ? atoi(pipeline) : 0;
     if (e->pipeline < 0)
         e->pipeline = 0;
     const char *wait = getenv("SERVEPROTO_PIPELINE_WAIT_MS");
