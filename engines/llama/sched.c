@@ -12,16 +12,17 @@
  * in within one ubatch: the other tasks of that decode put their rows back
  * (undo) and take the same chunk again in the next one.
  *
- * The pipeline (e->pipeline: a GPU, whose llama_decode returns with the
- * decode queued, and llama.cpp's output ring, llama/patches/0010): a decode's
- * rows may be left unread (its tasks pending) while the next decode is filled
- * from the other tasks and queued; the rows are read once it is, from the
- * ring, while the device computes. So the device goes from one decode to the
- * next without waiting for the host's read-out, fill and graph build. A
- * pending task gives no rows to the next decode (it needs its own read
- * first), so the step leaves a decode pending only when the others want rows
- * enough to fill one (at least e->pipeline, and half the decode in flight);
- * else it reads the rows at once, as without the pipeline.
+ * The pipeline (e->pipeline, SERVEPROTO_PIPELINE=N; off by default; meant
+ * for a GPU, whose llama_decode returns with the decode queued; it reads
+ * from llama.cpp's output ring, llama/patches/0010): a decode's rows may be
+ * left unread (its tasks pending) while the next decode is filled from the
+ * other tasks and queued; the rows are read once it is, from the ring, while
+ * the device computes. So the device goes from one decode to the next without
+ * waiting for the host's read-out, fill and graph build. A pending task gives
+ * no rows to the next decode (it needs its own read first), so the step
+ * leaves a decode pending only when the others want at least e->pipeline
+ * rows and at least half the rows of the decode in flight; else it reads the
+ * rows at once, as without the pipeline.
  */
 #include <math.h>
 #include <stdio.h>
@@ -131,10 +132,17 @@ static void rows_lse(engine *e, task *const *in, int n_in)
 
 /* Row `row`'s logits in the decode being read: llama_get_logits_ith, or, when that decode is the one before
  * the last llama_decode (the pipeline), llama_get_logits_prev_ith (llama.cpp's output ring: it waits for that
- * decode's copy to the host only). n_vocab floats; NULL for a row without logits. */
+ * decode's copy to the host only). n_vocab floats. A row without them is a bug: the engine stops (the gateway
+ * restarts it and answers the requests that were in it). */
 const float *engine_logits(const engine *e, int row)
 {
-    return e->read_prev ? llama_get_logits_prev_ith(e->ctx, row) : llama_get_logits_ith(e->ctx, row);
+    const float *l = e->read_prev ? llama_get_logits_prev_ith(e->ctx, row) : llama_get_logits_ith(e->ctx, row);
+    if (!l) { /* a row the fill marked for logits always has them: llama.cpp's log above says why not */
+        fprintf(stderr, "serveproto-llama: no logits for batch row %d (%s decode); stopping\n", row,
+                e->read_prev ? "the previous" : "the last");
+        abort();
+    }
+    return l;
 }
 
 /* Row `row`'s logsumexp in the decode being read: the one rows_lse computed, or
