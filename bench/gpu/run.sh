@@ -43,6 +43,11 @@ python3 -c "import gateway.server.app, gateway.engine, serveproto, fixtures.sync
 ( python3 bench/gpu/make_model.py model --tokenizer $C/tokenizer.gguf --out $MODEL --type q4_k ${MODEL_ARGS:-} > $RES/model.log 2>&1
   echo $? > /tmp/model.rc ) &
 MODEL_PID=$!
+# F16_EARLY=1: the F16 model too (bench/gpu/ceiling.sh waits for it), beside the build rather than after it
+if [ "${F16_EARLY:-0}" = 1 ]; then
+  ( python3 bench/gpu/make_model.py model --tokenizer $C/tokenizer.gguf --out /tmp/llama3-8b-random.F16.gguf.part \
+      --type f16 > $RES/model-f16.log 2>&1 && mv /tmp/llama3-8b-random.F16.gguf.part /tmp/llama3-8b-random.F16.gguf ) &
+fi
 
 # make decides what is out of date (on a warm machine that already built: nothing)
 CUDA=${CUDA:-1}
