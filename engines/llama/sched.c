@@ -12,9 +12,9 @@
  * in within one ubatch: the other tasks of that decode put their rows back
  * (undo) and take the same chunk again in the next one.
  *
- * The pipeline (e->pipeline, SERVEPROTO_PIPELINE=N; off by default; meant
- * for a GPU, whose llama_decode returns with the decode queued; it reads
- * from llama.cpp's output ring, llama/patches/0010): a decode's rows may be
+ * The pipeline (e->pipeline, SERVEPROTO_PIPELINE=N; on by default on a
+ * local GPU, whose llama_decode returns with the decode queued, off on the
+ * CPU; it reads from llama.cpp's output ring, llama/patches/0010): a decode's rows may be
  * left unread (its tasks pending) while the next decode is filled from the
  * other tasks and queued; the rows are read once it is, from the ring, while
  * the device computes. So the device goes from one decode to the next without

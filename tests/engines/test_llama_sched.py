@@ -166,7 +166,7 @@ def test_with_overlap_tasks_arriving_in_a_decode_start_before_its_read_with_the_
 def test_with_the_pipeline_rows_read_after_the_next_decode_is_queued_keep_their_digits(
     model_path, alone_numbers, tmp_path, monkeypatch, pipeline
 ):
-    """The pipeline (SERVEPROTO_PIPELINE=N, off by default, meant for a GPU build; llama.cpp's output ring,
+    """The pipeline (SERVEPROTO_PIPELINE=N, a GPU build's default, off on the CPU; llama.cpp's output ring,
     patch 0010): a decode's rows are left unread while the next decode, filled from the other requests, is
     queued, and read from the ring after it. Run here on the CPU, where it gains nothing but takes the same path:
     the eight requests together give every number they have alone, and the profile counts the decodes read
