@@ -277,14 +277,25 @@ static int wait_for_more(engine *e, int ended)
     uint64_t end = profile_now_us() + (uint64_t)e->pipe_wait_ms * 1000u;
     for (uint64_t now = profile_now_us(); !keep && now < end && !e->in.eof; now = profile_now_us()) {
         sp_loop_wait(&e->in, (int)((end - now + 999) / 1000));
-        int n = start_new(e);
-        if (e->prof.on) {
-            e->prof.early += (uint64_t)n;
+        start_early(e);
+        if (e->prof.on)
             e->prof.waited++;
-        }
         keep = keep_pending(e);
     }
     return keep;
+}
+
+/* A step with nothing to decode: the rows of the decode left in flight now, since nothing can be queued
+ * behind it (returns 1), else the step was idle (returns `worked`). */
+static int no_decode(engine *e, int worked)
+{
+    if (e->n_pend > 0) {
+        read_pending(e, 0);
+        return 1;
+    }
+    if (e->prof.on)
+        profile_idle(&e->prof);
+    return worked;
 }
 
 /* One step: new tasks started, cancelled ones answered, one llama_decode
@@ -327,15 +338,8 @@ int sched_step(engine *e)
         n_scratch += t->ops->scratch;
         n++;
     }
-    if (n == 0) {
-        if (e->n_pend > 0) { /* nothing to queue behind the decode in flight: its rows now */
-            read_pending(e, 0);
-            return 1;
-        }
-        if (e->prof.on)
-            profile_idle(&e->prof);
-        return worked;
-    }
+    if (n == 0)
+        return no_decode(e, worked);
     qsort(tu, (size_t)n, sizeof *tu, by_turn);
     if (e->solo)
         n = 1;
@@ -371,15 +375,8 @@ int sched_step(engine *e)
         if (t->rows > 0)
             in[n_in++] = t;
     }
-    if (n_in == 0) {
-        if (e->n_pend > 0) {
-            read_pending(e, 0);
-            return 1;
-        }
-        if (e->prof.on)
-            profile_idle(&e->prof);
-        return worked;
-    }
+    if (n_in == 0)
+        return no_decode(e, worked);
 
     e->in_decode = 1;
     e->abort_decode = 0;
@@ -394,15 +391,12 @@ int sched_step(engine *e)
     e->decodes++;
     /* the decode in flight before this one: its rows from the ring (llama_decode has queued this one, or
      * failed; either way the ring moved on) */
-    uint64_t t_read = 0, t_early = 0, t_sync = 0;
+    uint64_t t_early = 0, t_sync = 0; /* the rest of the step is its read (the profile, below) */
     int ended = 0; /* requests the read from the ring ended */
     if (e->n_pend > 0) {
-        uint64_t t0 = e->prof.on ? profile_now_us() : 0;
         ended = e->n_tasks;
         read_pending(e, 1);
         ended -= e->n_tasks;
-        if (e->prof.on)
-            t_read += profile_now_us() - t0;
     }
     if (rc == 0) {
         e->solo = 0;
@@ -427,12 +421,9 @@ int sched_step(engine *e)
             if (e->prof.on) {
                 t0 = profile_now_us();
                 llama_synchronize(e->ctx);
-                t1 = profile_now_us();
-                t_sync = t1 - t0;
+                t_sync = profile_now_us() - t0;
             }
             read_pending(e, 0);
-            if (e->prof.on)
-                t_read += profile_now_us() - t1;
         }
     } else {
         for (int i = 0; i < n_in; i++) {
@@ -457,12 +448,11 @@ int sched_step(engine *e)
     e->abort_decode = 0;
     engine_log_aborting(0);
     if (e->prof.on) {
-        /* the parts in the profile's order whatever the order they ran in: early, sync, read */
+        /* the parts in the profile's order whatever the order they ran in: early, sync, and the rest of
+         * the step as read (the reads, and the pipeline's waits for the next requests) */
         mark[4] = mark[3] + t_early;
         mark[5] = mark[4] + t_sync;
         mark[6] = profile_now_us();
-        if (mark[6] < mark[5] + t_read)
-            mark[6] = mark[5] + t_read;
         const struct llama_batch *b = rc == 0 ? &e->batch_pend : &e->batch; /* this decode's rows, read or not */
         int outputs = 0;
         for (int i = 0; i < b->n_tokens; i++)
