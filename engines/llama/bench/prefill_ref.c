@@ -36,16 +36,16 @@
 #include "llama.h"
 #include "ref_common.h"
 
-/* Decodes tokens[0..n) into sequence `seq` at positions pos0.., in batches of n_batch, no output.
- * Returns llama_decode's first non-zero code, or 0. */
-static int fill_seq(struct llama_context *lctx, struct llama_batch *b, int n_batch, const llama_token *tokens, int n,
-                    int seq, int pos0)
+/* Decodes n tokens, src[0..n_src) again and again, into sequence `seq` at positions pos0.., in batches of
+ * n_batch, no output. Returns llama_decode's first non-zero code, or 0. */
+static int fill_seq(struct llama_context *lctx, struct llama_batch *b, int n_batch, const llama_token *src, int n_src,
+                    int n, int seq, int pos0)
 {
     for (int a = 0; a < n; a += n_batch) {
         int m = n - a < n_batch ? n - a : n_batch;
         b->n_tokens = m;
         for (int i = 0; i < m; i++) {
-            b->token[i] = tokens[(a + i) % n];
+            b->token[i] = src[(a + i) % n_src];
             b->pos[i] = pos0 + a + i;
             b->n_seq_id[i] = 1;
             b->seq_id[i][0] = seq;
@@ -66,8 +66,8 @@ static int mixed_run(struct llama_context *lctx, struct llama_batch *b, int n_ba
 {
     llama_memory_t mem = llama_get_memory(lctx);
     llama_memory_clear(mem, true);
-    if ((background > 0 && fill_seq(lctx, b, n_batch, seq, background < n_seq ? background : n_seq, 1, 0) != 0) ||
-        (shared > 0 && fill_seq(lctx, b, n_batch, seq, shared < n_seq ? shared : n_seq, 0, 0) != 0)) {
+    if ((background > 0 && fill_seq(lctx, b, n_batch, seq, n_seq, background, 1, 0) != 0) ||
+        (shared > 0 && fill_seq(lctx, b, n_batch, seq, n_seq, shared, 0, 0) != 0)) {
         fprintf(stderr, "llama-prefill-ref: the untimed prefill failed\n");
         return 1;
     }
