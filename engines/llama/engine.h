@@ -223,6 +223,8 @@ typedef struct engine {
     int read_prev;              /* the rows being read are the decode before the last one (engine_logits) */
     int pipe_wait_ms;           /* after a read from the ring ended requests, wait this long at most for
                                  * the next ones (SERVEPROTO_PIPELINE_WAIT_MS; sched.c) */
+    int pipe_fill;              /* ... until the other tasks want this many rows (SERVEPROTO_PIPELINE_FILL,
+                                 * default e->pipeline) */
     llama_token_data *cand;     /* n_vocab candidates for the sampler */
     int n_threads;              /* the decodes' CPU threads now */
     int threads_auto;           /* --threads auto: n_threads moves between 1 and threads_max (threads.c) */

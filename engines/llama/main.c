@@ -495,6 +495,8 @@ static int load(engine *e, options *o)
         e->pipeline = 0;
     const char *wait = getenv("SERVEPROTO_PIPELINE_WAIT_MS");
     e->pipe_wait_ms = wait && *wait ? atoi(wait) : 2;
+    const char *fill = getenv("SERVEPROTO_PIPELINE_FILL");
+    e->pipe_fill = fill && *fill ? atoi(fill) : e->pipeline;
     llama_set_output_ring(e->ctx, e->pipeline > 0);
 
     e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);

@@ -247,12 +247,9 @@ static void read_pending(engine *e, int prev)
     e->batch = filling;
 }
 
-/* Leave the decode just queued in flight, its rows unread, and fill the next one first (the pipeline, the
- * header comment)? Only when the tasks that are not in it want at least e->pipeline rows and half of its. */
-static int keep_pending(engine *e)
+/* The rows the runnable tasks outside the decode in flight want. */
+static int others_want(engine *e)
 {
-    if (!e->pipeline)
-        return 0;
     int rows = 0;
     for (int i = 0; i < ENGINE_QUEUE_MAX; i++) {
         task *t = &e->tasks[i];
@@ -262,25 +259,36 @@ static int keep_pending(engine *e)
         if (t->state == TASK_RUNNING && w > 0)
             rows += w;
     }
-    return rows >= e->pipeline && 2 * rows >= e->batch_pend.n_tokens;
+    return rows;
+}
+
+/* Leave the decode just queued in flight, its rows unread, and fill the next one first (the pipeline, the
+ * header comment)? Only when the tasks that are not in it want at least e->pipeline rows and half of its. */
+static int keep_pending(engine *e, int rows)
+{
+    return e->pipeline && rows >= e->pipeline && 2 * rows >= e->batch_pend.n_tokens;
 }
 
 /* After a read from the ring that ended requests, their clients' next requests are on their way (the
  * gateway sends a slot's next request on its DONE) while the device still computes the decode just
  * queued: wait for them up to e->pipe_wait_ms, starting each as it comes, until the other tasks want rows
- * enough to keep that decode pending. Returns keep_pending's answer. */
+ * enough to keep that decode pending and at least e->pipe_fill. Returns keep_pending's answer. */
 static int wait_for_more(engine *e, int ended)
 {
-    int keep = keep_pending(e);
-    if (keep || !ended || e->pipe_wait_ms <= 0)
+    if (!e->pipeline)
+        return 0;
+    int rows = others_want(e), keep = keep_pending(e, rows);
+    if ((keep && rows >= e->pipe_fill) || !ended || e->pipe_wait_ms <= 0)
         return keep;
     uint64_t end = profile_now_us() + (uint64_t)e->pipe_wait_ms * 1000u;
-    for (uint64_t now = profile_now_us(); !keep && now < end && !e->in.eof; now = profile_now_us()) {
+    for (uint64_t now = profile_now_us(); !(keep && rows >= e->pipe_fill) && now < end && !e->in.eof;
+         now = profile_now_us()) {
         sp_loop_wait(&e->in, (int)((end - now + 999) / 1000));
         start_early(e);
         if (e->prof.on)
             e->prof.waited++;
-        keep = keep_pending(e);
+        rows = others_want(e);
+        keep = keep_pending(e, rows);
     }
     return keep;
 }
