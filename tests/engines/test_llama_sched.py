@@ -162,28 +162,34 @@ def test_with_overlap_tasks_arriving_in_a_decode_start_before_its_read_with_the_
     assert 1 <= early <= len(requests), early
 
 
-@pytest.mark.parametrize("pipeline, fill", [("1", ""), ("0", ""), ("1", "100000")])
+@pytest.mark.parametrize(
+    "pipeline, fill, wait", [("1", "", None), ("0", "", None), ("1", "100000", "3"), ("1", "", "0")]
+)
 def test_with_the_pipeline_rows_read_after_the_next_decode_is_queued_keep_their_digits(
-    model_path, alone_numbers, tmp_path, monkeypatch, pipeline, fill
+    model_path, alone_numbers, tmp_path, monkeypatch, pipeline, fill, wait
 ):
     """The pipeline (SERVEPROTO_PIPELINE=N, a GPU build's default, off on the CPU; llama.cpp's output ring,
     patch 0010): a decode's rows are left unread while the next decode, filled from the other requests, is
     queued, and read from the ring after it. Run here on the CPU, where it gains nothing but takes the same path:
     the eight requests together give every number they have alone, and the profile counts the decodes read
     so (none with SERVEPROTO_PIPELINE=0, so the count is not vacuous). The wait for more requests after a
-    read from the ring: with SERVEPROTO_PIPELINE_FILL above what the eight can want, every such read that
-    ends a request waits up to SERVEPROTO_PIPELINE_WAIT_MS, and the profile counts the waits; with the wait
-    at 0 it counts none. The numbers stay either way."""
+    read from the ring that ended some: with SERVEPROTO_PIPELINE_FILL above what the eight can want, each
+    such read waits up to SERVEPROTO_PIPELINE_WAIT_MS and the profile counts the wake-ups of those waits;
+    with the wait at 0 it counts none. The numbers stay in every case."""
     monkeypatch.setenv("SERVEPROTO_OVERLAP", "1")
     monkeypatch.setenv("SERVEPROTO_PIPELINE", pipeline)
     monkeypatch.setenv("SERVEPROTO_PIPELINE_FILL", fill)
-    monkeypatch.setenv("SERVEPROTO_PIPELINE_WAIT_MS", "3" if fill else "0")
+    if wait is None:
+        monkeypatch.delenv("SERVEPROTO_PIPELINE_WAIT_MS", raising=False)
+    else:
+        monkeypatch.setenv("SERVEPROTO_PIPELINE_WAIT_MS", wait)
     monkeypatch.setenv("SERVEPROTO_PROFILE", str(tmp_path / "prof"))
     got = together(model_path, eight_requests())
     assert not [rid for rid in got if got[rid] != alone_numbers[rid]], "numbers moved under the pipeline"
     last = profile_last(tmp_path)
     assert (last["pipelined"] >= 1) == (pipeline == "1"), last
-    assert (last["waited"] >= 1) == bool(fill), last
+    if wait is not None:
+        assert (last["waited"] >= 1) == (wait != "0"), last
 
 
 def profile_last(tmp_path) -> dict[str, float]:
