@@ -278,7 +278,7 @@ static int wait_for_more(engine *e, int ended)
     if (!e->pipeline)
         return 0;
     int rows = others_want(e), keep = keep_pending(e, rows);
-    if ((keep && rows >= e->pipe_fill) || !ended || e->pipe_wait_ms <= 0)
+    if (!ended || e->pipe_wait_ms <= 0)
         return keep;
     uint64_t end = profile_now_us() + (uint64_t)e->pipe_wait_ms * 1000u;
     for (uint64_t now = profile_now_us(); !(keep && rows >= e->pipe_fill) && now < end && !e->in.eof;
