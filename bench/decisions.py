@@ -122,14 +122,20 @@ class Server:
 
     def __init__(self, *argv: str, tree: Path = ROOT, log_level: str = "WARNING") -> None:
         """``tree``: the source tree whose ``gateway`` serves (another commit's, exported, for a before/after);
-        ``log_level``: INFO writes the access log (one JSON line a request, to /dev/null here)."""
+        ``log_level``: INFO writes the access log (one JSON line a request, to /dev/null here). The server's
+        stderr (its log: an engine's crash and its last stderr lines among it) goes to /dev/null, or is
+        appended to the file the environment's ``BENCH_SERVER_LOG`` names."""
+        log = os.environ.get("BENCH_SERVER_LOG")
+        err = open(log, "ab") if log else subprocess.DEVNULL  # the child keeps its own copy
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--log-level", log_level, *argv],
             cwd=tree,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=err,
             text=True,
         )
+        if log:
+            err.close()
         line = self.proc.stdout.readline()
         if " on http://" not in line:
             self.proc.kill()

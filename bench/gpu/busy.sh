@@ -3,7 +3,7 @@
 # own prefill of the random 8B in F16 (flash attention, F16 KV: the GPU defaults), by llama-prefill-ref.
 #   1. the ceiling: 512 and 2048 tokens at ubatch 512, best of 3 (tokens/s);
 #   2. the steps: one decode of 128 to 512 rows at ubatch 512 (is a decode's time its rows, or its rows rounded
-#      up to what the GPU computes in one go?), best of 3;
+#      up to what the GPU computes in one go?), best of 3; STEPS=N,N,... other row counts;
 #   3. what nvidia-smi calls busy while llama.cpp itself prefills 512 tokens back to back (REPS times, about
 #      20 ms each): the same measure as the engine's "SM busy" in bench/gpu/profile_split.py.
 # As one of bench/gpu/run.sh's BENCHES once the F16 model exists (run.sh F16_EARLY=1 writes it beside the build):
@@ -25,7 +25,7 @@ best() {  # the best seconds of each token count, as ms and rows/s
 echo "== the ceiling (ubatch 512)"
 ref --reps 3 --ubatch 512 --tokens 512,2048 | best
 echo "== one decode of N rows (ubatch 512)"
-ref --reps 3 --ubatch 512 --tokens 128,192,256,320,384,448,512 | best
+ref --reps 3 --ubatch 512 --tokens ${STEPS:-128,192,256,320,384,448,512} | best
 echo "== nvidia-smi dmon beside ${REPS:-300} decodes of 512 tokens"
 nvidia-smi dmon -s u -d 1 -o T > $RES/dmon-busy.log 2>&1 &
 D=$!

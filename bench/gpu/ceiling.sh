@@ -10,7 +10,9 @@
 # Each step runs within CEILING_S seconds in all (pass run.sh's time left). LOADS="TAG q4|f16 [NAME=VALUE...]
 # FLAGS" lines instead run only those loads (the F16 model written meanwhile when one needs it; NAME=VALUE
 # words set the engine's environment, e.g. SERVEPROTO_OVERLAP=0; DEBIAS=VALUE is bench/load.py's --debias
-# instead, default none). CLIENTS=1,8,32,64 runs bench/load.py at those clients instead of 32 alone.
+# instead, default none). CLIENTS=1,8,32,64 runs bench/load.py at those clients instead of 32 alone;
+# REQUESTS=N: a cell starts at most N requests (default 1000: the document's cell then lasts about 2 s).
+# Each load's server log (the engine's crashes among it) is $RES/TAG-server.log.
 set -u
 Q4=$1
 F16=/tmp/llama3-8b-random.F16.gguf
@@ -56,11 +58,12 @@ load() {  # TAG MODEL [NAME=VALUE...] ENGINE_FLAGS...: the NAME=VALUE words go t
   rm -f /tmp/prof-$tag.*
   nvidia-smi dmon -s u -d 1 -o T > $RES/dmon-$tag.log 2>&1 &
   local dm=$!
-  env "${envs[@]}" SERVEPROTO_PROFILE=/tmp/prof-$tag timeout $(( $(left) - 15 )) python3 bench/load.py --no-llama-server \
-    --model $model --workloads ${WORKLOADS:-document,tickets} --clients ${CLIENTS:-32} --seconds ${SECONDS_CELL:-5} \
+  env "${envs[@]}" SERVEPROTO_PROFILE=/tmp/prof-$tag BENCH_SERVER_LOG=$RES/$tag-server.log timeout $(( $(left) - 15 )) python3 bench/load.py --no-llama-server \
+    --model $model --workloads ${WORKLOADS:-document,tickets} --clients ${CLIENTS:-32} --seconds ${SECONDS_CELL:-5} --requests ${REQUESTS:-1000} \
     --debias "$debias" --json $RES/load-$tag.json --engine engines/bin/serveproto-llama --model $model "$@" \
     > $RES/load-$tag.log 2>&1
   echo "load $tag: exit $?"
+  grep -m4 -E "crash|exited|killed|GGML_ASSERT|abort|stopping" $RES/$tag-server.log 2>/dev/null | cut -c1-400
   kill $dm 2>/dev/null
   grep "^|" $RES/load-$tag.log | grep -v "^|---" | cut -d'|' -f2-8
   cp /tmp/prof-$tag.* $RES/ 2>/dev/null

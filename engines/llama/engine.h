@@ -179,6 +179,9 @@ typedef struct engine_profile {
     uint64_t early; /* tasks started early, while the device computed (overlap) */
     uint64_t pipelined; /* decodes whose rows were read after the next decode was queued (the pipeline) */
     uint64_t waited;    /* waits for the next requests while the device computed (the pipeline) */
+    uint64_t whole;     /* decodes of a whole ubatch of rows (or more) */
+    uint64_t cut;       /* decodes of fewer rows although the runnable tasks wanted a ubatch (units, n_chunk) */
+    uint64_t starved;   /* decodes of fewer rows because the runnable tasks wanted fewer */
     uint64_t us[ENGINE_PROFILE_PARTS];
 } engine_profile;
 /* llama_decode's own split (llama/patches/0007, on with SERVEPROTO_PROFILE):
@@ -204,6 +207,8 @@ typedef struct engine {
     int n_batch;
     int n_ubatch;        /* llama.cpp's physical batch (--ubatch) */
     int n_chunk;         /* --chunk: a request's rows in a decode shared with others, at most */
+    int fill_tail;       /* the rows a decode's shares leave go to tasks that want more (sched.c's allot;
+                          * SERVEPROTO_FILL_TAIL=1; off by default) */
     int slots_auto;      /* --slots unset: n_slots was sized from memory */
     char model_name[256];
     const char *numerics;  /* "invariant" or "fast" (CAPS numerics) */
@@ -370,6 +375,7 @@ typedef struct task_ops {
     int (*unit)(struct engine *e, struct task *t);
     int (*want)(struct engine *e, struct task *t);
     int (*fill)(struct engine *e, struct task *t, int budget, int seq_budget);
+    int (*fit)(struct engine *e, struct task *t, int budget, int seq_budget); /* the rows fill would take */
     void (*decoded)(struct engine *e, struct task *t);
     void (*undo)(struct engine *e, struct task *t);
     void (*fail)(struct engine *e, struct task *t, int rc);
@@ -380,7 +386,7 @@ typedef struct task_ops {
 #define TASK_OPS(kind, uses_scratch, reads_row_lse)                                              \
     {                                                                                            \
         .scratch = (uses_scratch), .row_lse = (reads_row_lse), .start = kind##_start,            \
-        .unit = kind##_unit, .want = kind##_want, .fill = kind##_fill, .decoded = kind##_decoded, \
+        .unit = kind##_unit, .want = kind##_want, .fill = kind##_fill, .fit = kind##_fit, .decoded = kind##_decoded, \
         .undo = kind##_undo, .fail = kind##_fail, .free = kind##_free,                           \
     }
 

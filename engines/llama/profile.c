@@ -22,7 +22,10 @@
  * and the outputs; and counts the ubatches, the graphs reused, the KV cells
  * attended (n_kv) and the tokens, summed over ubatches; last, the decodes
  * whose rows were read after the next one was queued and the waits for the
- * next requests meanwhile (sched.c, the pipeline).
+ * next requests meanwhile (sched.c, the pipeline); last, the decodes that
+ * held a whole ubatch of rows, those that held fewer although the runnable
+ * tasks wanted a ubatch (their units and n_chunk left rows unused), and
+ * those that held fewer because the tasks wanted fewer.
  * Every ENGINE_PROFILE_US the running sums go to PATH.<pid> as one line
  * under a header of column names (milliseconds, the rows and outputs per
  * decode, the tasks started early, the most rows one decode held, then
@@ -64,7 +67,7 @@ void profile_init(engine_profile *p)
     p->t0 = p->reported = profile_now_us();
     fprintf(p->f, "# t_s decodes rows outputs gap_ms start_ms fill_ms decode_ms early_ms sync_ms read_ms early_tasks max_rows"
                   " batch_ms memory_ms outbuf_ms apply_ms build_ms alloc_ms inputs_ms compute_ms"
-                  " outputs_ms ubatches reused n_kv tokens pipelined waited\n");
+                  " outputs_ms ubatches reused n_kv tokens pipelined waited whole cut starved\n");
     fflush(p->f);
 }
 
@@ -83,7 +86,8 @@ static void report(engine_profile *p, uint64_t now)
         fprintf(p->f, " %.1f", (double)in[i] * 1e-3);
     for (int i = SERVEPROTO_DECODE_PARTS; i < SERVEPROTO_DECODE_PARTS + 4; i++)
         fprintf(p->f, " %llu", (unsigned long long)in[i]);
-    fprintf(p->f, " %llu %llu", (unsigned long long)p->pipelined, (unsigned long long)p->waited);
+    fprintf(p->f, " %llu %llu %llu %llu %llu", (unsigned long long)p->pipelined, (unsigned long long)p->waited,
+            (unsigned long long)p->whole, (unsigned long long)p->cut, (unsigned long long)p->starved);
     fputc('\n', p->f);
     fflush(p->f);
 }

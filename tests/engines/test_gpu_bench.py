@@ -232,3 +232,30 @@ def test_fixed_cost_runs_on_the_cpu(tiny_random):
     ref = next(line for line in out.splitlines() if line.startswith("llama-prefill-ref"))
     assert ref.startswith(f"llama-prefill-ref, {n} tokens")
     assert len(ref.split(": ")[1].split()) == 2
+
+
+def test_profile_split_reads_the_decodes_by_fill_from_the_profile(tmp_path):
+    """bench/gpu/profile_split.py's inner table over an engine profile (engines/llama/profile.c's columns,
+    the header's names): two lines a second apart, 10 decodes between them of which 6 held a whole ubatch,
+    3 were cut short and 1 starved, give 60% | 30% | 10%; a file from before those columns gives dashes."""
+    from bench.gpu import profile_split
+
+    names = (
+        "t_s decodes rows outputs gap_ms start_ms fill_ms decode_ms early_ms sync_ms read_ms early_tasks max_rows"
+        " batch_ms memory_ms outbuf_ms apply_ms build_ms alloc_ms inputs_ms compute_ms outputs_ms ubatches reused"
+        " n_kv tokens pipelined waited whole cut starved"
+    ).split()
+    a = dict.fromkeys(names, 0.0)
+    b = dict(a, t_s=1.0, decodes=10, rows=4800, compute_ms=90.0, ubatches=10, n_kv=30000, tokens=4800)
+    b.update(pipelined=9, waited=2, whole=6, cut=3, starved=1)
+    path = tmp_path / "prof.1"
+    path.write_text("# " + " ".join(names) + "\n" + "\n".join(" ".join(str(d[k]) for k in names) for d in (a, b)))
+    stretch = profile_split.busy_stretch(profile_split.read_lines(path))
+    row = profile_split.inner_split("prof.1", stretch)
+    assert row is not None
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:5] == ["1.00", "480", "3000", "0%"]
+    assert cells[-4:] == ["90%", "60%", "30%", "10%"]
+    old = [line[: len(line) - 3] for line in profile_split.read_lines(path)]  # no whole, cut, starved
+    cells = [c.strip() for c in profile_split.inner_split("prof.0", (old[0], old[1])).strip("|").split("|")]
+    assert cells[-4:] == ["90%", "-", "-", "-"]
