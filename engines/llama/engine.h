@@ -23,9 +23,11 @@
 
 #define ENGINE_MAX_LOGPROBS   SP_MAX_LOGPROBS /* CAPS max_logprobs */
 #define ENGINE_AUTO_SLOTS_MAX 4               /* --slots unset: at most this many, sized from memory (main.c) */
-#define ENGINE_AUTO_SLOTS_GPU 16              /* the same on a GPU, where a decode of many requests' rows costs
-                                                 little more than one of a few: batching pays */
+#define ENGINE_AUTO_SLOTS_GPU 32              /* the same on a GPU, where a decode of many requests' rows costs
+                                                 little more than one of a few: batching pays (bench/README.md,
+                                                 "Whole ubatches": 32 slots against 16 at 32 clients) */
 #define ENGINE_AUTO_KV_SHARE  8               /* --slots unset: the KV cache takes at most 1/this of free memory */
+#define ENGINE_AUTO_KV_SHARE_GPU 4            /* ... of a GPU's free memory (the model's weights are loaded) */
 #define ENGINE_DEFAULT_CTX    4096            /* tokens per slot, capped by the model's n_ctx_train */
 #define ENGINE_DEFAULT_CTX_MAX 32768          /* --ctx-max unset: the longest prompt is the model's n_ctx_train,
                                                  at most this many tokens (and never fewer than a slot's) */

@@ -262,9 +262,9 @@ static void model_name(const char *path, char *out, size_t cap)
 
 /* --slots unset: as many slots as the KV cache of n_ctx cells each (plus
  * SCORE's scratch share and the long prompt's n_ctx_max - n_ctx) fits in
- * 1/ENGINE_AUTO_KV_SHARE of the memory free now
- * (the host's; a GPU build's first GPU's), at least 1, at most
- * ENGINE_AUTO_SLOTS_MAX (on a GPU ENGINE_AUTO_SLOTS_GPU). A slot's cells: n_layer * (K + V) widths * the KV
+ * 1/ENGINE_AUTO_KV_SHARE of the memory free now (the host's), at least 1, at
+ * most ENGINE_AUTO_SLOTS_MAX; a GPU build's first GPU: 1/ENGINE_AUTO_KV_SHARE_GPU
+ * of its free memory, at most ENGINE_AUTO_SLOTS_GPU. A slot's cells: n_layer * (K + V) widths * the KV
  * type's bytes (an estimate from the model's shape: n_embd / n_head per head). */
 static int auto_slots(engine *e, const options *o)
 {
@@ -274,7 +274,7 @@ static int auto_slots(engine *e, const options *o)
                        (o->kv_f16 ? 2.0 : 4.0);
     double per_slot = per_token * e->n_ctx;
     double avail = (double)model_mem_available();
-    int cap = ENGINE_AUTO_SLOTS_MAX;
+    int cap = ENGINE_AUTO_SLOTS_MAX, share = ENGINE_AUTO_KV_SHARE;
     if (llama_supports_gpu_offload()) {
         for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
             ggml_backend_dev_t dev = ggml_backend_dev_get(i);
@@ -283,6 +283,7 @@ static int auto_slots(engine *e, const options *o)
                 ggml_backend_dev_memory(dev, &free_b, &total_b);
                 avail = (double)free_b;
                 cap = ENGINE_AUTO_SLOTS_GPU;
+                share = ENGINE_AUTO_KV_SHARE_GPU;
                 break;
             }
         }
@@ -290,7 +291,7 @@ static int auto_slots(engine *e, const options *o)
     if (per_slot <= 0 || avail <= 0)
         return 1;
     double lease = per_token * (e->n_ctx_max - e->n_ctx); /* the long prompt's cells past its slot */
-    int n = (int)((avail / ENGINE_AUTO_KV_SHARE - lease) / per_slot) - 1; /* one share is SCORE's scratch */
+    int n = (int)((avail / share - lease) / per_slot) - 1; /* one share is SCORE's scratch */
     return n < 1 ? 1 : n > cap ? cap : n;
 }
 
