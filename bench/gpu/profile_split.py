@@ -15,8 +15,8 @@ allocated, inputs set, graph computed or queued, outputs), then ubatches, graphs
 (n_kv) and tokens. For those a second table gives each inner part's milliseconds a decode over the same
 stretch, the ubatches a decode, the share of graphs reused and the mean n_kv a ubatch. Files written since
 the pipeline (engines/llama/sched.c) end with the decodes whose rows were read after the next decode was queued:
-their share of the decodes is the table's pipelined column. Files written since the tail fill (sched.c's
-allot) end with three more counts, each decode in one: a whole ubatch of rows, fewer although the runnable
+their share of the decodes is the table's pipelined column. Files written since 2026-12-05's third session
+end with three more counts (sched.c), each decode in one: a whole ubatch of rows, fewer although the runnable
 tasks wanted a ubatch (cut short by their units and n_chunk), fewer because they wanted fewer (starved).
 """
 
@@ -84,7 +84,7 @@ def inner_split(name: str, stretch: tuple[list[float], list[float]] | None) -> s
     ms = delta[: len(INNER)]
     at = INNER_AT + len(INNER) + 4  # files written since the pipeline: the decodes read after the next was queued
     piped = f"{(b[at] - a[at]) / d:.0%}" if len(b) > at else "-"
-    # files written since the tail fill (sched.c's allot): decodes of a whole ubatch, cut short, starved
+    # files written since the fill counts (sched.c): decodes of a whole ubatch, cut short, starved
     fills = (
         " | ".join(f"{(b[at + 2 + i] - a[at + 2 + i]) / d:.0%}" for i in range(3)) if len(b) > at + 4 else "- | - | -"
     )

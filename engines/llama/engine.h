@@ -25,7 +25,8 @@
 #define ENGINE_AUTO_SLOTS_MAX 4               /* --slots unset: at most this many, sized from memory (main.c) */
 #define ENGINE_AUTO_SLOTS_GPU 32              /* the same on a GPU, where a decode of many requests' rows costs
                                                  little more than one of a few: batching pays (bench/README.md,
-                                                 "Whole ubatches": 32 slots against 16 at 32 clients) */
+                                                 "Whole ubatches": 32 slots against the earlier 16 at 32
+                                                 clients) */
 #define ENGINE_AUTO_KV_SHARE  8               /* --slots unset: the KV cache takes at most 1/this of free memory */
 #define ENGINE_AUTO_KV_SHARE_GPU 4            /* ... of a GPU's free memory (the model's weights are loaded) */
 #define ENGINE_DEFAULT_CTX    4096            /* tokens per slot, capped by the model's n_ctx_train */
@@ -209,8 +210,6 @@ typedef struct engine {
     int n_batch;
     int n_ubatch;        /* llama.cpp's physical batch (--ubatch) */
     int n_chunk;         /* --chunk: a request's rows in a decode shared with others, at most */
-    int fill_tail;       /* the rows a decode's shares leave go to tasks that want more (sched.c's allot;
-                          * SERVEPROTO_FILL_TAIL=1; off by default) */
     int slots_auto;      /* --slots unset: n_slots was sized from memory */
     char model_name[256];
     const char *numerics;  /* "invariant" or "fast" (CAPS numerics) */
@@ -377,7 +376,6 @@ typedef struct task_ops {
     int (*unit)(struct engine *e, struct task *t);
     int (*want)(struct engine *e, struct task *t);
     int (*fill)(struct engine *e, struct task *t, int budget, int seq_budget);
-    int (*fit)(struct engine *e, struct task *t, int budget, int seq_budget); /* the rows fill would take */
     void (*decoded)(struct engine *e, struct task *t);
     void (*undo)(struct engine *e, struct task *t);
     void (*fail)(struct engine *e, struct task *t, int rc);
@@ -388,7 +386,7 @@ typedef struct task_ops {
 #define TASK_OPS(kind, uses_scratch, reads_row_lse)                                              \
     {                                                                                            \
         .scratch = (uses_scratch), .row_lse = (reads_row_lse), .start = kind##_start,            \
-        .unit = kind##_unit, .want = kind##_want, .fill = kind##_fill, .fit = kind##_fit, .decoded = kind##_decoded, \
+        .unit = kind##_unit, .want = kind##_want, .fill = kind##_fill, .decoded = kind##_decoded, \
         .undo = kind##_undo, .fail = kind##_fail, .free = kind##_free,                           \
     }
 

@@ -499,13 +499,6 @@ static int load(engine *e, options *o)
     const char *fill = getenv("SERVEPROTO_PIPELINE_FILL");
     e->pipe_fill = fill && *fill ? atoi(fill) : e->pipeline;
     llama_set_output_ring(e->ctx, e->pipeline > 0);
-    /* the tail fill (sched.c's allot; SERVEPROTO_FILL_TAIL=1): off by default. It is meant for a GPU,
-     * where a decode a few rows short of a ubatch costs as much as a whole one (on the CPU a decode costs
-     * its rows, and rows past --chunk only lengthen the decodes a small request shares with a big one);
-     * on the H100 it measured within the noise, and two of ten loads with it on lost their engine
-     * (bench/README.md, "Whole ubatches") */
-    const char *tail = getenv("SERVEPROTO_FILL_TAIL");
-    e->fill_tail = tail && *tail && strcmp(tail, "0") != 0;
 
     e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
     e->snaps = calloc((size_t)e->n_pins, sizeof *e->snaps);

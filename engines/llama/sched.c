@@ -195,18 +195,8 @@ static int slot_rows(const engine *e, const task *t)
  * in turn order: a decode shared with others is short, so the next chunk of
  * every task comes soon. A task always gets at least its unit if it gets
  * anything, and the first one always does, even past the budget (one SCORE
- * option longer than a ubatch then runs in a decode of its own).
- * The tail (e->fill_tail, SERVEPROTO_FILL_TAIL=1, off by default): each give is cut
- * to what the task's fill takes of it (ops->fit with `seqs` scratch
- * sequences: a SCORE takes whole options, and whole questions when it can),
- * and the rows still left go to the tasks that want more, in turn order, past
- * n_chunk and below their unit: first to those that got nothing (a SCORE
- * then cuts its next question between two decodes and carries its stem,
- * score.c), then to the others. So a decode holds the whole budget whenever
- * the runnable tasks can use it: on a GPU a decode a few rows short of a
- * ubatch costs as much as a whole one, or more (bench/README.md, "Whole
- * ubatches"). */
-static void allot(engine *e, turn *tu, int n, int budget, int chunk, int seqs)
+ * option longer than a ubatch then runs in a decode of its own). */
+static void allot(turn *tu, int n, int budget, int chunk)
 {
     int cap = n == 1 ? budget : chunk;
     int left = budget, share = budget / n > 0 ? budget / n : 1;
@@ -232,27 +222,6 @@ static void allot(engine *e, turn *tu, int n, int budget, int chunk, int seqs)
             left -= more;
         }
     }
-    if (!e->fill_tail)
-        return;
-    left = budget;
-    for (int i = 0; i < n; i++) {
-        /* a fill that takes no rows still runs (a SCORE chunk of one-token options finishes there) */
-        int f = tu[i].give > 0 ? tu[i].t->ops->fit(e, tu[i].t, tu[i].give, seqs) : 0;
-        if (f > 0)
-            tu[i].give = f;
-        left -= tu[i].give;
-    }
-    for (int round = 0; round < 2; round++)
-        for (int i = 0; i < n && left > 0; i++) {
-            turn *u = &tu[i];
-            if ((u->give == 0) != (round == 0) || u->want <= u->give)
-                continue;
-            int g = u->t->ops->fit(e, u->t, u->want < u->give + left ? u->want : u->give + left, seqs);
-            if (g > u->give) {
-                left -= g - u->give;
-                u->give = g;
-            }
-        }
 }
 
 /* Reads the rows of the decode left in flight (its tasks, e->pend): each task's decoded, with e->batch
@@ -383,11 +352,12 @@ int sched_step(engine *e)
     qsort(tu, (size_t)n, sizeof *tu, by_turn);
     if (e->solo)
         n = 1;
+    allot(tu, n, e->n_ubatch, e->n_chunk);
+
     /* scratch sequences: a share each, like the rows */
     int seq_share = n_scratch > 0 ? e->n_score_seqs / n_scratch : e->n_score_seqs;
     if (seq_share < 1)
         seq_share = 1;
-    allot(e, tu, n, e->n_ubatch, e->n_chunk, seq_share);
     batch_clear(&e->batch);
     e->scratch_used = 0;
     task *in[ENGINE_QUEUE_MAX];

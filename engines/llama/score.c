@@ -585,20 +585,6 @@ static int score_unit(engine *e, task *t)
     return nodes > 0 ? nodes : 1;
 }
 
-/* The rows score_fill takes from `budget` rows and `seqs` scratch sequences, without filling. */
-static int score_fit(engine *e, task *t, int budget, int seqs)
-{
-    (void)e;
-    const score_state *st = t->st;
-    if (st->trunk_a < st->job.trunk)
-        return st->job.trunk - st->trunk_a < budget ? st->job.trunk - st->trunk_a : budget;
-    if (seqs < 1)
-        return 0;
-    int nodes;
-    pack(st, budget, seqs, &nodes);
-    return nodes;
-}
-
 static int score_want(engine *e, task *t)
 {
     score_state *st = t->st;

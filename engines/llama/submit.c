@@ -296,17 +296,6 @@ static int submit_want(engine *e, task *t)
     return 1;
 }
 
-/* The rows submit_fill takes from `budget`, without filling. */
-static int submit_fit(engine *e, task *t, int budget, int seq_budget)
-{
-    (void)e;
-    (void)seq_budget;
-    const submit_state *st = t->st;
-    if (st->smpl)
-        return budget > 0;
-    return st->n - st->a < budget ? st->n - st->a : budget;
-}
-
 /* Prefill: positions a .. b-1 (every row's logits kept with read-out, else
  * the last prompt position's only); generation: the sampled token. */
 static int submit_fill(engine *e, task *t, int budget, int seq_budget)
