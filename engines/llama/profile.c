@@ -20,12 +20,12 @@
  * found), the output buffer, cells applied, graph built, graph allocated,
  * inputs set (the KQ mask among them), graph computed (CPU) or queued (GPU),
  * and the outputs; and counts the ubatches, the graphs reused, the KV cells
- * attended (n_kv) and the tokens, summed over ubatches; last, the decodes
+ * attended (n_kv) and the tokens, summed over ubatches; then the decodes
  * whose rows were read after the next one was queued and the waits for the
- * next requests meanwhile (sched.c, the pipeline); last, the decodes that
- * held a whole ubatch of rows, those that held fewer although the runnable
- * tasks wanted a ubatch (their units and n_chunk left rows unused), and
- * those that held fewer because the tasks wanted fewer.
+ * next requests meanwhile (sched.c, the pipeline); last, each decode once as
+ * whole (a ubatch of rows), cut (fewer, although the runnable tasks wanted a
+ * ubatch: their units and n_chunk left rows unused) or starved (fewer,
+ * because the tasks wanted fewer).
  * Every ENGINE_PROFILE_US the running sums go to PATH.<pid> as one line
  * under a header of column names (milliseconds, the rows and outputs per
  * decode, the tasks started early, the most rows one decode held, then
