@@ -31,21 +31,29 @@ INNER = ("batch", "memory", "outbuf", "apply", "build", "alloc", "inputs", "comp
 INNER_AT = 13  # the first inner column: after t_s, 3 counts, 7 parts, early_tasks, max_rows
 
 
+def longest_run(values: list[float]) -> tuple[int, int]:
+    """``[start, end)`` of the longest run of values at half the largest or more (the first such run on a
+    tie): the busy stretch's rule, for the profile's rates and dmon's samples alike. ``values``: not empty,
+    its largest above 0."""
+    floor = max(values) / 2
+    best, start = (0, 0), None
+    for i, v in enumerate([*values, 0.0]):
+        if v >= floor and start is None:
+            start = i
+        elif v < floor and start is not None:
+            if i - start > best[1] - best[0]:
+                best = (start, i)
+            start = None
+    return best
+
+
 def busy_stretch(lines: list[list[float]]) -> tuple[list[float], list[float]] | None:
     """The first and last line of the busiest stretch (see the module docstring), or None when idle."""
     rate = [(b[2] - a[2]) / max(b[0] - a[0], 1e-9) for a, b in itertools.pairwise(lines)]
     if not rate or max(rate) <= 0:
         return None
-    floor = max(rate) / 2
-    best, start = (0, 0), None
-    for i, r in enumerate([*rate, 0.0]):
-        if r >= floor and start is None:
-            start = i
-        elif r < floor and start is not None:
-            if i - start > best[1] - best[0]:
-                best = (start, i)
-            start = None
-    return lines[best[0]], lines[best[1]]
+    start, end = longest_run(rate)
+    return lines[start], lines[end]
 
 
 def read_lines(path: Path) -> list[list[float]]:
@@ -110,15 +118,8 @@ def dmon_mean(path: Path) -> str:
             continue
     if not sm or max(sm) <= 5:
         return "no busy SM samples"
-    best: list[float] = []
-    run: list[float] = []
-    for v in sm + [0.0]:
-        if v >= max(sm) / 2:
-            run.append(v)
-            continue
-        if len(run) > len(best):
-            best = run
-        run = []
+    start, end = longest_run(sm)
+    best = sm[start:end]
     return f"SM busy {sum(best) / len(best):.1f}% over the busy stretch's {len(best)} samples"
 
 
