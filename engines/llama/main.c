@@ -498,6 +498,17 @@ static int load(engine *e, options *o)
     e->pipe_wait_ms = wait && *wait ? atoi(wait) : 2;
     const char *fill = getenv("SERVEPROTO_PIPELINE_FILL");
     e->pipe_fill = fill && *fill ? atoi(fill) : e->pipeline;
+    /* the late fill (sched.c): with the pipeline and overlap, the next decode filled this many
+     * microseconds before the device would wait for it (SERVEPROTO_PIPELINE_LATE=US; 0: off) */
+    const char *late = getenv("SERVEPROTO_PIPELINE_LATE");
+    e->late.margin_us = late && *late ? atoi(late) : 0;
+    if (e->late.margin_us < 0)
+        e->late.margin_us = 0;
+    const char *host = getenv("SERVEPROTO_PIPELINE_LATE_HOST_US"); /* measured when unset (sched.c) */
+    if (host && atoi(host) > 0) {
+        e->late.host_us = (uint64_t)atoi(host);
+        e->late.host_fixed = 1;
+    }
     llama_set_output_ring(e->ctx, e->pipeline > 0);
 
     e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
@@ -660,6 +671,7 @@ static void on_request(void *eng, sp_request *rq)
     t->ops = rq->kind == SP_SCORE ? &score_ops : &submit_ops; /* the one place that knows the kinds */
     t->rq = *rq;
     t->arrival = ++e->arrivals;
+    t->in_us = e->prof.on ? profile_now_us() : 0;
     e->n_tasks++;
     memset(rq, 0, sizeof *rq);
 }

@@ -25,7 +25,10 @@
  * next requests meanwhile (sched.c, the pipeline); last, each decode once as
  * whole (a ubatch of rows), cut (fewer, although the runnable tasks wanted a
  * ubatch: their units and n_chunk left rows unused) or starved (fewer,
- * because the tasks wanted fewer).
+ * because the tasks wanted fewer); then the late fill's waits and their
+ * milliseconds (sched.c), and the requests answered and their milliseconds
+ * from being read off stdin to the answer (not the time a frame waited in
+ * the pipe while the engine was inside llama_decode).
  * Every ENGINE_PROFILE_US the running sums go to PATH.<pid> as one line
  * under a header of column names (milliseconds, the rows and outputs per
  * decode, the tasks started early, the most rows one decode held, then
@@ -67,7 +70,8 @@ void profile_init(engine_profile *p)
     p->t0 = p->reported = profile_now_us();
     fprintf(p->f, "# t_s decodes rows outputs gap_ms start_ms fill_ms decode_ms early_ms sync_ms read_ms early_tasks max_rows"
                   " batch_ms memory_ms outbuf_ms apply_ms build_ms alloc_ms inputs_ms compute_ms"
-                  " outputs_ms ubatches reused n_kv tokens pipelined waited whole cut starved\n");
+                  " outputs_ms ubatches reused n_kv tokens pipelined waited whole cut starved late late_ms answered"
+                  " answer_ms\n");
     fflush(p->f);
 }
 
@@ -88,6 +92,8 @@ static void report(engine_profile *p, uint64_t now)
         fprintf(p->f, " %llu", (unsigned long long)in[i]);
     fprintf(p->f, " %llu %llu %llu %llu %llu", (unsigned long long)p->pipelined, (unsigned long long)p->waited,
             (unsigned long long)p->whole, (unsigned long long)p->cut, (unsigned long long)p->starved);
+    fprintf(p->f, " %llu %.1f %llu %.1f", (unsigned long long)p->late, (double)p->late_us * 1e-3,
+            (unsigned long long)p->answered, (double)p->answer_us * 1e-3);
     fputc('\n', p->f);
     fflush(p->f);
 }

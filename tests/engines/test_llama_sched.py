@@ -192,6 +192,46 @@ def test_with_the_pipeline_rows_read_after_the_next_decode_is_queued_keep_their_
         assert (last["waited"] >= 1) == (wait != "0"), last
 
 
+@pytest.mark.parametrize("late", ["1", "0"])
+def test_the_late_fill_waits_for_requests_before_it_fills_the_next_decode_with_the_same_digits(
+    model_path, alone_numbers, tmp_path, monkeypatch, late
+):
+    """The late fill (SERVEPROTO_PIPELINE_LATE=US, with the pipeline and overlap; run here on the CPU, whose
+    llama_decode computes before it returns, so the device's time a row it learns is the CPU's): after a
+    decode is queued, the engine starts the requests that arrive until the time it predicts that decode to
+    end, less the host's time to fill the next and the margin, and only then fills the next decode. The
+    eight requests together, the longest first and each of the others sent after an event of those before,
+    give every number they have alone; the profile counts the late waits (none with it off) and answers
+    every request."""
+    monkeypatch.setenv("SERVEPROTO_OVERLAP", "1")
+    monkeypatch.setenv("SERVEPROTO_NO_ABORT_CALLBACK", "1")
+    monkeypatch.setenv("SERVEPROTO_PIPELINE", "1")
+    monkeypatch.setenv("SERVEPROTO_PIPELINE_LATE", late)
+    monkeypatch.setenv("SERVEPROTO_PIPELINE_LATE_HOST_US", "1")  # the CPU's llama_decode time is no host work
+    monkeypatch.setenv("SERVEPROTO_PROFILE", str(tmp_path / "prof"))
+    requests = eight_requests()
+    requests.insert(0, requests.pop())
+    eng = engine(model_path)
+    try:
+        events: dict[int, list] = {r.id: [] for r in requests}
+        for r in requests:
+            eng.send(r)
+            ev = eng.next_event()
+            events[ev.id].append(ev)
+        while not all(v and isinstance(v[-1], (Done, Error)) for v in events.values()):
+            ev = eng.next_event()
+            events[ev.id].append(ev)
+        got = {rid: numbers(v) for rid, v in events.items()}
+        assert eng.close() == 0
+    finally:
+        if eng.proc.poll() is None:
+            eng.proc.kill()
+    assert not [rid for rid in got if got[rid] != alone_numbers[rid]], "numbers moved under the late fill"
+    last = profile_last(tmp_path)
+    assert (last["late"] >= 1) == (late == "1"), last
+    assert last["answered"] == len(requests) and last["answer_ms"] > 0, last
+
+
 def test_the_profile_counts_each_decode_whole_cut_short_or_starved(model_path, alone_numbers, tmp_path, monkeypatch):
     """The profile's decodes by fill (SERVEPROTO_PROFILE; bench/gpu/profile_split.py's last columns): each
     decode is counted once, as a whole ubatch of rows, as cut short (fewer rows although the runnable requests
