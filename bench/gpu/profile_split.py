@@ -18,6 +18,9 @@ the pipeline (engines/llama/sched.c) end with the decodes whose rows were read a
 their share of the decodes is the table's pipelined column. Files written since 2026-12-05's third session
 end with three more counts (sched.c), each decode in one: a whole ubatch of rows, fewer although the runnable
 tasks wanted a ubatch (cut short by their units and n_chunk), fewer because they wanted fewer (starved).
+Files written since the late fill end with its waits and their milliseconds, then the requests answered and
+their milliseconds from stdin to the answer: a third table gives the share of decodes filled after a late
+wait, its milliseconds a decode, and the mean time of a request in the engine.
 """
 
 from __future__ import annotations
@@ -103,6 +106,20 @@ def inner_split(name: str, stretch: tuple[list[float], list[float]] | None) -> s
     )
 
 
+def late_split(name: str, stretch: tuple[list[float], list[float]] | None) -> str | None:
+    """One row of the late-fill table (files written since the late fill, sched.c: its waits and their
+    milliseconds, then the requests answered and their milliseconds in the engine), or None without them."""
+    at = INNER_AT + len(INNER) + 4 + 5  # after pipelined, waited, whole, cut, starved
+    if stretch is None or len(stretch[1]) < at + 4:
+        return None
+    a, b = stretch
+    d, late, late_ms, answered, answer_ms = (b[i] - a[i] for i in (1, at, at + 1, at + 2, at + 3))
+    if d <= 0:
+        return None
+    per = f"{answer_ms / answered:.1f}" if answered > 0 else "-"
+    return f"| {name} | {late / d:.0%} | {late_ms / d:.2f} | {answered:.0f} | {per} |"
+
+
 def dmon_mean(path: Path) -> str:
     """Mean SM% of an ``nvidia-smi dmon -s u`` log over its busy stretch: the longest run of samples at half
     the busiest sample's or more, as for the profile (the load cells, not the model's upload to the device or
@@ -151,6 +168,12 @@ def main() -> None:
         )
         print("|" + "---|" * (10 + len(INNER)))
         print("\n".join(inner))
+    late = [r for r in (late_split(name, stretch) for name, stretch in stretches) if r]
+    if late:
+        print("\nthe late fill, and the requests answered")
+        print("| engine | decodes after a late wait | late ms a decode | answered | ms a request in the engine |")
+        print("|---|---|---|---|---|")
+        print("\n".join(late))
     if args.dmon and args.dmon.exists():
         print(dmon_mean(args.dmon))
 
