@@ -208,7 +208,10 @@ typedef struct late_fill {
     uint64_t ret_us;  /* when llama_decode of the last decode returned: its start on the device */
     int rows;         /* that decode's rows */
     double us_row;    /* the device's time a row under this load (0: none measured yet) */
-    uint64_t host_us; /* llama_decode's own host work: its time without a decode in flight, averaged */
+    uint64_t host_us; /* llama_decode's own host work: the median of its last calls without a decode in
+                         flight (0: fewer than LATE_HOST_MIN of them yet) */
+    uint64_t host_seen[8]; /* those calls' times, a ring */
+    int n_host_seen;
     int host_fixed;   /* host_us is SERVEPROTO_PIPELINE_LATE_HOST_US's, not measured (the CPU's tests: its
                          llama_decode computes before it returns, so its time is not host work) */
     double fill_us;   /* from a late wait's end to the next llama_decode: the starts and the fill */

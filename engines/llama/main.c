@@ -797,6 +797,9 @@ int main(int argc, char **argv)
         sp_loop_read(&e.in);
         sp_loop_drain(&e.in);
     }
+    if (e.late.margin_us > 0 && e.pipeline && e.overlap) /* what the late fill learned (sched.c) */
+        fprintf(stderr, "serveproto-llama: late fill: host work %llu us, %.2f us a row on the device, fill %.0f us\n",
+                (unsigned long long)e.late.host_us, e.late.us_row, e.late.fill_us);
     profile_free(&e.prof);
     int rc = e.w.failed ? 1 : 0;
     if (e.w.failed)

@@ -311,14 +311,36 @@ static int wait_for_more(engine *e, int ended)
 
 /* A late wait lasts at most this long, whatever the prediction (microseconds). */
 #define LATE_MAX_US 50000u
+/* Calls without a decode in flight measured before the host work is trusted (the first ones allocate). */
+#define LATE_HOST_MIN 3
+
+static int by_u64(const void *pa, const void *pb)
+{
+    uint64_t a = *(const uint64_t *)pa, b = *(const uint64_t *)pb;
+    return a < b ? -1 : a > b;
+}
+
+/* A call's time without a decode in flight into the ring; host_us becomes the median of the ring. */
+static void late_host(late_fill *l, uint64_t d)
+{
+    const int cap = (int)(sizeof l->host_seen / sizeof *l->host_seen);
+    l->host_seen[l->n_host_seen++ % cap] = d;
+    const int n = l->n_host_seen < cap ? l->n_host_seen : cap;
+    if (l->n_host_seen < LATE_HOST_MIN)
+        return;
+    uint64_t v[sizeof l->host_seen / sizeof *l->host_seen];
+    memcpy(v, l->host_seen, (size_t)n * sizeof *v);
+    qsort(v, (size_t)n, sizeof *v, by_u64);
+    l->host_us = v[n / 2];
+}
 
 /* What the call of llama_decode that just returned says of the device (the late fill): it was called at
  * t_call, the decode before still in flight or not (in_flight), and returned at t_ret with `rows` rows
  * queued. Without a decode in flight the call's time is llama_decode's own host work (the graph built,
  * the inputs copied, the kernels queued; the device idle). With one, the call waits inside for it to end,
  * and that decode started on the device when its own call returned (the device was busy until then, or
- * idle): so when the call took half a millisecond more than the host work, the time between the two
- * returns is the decode before's time on the device, which updates the time a row (from decodes of half
+ * idle): so when the call took half a millisecond more than the host work (the median of the calls
+ * without a decode in flight), the time between the two returns is the decode before's time on the device, which updates the time a row (from decodes of half
  * a ubatch or more: a smaller one's fixed cost would count as rows). A call that did not wait after a
  * late wait came too late, the device idle meanwhile: the time a row is taken down 3%. */
 static void late_learn(engine *e, int in_flight, uint64_t t_call, uint64_t t_ret, int rows)
@@ -327,10 +349,12 @@ static void late_learn(engine *e, int in_flight, uint64_t t_call, uint64_t t_ret
     const uint64_t d = t_ret - t_call;
     if (!in_flight) {
         if (!l->host_fixed)
-            l->host_us = l->host_us ? (3 * l->host_us + d) / 4 : d;
+            late_host(l, d);
     } else if (l->host_us && l->ret_us && d >= l->host_us + 500) {
         if (l->rows >= e->n_ubatch / 2) {
-            const double us_row = (double)(t_ret - l->ret_us) / l->rows;
+            double us_row = (double)(t_ret - l->ret_us) / l->rows;
+            if (l->us_row > 0 && us_row > 1.5 * l->us_row) /* a step held up on the host: a bound, no more */
+                us_row = 1.5 * l->us_row;
             l->us_row = l->us_row > 0 ? 0.75 * l->us_row + 0.25 * us_row : us_row;
         }
     } else if (l->host_us && l->woke_us && d < l->host_us + 200) {
