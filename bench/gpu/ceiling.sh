@@ -63,7 +63,7 @@ load() {  # TAG MODEL [NAME=VALUE...] ENGINE_FLAGS...: the NAME=VALUE words go t
     --debias "$debias" --json $RES/load-$tag.json --engine engines/bin/serveproto-llama --model $model "$@" \
     > $RES/load-$tag.log 2>&1
   echo "load $tag: exit $?"
-  grep -m4 -E "crash|exited|killed|GGML_ASSERT|abort|stopping|late fill:" $RES/$tag-server.log 2>/dev/null | cut -c1-400
+  grep -m4 -E "crash|exited|killed|GGML_ASSERT|abort|stopping" $RES/$tag-server.log 2>/dev/null | cut -c1-400
   kill $dm 2>/dev/null
   grep "^|" $RES/load-$tag.log | grep -v "^|---" | cut -d'|' -f2-8
   cp /tmp/prof-$tag.* $RES/ 2>/dev/null

@@ -18,9 +18,11 @@ the pipeline (engines/llama/sched.c) end with the decodes whose rows were read a
 their share of the decodes is the table's pipelined column. Files written since 2026-12-05's third session
 end with three more counts (sched.c), each decode in one: a whole ubatch of rows, fewer although the runnable
 tasks wanted a ubatch (cut short by their units and n_chunk), fewer because they wanted fewer (starved).
-Files written since the late fill end with its waits and their milliseconds, then the requests answered and
-their milliseconds from stdin to the answer: a third table gives the share of decodes filled after a late
-wait, its milliseconds a decode, and the mean time of a request in the engine.
+Files written since its fourth session end with the requests answered and their milliseconds from stdin to the
+answer, the milliseconds of the rows' read and of its logsumexps, and the llama_decode calls made with no decode
+in flight and their milliseconds: a third table gives the mean time of a request in the engine, the read and
+logsumexp milliseconds a decode, the share of calls with none in flight and their mean (on a GPU, llama_decode's
+own host work: the graph built and its kernels queued).
 """
 
 from __future__ import annotations
@@ -106,18 +108,21 @@ def inner_split(name: str, stretch: tuple[list[float], list[float]] | None) -> s
     )
 
 
-def late_split(name: str, stretch: tuple[list[float], list[float]] | None) -> str | None:
-    """One row of the late-fill table (files written since the late fill, sched.c: its waits and their
-    milliseconds, then the requests answered and their milliseconds in the engine), or None without them."""
+def host_split(name: str, stretch: tuple[list[float], list[float]] | None) -> str | None:
+    """One row of the host table (files written since 2026-12-05's fourth session, after the fill counts:
+    requests answered and their milliseconds in the engine, the rows' read and its logsumexps, llama_decode
+    calls with no decode in flight and their milliseconds), or None for a file without those columns."""
     at = INNER_AT + len(INNER) + 4 + 5  # after pipelined, waited, whole, cut, starved
-    if stretch is None or len(stretch[1]) < at + 4:
+    if stretch is None or len(stretch[1]) < at + 6:
         return None
     a, b = stretch
-    d, late, late_ms, answered, answer_ms = (b[i] - a[i] for i in (1, at, at + 1, at + 2, at + 3))
+    d = b[1] - a[1]
+    answered, answer_ms, readout_ms, lse_ms, alone, alone_ms = (b[at + i] - a[at + i] for i in range(6))
     if d <= 0:
         return None
     per = f"{answer_ms / answered:.1f}" if answered > 0 else "-"
-    return f"| {name} | {late / d:.0%} | {late_ms / d:.2f} | {answered:.0f} | {per} |"
+    each = f"{alone_ms / alone:.2f}" if alone > 0 else "-"
+    return f"| {name} | {answered:.0f} | {per} | {readout_ms / d:.2f} | {lse_ms / d:.2f} | {alone / d:.0%} | {each} |"
 
 
 def dmon_mean(path: Path) -> str:
@@ -168,12 +173,15 @@ def main() -> None:
         )
         print("|" + "---|" * (10 + len(INNER)))
         print("\n".join(inner))
-    late = [r for r in (late_split(name, stretch) for name, stretch in stretches) if r]
-    if late:
-        print("\nthe late fill, and the requests answered")
-        print("| engine | decodes after a late wait | late ms a decode | answered | ms a request in the engine |")
-        print("|---|---|---|---|---|")
-        print("\n".join(late))
+    host = [r for r in (host_split(name, stretch) for name, stretch in stretches) if r]
+    if host:
+        print("\nrequests in the engine, and the host's work")
+        print(
+            "| engine | answered | ms a request in the engine | read ms a decode | logsumexp ms a decode"
+            " | llama_decode calls with none in flight | ms each |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        print("\n".join(host))
     if args.dmon and args.dmon.exists():
         print(dmon_mean(args.dmon))
 

@@ -186,9 +186,12 @@ typedef struct engine_profile {
     uint64_t whole;     /* decodes of a whole ubatch of rows (or more) */
     uint64_t cut;       /* decodes of fewer rows although the runnable tasks wanted a ubatch (units, n_chunk) */
     uint64_t starved;   /* decodes of fewer rows because the runnable tasks wanted fewer */
-    uint64_t late, late_us; /* the late fill's waits (sched.c), and their microseconds */
     uint64_t answered, answer_us; /* requests answered after they started, and their microseconds from
-                                     stdin to the answer */
+                                     being read off stdin to the answer */
+    uint64_t readout_us, lse_us;  /* the decodes' rows read (sched.c: read_pending), and of that the
+                                     logsumexps (rows_lse) */
+    uint64_t alone, alone_us;     /* llama_decode calls with no decode in flight, and their microseconds:
+                                     on a GPU, llama_decode's own host work with the device idle */
     uint64_t us[ENGINE_PROFILE_PARTS];
 } engine_profile;
 /* llama_decode's own split (llama/patches/0007, on with SERVEPROTO_PROFILE):
@@ -199,24 +202,6 @@ typedef struct engine_profile {
  * counters to out and returns how many. */
 #define SERVEPROTO_DECODE_PARTS 9
 int serveproto_decode_profile(uint64_t *out, int n);
-
-/* The late fill (sched.c; SERVEPROTO_PIPELINE_LATE=US, with the pipeline on a device that computes after
- * llama_decode returns): what it has measured of the device, to fill the next decode just before the device
- * needs it. Microseconds of CLOCK_MONOTONIC (profile_now_us). */
-typedef struct late_fill {
-    int margin_us;    /* the fill is due this long before the device would otherwise wait for it (0: off) */
-    uint64_t ret_us;  /* when llama_decode of the last decode returned: its start on the device */
-    int rows;         /* that decode's rows */
-    double us_row;    /* the device's time a row under this load (0: none measured yet) */
-    uint64_t host_us; /* llama_decode's own host work: the median of its last calls without a decode in
-                         flight (0: fewer than LATE_HOST_MIN of them yet) */
-    uint64_t host_seen[8]; /* those calls' times, a ring */
-    int n_host_seen;
-    int host_fixed;   /* host_us is SERVEPROTO_PIPELINE_LATE_HOST_US's, not measured (the CPU's tests: its
-                         llama_decode computes before it returns, so its time is not host work) */
-    double fill_us;   /* from a late wait's end to the next llama_decode: the starts and the fill */
-    uint64_t woke_us; /* when the late wait before the next llama_decode ended (0: it did not wait) */
-} late_fill;
 
 typedef struct engine {
     struct llama_model *model;
@@ -253,8 +238,6 @@ typedef struct engine {
                                  * the next ones (SERVEPROTO_PIPELINE_WAIT_MS; sched.c) */
     int pipe_fill;              /* ... until the other tasks want this many rows (SERVEPROTO_PIPELINE_FILL,
                                  * default e->pipeline) */
-    late_fill late;             /* the late fill (sched.c): with the pipeline, the next decode filled just
-                                 * before the device needs it */
     llama_token_data *cand;     /* n_vocab candidates for the sampler */
     int n_threads;              /* the decodes' CPU threads now */
     int threads_auto;           /* --threads auto: n_threads moves between 1 and threads_max (threads.c) */

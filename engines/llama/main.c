@@ -498,17 +498,6 @@ static int load(engine *e, options *o)
     e->pipe_wait_ms = wait && *wait ? atoi(wait) : 2;
     const char *fill = getenv("SERVEPROTO_PIPELINE_FILL");
     e->pipe_fill = fill && *fill ? atoi(fill) : e->pipeline;
-    /* the late fill (sched.c): with the pipeline and overlap, the next decode filled this many
-     * microseconds before the device would wait for it (SERVEPROTO_PIPELINE_LATE=US; 0: off) */
-    const char *late = getenv("SERVEPROTO_PIPELINE_LATE");
-    e->late.margin_us = late && *late ? atoi(late) : 0;
-    if (e->late.margin_us < 0)
-        e->late.margin_us = 0;
-    const char *host = getenv("SERVEPROTO_PIPELINE_LATE_HOST_US"); /* measured when unset (sched.c) */
-    if (host && atoi(host) > 0) {
-        e->late.host_us = (uint64_t)atoi(host);
-        e->late.host_fixed = 1;
-    }
     llama_set_output_ring(e->ctx, e->pipeline > 0);
 
     e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
@@ -797,9 +786,6 @@ int main(int argc, char **argv)
         sp_loop_read(&e.in);
         sp_loop_drain(&e.in);
     }
-    if (e.late.margin_us > 0 && e.pipeline && e.overlap) /* what the late fill learned (sched.c) */
-        fprintf(stderr, "serveproto-llama: late fill: host work %llu us, %.2f us a row on the device, fill %.0f us\n",
-                (unsigned long long)e.late.host_us, e.late.us_row, e.late.fill_us);
     profile_free(&e.prof);
     int rc = e.w.failed ? 1 : 0;
     if (e.w.failed)

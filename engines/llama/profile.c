@@ -25,10 +25,14 @@
  * next requests meanwhile (sched.c, the pipeline); last, each decode once as
  * whole (a ubatch of rows), cut (fewer, although the runnable tasks wanted a
  * ubatch: their units and n_chunk left rows unused) or starved (fewer,
- * because the tasks wanted fewer); then the late fill's waits and their
- * milliseconds (sched.c), and the requests answered and their milliseconds
- * from being read off stdin to the answer (not the time a frame waited in
- * the pipe while the engine was inside llama_decode).
+ * because the tasks wanted fewer). Then the requests answered and their
+ * milliseconds from being read off stdin to the answer (a frame's wait in
+ * the pipe while the engine is inside llama_decode is not in it); the
+ * milliseconds of the rows' read (the logits waited for, the logsumexps,
+ * each task's read, its frames written) and of the logsumexps within it;
+ * and the llama_decode calls made with no decode in flight and their
+ * milliseconds (on a GPU: llama_decode's own host work, the graph built and
+ * its kernels queued, with nothing to wait for).
  * Every ENGINE_PROFILE_US the running sums go to PATH.<pid> as one line
  * under a header of column names (milliseconds, the rows and outputs per
  * decode, the tasks started early, the most rows one decode held, then
@@ -70,8 +74,8 @@ void profile_init(engine_profile *p)
     p->t0 = p->reported = profile_now_us();
     fprintf(p->f, "# t_s decodes rows outputs gap_ms start_ms fill_ms decode_ms early_ms sync_ms read_ms early_tasks max_rows"
                   " batch_ms memory_ms outbuf_ms apply_ms build_ms alloc_ms inputs_ms compute_ms"
-                  " outputs_ms ubatches reused n_kv tokens pipelined waited whole cut starved late late_ms answered"
-                  " answer_ms\n");
+                  " outputs_ms ubatches reused n_kv tokens pipelined waited whole cut starved answered answer_ms"
+                  " readout_ms lse_ms alone alone_ms\n");
     fflush(p->f);
 }
 
@@ -92,8 +96,9 @@ static void report(engine_profile *p, uint64_t now)
         fprintf(p->f, " %llu", (unsigned long long)in[i]);
     fprintf(p->f, " %llu %llu %llu %llu %llu", (unsigned long long)p->pipelined, (unsigned long long)p->waited,
             (unsigned long long)p->whole, (unsigned long long)p->cut, (unsigned long long)p->starved);
-    fprintf(p->f, " %llu %.1f %llu %.1f", (unsigned long long)p->late, (double)p->late_us * 1e-3,
-            (unsigned long long)p->answered, (double)p->answer_us * 1e-3);
+    fprintf(p->f, " %llu %.1f %.1f %.1f %llu %.1f", (unsigned long long)p->answered, (double)p->answer_us * 1e-3,
+            (double)p->readout_us * 1e-3, (double)p->lse_us * 1e-3, (unsigned long long)p->alone,
+            (double)p->alone_us * 1e-3);
     fputc('\n', p->f);
     fflush(p->f);
 }

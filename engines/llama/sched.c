@@ -23,18 +23,6 @@
  * leaves a decode pending only when the others want at least e->pipeline
  * rows and at least half the rows of the decode in flight; else it reads the
  * rows at once, as without the pipeline.
- *
- * The late fill (e->late, SERVEPROTO_PIPELINE_LATE=US, with the pipeline):
- * the next decode is filled as late as the device allows, not as soon as the
- * last one is queued. With one copy of the inputs, llama_decode waits inside
- * for the decode in flight to end before it queues the next one, so a request
- * that arrives while the device computes decode N misses N+1 (filled early in
- * N) and goes in N+2. The late fill waits for requests, starting each as it
- * comes, until N's predicted end less the host's time to fill and queue N+1
- * and US, then fills N+1: those requests go one decode sooner, and the
- * decodes hold more rows when the clients wait for their answers. N's end is
- * predicted from the device's time a row, learned from the calls that waited
- * for the decode before (sched.c: late_learn).
  */
 #include <math.h>
 #include <stdio.h>
@@ -245,10 +233,13 @@ static void allot(turn *tu, int n, int budget, int chunk)
  * output ring), else it was the last one. */
 static void read_pending(engine *e, int prev)
 {
+    const uint64_t t0 = e->prof.on ? profile_now_us() : 0;
     struct llama_batch filling = e->batch;
     e->batch = e->batch_pend;
     e->read_prev = prev;
     rows_lse(e, e->pend, e->n_pend);
+    if (e->prof.on)
+        e->prof.lse_us += profile_now_us() - t0;
     for (int i = 0; i < e->n_pend; i++) {
         task *t = e->pend[i];
         t->pending = 0;
@@ -261,6 +252,8 @@ static void read_pending(engine *e, int prev)
     e->n_pend = 0;
     e->batch_pend = e->batch;
     e->batch = filling;
+    if (e->prof.on)
+        e->prof.readout_us += profile_now_us() - t0;
 }
 
 /* The rows the runnable tasks outside the decode in flight want. */
@@ -307,99 +300,6 @@ static int wait_for_more(engine *e, int ended)
         keep = keep_pending(e, rows);
     }
     return keep;
-}
-
-/* A late wait lasts at most this long, whatever the prediction (microseconds). */
-#define LATE_MAX_US 50000u
-/* Calls without a decode in flight measured before the host work is trusted (the first ones allocate). */
-#define LATE_HOST_MIN 3
-
-static int by_u64(const void *pa, const void *pb)
-{
-    uint64_t a = *(const uint64_t *)pa, b = *(const uint64_t *)pb;
-    return a < b ? -1 : a > b;
-}
-
-/* A call's time without a decode in flight into the ring; host_us becomes the median of the ring. */
-static void late_host(late_fill *l, uint64_t d)
-{
-    const int cap = (int)(sizeof l->host_seen / sizeof *l->host_seen);
-    l->host_seen[l->n_host_seen++ % cap] = d;
-    const int n = l->n_host_seen < cap ? l->n_host_seen : cap;
-    if (l->n_host_seen < LATE_HOST_MIN)
-        return;
-    uint64_t v[sizeof l->host_seen / sizeof *l->host_seen];
-    memcpy(v, l->host_seen, (size_t)n * sizeof *v);
-    qsort(v, (size_t)n, sizeof *v, by_u64);
-    l->host_us = v[n / 2];
-}
-
-/* What the call of llama_decode that just returned says of the device (the late fill): it was called at
- * t_call, the decode before still in flight or not (in_flight), and returned at t_ret with `rows` rows
- * queued. Without a decode in flight the call's time is llama_decode's own host work (the graph built,
- * the inputs copied, the kernels queued; the device idle). With one, the call waits inside for it to end,
- * and that decode started on the device when its own call returned (the device was busy until then, or
- * idle): so when the call took half a millisecond more than the host work (the median of the calls
- * without a decode in flight), the time between the two returns is the decode before's time on the device, which updates the time a row (from decodes of half
- * a ubatch or more: a smaller one's fixed cost would count as rows). A call that did not wait after a
- * late wait came too late, the device idle meanwhile: the time a row is taken down 3%. */
-static void late_learn(engine *e, int in_flight, uint64_t t_call, uint64_t t_ret, int rows)
-{
-    late_fill *l = &e->late;
-    const uint64_t d = t_ret - t_call;
-    if (!in_flight) {
-        if (!l->host_fixed)
-            late_host(l, d);
-    } else if (l->host_us && l->ret_us && d >= l->host_us + 500) {
-        if (l->rows >= e->n_ubatch / 2) {
-            double us_row = (double)(t_ret - l->ret_us) / l->rows;
-            if (l->us_row > 0 && us_row > 1.5 * l->us_row) /* a step held up on the host: a bound, no more */
-                us_row = 1.5 * l->us_row;
-            l->us_row = l->us_row > 0 ? 0.75 * l->us_row + 0.25 * us_row : us_row;
-        }
-    } else if (l->host_us && l->woke_us && d < l->host_us + 200) {
-        l->us_row *= 0.97;
-    }
-    if (l->woke_us && in_flight) { /* (a step that read at once after its wait filled after that read) */
-        const double f = (double)(t_call - l->woke_us);
-        l->fill_us = l->fill_us > 0 ? 0.75 * l->fill_us + 0.25 * f : f;
-        l->woke_us = 0;
-    }
-    l->ret_us = t_ret;
-    l->rows = rows;
-}
-
-/* The late fill's wait, the decode just queued in flight and the one before read: starts the requests that
- * arrive until that decode's predicted end on the device less the host's time to fill and queue the next
- * one (llama_decode's host work and the last fills') and the margin, or until the others want a ubatch of
- * rows (a full decode gains nothing by waiting), at most LATE_MAX_US. Returns keep_pending's answer for
- * the rows the others want then. Before the first measurement of the device, the pipeline's own wait
- * (wait_for_more). */
-static int late_wait(engine *e, int ended)
-{
-    late_fill *l = &e->late;
-    if (l->us_row <= 0 || !l->host_us)
-        return wait_for_more(e, ended);
-    const uint64_t lead = l->host_us + (uint64_t)l->fill_us + (uint64_t)l->margin_us;
-    uint64_t busy = (uint64_t)(l->us_row * l->rows), t0 = profile_now_us();
-    if (busy > LATE_MAX_US)
-        busy = LATE_MAX_US;
-    const uint64_t due = l->ret_us + busy > lead ? l->ret_us + busy - lead : 0;
-    int rows = others_want(e), waited = 0;
-    for (uint64_t now = t0; rows < e->n_ubatch && now + 1000 <= due && !e->in.eof; now = profile_now_us()) {
-        sp_loop_wait(&e->in, (int)((due - now) / 1000));
-        start_early(e);
-        rows = others_want(e);
-        waited = 1;
-    }
-    if (waited) {
-        l->woke_us = profile_now_us();
-        if (e->prof.on) {
-            e->prof.late++;
-            e->prof.late_us += l->woke_us - t0;
-        }
-    }
-    return keep_pending(e, rows);
 }
 
 /* A step with nothing to decode: the rows of the decode left in flight now, since nothing can be queued
@@ -499,14 +399,17 @@ int sched_step(engine *e)
     e->in_decode = 1;
     e->abort_decode = 0;
     threads_before(e);
-    const int late = e->late.margin_us > 0 && e->pipeline && e->overlap, in_flight = e->n_pend > 0;
-    if (e->prof.on || late)
+    if (e->prof.on)
         mark[2] = profile_now_us();
+    const int alone = e->n_pend == 0; /* no decode in flight: nothing for llama_decode to wait for */
     int rc = llama_decode(e->ctx, e->batch);
-    if (e->prof.on || late)
+    if (e->prof.on) {
         mark[3] = profile_now_us();
-    if (late && rc == 0)
-        late_learn(e, in_flight, mark[2], mark[3], e->batch.n_tokens);
+        if (alone) {
+            e->prof.alone++;
+            e->prof.alone_us += mark[3] - mark[2];
+        }
+    }
     threads_after(e);
     e->in_decode = 0;
     e->decodes++;
@@ -535,7 +438,7 @@ int sched_step(engine *e)
             start_early(e);
         uint64_t t1 = e->prof.on ? profile_now_us() : 0;
         t_early = t1 - t0;
-        if (late ? late_wait(e, ended) : wait_for_more(e, ended)) {
+        if (wait_for_more(e, ended)) {
             if (e->prof.on)
                 e->prof.pipelined++;
         } else {

@@ -188,48 +188,10 @@ def test_with_the_pipeline_rows_read_after_the_next_decode_is_queued_keep_their_
     assert not [rid for rid in got if got[rid] != alone_numbers[rid]], "numbers moved under the pipeline"
     last = profile_last(tmp_path)
     assert (last["pipelined"] >= 1) == (pipeline == "1"), last
+    # llama_decode called with a decode in flight: every call but those after a read at once
+    assert (last["alone"] < last["decodes"]) == (pipeline == "1"), last
     if wait is not None:
         assert (last["waited"] >= 1) == (wait != "0"), last
-
-
-@pytest.mark.parametrize("late", ["1", "0"])
-def test_the_late_fill_waits_for_requests_before_it_fills_the_next_decode_with_the_same_digits(
-    model_path, alone_numbers, tmp_path, monkeypatch, late
-):
-    """The late fill (SERVEPROTO_PIPELINE_LATE=US, with the pipeline and overlap; run here on the CPU, whose
-    llama_decode computes before it returns, so the device's time a row it learns is the CPU's): after a
-    decode is queued, the engine starts the requests that arrive until the time it predicts that decode to
-    end, less the host's time to fill the next and the margin, and only then fills the next decode. The
-    eight requests together, the longest first and each of the others sent after an event of those before,
-    give every number they have alone; the profile counts the late waits (none with it off) and answers
-    every request."""
-    monkeypatch.setenv("SERVEPROTO_OVERLAP", "1")
-    monkeypatch.setenv("SERVEPROTO_NO_ABORT_CALLBACK", "1")
-    monkeypatch.setenv("SERVEPROTO_PIPELINE", "1")
-    monkeypatch.setenv("SERVEPROTO_PIPELINE_LATE", late)
-    monkeypatch.setenv("SERVEPROTO_PIPELINE_LATE_HOST_US", "1")  # the CPU's llama_decode time is no host work
-    monkeypatch.setenv("SERVEPROTO_PROFILE", str(tmp_path / "prof"))
-    requests = eight_requests()
-    requests.insert(0, requests.pop())
-    eng = engine(model_path)
-    try:
-        events: dict[int, list] = {r.id: [] for r in requests}
-        for r in requests:
-            eng.send(r)
-            ev = eng.next_event()
-            events[ev.id].append(ev)
-        while not all(v and isinstance(v[-1], (Done, Error)) for v in events.values()):
-            ev = eng.next_event()
-            events[ev.id].append(ev)
-        got = {rid: numbers(v) for rid, v in events.items()}
-        assert eng.close() == 0
-    finally:
-        if eng.proc.poll() is None:
-            eng.proc.kill()
-    assert not [rid for rid in got if got[rid] != alone_numbers[rid]], "numbers moved under the late fill"
-    last = profile_last(tmp_path)
-    assert (last["late"] >= 1) == (late == "1"), last
-    assert last["answered"] == len(requests) and last["answer_ms"] > 0, last
 
 
 def test_the_profile_counts_each_decode_whole_cut_short_or_starved(model_path, alone_numbers, tmp_path, monkeypatch):
@@ -237,13 +199,18 @@ def test_the_profile_counts_each_decode_whole_cut_short_or_starved(model_path, a
     decode is counted once, as a whole ubatch of rows, as cut short (fewer rows although the runnable requests
     wanted a ubatch: their units and --chunk left rows unused) or as starved (they wanted fewer). The eight
     requests sent together at ``--ubatch 32`` want more than a ubatch at first and less at the end, so the
-    profile counts whole and starved decodes, every decode once; their numbers are those each has alone."""
+    profile counts whole and starved decodes, every decode once; their numbers are those each has alone. The
+    same profile answers the eight with their time in the engine, times the rows' read with its logsumexps
+    within it, and, without the pipeline, counts every llama_decode as called with no decode in flight."""
     monkeypatch.setenv("SERVEPROTO_PROFILE", str(tmp_path / "prof"))
     got = together(model_path, eight_requests())
     assert not [rid for rid in got if got[rid] != alone_numbers[rid]], "numbers moved"
     last = profile_last(tmp_path)
     assert last["whole"] + last["cut"] + last["starved"] == last["decodes"], last
     assert last["whole"] >= 1 and last["starved"] >= 1 and last["max_rows"] <= 32, last
+    assert last["answered"] == 8 and last["answer_ms"] > 0, last
+    assert 0 < last["lse_ms"] <= last["readout_ms"], last
+    assert last["alone"] == last["decodes"] and last["alone_ms"] > 0, last
 
 
 def profile_last(tmp_path) -> dict[str, float]:
