@@ -200,8 +200,9 @@ def test_the_profile_counts_each_decode_whole_cut_short_or_starved(model_path, a
     wanted a ubatch: their units and --chunk left rows unused) or as starved (they wanted fewer). The eight
     requests sent together at ``--ubatch 32`` want more than a ubatch at first and less at the end, so the
     profile counts whole and starved decodes, every decode once; their numbers are those each has alone. The
-    same profile answers the eight with their time in the engine, times the rows' read with its logsumexps
-    within it, and, without the pipeline, counts every llama_decode as called with no decode in flight."""
+    same profile counts the eight answered, with their time in the engine, times the rows' read and the
+    logsumexps within it, and, without the pipeline, counts every llama_decode as called with no decode in
+    flight."""
     monkeypatch.setenv("SERVEPROTO_PROFILE", str(tmp_path / "prof"))
     got = together(model_path, eight_requests())
     assert not [rid for rid in got if got[rid] != alone_numbers[rid]], "numbers moved"
