@@ -118,6 +118,7 @@ typedef struct snapshot {
     llama_token *tokens; /* owned, n entries */
     int n;
     float *logits;       /* owned, n_vocab entries */
+    double lse;          /* their logsumexp (model_logsumexp), NAN until computed (snapshot_lse) */
     uint64_t last_use;   /* LRU clock */
     int on_disk;         /* --cache-dir: a file holds it (persist.c writes the others when idle) */
 } snapshot;
@@ -308,7 +309,8 @@ void devices_caps(const device_options *d, char *out, size_t cap);
 int lcp(const llama_token *a, int na, const llama_token *b, int nb);
 int snapshot_valid(engine *e, snapshot *s);
 snapshot *snapshot_find(engine *e, const llama_token *toks, int n, int max_len, int *stale);
-void snapshot_take(engine *e, int slot, const llama_token *toks, int n, const float *logits);
+snapshot *snapshot_take(engine *e, int slot, const llama_token *toks, int n, const float *logits);
+double snapshot_lse(engine *e, snapshot *s);
 void slot_truncate(engine *e, int slot, int keep);
 void slot_restore(engine *e, int slot, snapshot *s);
 int slot_resume(engine *e, int slot, const llama_token *toks, int n, snapshot *snap);

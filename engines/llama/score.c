@@ -399,17 +399,31 @@ static void finish(engine *e, task *t)
 }
 
 /* The trunk is in the slot and its last logits in st->pred (pred_lse: their
- * logsumexp when known, else NAN): the pin's snapshot, the trie's turn (or
- * the end when every option was cached). */
-static void trunk_loaded(engine *e, task *t, double pred_lse)
+ * logsumexp when known, else NAN), restored from snapshot `from` (NULL:
+ * computed): the pin's snapshot, the trie's turn (or the end when every
+ * option was cached). A trunk restored whole from a snapshot is that
+ * snapshot's tokens and logits: its pin only moves the snapshot to this slot,
+ * whose rows now hold them (as taking it again would, without copying
+ * n_vocab logits), and the logsumexp is the one the snapshot keeps. */
+static void trunk_loaded(engine *e, task *t, double pred_lse, snapshot *from)
 {
     score_state *st = t->st;
     const int trunk = st->job.trunk;
     st->trunk_a = trunk;
-    if (st->pin && trunk > 0)
-        snapshot_take(e, (int)t->rq.slot, st->job.opts[st->job.src].toks, trunk, st->pred);
-    if (isnan(pred_lse) && trunk > 0 && st->n_todo > 0)
-        pred_lse = model_logsumexp(st->pred, e->n_vocab);
+    if (from) {
+        if (st->pin)
+            from->slot = (int)t->rq.slot;
+        if (st->n_todo > 0)
+            pred_lse = snapshot_lse(e, from);
+    } else {
+        if (isnan(pred_lse) && trunk > 0 && st->n_todo > 0)
+            pred_lse = model_logsumexp(st->pred, e->n_vocab);
+        snapshot *taken = st->pin && trunk > 0
+            ? snapshot_take(e, (int)t->rq.slot, st->job.opts[st->job.src].toks, trunk, st->pred)
+            : NULL;
+        if (taken)
+            taken->lse = pred_lse; /* NAN when not computed: snapshot_lse does it at its first use */
+    }
     st->pred_lse = pred_lse;
 }
 
@@ -502,7 +516,7 @@ static int score_start(engine *e, task *t)
     int stale = 0;
     if (trunk == 0) {
         slot_truncate(e, slot, 0);
-        trunk_loaded(e, t, NAN);
+        trunk_loaded(e, t, NAN, NULL);
     } else {
         snapshot *snap = snapshot_find(e, job->opts[job->src].toks, trunk, trunk, &stale);
         if (e->scores.disk && !(snap && snap->n == trunk)) {
@@ -519,7 +533,7 @@ static int score_start(engine *e, task *t)
             slot_restore(e, slot, snap);
             memcpy(st->pred, snap->logits, (size_t)e->n_vocab * sizeof(float));
             st->ri.reused = trunk;
-            trunk_loaded(e, t, NAN);
+            trunk_loaded(e, t, NAN, snap);
         } else {
             st->trunk_a = slot_resume(e, slot, job->opts[job->src].toks, trunk, snap);
             st->ri.reused = st->trunk_a;
@@ -752,7 +766,7 @@ static void score_decoded(engine *e, task *t)
             const int row = t->row0 + trunk - 1 - st->trunk_a;
             const float *pred = engine_logits(e, row);
             memcpy(st->pred, pred, (size_t)e->n_vocab * sizeof(float));
-            trunk_loaded(e, t, sched_row_lse(e, row, pred));
+            trunk_loaded(e, t, sched_row_lse(e, row, pred), NULL);
             if (st->n_todo == 0)
                 finish(e, t);
         } else {

@@ -8,6 +8,7 @@
  * restore copied them to); once prompts truncated every such slot below them,
  * the rows were rewritten and the snapshot is stale. */
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,15 +77,16 @@ snapshot *snapshot_find(engine *e, const llama_token *toks, int n, int max_len, 
 
 /* Records a snapshot of slot's first n tokens (its KV rows must hold them)
  * and the logits of position n-1. Replaces a snapshot of the same tokens,
- * else the least recently used one. Out of memory: no snapshot (logged). */
-void snapshot_take(engine *e, int slot, const llama_token *toks, int n, const float *logits)
+ * else the least recently used one. Returns it (its lse not computed yet),
+ * or NULL: none taken (past the slot's n_ctx, or out of memory, logged). */
+snapshot *snapshot_take(engine *e, int slot, const llama_token *toks, int n, const float *logits)
 {
     /* Positions past a slot's n_ctx are the lease's (sched.c), which moves to the next long prompt
      * and truncates this slot: a snapshot of them would not outlive that, and restored on another
      * slot its shared cells would outlive the lease. The slot's live prefix still serves the next
      * request on the same tokens there. */
     if (n > e->n_ctx)
-        return;
+        return NULL;
     snapshot *dst = NULL;
     for (int i = 0; i < e->n_pins && !dst; i++) {
         snapshot *s = &e->snaps[i];
@@ -106,14 +108,26 @@ void snapshot_take(engine *e, int slot, const llama_token *toks, int n, const fl
     if (!dst->tokens || !dst->logits) {
         fprintf(stderr, "serveproto-llama: out of memory taking a snapshot of %d tokens\n", n);
         snapshot_release(dst);
-        return;
+        return NULL;
     }
     memcpy(dst->tokens, toks, (size_t)n * sizeof *toks);
     memcpy(dst->logits, logits, (size_t)e->n_vocab * sizeof *logits);
+    dst->lse = NAN;
     dst->n = n;
     dst->slot = slot;
     dst->used = 1;
     dst->last_use = ++e->clock;
+    return dst;
+}
+
+/* The logsumexp of s's logits, computed once (model_logsumexp, so the same
+ * double as for any copy of them): every SCORE restored from s reads it, and
+ * over a 128K vocabulary it costs as much as a small request's whole start. */
+double snapshot_lse(engine *e, snapshot *s)
+{
+    if (isnan(s->lse))
+        s->lse = model_logsumexp(s->logits, e->n_vocab);
+    return s->lse;
 }
 
 /* Keeps the slot's first `keep` positions and drops the rest of its rows. */
