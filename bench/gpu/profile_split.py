@@ -22,7 +22,8 @@ Files written since its fourth session end with the requests answered and their 
 answer, the milliseconds of the rows' read and of its logsumexps, and the llama_decode calls made with no decode
 in flight and their milliseconds: a third table gives the mean time of a request in the engine, the read and
 logsumexp milliseconds a decode, the share of calls with none in flight and their mean (on a GPU, llama_decode's
-own host work: the graph built and its kernels queued).
+own host work: the graph built and its kernels queued); files written with SERVEPROTO_PAD_ROWS's column add the
+rows of padding a decode.
 """
 
 from __future__ import annotations
@@ -122,7 +123,11 @@ def host_split(name: str, stretch: tuple[list[float], list[float]] | None) -> st
         return None
     per = f"{answer_ms / answered:.1f}" if answered > 0 else "-"
     each = f"{alone_ms / alone:.2f}" if alone > 0 else "-"
-    return f"| {name} | {answered:.0f} | {per} | {readout_ms / d:.2f} | {lse_ms / d:.2f} | {alone / d:.0%} | {each} |"
+    padded = f"{(b[at + 6] - a[at + 6]) / d:.0f}" if len(b) > at + 6 else "-"  # files since SERVEPROTO_PAD_ROWS
+    return (
+        f"| {name} | {answered:.0f} | {per} | {readout_ms / d:.2f} | {lse_ms / d:.2f} | {alone / d:.0%} | {each} "
+        f"| {padded} |"
+    )
 
 
 def dmon_mean(path: Path) -> str:
@@ -178,9 +183,9 @@ def main() -> None:
         print("\nrequests in the engine, and the host's work")
         print(
             "| engine | answered | ms a request in the engine | read ms a decode | logsumexp ms a decode"
-            " | llama_decode calls with none in flight | ms each |"
+            " | llama_decode calls with none in flight | ms each | padding rows a decode |"
         )
-        print("|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|")
         print("\n".join(host))
     if args.dmon and args.dmon.exists():
         print(dmon_mean(args.dmon))

@@ -193,6 +193,7 @@ typedef struct engine_profile {
                                      logsumexps (rows_lse) */
     uint64_t alone, alone_us;     /* llama_decode calls with no decode in flight, and their microseconds:
                                      on a GPU, llama_decode's own host work with the device idle */
+    uint64_t padded;              /* rows of padding decoded (SERVEPROTO_PAD_ROWS; not in rows) */
     uint64_t us[ENGINE_PROFILE_PARTS];
 } engine_profile;
 /* llama_decode's own split (llama/patches/0007, on with SERVEPROTO_PROFILE):
@@ -278,6 +279,10 @@ typedef struct engine {
     int overlap;                /* the backend computes a decode after llama_decode returns (a GPU):
                                  * stdin is read and arriving tasks started meanwhile (sched.c) */
     int scratch_used;           /* scratch sequences given to the batch being built */
+    int pad_rows;               /* SERVEPROTO_PAD_ROWS=M: a decode of fewer rows than a ubatch is padded up to
+                                 * a multiple of M (0: never; sched.c, pad) */
+    int pad_seq;                /* the padding's sequence, above the carries */
+    int padded;                 /* rows of padding in the decode being built */
     uint64_t polled_us;         /* when the abort callback last read stdin (CLOCK_MONOTONIC) */
     uint64_t skip_submit_id;    /* a refused IMAGE's id: its SUBMIT is dropped */
     engine_profile prof;        /* SERVEPROTO_PROFILE (profile.c) */

@@ -412,7 +412,16 @@ static int load(engine *e, options *o)
      * several. Each slot has one more sequence, its SCORE's carry: the stem of a question cut
      * between two chunks, kept for the next one (score.c) */
     int seqs_left = ENGINE_MAX_SEQ - 2 * e->n_slots;
+    /* SERVEPROTO_PAD_ROWS=M (sched.c, opt-in): a decode of fewer rows than a ubatch is padded up to a
+     * multiple of M in a sequence of its own, the last id */
+    const char *pad = getenv("SERVEPROTO_PAD_ROWS");
+    e->pad_rows = pad && *pad ? atoi(pad) : 0;
+    if (e->pad_rows < 0)
+        e->pad_rows = 0;
+    if (e->pad_rows)
+        seqs_left--;
     e->n_score_seqs = o->score_seqs && o->score_seqs < seqs_left ? o->score_seqs : seqs_left;
+    e->pad_seq = 2 * e->n_slots + e->n_score_seqs;
     e->n_batch = e->n_ctx < 2048 ? e->n_ctx : 2048;
 
     e->n_ubatch = e->n_batch < o->ubatch ? e->n_batch : o->ubatch;
@@ -426,7 +435,7 @@ static int load(engine *e, options *o)
     cp.n_ctx = (uint32_t)e->n_ctx * (uint32_t)(e->n_slots + 1) + (uint32_t)(e->n_ctx_max - e->n_ctx);
     cp.n_batch = (uint32_t)e->n_batch;
     cp.n_ubatch = (uint32_t)e->n_ubatch;
-    cp.n_seq_max = (uint32_t)(2 * e->n_slots + e->n_score_seqs);
+    cp.n_seq_max = (uint32_t)(2 * e->n_slots + e->n_score_seqs + (e->pad_rows > 0));
     /* llama.cpp reserves room for n_seq_max outputs: never fewer than that */
     cp.n_outputs_max = cp.n_batch > cp.n_seq_max ? cp.n_batch : cp.n_seq_max;
     cp.n_threads = o->threads;

@@ -228,6 +228,31 @@ static void allot(turn *tu, int n, int budget, int chunk)
     }
 }
 
+/* Pads the batch being built (SERVEPROTO_PAD_ROWS=M, e->pad_rows) up to a multiple of M rows, at most a
+ * ubatch, with rows of the padding's own sequence (e->pad_seq: positions from 0, no logits), whose cells
+ * from the decode before are dropped first. A GPU computes some row counts slower than larger ones
+ * (bench/README.md: 448 rows take longer than 512) and queues the same graph again only for the same
+ * shape; the padding's rows attend only each other, so no other row's number moves (under invariant
+ * numerics, bit for bit: tests/engines/test_llama_sched.py). Not after a decode that found no KV room
+ * (e->solo). Sets e->padded. */
+static void pad(engine *e)
+{
+    struct llama_batch *b = &e->batch;
+    const int m = e->pad_rows;
+    int target = (b->n_tokens + m - 1) / m * m;
+    if (target > e->n_ubatch)
+        target = e->n_ubatch;
+    e->padded = 0;
+    llama_memory_seq_rm(llama_get_memory(e->ctx), e->pad_seq, -1, -1);
+    if (e->solo || b->n_tokens >= target)
+        return;
+    const llama_token tok = llama_vocab_bos(e->vocab) >= 0 ? llama_vocab_bos(e->vocab) : 0;
+    const int rows = b->n_tokens;
+    for (int p = 0; b->n_tokens < target; p++)
+        batch_add(b, tok, p, &e->pad_seq, 1, 0);
+    e->padded = b->n_tokens - rows;
+}
+
 /* Reads the rows of the decode left in flight (its tasks, e->pend): each task's decoded, with e->batch
  * that decode's batch for the while. prev: a llama_decode was called since (the rows come from llama.cpp's
  * output ring), else it was the last one. */
@@ -395,6 +420,8 @@ int sched_step(engine *e)
     }
     if (n_in == 0)
         return no_decode(e, worked);
+    if (e->pad_rows)
+        pad(e);
 
     e->in_decode = 1;
     e->abort_decode = 0;
@@ -456,8 +483,8 @@ int sched_step(engine *e)
         }
         if (rc == MODEL_DECODE_CANCELLED && e->abort_decode) {
             /* the cancelled task is answered next step; the others retry */
-        } else if (rc == 1 && n_in > 1) {
-            /* no KV room for them together: one at a time until one fits */
+        } else if (rc == 1 && (n_in > 1 || e->padded > 0)) {
+            /* no KV room for them together (or for the padding): one at a time, unpadded, until one fits */
             e->solo = 1;
         } else {
             fprintf(stderr, "serveproto-llama: llama_decode of %d tokens failed (%d)\n", e->batch.n_tokens, rc);
@@ -478,16 +505,18 @@ int sched_step(engine *e)
         mark[5] = mark[4] + t_sync;
         mark[6] = profile_now_us();
         const struct llama_batch *b = rc == 0 ? &e->batch_pend : &e->batch; /* this decode's rows, read or not */
+        const int rows = b->n_tokens - e->padded; /* the requests' rows: the padding counts apart */
         int outputs = 0;
         for (int i = 0; i < b->n_tokens; i++)
             outputs += b->logits[i] != 0;
-        if (b->n_tokens >= e->n_ubatch)
+        if (rows >= e->n_ubatch)
             e->prof.whole++;
         else if (wanted >= e->n_ubatch)
             e->prof.cut++;
         else
             e->prof.starved++;
-        profile_step(&e->prof, mark, b->n_tokens, outputs);
+        e->prof.padded += (uint64_t)e->padded;
+        profile_step(&e->prof, mark, rows, outputs);
     }
     return 1;
 }
