@@ -214,18 +214,22 @@ def test_the_profile_counts_each_decode_whole_cut_short_or_starved(model_path, a
     assert last["alone"] == last["decodes"] and last["alone_ms"] > 0, last
 
 
-@pytest.mark.parametrize("pad", ["8", "0"])
-def test_padded_decodes_keep_every_number(model_path, alone_numbers, tmp_path, monkeypatch, pad):
+@pytest.mark.parametrize("pad, pipeline", [("8", "0"), ("0", "0"), ("32", "1")])
+def test_padded_decodes_keep_every_number(model_path, alone_numbers, tmp_path, monkeypatch, pad, pipeline):
     """SERVEPROTO_PAD_ROWS=M (opt-in, for the GPU's row counts and shapes): a decode of fewer rows than a
     ubatch is padded up to a multiple of M with rows of a sequence of their own. Those rows attend only each
     other, so the eight requests together keep every number they have alone, bit for bit, with the padding
-    (counted by the profile apart from the requests' rows) and without it (none counted)."""
+    (counted by the profile apart from the requests' rows) and without it (none counted); also with the
+    pipeline, whose next fill drops the padding of the decode in flight."""
     monkeypatch.setenv("SERVEPROTO_PAD_ROWS", pad)
+    monkeypatch.setenv("SERVEPROTO_OVERLAP", pipeline)
+    monkeypatch.setenv("SERVEPROTO_PIPELINE", pipeline)
     monkeypatch.setenv("SERVEPROTO_PROFILE", str(tmp_path / "prof"))
     got = together(model_path, eight_requests())
     assert not [rid for rid in got if got[rid] != alone_numbers[rid]], "numbers moved with padded decodes"
     last = profile_last(tmp_path)
     assert (last["padded"] >= 1) == (pad != "0"), last
+    assert (last["pipelined"] >= 1) == (pipeline == "1"), last
     assert last["max_rows"] <= 32, last  # the requests' rows: the padding is counted apart
 
 
