@@ -122,7 +122,8 @@ snapshot *snapshot_take(engine *e, int slot, const llama_token *toks, int n, con
 
 /* The logsumexp of s's logits, computed once (model_logsumexp, so the same
  * double as for any copy of them): every SCORE restored from s reads it, and
- * over a 128K vocabulary it costs as much as a small request's whole start. */
+ * each computation is a pass over the whole vocabulary (128K floats on a
+ * Llama-3 model). */
 double snapshot_lse(engine *e, snapshot *s)
 {
     if (isnan(s->lse))
