@@ -78,6 +78,13 @@ static int env_is(const char *name, const char *value)
     return v && !strcmp(v, value);
 }
 
+/* The environment's number `name` (atoi), or dflt where it is unset or empty. */
+static int env_int(const char *name, int dflt)
+{
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : dflt;
+}
+
 /* v must be `no` or `yes`: *out is 0 or 1. */
 static int parse_pair_arg(const char *name, const char *v, const char *no, const char *yes, int *out)
 {
@@ -414,8 +421,7 @@ static int load(engine *e, options *o)
     int seqs_left = ENGINE_MAX_SEQ - 2 * e->n_slots;
     /* SERVEPROTO_PAD_ROWS=M (sched.c, opt-in): a decode of fewer rows than a ubatch is padded up to a
      * multiple of M in a sequence of its own, the last id */
-    const char *pad = getenv("SERVEPROTO_PAD_ROWS");
-    e->pad_rows = pad && *pad ? atoi(pad) : 0;
+    e->pad_rows = env_int("SERVEPROTO_PAD_ROWS", 0);
     if (e->pad_rows < 0)
         e->pad_rows = 0;
     if (e->pad_rows)
@@ -499,14 +505,11 @@ static int load(engine *e, options *o)
      * (SERVEPROTO_PIPELINE=N; 0: off). On by default on a local GPU (a quarter of the ubatch; on the
      * H200 it gave 1.09x / 1.24x requests/s, bench/README.md "The pipeline"); off on the CPU, which
      * computes inside llama_decode and gains nothing (its tests turn it on), and with --rpc servers */
-    const char *pipeline = getenv("SERVEPROTO_PIPELINE");
-    e->pipeline = pipeline && *pipeline ? atoi(pipeline) : gpu && o->dev.n_rpc == 0 ? e->n_ubatch / 4 : 0;
+    e->pipeline = env_int("SERVEPROTO_PIPELINE", gpu && o->dev.n_rpc == 0 ? e->n_ubatch / 4 : 0);
     if (e->pipeline < 0)
         e->pipeline = 0;
-    const char *wait = getenv("SERVEPROTO_PIPELINE_WAIT_MS");
-    e->pipe_wait_ms = wait && *wait ? atoi(wait) : 2;
-    const char *fill = getenv("SERVEPROTO_PIPELINE_FILL");
-    e->pipe_fill = fill && *fill ? atoi(fill) : e->pipeline;
+    e->pipe_wait_ms = env_int("SERVEPROTO_PIPELINE_WAIT_MS", 2);
+    e->pipe_fill = env_int("SERVEPROTO_PIPELINE_FILL", e->pipeline);
     llama_set_output_ring(e->ctx, e->pipeline > 0);
 
     e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
