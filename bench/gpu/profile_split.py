@@ -35,6 +35,8 @@ from pathlib import Path
 PARTS = ("gap", "start", "fill", "decode", "early", "sync", "read")
 INNER = ("batch", "memory", "outbuf", "apply", "build", "alloc", "inputs", "compute", "outputs")
 INNER_AT = 13  # the first inner column: after t_s, 3 counts, 7 parts, early_tasks, max_rows
+PIPE_AT = INNER_AT + len(INNER) + 4  # then ubatches, reused, n_kv, tokens; here pipelined, waited, whole, cut, starved
+HOST_AT = PIPE_AT + 5  # then answered, answer_ms, readout_ms, lse_ms, alone, alone_ms, padded
 
 
 def longest_run(values: list[float]) -> tuple[int, int]:
@@ -96,7 +98,7 @@ def inner_split(name: str, stretch: tuple[list[float], list[float]] | None) -> s
     if d <= 0 or ubatches <= 0:
         return None
     ms = delta[: len(INNER)]
-    at = INNER_AT + len(INNER) + 4  # files written since the pipeline: the decodes read after the next was queued
+    at = PIPE_AT  # files written since the pipeline: the decodes read after the next was queued
     piped = f"{(b[at] - a[at]) / d:.0%}" if len(b) > at else "-"
     # files written since the fill counts (sched.c): decodes of a whole ubatch, cut short, starved
     fills = (
@@ -113,7 +115,7 @@ def host_split(name: str, stretch: tuple[list[float], list[float]] | None) -> st
     """One row of the host table (files written since 2026-12-05's fourth session, after the fill counts:
     requests answered and their milliseconds in the engine, the rows' read and its logsumexps, llama_decode
     calls with no decode in flight and their milliseconds), or None for a file without those columns."""
-    at = INNER_AT + len(INNER) + 4 + 5  # after pipelined, waited, whole, cut, starved
+    at = HOST_AT
     if stretch is None or len(stretch[1]) < at + 6:
         return None
     a, b = stretch
