@@ -36,7 +36,7 @@ PARTS = ("gap", "start", "fill", "decode", "early", "sync", "read")
 INNER = ("batch", "memory", "outbuf", "apply", "build", "alloc", "inputs", "compute", "outputs")
 INNER_AT = 13  # the first inner column: after t_s, 3 counts, 7 parts, early_tasks, max_rows
 PIPE_AT = INNER_AT + len(INNER) + 4  # then ubatches, reused, n_kv, tokens; here pipelined, waited, whole, cut, starved
-HOST_AT = PIPE_AT + 5  # then answered, answer_ms, readout_ms, lse_ms, alone, alone_ms, padded
+HOST_AT = PIPE_AT + 5  # then answered, answer_ms, readout_ms, lse_ms, alone, alone_ms, padded, late, late_ms
 
 
 def longest_run(values: list[float]) -> tuple[int, int]:
@@ -126,9 +126,12 @@ def host_split(name: str, stretch: tuple[list[float], list[float]] | None) -> st
     per = f"{answer_ms / answered:.1f}" if answered > 0 else "-"
     each = f"{alone_ms / alone:.2f}" if alone > 0 else "-"
     padded = f"{(b[at + 6] - a[at + 6]) / d:.0f}" if len(b) > at + 6 else "-"  # files since SERVEPROTO_PAD_ROWS
+    late, late_ms = (
+        f"{(b[at + i] - a[at + i]) / d:{f}}" if len(b) > at + 8 else "-" for i, f in ((7, ".0%"), (8, ".2f"))
+    )
     return (
         f"| {name} | {answered:.0f} | {per} | {readout_ms / d:.2f} | {lse_ms / d:.2f} | {alone / d:.0%} | {each} "
-        f"| {padded} |"
+        f"| {padded} | {late} | {late_ms} |"
     )
 
 
@@ -185,9 +188,10 @@ def main() -> None:
         print("\nrequests in the engine, and the host's work")
         print(
             "| engine | answered | ms a request in the engine | read ms a decode | logsumexp ms a decode"
-            " | llama_decode calls with none in flight | ms each | padding rows a decode |"
+            " | llama_decode calls with none in flight | ms each | padding rows a decode | late waits a decode"
+            " | late wait ms a decode |"
         )
-        print("|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         print("\n".join(host))
     if args.dmon and args.dmon.exists():
         print(dmon_mean(args.dmon))

@@ -194,6 +194,7 @@ typedef struct engine_profile {
     uint64_t alone, alone_us;     /* llama_decode calls with no decode in flight, and their microseconds:
                                      on a GPU, llama_decode's own host work with the device idle */
     uint64_t padded;              /* rows of padding decoded (SERVEPROTO_PAD_ROWS; not in rows) */
+    uint64_t late, late_us;       /* the late fill's waits (sched.c) and their microseconds */
     uint64_t us[ENGINE_PROFILE_PARTS];
 } engine_profile;
 /* llama_decode's own split (llama/patches/0007, on with SERVEPROTO_PROFILE):
@@ -204,6 +205,20 @@ typedef struct engine_profile {
  * counters to out and returns how many. */
 #define SERVEPROTO_DECODE_PARTS 9
 int serveproto_decode_profile(uint64_t *out, int n);
+
+/* The late fill (sched.c; SERVEPROTO_PIPELINE_LATE=US, with the pipeline): what it has measured of the
+ * device and the host, to fill the next decode just before the device needs it. Microseconds of
+ * CLOCK_MONOTONIC (profile_now_us). */
+typedef struct late_fill {
+    int margin_us;     /* the fill is due this long before the host's own lead (0: off) */
+    uint64_t end_us;   /* when the decode read last ended on the device (its read waited for it; 0: unknown) */
+    double us_row;     /* the device's time a row, padding included (0: none measured yet) */
+    double lead_us;    /* from the end of a step's wait to the next llama_decode's return: the starts, the
+                        * fill and llama_decode's own host work (0: none measured yet) */
+    uint64_t left_us;  /* when the last step's wait ended (0: the step read at once) */
+    uint64_t queued_last_us, queued_prev_us; /* when the last llama_decode returned, and the one before */
+    int after_late;    /* the decode in flight was filled after a late wait */
+} late_fill;
 
 typedef struct engine {
     struct llama_model *model;
@@ -238,6 +253,8 @@ typedef struct engine {
     int read_prev;              /* the rows being read are the decode before the last one (engine_logits) */
     int pipe_wait_ms;           /* after a read from the ring ended requests, wait this long at most for
                                  * the next ones (SERVEPROTO_PIPELINE_WAIT_MS; sched.c) */
+    late_fill late;             /* the late fill (sched.c): with the pipeline, the next decode filled just
+                                 * before the device needs it */
     int pipe_fill;              /* ... until the other tasks want this many rows (SERVEPROTO_PIPELINE_FILL,
                                  * default e->pipeline) */
     llama_token_data *cand;     /* n_vocab candidates for the sampler */

@@ -510,6 +510,11 @@ static int load(engine *e, options *o)
         e->pipeline = 0;
     e->pipe_wait_ms = env_int("SERVEPROTO_PIPELINE_WAIT_MS", 2);
     e->pipe_fill = env_int("SERVEPROTO_PIPELINE_FILL", e->pipeline);
+    /* the late fill (sched.c): with the pipeline, the next decode filled this many microseconds before
+     * the host's measured lead on the device's predicted end (SERVEPROTO_PIPELINE_LATE=US; unset: off) */
+    e->late.margin_us = env_int("SERVEPROTO_PIPELINE_LATE", 0);
+    if (e->late.margin_us < 0)
+        e->late.margin_us = 0;
     llama_set_output_ring(e->ctx, e->pipeline > 0);
 
     e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
@@ -798,6 +803,9 @@ int main(int argc, char **argv)
         sp_loop_read(&e.in);
         sp_loop_drain(&e.in);
     }
+    if (e.late.margin_us > 0 && e.pipeline) /* what the late fill learned (sched.c) */
+        fprintf(stderr, "serveproto-llama: late fill: %.2f us a row on the device, lead %.0f us\n", e.late.us_row,
+                e.late.lead_us);
     profile_free(&e.prof);
     int rc = e.w.failed ? 1 : 0;
     if (e.w.failed)

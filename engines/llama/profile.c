@@ -33,7 +33,8 @@
  * and the llama_decode calls made with no decode in flight and their
  * milliseconds (on a GPU: llama_decode's own host work, the graph built and
  * its kernels queued, with nothing to wait for); last, the rows of padding
- * decoded (SERVEPROTO_PAD_ROWS, sched.c; the rows above leave them out).
+ * decoded (SERVEPROTO_PAD_ROWS, sched.c; the rows above leave them out),
+ * and the late fill's waits and their milliseconds (SERVEPROTO_PIPELINE_LATE).
  * Every ENGINE_PROFILE_US the running sums go to PATH.<pid> as one line
  * under a header of column names (milliseconds, the rows and outputs per
  * decode, the tasks started early, the most rows one decode held, then
@@ -76,7 +77,7 @@ void profile_init(engine_profile *p)
     fprintf(p->f, "# t_s decodes rows outputs gap_ms start_ms fill_ms decode_ms early_ms sync_ms read_ms early_tasks max_rows"
                   " batch_ms memory_ms outbuf_ms apply_ms build_ms alloc_ms inputs_ms compute_ms"
                   " outputs_ms ubatches reused n_kv tokens pipelined waited whole cut starved answered answer_ms"
-                  " readout_ms lse_ms alone alone_ms padded\n");
+                  " readout_ms lse_ms alone alone_ms padded late late_ms\n");
     fflush(p->f);
 }
 
@@ -100,7 +101,8 @@ static void report(engine_profile *p, uint64_t now)
     fprintf(p->f, " %llu %.1f %.1f %.1f %llu %.1f", (unsigned long long)p->answered, (double)p->answer_us * 1e-3,
             (double)p->readout_us * 1e-3, (double)p->lse_us * 1e-3, (unsigned long long)p->alone,
             (double)p->alone_us * 1e-3);
-    fprintf(p->f, " %llu", (unsigned long long)p->padded);
+    fprintf(p->f, " %llu %llu %.1f", (unsigned long long)p->padded, (unsigned long long)p->late,
+            (double)p->late_us * 1e-3);
     fputc('\n', p->f);
     fflush(p->f);
 }

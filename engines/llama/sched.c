@@ -23,6 +23,19 @@
  * leaves a decode pending only when the others want at least e->pipeline
  * rows and at least half the rows of the decode in flight; else it reads the
  * rows at once, as without the pipeline.
+ *
+ * The late fill (e->late, SERVEPROTO_PIPELINE_LATE=US, with the pipeline):
+ * after the read of decode N, the next decode (N+2) is filled as late as
+ * the device allows, not at once. N+1 started on the device when N ended
+ * (it was queued before), so it ends about its rows times the device's time
+ * a row later; the host needs its lead (the starts, the fill and
+ * llama_decode's own host work, measured) and US more to have N+2 queued
+ * by then. Until that moment the step waits for requests, starting each as
+ * it comes: the clients answered from N send their next ones meanwhile, and
+ * those go into N+2 instead of N+3. The device's time a row is learned from
+ * the reads that waited for their decode (late_learn); it only helps where
+ * llama_decode's host work leaves the host time to wait (CUDA graphs,
+ * patch 0012), and gives nothing on a CPU, which computes inside the call.
  */
 #include <math.h>
 #include <stdio.h>
@@ -256,12 +269,56 @@ static void pad(engine *e)
 /* Reads the rows of the decode left in flight (its tasks, e->pend): each task's decoded, with e->batch
  * that decode's batch for the while. prev: a llama_decode was called since (the rows come from llama.cpp's
  * output ring), else it was the last one. */
+/* A read of the ring that took at least this long waited for its decode (microseconds). */
+#define LATE_WAITED_US 200u
+/* A late wait lasts at most this long, whatever the prediction (microseconds). */
+#define LATE_MAX_US 50000u
+
+/* What a read from the ring says of the device (the late fill), e->batch being the decode read: the first
+ * row with logits, fetched from t0 to t1. When the fetch waited, the decode ended at t1; when the decode
+ * before it ended after this one was queued (the device went from one to the other), t1 less that end is
+ * this decode's time on the device, which updates the time a row (a step held up on the host counts at
+ * most 1.5x the last). A read that did not wait after a late wait says the fill came late, the device
+ * idle meanwhile: the time a row is taken down 3%. */
+static void late_learn(engine *e, uint64_t t0, uint64_t t1)
+{
+    late_fill *l = &e->late;
+    const int after_late = l->after_late;
+    l->after_late = 0;
+    if (t1 - t0 < LATE_WAITED_US) {
+        if (after_late)
+            l->us_row *= 0.97;
+        l->end_us = 0;
+        return;
+    }
+    if (l->end_us && l->queued_prev_us < l->end_us && e->batch.n_tokens > 0) {
+        double us_row = (double)(t1 - l->end_us) / e->batch.n_tokens;
+        if (l->us_row > 0 && us_row > 1.5 * l->us_row)
+            us_row = 1.5 * l->us_row;
+        l->us_row = l->us_row > 0 ? 0.75 * l->us_row + 0.25 * us_row : us_row;
+    }
+    l->end_us = t1;
+}
+
 static void read_pending(engine *e, int prev)
 {
     const uint64_t t0 = e->prof.on ? profile_now_us() : 0;
     struct llama_batch filling = e->batch;
     e->batch = e->batch_pend;
     e->read_prev = prev;
+    if (e->late.margin_us > 0) {
+        if (prev) { /* the wait for the device, apart: the first row with logits */
+            int r = 0;
+            while (r < e->batch.n_tokens && !e->batch.logits[r])
+                r++;
+            const uint64_t w0 = profile_now_us();
+            if (r < e->batch.n_tokens)
+                (void)engine_logits(e, r);
+            late_learn(e, w0, profile_now_us());
+        } else {
+            e->late.end_us = 0; /* read at once: nothing queued behind it */
+        }
+    }
     rows_lse(e, e->pend, e->n_pend);
     if (e->prof.on)
         e->prof.lse_us += profile_now_us() - t0;
@@ -325,6 +382,38 @@ static int wait_for_more(engine *e, int ended)
         keep = keep_pending(e, rows);
     }
     return keep;
+}
+
+/* The late fill's wait (the header comment), the decode just queued in flight and the one before read:
+ * starts the requests that arrive until that decode's predicted end on the device less the host's lead
+ * and the margin, or until the others want a ubatch of rows (a full decode gains nothing by waiting), at
+ * most LATE_MAX_US. Returns keep_pending's answer for the rows the others want then. Before the device
+ * and the host are measured, the pipeline's own wait (wait_for_more). */
+static int late_wait(engine *e, int ended)
+{
+    late_fill *l = &e->late;
+    if (!l->end_us || l->us_row <= 0 || l->lead_us <= 0)
+        return wait_for_more(e, ended);
+    uint64_t busy = (uint64_t)(l->us_row * e->batch_pend.n_tokens);
+    if (busy > LATE_MAX_US)
+        busy = LATE_MAX_US;
+    const uint64_t lead = (uint64_t)l->lead_us + (uint64_t)l->margin_us;
+    const uint64_t due = l->end_us + busy > lead ? l->end_us + busy - lead : 0;
+    const uint64_t t0 = profile_now_us();
+    uint64_t now = t0;
+    int rows = others_want(e), waited = 0;
+    for (; rows < e->n_ubatch && now + 1000 <= due && !e->in.eof; now = profile_now_us()) {
+        sp_loop_wait(&e->in, (int)((due - now) / 1000));
+        start_early(e);
+        rows = others_want(e);
+        waited = 1;
+    }
+    l->after_late = waited;
+    if (waited && e->prof.on) {
+        e->prof.late++;
+        e->prof.late_us += now - t0;
+    }
+    return keep_pending(e, rows);
 }
 
 /* A step with nothing to decode: the rows of the decode left in flight now, since nothing can be queued
@@ -426,12 +515,24 @@ int sched_step(engine *e)
     e->in_decode = 1;
     e->abort_decode = 0;
     threads_before(e);
-    if (e->prof.on)
+    const int late = e->late.margin_us > 0 && e->pipeline;
+    if (e->prof.on || late)
         mark[2] = profile_now_us();
     const int alone = e->n_pend == 0; /* no decode in flight: nothing for llama_decode to wait for */
     int rc = llama_decode(e->ctx, e->batch);
-    if (e->prof.on) {
+    if (e->prof.on || late)
         mark[3] = profile_now_us();
+    if (late) { /* the host's lead: from the last step's wait to here; when this decode was queued */
+        late_fill *l = &e->late;
+        if (l->left_us && rc == 0) {
+            const double d = (double)(mark[3] - l->left_us);
+            l->lead_us = l->lead_us > 0 ? 0.75 * l->lead_us + 0.25 * d : d;
+        }
+        l->left_us = 0;
+        l->queued_prev_us = l->queued_last_us;
+        l->queued_last_us = mark[3];
+    }
+    if (e->prof.on) {
         if (alone) {
             e->prof.alone++;
             e->prof.alone_us += mark[3] - mark[2];
@@ -465,7 +566,9 @@ int sched_step(engine *e)
             start_early(e);
         uint64_t t1 = e->prof.on ? profile_now_us() : 0;
         t_early = t1 - t0;
-        if (wait_for_more(e, ended)) {
+        if (late ? late_wait(e, ended) : wait_for_more(e, ended)) {
+            if (late)
+                e->late.left_us = profile_now_us();
             if (e->prof.on)
                 e->prof.pipelined++;
         } else {

@@ -266,17 +266,29 @@ def test_profile_split_reads_the_requests_and_the_host_work_from_the_profile(tmp
     """profile_split's host table over a profile with the columns since 2026-12-05's fourth session: 10 decodes
     in a second, 40 requests answered in 2,000 ms in all, 60 ms of reads of which 20 of logsumexps, and 2
     llama_decode calls with no decode in flight taking 9 ms give 50.0 ms a request, 6.00 and 2.00 ms a decode,
-    20% of the calls, 4.50 ms each; 300 rows of padding, 30 a decode (a dash for a file without that column)."""
+    20% of the calls, 4.50 ms each; 300 rows of padding, 30 a decode; 5 late waits of 40 ms in all, 50% of the
+    decodes and 4.00 ms a decode (a dash for a file without those columns)."""
     from bench.gpu import profile_split
 
     names = (
         "t_s decodes rows outputs gap_ms start_ms fill_ms decode_ms early_ms sync_ms read_ms early_tasks max_rows"
         " batch_ms memory_ms outbuf_ms apply_ms build_ms alloc_ms inputs_ms compute_ms outputs_ms ubatches reused"
         " n_kv tokens pipelined waited whole cut starved answered answer_ms readout_ms lse_ms alone alone_ms padded"
+        " late late_ms"
     ).split()
     a = dict.fromkeys(names, 0.0)
     b = dict(a, t_s=1.0, decodes=10, rows=4800, ubatches=10, n_kv=30000, tokens=4800)
-    b.update(answered=40, answer_ms=2000.0, readout_ms=60.0, lse_ms=20.0, alone=2, alone_ms=9.0, padded=300)
+    b.update(
+        answered=40,
+        answer_ms=2000.0,
+        readout_ms=60.0,
+        lse_ms=20.0,
+        alone=2,
+        alone_ms=9.0,
+        padded=300,
+        late=5,
+        late_ms=40.0,
+    )
     path = tmp_path / "prof.2"
     path.write_text("# " + " ".join(names) + "\n" + "\n".join(" ".join(str(d[k]) for k in names) for d in (a, b)))
     row = profile_split.host_split("prof.2", profile_split.busy_stretch(profile_split.read_lines(path)))
@@ -290,7 +302,9 @@ def test_profile_split_reads_the_requests_and_the_host_work_from_the_profile(tmp
         "20%",
         "4.50",
         "30",
+        "50%",
+        "4.00",
     ]
-    older = [line[:-1] for line in profile_split.read_lines(path)]  # no padded column
+    older = [line[:-3] for line in profile_split.read_lines(path)]  # no padded, late, late_ms columns
     row = profile_split.host_split("prof.2", (older[0], older[1]))
-    assert row is not None and row.strip("|").split("|")[-1].strip() == "-"
+    assert row is not None and [c.strip() for c in row.strip("|").split("|")][-3:] == ["-", "-", "-"]

@@ -194,6 +194,22 @@ def test_with_the_pipeline_rows_read_after_the_next_decode_is_queued_keep_their_
         assert (last["waited"] >= 1) == (wait != "0"), last
 
 
+def test_the_late_fill_keeps_every_number_and_never_waits_on_the_cpu(model_path, alone_numbers, tmp_path, monkeypatch):
+    """The late fill (SERVEPROTO_PIPELINE_LATE=US, opt-in, with the pipeline): it waits before a fill only
+    once it has seen reads from the ring wait for the device, which a CPU never does (llama_decode computes
+    before it returns). So here it takes the pipeline's own wait instead, the profile counts no late wait,
+    and the eight requests keep every number they have alone; the read first fetches one row apart (to time
+    the device's wait), which must not move any."""
+    monkeypatch.setenv("SERVEPROTO_OVERLAP", "1")
+    monkeypatch.setenv("SERVEPROTO_PIPELINE", "1")
+    monkeypatch.setenv("SERVEPROTO_PIPELINE_LATE", "1000")
+    monkeypatch.setenv("SERVEPROTO_PROFILE", str(tmp_path / "prof"))
+    got = together(model_path, eight_requests())
+    assert not [rid for rid in got if got[rid] != alone_numbers[rid]], "numbers moved with the late fill"
+    last = profile_last(tmp_path)
+    assert last["pipelined"] >= 1 and last["late"] == 0 and last["late_ms"] == 0, last
+
+
 def test_the_profile_counts_each_decode_whole_cut_short_or_starved(model_path, alone_numbers, tmp_path, monkeypatch):
     """The profile's decodes by fill (SERVEPROTO_PROFILE; bench/gpu/profile_split.py's last columns): each
     decode is counted once, as a whole ubatch of rows, as cut short (fewer rows although the runnable requests
