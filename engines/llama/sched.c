@@ -266,9 +266,6 @@ static void pad(engine *e)
     e->padded = b->n_tokens - rows;
 }
 
-/* Reads the rows of the decode left in flight (its tasks, e->pend): each task's decoded, with e->batch
- * that decode's batch for the while. prev: a llama_decode was called since (the rows come from llama.cpp's
- * output ring), else it was the last one. */
 /* A read of the ring that took at least this long waited for its decode (microseconds). */
 #define LATE_WAITED_US 200u
 /* A late wait lasts at most this long, whatever the prediction (microseconds). */
@@ -300,6 +297,9 @@ static void late_learn(engine *e, uint64_t t0, uint64_t t1)
     l->end_us = t1;
 }
 
+/* Reads the rows of the decode left in flight (its tasks, e->pend): each task's decoded, with e->batch
+ * that decode's batch for the while. prev: a llama_decode was called since (the rows come from llama.cpp's
+ * output ring), else it was the last one. */
 static void read_pending(engine *e, int prev)
 {
     const uint64_t t0 = e->prof.on ? profile_now_us() : 0;
