@@ -64,6 +64,8 @@ load() {  # TAG MODEL [NAME=VALUE...] ENGINE_FLAGS...: the NAME=VALUE words go t
     > $RES/load-$tag.log 2>&1
   echo "load $tag: exit $?"
   grep -m4 -E "crash|exited|killed|GGML_ASSERT|abort|stopping" $RES/$tag-server.log 2>/dev/null | cut -c1-400
+  # GGML_CUDA_GRAPH_STATS=N (patch 0012) and the late fill's exit line (SERVEPROTO_PIPELINE_LATE), when set
+  grep -E "CUDA graphs:|late fill:" $RES/$tag-server.log 2>/dev/null | tail -2 | cut -c1-200
   kill $dm 2>/dev/null
   grep "^|" $RES/load-$tag.log | grep -v "^|---" | cut -d'|' -f2-8
   cp /tmp/prof-$tag.* $RES/ 2>/dev/null
