@@ -253,10 +253,17 @@ typedef struct engine {
     int read_prev;              /* the rows being read are the decode before the last one (engine_logits) */
     int pipe_wait_ms;           /* after a read from the ring ended requests, wait this long at most for
                                  * the next ones (SERVEPROTO_PIPELINE_WAIT_MS; sched.c) */
-    late_fill late;             /* the late fill (sched.c): with the pipeline, the next decode filled just
-                                 * before the device needs it */
     int pipe_fill;              /* ... until the other tasks want this many rows (SERVEPROTO_PIPELINE_FILL,
                                  * default e->pipeline) */
+    late_fill late;             /* the late fill (sched.c): with the pipeline, the next decode filled just
+                                 * before the device needs it */
+    struct {
+        int us_row;             /* SERVEPROTO_TEST_DEVICE_US_ROW (tests only, 0: off): on the CPU, each decode
+                                 * also holds a pretend device this long a row after llama_decode returns, in
+                                 * the order queued, and its read waits for it (sched.c: test_device_wait) */
+        uint64_t busy_until, end_last, end_prev; /* when that device is free; when the last decode and the
+                                 * one before end on it (microseconds, profile_now_us) */
+    } test_device;
     llama_token_data *cand;     /* n_vocab candidates for the sampler */
     int n_threads;              /* the decodes' CPU threads now */
     int threads_auto;           /* --threads auto: n_threads moves between 1 and threads_max (threads.c) */

@@ -515,6 +515,8 @@ static int load(engine *e, options *o)
     e->late.margin_us = env_int("SERVEPROTO_PIPELINE_LATE", 0);
     if (e->late.margin_us < 0)
         e->late.margin_us = 0;
+    /* a pretend device for the tests of the late fill on the CPU (sched.c: test_device_wait) */
+    e->test_device.us_row = env_int("SERVEPROTO_TEST_DEVICE_US_ROW", 0);
     llama_set_output_ring(e->ctx, e->pipeline > 0);
 
     e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);

@@ -41,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine.h"
 
@@ -269,7 +270,7 @@ static void pad(engine *e)
 /* A read of the ring that took at least this long waited for its decode (microseconds). */
 #define LATE_WAITED_US 200u
 /* A late wait lasts at most this long, whatever the prediction (microseconds). */
-#define LATE_MAX_US 50000u
+#define LATE_MAX_US 100000u
 
 /* What a read from the ring says of the device (the late fill), e->batch being the decode read: the first
  * row with logits, fetched from t0 to t1. When the fetch waited, the decode ended at t1; when the decode
@@ -297,6 +298,33 @@ static void late_learn(engine *e, uint64_t t0, uint64_t t1)
     l->end_us = t1;
 }
 
+/* The tests' pretend device (e->test_device, SERVEPROTO_TEST_DEVICE_US_ROW; never in production): after
+ * llama_decode returns, the decode of `rows` rows holds it from when it is free for us_row a row (queued in
+ * order, as a GPU's stream runs them). So on the CPU, whose llama_decode has computed before it returns, a
+ * read waits as on a GPU and the late fill's learning and waits run (tests/engines/test_llama_sched.py). */
+static void test_device_queued(engine *e, uint64_t now, int rows)
+{
+    if (e->test_device.us_row <= 0)
+        return;
+    const uint64_t start = e->test_device.busy_until > now ? e->test_device.busy_until : now;
+    e->test_device.busy_until = start + (uint64_t)e->test_device.us_row * (uint64_t)rows;
+    e->test_device.end_prev = e->test_device.end_last;
+    e->test_device.end_last = e->test_device.busy_until;
+}
+
+/* Sleeps until the pretend device has computed the decode being read: the one before the last llama_decode
+ * (prev) or the last. */
+static void test_device_wait(engine *e, int prev)
+{
+    if (e->test_device.us_row <= 0)
+        return;
+    const uint64_t end = prev ? e->test_device.end_prev : e->test_device.end_last, now = profile_now_us();
+    if (end > now) {
+        const struct timespec ts = { (time_t)((end - now) / 1000000u), (long)((end - now) % 1000000u) * 1000L };
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* Reads the rows of the decode left in flight (its tasks, e->pend): each task's decoded, with e->batch
  * that decode's batch for the while. prev: a llama_decode was called since (the rows come from llama.cpp's
  * output ring), else it was the last one. */
@@ -312,6 +340,7 @@ static void read_pending(engine *e, int prev)
             while (r < e->batch.n_tokens && !e->batch.logits[r])
                 r++;
             const uint64_t w0 = profile_now_us();
+            test_device_wait(e, 1);
             if (r < e->batch.n_tokens)
                 (void)engine_logits(e, r);
             late_learn(e, w0, profile_now_us());
@@ -319,6 +348,7 @@ static void read_pending(engine *e, int prev)
             e->late.end_us = 0; /* read at once: nothing queued behind it */
         }
     }
+    test_device_wait(e, prev); /* (done already when timed above) */
     rows_lse(e, e->pend, e->n_pend);
     if (e->prof.on)
         e->prof.lse_us += profile_now_us() - t0;
@@ -520,8 +550,10 @@ int sched_step(engine *e)
         mark[2] = profile_now_us();
     const int alone = e->n_pend == 0; /* no decode in flight: nothing for llama_decode to wait for */
     int rc = llama_decode(e->ctx, e->batch);
-    if (e->prof.on || late)
+    if (e->prof.on || late || e->test_device.us_row > 0)
         mark[3] = profile_now_us();
+    if (rc == 0)
+        test_device_queued(e, mark[3], e->batch.n_tokens);
     if (late) { /* the host's lead: from the last step's wait to here; when this decode was queued */
         late_fill *l = &e->late;
         if (l->left_us && rc == 0) {

@@ -97,8 +97,8 @@ def alone(model_path, requests) -> dict[int, list]:
     return want
 
 
-def together(model_path, requests) -> dict[int, list]:
-    eng = engine(model_path)
+def together(model_path, requests, *args: str) -> dict[int, list]:
+    eng = engine(model_path, *args)
     try:
         eng.send(*requests)
         got = {r.id: numbers(eng.collect(r.id)) for r in requests}
@@ -194,20 +194,34 @@ def test_with_the_pipeline_rows_read_after_the_next_decode_is_queued_keep_their_
         assert (last["waited"] >= 1) == (wait != "0"), last
 
 
-def test_the_late_fill_keeps_every_number_and_never_waits_on_the_cpu(model_path, alone_numbers, tmp_path, monkeypatch):
+@pytest.mark.parametrize("device_us_row", ["0", "10000"])
+def test_the_late_fill_keeps_every_number_and_waits_only_for_a_device(
+    model_path, alone_numbers, tmp_path, monkeypatch, device_us_row
+):
     """The late fill (SERVEPROTO_PIPELINE_LATE=US, opt-in, with the pipeline): it waits before a fill only
-    once it has seen reads from the ring wait for the device, which a CPU never does (llama_decode computes
-    before it returns). So here it takes the pipeline's own wait instead, the profile counts no late wait,
-    and the eight requests keep every number they have alone; the read first fetches one row apart (to time
-    the device's wait), which must not move any."""
+    once it has seen reads from the ring wait for the device. A CPU never makes them wait (llama_decode
+    computes before it returns): there it takes the pipeline's own wait, and the profile counts no late
+    wait. With the tests' pretend device (SERVEPROTO_TEST_DEVICE_US_ROW: each decode also holds a device
+    for that many microseconds a row after llama_decode returns, in order, and its read waits for it), the
+    reads wait, it learns the device's time a row and the host's lead, and waits late before the fills that
+    would be short of a ubatch (three requests at --ubatch 8: 10 ms a row, 80 ms a decode, longer than this
+    CPU's own decode of 8 rows, about 60 ms). Either way the requests keep every number they have alone, bit
+    for bit; the read first fetches one row apart (to time the wait), which must not move any."""
     monkeypatch.setenv("SERVEPROTO_OVERLAP", "1")
     monkeypatch.setenv("SERVEPROTO_PIPELINE", "1")
     monkeypatch.setenv("SERVEPROTO_PIPELINE_LATE", "1000")
+    monkeypatch.setenv("SERVEPROTO_TEST_DEVICE_US_ROW", device_us_row)
     monkeypatch.setenv("SERVEPROTO_PROFILE", str(tmp_path / "prof"))
-    got = together(model_path, eight_requests())
+    device = device_us_row != "0"
+    requests = eight_requests()[:3] if device else eight_requests()
+    got = together(model_path, requests, *(("--ubatch", "8") if device else ()))
     assert not [rid for rid in got if got[rid] != alone_numbers[rid]], "numbers moved with the late fill"
     last = profile_last(tmp_path)
-    assert last["pipelined"] >= 1 and last["late"] == 0 and last["late_ms"] == 0, last
+    assert last["pipelined"] >= 1, last
+    if device:
+        assert last["late"] >= 1 and last["late_ms"] > 0, last
+    else:
+        assert last["late"] == 0 and last["late_ms"] == 0, last
 
 
 def test_the_profile_counts_each_decode_whole_cut_short_or_starved(model_path, alone_numbers, tmp_path, monkeypatch):
