@@ -259,8 +259,9 @@ typedef struct engine {
                                  * before the device needs it */
     struct {
         int us_row;             /* SERVEPROTO_TEST_DEVICE_US_ROW (tests only, 0: off): on the CPU, each decode
-                                 * also holds a pretend device this long a row after llama_decode returns, in
-                                 * the order queued, and its read waits for it (sched.c: test_device_wait) */
+                                 * also holds a pretend device this long a row (whole ubatches) after
+                                 * llama_decode returns, in the order queued, and its read waits for it
+                                 * (sched.c: test_device_wait) */
         uint64_t busy_until, end_last, end_prev; /* when that device is free; when the last decode and the
                                  * one before end on it (microseconds, profile_now_us) */
     } test_device;

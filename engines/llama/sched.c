@@ -299,15 +299,17 @@ static void late_learn(engine *e, uint64_t t0, uint64_t t1)
 }
 
 /* The tests' pretend device (e->test_device, SERVEPROTO_TEST_DEVICE_US_ROW; never in production): after
- * llama_decode returns, the decode of `rows` rows holds it from when it is free for us_row a row (queued in
- * order, as a GPU's stream runs them). So on the CPU, whose llama_decode has computed before it returns, a
+ * llama_decode returns, the decode of `rows` rows holds it from when it is free for us_row a row, its rows
+ * rounded up to whole ubatches (queued in order, as a GPU's stream runs them; a GPU computes 400 rows in
+ * about the time of 512, bench/README.md). So on the CPU, whose llama_decode has computed before it returns, a
  * read waits as on a GPU and the late fill's learning and waits run (tests/engines/test_llama_sched.py). */
 static void test_device_queued(engine *e, uint64_t now, int rows)
 {
     if (e->test_device.us_row <= 0)
         return;
     const uint64_t start = e->test_device.busy_until > now ? e->test_device.busy_until : now;
-    e->test_device.busy_until = start + (uint64_t)e->test_device.us_row * (uint64_t)rows;
+    const uint64_t whole = (uint64_t)((rows + e->n_ubatch - 1) / e->n_ubatch) * (uint64_t)e->n_ubatch;
+    e->test_device.busy_until = start + (uint64_t)e->test_device.us_row * whole;
     e->test_device.end_prev = e->test_device.end_last;
     e->test_device.end_last = e->test_device.busy_until;
 }
