@@ -222,13 +222,27 @@ class SlotRouter:
 
         The :data:`READY_KEYS` latest keys are remembered, within :data:`READY_BYTES` bytes."""
         key = key[:MAX_KEY_BYTES]
-        if key not in self._ready:
+        new = key not in self._ready
+        if new:
             self._ready_bytes += len(key)
         self._ready[key] = None
         self._ready.move_to_end(key)
         while len(self._ready) > READY_KEYS or self._ready_bytes > READY_BYTES:
             old, _ = self._ready.popitem(last=False)
             self._ready_bytes -= len(old)
+        if new:
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Grants the free slots to the waiters that may take them now, first come first served, each the
+        best of those it may take: once a state is ready, the requests queued for its slot take every free
+        slot at once instead of that slot one at a time."""
+        for w in list(self._waiters):
+            usable = self._usable(w)
+            if usable:
+                self._waiters.remove(w)
+                self._grant(w, usable[0])
+                w.event.set()
 
     def is_ready(self, key: bytes) -> bool:
         return key[:MAX_KEY_BYTES] in self._ready

@@ -121,6 +121,29 @@ async def test_router_a_state_waits_for_its_slot_until_it_is_ready_then_takes_an
     assert sorted((a.slot, b.slot, c.slot)) == [0, 1, 2]  # ready: every slot serves it at once
 
 
+async def test_router_requests_queued_for_a_state_take_the_free_slots_once_it_is_ready():
+    """A burst of requests on a state with no snapshot yet queues for its slot; when the pinned one ends
+    well (the snapshot exists), those still queued take the free slots at once. Before, they kept waiting
+    for slot 0 and were served one after another although three slots were free."""
+    r = SlotRouter(4)
+    first = await r.acquire(key=DOC, pin=True)  # slot 0 computes the document, no snapshot yet
+    got = []
+    async with anyio.create_task_group() as tg:
+
+        async def later():
+            got.append((await r.acquire(key=DOC)).slot)
+
+        for _ in range(3):
+            tg.start_soon(later)
+        await anyio.wait_all_tasks_blocked()
+        assert r.waiting() == 3 and got == []
+        first.begin()
+        first.end(ok=True)  # its DONE: ready, while slot 0 still runs its window
+        await anyio.wait_all_tasks_blocked()
+        assert sorted(got) == [1, 2, 3] and r.waiting() == 0
+        first.close()
+
+
 async def test_router_a_pinned_request_that_failed_does_not_make_its_state_ready():
     r = SlotRouter(2)
     lease = await r.acquire(key=DOC, pin=True)
