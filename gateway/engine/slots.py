@@ -21,8 +21,9 @@ key (its state's text):
 * once a request that pins the state has ended well, the engine holds a
   snapshot of it, which any slot restores by sharing its cells (a copy in the
   unified KV cache, nothing recomputed): the state is *ready*, and its
-  requests take any free slot, affine ones first. So one popular document is
-  served from every slot at once instead of queueing on one;
+  requests take any free slot, affine ones first, those already waiting for
+  its slot too. So one popular document is served from every slot at once
+  instead of queueing on one;
 * a request with no affine slot takes any free slot.
 
 Among the free slots a request may use it takes the one that keeps the most
