@@ -1,0 +1,96 @@
+"""Bursts on one document: ``--clients`` requests sent at once, ``--rounds`` times, each round waiting for all.
+
+The server first answers one request on the document (``bench/load.py``'s :data:`load.DOCUMENT`, one
+question): the engine holds its state on one slot, and the gateway has seen it but holds no snapshot of it
+yet (a single-question request pins a state only the second time it comes). Each round then sends
+``--clients`` requests at once, each one new question on the document (``load.document_body``), and
+prints the round's wall time, its requests' p50 and slowest latency, and the positions each computed. The
+first round is where the state's snapshot is taken: until then its requests wait for the slot that holds
+the state, and once it exists they take every free slot (``gateway.engine.slots``). Before that fix the
+queued ones kept waiting for that one slot and were answered one a decode.
+
+    .venv/bin/python bench/burst.py [--clients 32] [--rounds 3] [--serve-args '--model M --slots 32 ...']
+
+The server's environment is this process's (e.g. ``SERVEPROTO_TEST_DEVICE_US_ROW`` and the pipeline's
+variables, as ``bench/late_fill_cpu.sh`` sets them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import httpx2
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from decisions import Server, pct  # noqa: E402
+from load import document_body  # noqa: E402
+
+
+async def ask(http: httpx2.AsyncClient, serial: int) -> tuple[float, int]:
+    """One request on the document, ``x_debias: "none"``; returns (seconds, positions computed)."""
+    t = time.perf_counter()
+    r = await http.post(
+        "/v1/systemone",
+        content=orjson.dumps({**document_body(serial), "x_debias": "none"}),
+        headers={"content-type": "application/json"},
+    )
+    if r.status_code != 200:
+        raise SystemExit(f"HTTP {r.status_code}: {r.content[:200]!r}")
+    return time.perf_counter() - t, int(orjson.loads(r.content).get("x_positions", {}).get("computed", 0))
+
+
+async def rounds(base: str, clients: int, n_rounds: int) -> list[str]:
+    https = [httpx2.AsyncClient(base_url=base, timeout=600) for _ in range(clients)]
+    lines = []
+    try:
+        await ask(https[0], 1)  # the document's state on one slot, seen once
+        for k in range(n_rounds):
+            got: list[tuple[float, int]] = []
+
+            async def one(http: httpx2.AsyncClient, serial: int) -> None:
+                got.append(await ask(http, serial))
+
+            t0 = time.perf_counter()
+            async with anyio.create_task_group() as tg:
+                for i, http in enumerate(https):
+                    tg.start_soon(one, http, 1000 * (k + 1) + i)
+            wall = time.perf_counter() - t0
+            lat = [s for s, _ in got]
+            lines.append(
+                f"| {k + 1} | {wall:.3f} | {pct(lat, 50) * 1e3:.0f} | {max(lat) * 1e3:.0f} "
+                f"| {sum(c for _, c in got) / len(got):.1f} |"
+            )
+    finally:
+        for http in https:
+            await http.aclose()
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--clients", type=int, default=32, help="requests sent at once a round (default 32)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
+    ap.add_argument("--serve-args", default="", help="`serve` flags, one string (default: the default model)")
+    args = ap.parse_args()
+    server = Server(*shlex.split(args.serve_args))
+    try:
+        lines = anyio.run(rounds, server.base, args.clients, args.rounds)
+    finally:
+        server.close()
+    print(f"`bench/burst.py --clients {args.clients} --rounds {args.rounds} --serve-args '{args.serve_args}'`\n")
+    print("| round | wall s | p50 ms | slowest ms | computed a request |")
+    print("|---|---|---|---|---|")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
