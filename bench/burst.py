@@ -48,6 +48,10 @@ async def ask(http: httpx2.AsyncClient, serial: int) -> tuple[float, int]:
     return time.perf_counter() - t, int(orjson.loads(r.content).get("x_positions", {}).get("computed", 0))
 
 
+async def one(http: httpx2.AsyncClient, serial: int, got: list[tuple[float, int]]) -> None:
+    got.append(await ask(http, serial))
+
+
 async def rounds(base: str, clients: int, n_rounds: int) -> list[str]:
     https = [httpx2.AsyncClient(base_url=base, timeout=600) for _ in range(clients)]
     lines = []
@@ -55,14 +59,10 @@ async def rounds(base: str, clients: int, n_rounds: int) -> list[str]:
         await ask(https[0], 1)  # the document's state on one slot, seen once
         for k in range(n_rounds):
             got: list[tuple[float, int]] = []
-
-            async def one(http: httpx2.AsyncClient, serial: int) -> None:
-                got.append(await ask(http, serial))
-
             t0 = time.perf_counter()
             async with anyio.create_task_group() as tg:
                 for i, http in enumerate(https):
-                    tg.start_soon(one, http, 1000 * (k + 1) + i)
+                    tg.start_soon(one, http, 1000 * (k + 1) + i, got)
             wall = time.perf_counter() - t0
             lat = [s for s, _ in got]
             lines.append(
