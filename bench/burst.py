@@ -66,7 +66,7 @@ async def rounds(base: str, clients: int, n_rounds: int) -> list[str]:
             wall = time.perf_counter() - t0
             lat = [s for s, _ in got]
             lines.append(
-                f"| {k + 1} | {wall:.3f} | {pct(lat, 50) * 1e3:.0f} | {max(lat) * 1e3:.0f} "
+                f"| {k + 1} | {wall:.3f} | {pct(lat, 50) * 1e3:.1f} | {max(lat) * 1e3:.1f} "
                 f"| {sum(c for _, c in got) / len(got):.1f} |"
             )
     finally:
