@@ -337,17 +337,20 @@ static void read_pending(engine *e, int prev)
     e->batch = e->batch_pend;
     e->read_prev = prev;
     if (e->late.margin_us > 0) {
-        if (prev) { /* the wait for the device, apart: the first row with logits */
-            int r = 0;
-            while (r < e->batch.n_tokens && !e->batch.logits[r])
-                r++;
+        int r = 0;
+        while (prev && r < e->batch.n_tokens && !e->batch.logits[r])
+            r++;
+        if (prev && r < e->batch.n_tokens) { /* the wait for the device, apart: the first row with logits */
             const uint64_t w0 = profile_now_us();
             test_device_wait(e, 1);
-            if (r < e->batch.n_tokens)
-                (void)engine_logits(e, r);
+            (void)engine_logits(e, r);
             late_learn(e, w0, profile_now_us());
         } else {
-            e->late.end_us = 0; /* read at once: nothing queued behind it */
+            /* read at once (nothing queued behind it, the host idle next), or a decode without logits (no
+             * event to time it by): nothing learned, nothing carried to the next read */
+            e->late.end_us = 0;
+            e->late.left_us = 0;
+            e->late.after_late = 0;
         }
     }
     test_device_wait(e, prev); /* (done already when timed above) */
@@ -554,14 +557,15 @@ int sched_step(engine *e)
     int rc = llama_decode(e->ctx, e->batch);
     if (e->prof.on || late || e->test_device.us_row > 0)
         mark[3] = profile_now_us();
-    if (rc == 0)
-        test_device_queued(e, mark[3], e->batch.n_tokens);
+    test_device_queued(e, mark[3], rc == 0 ? e->batch.n_tokens : 0); /* a failed decode holds it for no time */
     if (late) { /* the host's lead: from the last step's wait to here; when this decode was queued */
         late_fill *l = &e->late;
-        if (l->left_us && rc == 0) {
+        if (l->left_us && rc == 0 && mark[3] - l->left_us <= LATE_MAX_US) { /* (longer: the host idled) */
             const double d = (double)(mark[3] - l->left_us);
             l->lead_us = l->lead_us > 0 ? 0.75 * l->lead_us + 0.25 * d : d;
         }
+        if (rc != 0)
+            l->end_us = 0; /* the next decode runs alone */
         l->left_us = 0;
         l->queued_prev_us = l->queued_last_us;
         l->queued_last_us = mark[3];

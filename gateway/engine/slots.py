@@ -238,6 +238,8 @@ class SlotRouter:
         """Grants the free slots to the waiters that may take them now, first come first served, each the
         best of those it may take: once a state is ready, the requests queued for its slot take every free
         slot at once instead of that slot one at a time."""
+        if not self._waiters or all(s.busy for s in self._slots):
+            return
         for w in list(self._waiters):
             usable = self._usable(w)
             if usable:
@@ -334,7 +336,9 @@ class SlotRouter:
                 self._waiters.remove(w)
                 self._grant(w, s)
                 w.event.set()
-                return
+                break
+        # the grant moved this slot's key: a waiter whose state it held may now take any other free slot
+        self._dispatch()
 
     def close(self, exc: BaseException) -> None:
         """Fail every waiter and every later acquire with ``exc``."""

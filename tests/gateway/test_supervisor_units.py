@@ -144,6 +144,32 @@ async def test_router_requests_queued_for_a_state_take_the_free_slots_once_it_is
         first.close()
 
 
+async def test_router_a_waiter_whose_slot_moved_to_another_state_takes_a_free_slot_at_once():
+    """A request waits for the slot that holds its state (no snapshot yet). When that slot goes to a
+    request that named it, the slot no longer holds the state: the waiter may take any slot, and takes the
+    one already free then, not at the next release."""
+    r = SlotRouter(3)
+    doc = await r.acquire(key=DOC)  # slot 0
+    others = [await r.acquire(key=TICKET), await r.acquire(key=b"O" * 500)]  # slots 1 and 2
+    got = {}
+    async with anyio.create_task_group() as tg:
+
+        async def wait(name, slot, key):
+            got[name] = (await r.acquire(slot=slot, key=key)).slot
+
+        tg.start_soon(wait, "named", 0, b"X" * 500)
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(wait, "doc", None, DOC)
+        await anyio.wait_all_tasks_blocked()
+        others[1].close()  # slot 2 frees: "doc" may not take it (slot 0 holds its state), "named" wants 0
+        await anyio.wait_all_tasks_blocked()
+        assert got == {} and r.waiting() == 2
+        doc.close()  # slot 0 goes to "named" and holds X now: "doc" takes the free slot 2 at once
+        await anyio.wait_all_tasks_blocked()
+        assert got == {"named": 0, "doc": 2} and r.waiting() == 0
+        others[0].close()
+
+
 async def test_router_a_pinned_request_that_failed_does_not_make_its_state_ready():
     r = SlotRouter(2)
     lease = await r.acquire(key=DOC, pin=True)
