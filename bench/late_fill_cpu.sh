@@ -7,11 +7,11 @@
 # bench/load.py's document (or WORKLOADS) at 32 clients on a tiny random model (bench/gpu/make_model.py
 # --geometry tiny, F16, the default model's tokenizer), one engine thread; PAIRS pairs of cells side by side,
 # without and with the late fill; each cell's profile tables (bench/gpu/profile_split.py) after it.
-#   bash bench/late_fill_cpu.sh        [US=160] [MARGIN=1000] [PAIRS=2] [SECONDS_CELL=10] [WORKLOADS=document]
+#   bash bench/late_fill_cpu.sh        [US=200] [MARGIN=1000] [PAIRS=2] [SECONDS_CELL=10] [WORKLOADS=document]
 # Run from the repository root after `make -C engines all`.
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
-US=${US:-160}
+US=${US:-200}
 MARGIN=${MARGIN:-1000}
 DIR=$(mktemp -d)
 trap 'rm -rf "$DIR"' EXIT
