@@ -25,44 +25,39 @@ from pathlib import Path
 
 import anyio
 import httpx2
-import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from decisions import Server, pct  # noqa: E402
-from load import document_body  # noqa: E402
+from load import Target, document_body  # noqa: E402
 
 
-async def ask(http: httpx2.AsyncClient, serial: int) -> tuple[float, int]:
-    """One request on the document, ``x_debias: "none"``; returns (seconds, positions computed)."""
+async def ask(target: Target, http: httpx2.AsyncClient, serial: int) -> tuple[float, int]:
+    """One request on the document (``load.Target.ask``: ``x_debias: "none"``, every answer checked); returns
+    (seconds, positions computed)."""
     t = time.perf_counter()
-    r = await http.post(
-        "/v1/systemone",
-        content=orjson.dumps({**document_body(serial), "x_debias": "none"}),
-        headers={"content-type": "application/json"},
-    )
-    if r.status_code != 200:
-        raise SystemExit(f"HTTP {r.status_code}: {r.content[:200]!r}")
-    return time.perf_counter() - t, int(orjson.loads(r.content).get("x_positions", {}).get("computed", 0))
+    _, computed, _, _ = await target.ask(http, document_body(serial))
+    return time.perf_counter() - t, computed
 
 
-async def one(http: httpx2.AsyncClient, serial: int, got: list[tuple[float, int]]) -> None:
-    got.append(await ask(http, serial))
+async def one(target: Target, http: httpx2.AsyncClient, serial: int, got: list[tuple[float, int]]) -> None:
+    got.append(await ask(target, http, serial))
 
 
 async def rounds(base: str, clients: int, n_rounds: int) -> list[str]:
+    target = Target("this tree", base, "none", 0)
     https = [httpx2.AsyncClient(base_url=base, timeout=600) for _ in range(clients)]
     lines = []
     try:
-        await ask(https[0], 1)  # the document's state on one slot, seen once
+        await ask(target, https[0], 1)  # the document's state on one slot, seen once
         for k in range(n_rounds):
             got: list[tuple[float, int]] = []
             t0 = time.perf_counter()
             async with anyio.create_task_group() as tg:
                 for i, http in enumerate(https):
-                    tg.start_soon(one, http, 1000 * (k + 1) + i, got)
+                    tg.start_soon(one, target, http, 1000 * (k + 1) + i, got)
             wall = time.perf_counter() - t0
             lat = [s for s, _ in got]
             lines.append(
