@@ -243,9 +243,7 @@ class SlotRouter:
         for w in list(self._waiters):
             usable = self._usable(w)
             if usable:
-                self._waiters.remove(w)
-                self._grant(w, usable[0])
-                w.event.set()
+                self._hand(w, usable[0])
 
     def is_ready(self, key: bytes) -> bool:
         return key[:MAX_KEY_BYTES] in self._ready
@@ -292,6 +290,12 @@ class SlotRouter:
             s.key = w.key
         w.granted = s.index
 
+    def _hand(self, w: _Waiter, s: _Slot) -> None:
+        """Gives free slot ``s`` to queued waiter ``w`` and wakes it."""
+        self._waiters.remove(w)
+        self._grant(w, s)
+        w.event.set()
+
     async def acquire(self, slot: int | None = None, key: bytes = b"", pin: bool = False) -> SlotLease:
         """Wait for a slot and return its lease.
 
@@ -333,9 +337,7 @@ class SlotRouter:
         # first come first served among the waiters that may take this slot
         for w in self._waiters:
             if self._may_take(w, s):
-                self._waiters.remove(w)
-                self._grant(w, s)
-                w.event.set()
+                self._hand(w, s)
                 break
         # the grant moved this slot's key: a waiter whose state it held may now take any other free slot
         self._dispatch()
