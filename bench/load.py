@@ -557,22 +557,36 @@ class Terminated(Exception):
     """SIGTERM arrived (bench/gpu/run.sh's `timeout`): stop measuring, print the cells so far."""
 
 
-def _terminated(signum, frame):
-    """SIGTERM between the event loops (starting servers, printing): plain Python, safe to raise in."""
-    raise Terminated
+#: Set by :func:`_on_sigterm`; while an event loop runs, :func:`_watched` turns it into :class:`Terminated`.
+_sigterm = False
+#: Whether :func:`_run`'s event loop may be running: the handler then only sets :data:`_sigterm`.
+_in_loop = False
+#: How often the event loop looks at :data:`_sigterm`, seconds.
+_SIGTERM_POLL_S = 0.05
+
+
+def _on_sigterm(signum, frame):
+    """SIGTERM's handler. Between the event loops (starting servers, printing) it raises :class:`Terminated`:
+    plain Python, safe to raise in. While a loop may run it only sets a flag: an exception raised from a
+    signal handler in the middle of the loop's own code once left load.py spinning, and once hung it for a
+    minute after the signal; a signal receiver of the loop's misses a SIGTERM that lands while it opens or
+    closes."""
+    global _sigterm
+    _sigterm = True
+    if not _in_loop:
+        raise Terminated
 
 
 async def _watched(fn: Callable, *args):
-    """``fn(*args)`` under a SIGTERM watch: inside the event loop the signal cancels the tasks in
-    order (raising from a signal handler there, mid-callback, once left the loop spinning at full CPU
-    after the signal instead of closing)."""
+    """``fn(*args)``, cancelled in order (:class:`Terminated` out of its task group) once SIGTERM's flag is
+    seen."""
     result = None
     async with anyio.create_task_group() as tg:
 
         async def watch() -> None:
-            with anyio.open_signal_receiver(signal.SIGTERM) as signals:
-                async for _ in signals:
-                    raise Terminated
+            while not _sigterm:
+                await anyio.sleep(_SIGTERM_POLL_S)
+            raise Terminated
 
         tg.start_soon(watch)
         result = await fn(*args)
@@ -581,12 +595,16 @@ async def _watched(fn: Callable, *args):
 
 
 def _run(fn: Callable, *args):
-    """:func:`anyio.run` of ``fn(*args)`` under :func:`_watched`; SIGTERM goes back to :func:`_terminated` after
-    (the loop leaves its own handler's default behind)."""
+    """:func:`anyio.run` of ``fn(*args)`` under :func:`_watched`; a SIGTERM that arrived while the loop
+    started or closed raises :class:`Terminated` after it."""
+    global _in_loop
+    _in_loop = True
     try:
         return anyio.run(_watched, fn, *args)
     finally:
-        signal.signal(signal.SIGTERM, _terminated)
+        _in_loop = False
+        if _sigterm:
+            raise Terminated
 
 
 def _interrupted(exc: BaseException) -> bool:
@@ -600,7 +618,7 @@ def _interrupted(exc: BaseException) -> bool:
 def main(argv=None) -> int:
     args = parse_args(argv)
     # `timeout` (bench/gpu/run.sh) sends SIGTERM: the servers are closed and the cells so far printed
-    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGTERM, _on_sigterm)
     threads = args.threads
     model = args.model or (None if args.engine is not None else default_model_path())
     loads = {name: w for name, w in workloads(args.seed).items() if name in args.workloads}

@@ -156,10 +156,15 @@ def test_sigterm_prints_the_cells_so_far():
         stderr=subprocess.PIPE,
         text=True,
     )
-    first = proc.stderr.readline()  # the first cell's line: 1 client, 1 slow request
-    assert first.startswith("  tickets, 1 clients, this tree (none): 1 answered, 0 errors"), first
-    proc.terminate()  # during the 2-client cell
-    out, err = proc.communicate(timeout=60)
+    try:
+        first = proc.stderr.readline()  # the first cell's line: 1 client, 1 slow request
+        assert first.startswith("  tickets, 1 clients, this tree (none): 1 answered, 0 errors"), first
+        proc.terminate()  # during the 2-client cell
+        out, err = proc.communicate(timeout=60)
+    finally:  # a load.py left running would be counted as a leaked child by the tests after this one
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 1, err
     lines = out.splitlines()
     assert lines, err
