@@ -568,9 +568,9 @@ _SIGTERM_POLL_S = 0.05
 def _on_sigterm(signum, frame):
     """SIGTERM's handler. Between the event loops (starting servers, printing) it raises :class:`Terminated`:
     plain Python, safe to raise in. While a loop may run it only sets a flag: an exception raised from a
-    signal handler in the middle of the loop's own code once left load.py spinning, and once hung it for a
-    minute after the signal; a signal receiver of the loop's misses a SIGTERM that lands while it opens or
-    closes."""
+    signal handler in the middle of the loop's own code once left load.py spinning (and is the likely cause
+    of a one-minute hang after the signal in CI), and a signal receiver of the loop's misses a SIGTERM that
+    lands while it opens or closes."""
     global _sigterm
     _sigterm = True
     if not _in_loop:
