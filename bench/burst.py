@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from decisions import Server, pct  # noqa: E402
-from load import Target, document_body  # noqa: E402
+from load import Target, document_body, http_client  # noqa: E402
 
 
 async def ask(target: Target, http: httpx2.AsyncClient, serial: int) -> tuple[float, int]:
@@ -48,7 +48,7 @@ async def one(target: Target, http: httpx2.AsyncClient, serial: int, got: list[t
 
 async def rounds(base: str, clients: int, n_rounds: int) -> list[str]:
     target = Target("this tree", base, "none", 0)
-    https = [httpx2.AsyncClient(base_url=base, timeout=600) for _ in range(clients)]
+    https = [http_client(base, 600) for _ in range(clients)]
     lines = []
     try:
         await ask(target, https[0], 1)  # the document's state on one slot, seen once
