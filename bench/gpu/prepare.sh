@@ -4,6 +4,8 @@
 # tensor-less GGUF, and the wheels of the Python packages that machine lacks (for CPython 3.12);
 # for bench/gpu/load.sh also the source llama-server builds from (llama-full.tgz, about 10 MB;
 # LLAMA_SERVER=0 leaves it out) and, with BASELINE=<commit>, that commit's tree (baseline.tgz).
+# A ggml-cuda compiled here (bench/gpu/prebuild_cuda.sh, ggml-cuda.a.xz) stays in the carry; it and
+# llama-full.tgz together are over a call's 64 MiB.
 # Run from the repository root, after `make engines model` (it reuses the cached sdist and model).
 #   bench/gpu/prepare.sh            then: run bench/gpu/run.sh there with carry=[bench/gpu/carry]
 #   BASELINE=26498d7 bench/gpu/prepare.sh
@@ -34,3 +36,7 @@ $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --imp
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d $C/whl $pins
 du -sh $C/* $C
+# a call carries the working tree and the carry together, 64 MiB at most
+total=$(( $(du -sb $C | cut -f1) + $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) ))
+[ $total -le $(( 64 * 1024 * 1024 )) ] || echo "warning: the tree and $C come to $(( total >> 20 )) MiB, over a call's" \
+  "64 MiB: leave out llama-full.tgz (LLAMA_SERVER=0) or ggml-cuda.a.xz (bench/gpu/prebuild_cuda.sh)" >&2

@@ -64,9 +64,22 @@ if [ "${PEER_BUILD:-0}" = 1 ]; then
     echo $? > /tmp/load-build.rc ) &
   PEER_PID=$!
 fi
-{
-  $MK llama-libs > $RES/build.log 2>&1 || { tail -40 $RES/build.log; log "llama.cpp build failed"; exit 1; }
-  log "llama.cpp built (CUDA=$CUDA)"
+# A ggml-cuda compiled on a machine without a GPU for this build id (bench/gpu/prebuild_cuda.sh: carry/
+# ggml-cuda.a.xz and .id) is linked instead of compiled (PREBUILT_CUDA=0 compiles it anyway); should the
+# engine not link or llama.cpp's prefill not run with it, the build starts again without it.
+PREBUILT=""
+if [ "$CUDA" = 1 ] && [ "${PREBUILT_CUDA:-1}" = 1 ] && [ -f $C/ggml-cuda.a.xz ]; then
+  if [ "$(cat $C/ggml-cuda.a.id)" = "$($MK -s llama-build-id)" ]; then
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+      $C/ggml-cuda.a.xz /tmp/ggml-cuda.a && cp $C/ggml-cuda.a.id /tmp/ggml-cuda.a.id \
+      && PREBUILT="LLAMA_CUDA_PREBUILT=/tmp/ggml-cuda.a"
+  else
+    log "the carried ggml-cuda is for build id $(cat $C/ggml-cuda.a.id), not this one: compiling it here"
+  fi
+fi
+build() {  # [LLAMA_CUDA_PREBUILT=FILE]
+  $MK "$@" llama-libs > $RES/build.log 2>&1 || { tail -40 $RES/build.log; log "llama.cpp build failed"; return 1; }
+  log "llama.cpp built (CUDA=$CUDA${1:+, $1})"
   # engines/llama/llama.mk links llama, ggml (the backend registry), ggml-cuda, ggml-cpu, ggml-base
   # (and builds without NCCL since 2fbb9ee); should the link fail, the line that linked on the H200
   # on 2026-11-30 (before that commit): one archive group, NCCL when CMake found it.
@@ -81,15 +94,39 @@ fi
 $B/ggml/src/libggml-cpu.a $B/ggml/src/libggml-base.a -Wl,--end-group -L$CUH/lib64 -L$CUH/lib64/stubs -Wl,-rpath,$CUH/lib64 \
 -lcudart -lcublas -lcublasLt -lcuda $NCCL_LINK -ldl -lrt -lstdc++ -lm -fopenmp -lpthread"
     log "the plain link failed; again with LLAMA_LDLIBS=$LDLIBS"
-    $MK all LLAMA_LDLIBS="$LDLIBS" >> $RES/build.log 2>&1 || { tail -40 $RES/build.log; log "engine link failed"; exit 1; }
+    $MK all LLAMA_LDLIBS="$LDLIBS" >> $RES/build.log 2>&1 || { tail -40 $RES/build.log; log "engine link failed"; return 1; }
   fi
   log "engines linked: $(ls -la engines/bin/serveproto-llama engines/bin/llama-prefill-ref | awk '{print $5, $9}' | tr '\n' ' ')"
 }
+unbuild() {  # forget a build made with the prebuilt ggml-cuda
+  rm -rf $SERVEPROTO_CACHE/llama.cpp/0.3.36/build-cuda-* engines/bin/serveproto-llama engines/bin/llama-prefill-ref
+  PREBUILT=""
+}
+if ! build $PREBUILT; then
+  [ -n "$PREBUILT" ] || exit 1
+  log "with the carried ggml-cuda it did not build: again, compiling it"
+  unbuild
+  build || exit 1
+fi
 ldd engines/bin/serveproto-llama | grep -E "not found|cuda|cublas|nccl" | tee -a $RES/run.log
 
 wait $MODEL_PID
 [ "$(cat /tmp/model.rc)" = 0 ] || { cat $RES/model.log; log "model generation failed"; exit 1; }
 log "$(tail -1 $RES/model.log)"
+if [ -n "$PREBUILT" ] && [ ! -f /tmp/smoke.ok ]; then
+  # the carried kernels' first use (once a machine): llama.cpp's prefill of 512 tokens
+  python3 -c "print('A short check of the carried kernels. ' * 100)" > /tmp/smoke.txt
+  if timeout 120 engines/bin/llama-prefill-ref --model $MODEL --prompt-file /tmp/smoke.txt --ctx 1024 --reps 1 \
+      --ubatch 512 --tokens 512 --modes f32 > $RES/smoke.log 2>&1; then
+    log "the carried ggml-cuda runs: $(tail -1 $RES/smoke.log)"
+    touch /tmp/smoke.ok
+  else
+    tail -20 $RES/smoke.log
+    log "llama.cpp's prefill failed with the carried ggml-cuda: building again, compiling it"
+    unbuild
+    build || exit 1
+  fi
+fi
 if [ -n "${PEER_PID:-}" ]; then
   wait $PEER_PID
   log "load.sh's builds: exit $(cat /tmp/load-build.rc); $(tail -3 $RES/load-build.log | tr '\n' ' ')"

@@ -93,11 +93,30 @@ $(LLAMA_PATCHED)/.extracted: | $(LLAMA_PRISTINE)/.extracted
 	  for p in $(abspath $(LLAMA_PATCHES)); do patch -s -p1 -d $$t < $$p || exit 1; done && \
 	  touch $$t/.extracted && { mv -T $$t $(LLAMA_PATCHED) 2>/dev/null || rm -rf $$t; }
 
+# LLAMA_CUDA_PREBUILT=FILE (CUDA=1, Ninja): a libggml-cuda.a compiled elsewhere from the same patches and
+# flags (bench/gpu/prebuild_cuda.sh: PyPI's nvcc on a machine without a GPU; FILE.id holds the
+# $(LLAMA_BUILD_ID) it was built for) stands in for ggml-cuda's 145 nvcc compiles, about 4 of a
+# GPU machine's 5 minutes of build: its build statement becomes a phony one, so ninja keeps the file.
+LLAMA_CUDA_PREBUILT ?=
+LLAMA_CUDA_ARCHIVE  := $(LLAMA_BUILD)/ggml/src/ggml-cuda/libggml-cuda.a
+ifneq ($(LLAMA_CUDA_PREBUILT),)
+LLAMA_PREBUILT_STEP := { test "$$(cat $(LLAMA_CUDA_PREBUILT).id)" = $(LLAMA_BUILD_ID) || { echo \
+	  "LLAMA_CUDA_PREBUILT=$(LLAMA_CUDA_PREBUILT) was built for another build id than $(LLAMA_BUILD_ID)" >&2; false; }; } && \
+	  install -D -m 644 $(LLAMA_CUDA_PREBUILT) $(LLAMA_CUDA_ARCHIVE) && \
+	  sed -i "s|^build ggml/src/ggml-cuda/libggml-cuda.a: .*|build ggml/src/ggml-cuda/libggml-cuda.a: phony|" \
+	    $(LLAMA_BUILD)/build.ninja &&
+endif
+
 # One build at a time per build directory (flock): checkouts sharing the cache may run make at once.
 $(LLAMA_STAMP): | $(LLAMA_SRC)/.extracted
 	mkdir -p $(LLAMA_BUILD) && flock $(LLAMA_BUILD)/.lock sh -c '\
 	  test -f $@ || { cmake -S $(LLAMA_SRC) -B $(LLAMA_BUILD) $(if $(shell command -v ninja),-G Ninja) $(LLAMA_CMAKE_FLAGS) && \
-	  cmake --build $(LLAMA_BUILD) --target llama -j$(LLAMA_JOBS) && touch $@; }'
+	  $(LLAMA_PREBUILT_STEP) cmake --build $(LLAMA_BUILD) --target llama -j$(LLAMA_JOBS) && touch $@; }'
+
+# What bench/gpu/prebuild_cuda.sh configures with and names its archive after.
+.PHONY: llama-build-id llama-cmake-flags
+llama-build-id: ; @echo $(LLAMA_BUILD_ID)
+llama-cmake-flags: ; @echo $(LLAMA_CMAKE_FLAGS)
 
 # A carried copy (LLAMA_SRC=DIR) counts as extracted once its files are there.
 ifneq ($(LLAMA_SRC),$(LLAMA_PATCHED))
