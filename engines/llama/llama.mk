@@ -43,7 +43,9 @@ ifeq ($(CUDA),1)
 LLAMA_VARIANT     := cuda
 # one GPU per engine: no NCCL (it would add a link dependency)
 LLAMA_CMAKE_FLAGS += -DGGML_CUDA=ON -DGGML_CUDA_NCCL=OFF -DCMAKE_CUDA_ARCHITECTURES=$(or $(CUDA_ARCH),90)
-LLAMA_EXTRA_LIBS  := ggml/src/ggml-cuda/libggml-cuda.a
+# ggml-cuda's archive, relative to the build directory (also a ninja target's name there)
+LLAMA_CUDA_LIB    := ggml/src/ggml-cuda/libggml-cuda.a
+LLAMA_EXTRA_LIBS  := $(LLAMA_CUDA_LIB)
 LLAMA_CUDA_HOME   := $(or $(CUDA_HOME),/usr/local/cuda)
 # libcuda comes with the driver; the toolkit's stub satisfies the link.
 LLAMA_SYS_LIBS    := -L$(LLAMA_CUDA_HOME)/lib64 -L$(LLAMA_CUDA_HOME)/lib64/stubs \
@@ -98,13 +100,12 @@ $(LLAMA_PATCHED)/.extracted: | $(LLAMA_PRISTINE)/.extracted
 # $(LLAMA_BUILD_ID) it was built for) stands in for ggml-cuda's 145 nvcc compiles, about 4 of a
 # GPU machine's 5 minutes of build: its build statement becomes a phony one, so ninja keeps the file.
 LLAMA_CUDA_PREBUILT ?=
-LLAMA_CUDA_ARCHIVE  := $(LLAMA_BUILD)/ggml/src/ggml-cuda/libggml-cuda.a
 ifneq ($(LLAMA_CUDA_PREBUILT),)
+$(if $(LLAMA_CUDA_LIB),,$(error LLAMA_CUDA_PREBUILT=$(LLAMA_CUDA_PREBUILT) needs CUDA=1))
 LLAMA_PREBUILT_STEP := { test "$$(cat $(LLAMA_CUDA_PREBUILT).id)" = $(LLAMA_BUILD_ID) || { echo \
 	  "LLAMA_CUDA_PREBUILT=$(LLAMA_CUDA_PREBUILT) was built for another build id than $(LLAMA_BUILD_ID)" >&2; false; }; } && \
-	  install -D -m 644 $(LLAMA_CUDA_PREBUILT) $(LLAMA_CUDA_ARCHIVE) && \
-	  sed -i "s|^build ggml/src/ggml-cuda/libggml-cuda.a: .*|build ggml/src/ggml-cuda/libggml-cuda.a: phony|" \
-	    $(LLAMA_BUILD)/build.ninja &&
+	  install -D -m 644 $(LLAMA_CUDA_PREBUILT) $(LLAMA_BUILD)/$(LLAMA_CUDA_LIB) && \
+	  sed -i "s|^build $(LLAMA_CUDA_LIB): .*|build $(LLAMA_CUDA_LIB): phony|" $(LLAMA_BUILD)/build.ninja &&
 endif
 
 # One build at a time per build directory (flock): checkouts sharing the cache may run make at once.
