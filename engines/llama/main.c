@@ -765,6 +765,9 @@ int main(int argc, char **argv)
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
+    /* past a file-size limit (ulimit -f, systemd LimitFSIZE=) a cache write then fails with EFBIG,
+     * which persist.c takes like a full disk, instead of the signal killing the engine */
+    signal(SIGXFSZ, SIG_IGN);
     static engine e; /* large; zero-initialised */
     if (sp_writer_init(&e.w, 1) != 0 || sp_loop_init(&e.in, SP_EXT_ALL, &e.w, &engine_loop_ops, &e) != 0) {
         fprintf(stderr, "serveproto-llama: out of memory\n");

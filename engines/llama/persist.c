@@ -6,10 +6,15 @@
  * engine would compute. Every file names what it was computed under (model
  * sha256, engine build, numerics, chat template, format version) and carries
  * checksums; a file that does not match, or does not check, is skipped with
- * one stderr line saying why. Files are written to a temporary name and
- * renamed (a reader sees whole files or none); a disk budget removes the
- * least recently used files; an flock on the directory's lock file keeps two
- * engines from evicting at once.
+ * one stderr line saying why. A file that checks is still read as data, not
+ * trusted: every number is checked finite and every size bounded by what this
+ * model's files can hold before anything is allocated or served; a damaged
+ * file is removed (or, read-only, remembered), so it is not read again at
+ * every request or restart. Files are written to a temporary name and
+ * renamed (a reader sees whole files or none), mode 0600 in folders made
+ * 0700 (a state file holds the user's text as token ids); a disk budget
+ * removes the least recently used files; an flock on the directory's lock
+ * file keeps two engines from evicting at once.
  *
  * Layout under --cache-dir (DIR):
  *   DIR/manifest.json                 {"format": "serveproto-cache", "version": 1}
@@ -48,7 +53,8 @@
 #define PERSIST_DIR_MAX    2048  /* bytes of --cache-dir */
 #define PERSIST_MAX_FILES  65536
 #define PERSIST_TMP_AGE_S  600   /* a temporary file this old was left by a killed writer */
-#define PERSIST_PENDING_MAX (4u << 20) /* bytes of new results written at once, at most */
+#define PERSIST_PENDING_MAX (4u << 20) /* payload bytes of one scores file, at most (a flush splits) */
+#define PERSIST_BAD_MAX    1024  /* files remembered as failing their checks (read-only: not removed) */
 
 static const char MAGIC[8] = { 'S', 'P', 'C', 'A', 'C', 'H', 'E', '\n' };
 
@@ -94,6 +100,9 @@ struct persist {
     size_t n_pending, cap_pending;
     uint64_t pending_records;
     uint64_t seq;       /* file names made by this process */
+    uint64_t state_cell_max; /* bytes of llama.cpp's sequence state per cell, at most (state_bound) */
+    int write_failing;  /* the last write failed: said once, the next ones are tried all the same */
+    uint64_t writes_failed;
     persist_stats stats;
 };
 
@@ -155,6 +164,9 @@ static void field(char *dst, size_t cap, const char *src)
     memcpy(dst, src, n < cap ? n : cap);
 }
 
+/* Folders made 0700 and files 0600: a state file holds the user's text as token ids, and the scores
+ * what was asked (the decision log is 0600 too). A folder that exists keeps its mode: an operator who
+ * shares it with a replica under another user sets that. */
 static int mkdirs(const char *path)
 {
     char tmp[PERSIST_PATH_CAP];
@@ -162,11 +174,11 @@ static int mkdirs(const char *path)
     for (char *p = tmp + 1; *p; p++)
         if (*p == '/') {
             *p = '\0';
-            if (mkdir(tmp, 0777) && errno != EEXIST)
+            if (mkdir(tmp, 0700) && errno != EEXIST)
                 return -1;
             *p = '/';
         }
-    return mkdir(tmp, 0777) && errno != EEXIST ? -1 : 0;
+    return mkdir(tmp, 0700) && errno != EEXIST ? -1 : 0;
 }
 
 /* Writes len bytes (and the header first when h) to dir/name through a temporary file and a
@@ -177,7 +189,7 @@ static int write_atomic(persist *p, const char *dir, const char *name, const fil
     char tmp[PERSIST_PATH_CAP], dst[PERSIST_PATH_CAP];
     (void)join(tmp, sizeof tmp, "%s/.tmp-%d-%llu", dir, (int)getpid(), (unsigned long long)++p->seq);
     (void)join(dst, sizeof dst, "%s/%s", dir, name);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0)
         return -1;
     /* testing only: a pause after the header, so that a test can kill -9 the engine mid-write */
@@ -220,17 +232,45 @@ static int write_atomic(persist *p, const char *dir, const char *name, const fil
     return 0;
 }
 
+/* A write failed (a full disk, a quota, EFBIG past a file-size limit: main.c ignores SIGXFSZ so that
+ * the write says so instead of killing the engine). Serving goes on and what was not written costs a
+ * recomputation after a restart; the next write is tried all the same (a full disk frees up, a scores
+ * file of a few hundred bytes fits under a limit a state file does not), and only the first failure in
+ * a row is said. */
+static void write_failed(persist *p, const char *dir)
+{
+    if (!p->write_failing)
+        plog("%s: a write failed (%s): serving on; later writes are tried again", dir, strerror(errno));
+    p->write_failing = 1;
+    p->writes_failed++;
+}
+
+static void write_done(persist *p)
+{
+    if (p->write_failing)
+        plog("writing again (%llu writes failed before this one)", (unsigned long long)p->writes_failed);
+    p->write_failing = 0;
+    p->writes_failed = 0;
+}
+
 /* The manifest: the layout's version. Made when missing; another version turns the cache off. */
 static int check_manifest(persist *p)
 {
     char path[PERSIST_PATH_CAP];
     (void)join(path, sizeof path, "%s/manifest.json", p->dir);
-    FILE *f = fopen(path, "rb");
-    if (f) {
+    /* O_NONBLOCK and a regular file only: a FIFO put in its place would block the engine's start */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat sb;
+    if (fd >= 0 && (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode))) {
+        close(fd);
+        plog("%s is not a regular file: the cache is not used", path);
+        return -1;
+    }
+    if (fd >= 0) {
         char buf[512];
-        size_t r = fread(buf, 1, sizeof buf - 1, f);
-        fclose(f);
-        buf[r] = '\0';
+        ssize_t r = pread(fd, buf, sizeof buf - 1, 0);
+        close(fd);
+        buf[r > 0 ? r : 0] = '\0';
         const char *v = strstr(buf, "\"version\"");
         int version = -1;
         if (strstr(buf, "\"serveproto-cache\"") && v && (v = strchr(v, ':')))
@@ -252,6 +292,39 @@ static int check_manifest(persist *p)
     return 0;
 }
 
+/* An integer of the model's GGUF metadata ("<architecture>.<key>"), or def. */
+static long meta_int(const struct llama_model *m, const char *key, long def)
+{
+    char arch[64], name[192], val[64];
+    if (llama_model_meta_val_str(m, "general.architecture", arch, sizeof arch) < 0)
+        return def;
+    snprintf(name, sizeof name, "%s.%s", arch, key);
+    if (llama_model_meta_val_str(m, name, val, sizeof val) < 0)
+        return def;
+    char *end;
+    long v = strtol(val, &end, 10);
+    return end != val && v > 0 ? v : def;
+}
+
+/* The most bytes one cell takes in llama.cpp's sequence state of this model (llama-kv-cache.cpp,
+ * state_write_meta and state_write_data): its position, sequence and extension fields, and each
+ * layer's K and V rows in F32 (the widest type the engine keeps them in), counted as if every query
+ * head had its own KV head. A bound, not the size (about 3 times it on the default model): a file's
+ * header cannot make the engine allocate more than a state of its length can need. */
+static uint64_t state_cell_bound(const engine *e)
+{
+    const struct llama_model *m = e->model;
+    long n_embd = llama_model_n_embd(m), n_head = llama_model_n_head(m), n_head_kv = llama_model_n_head_kv(m);
+    long heads = n_head > n_head_kv ? n_head : n_head_kv;
+    if (heads < 1)
+        heads = 1;
+    long dk = meta_int(m, "attention.key_length", n_embd / heads), dv = meta_int(m, "attention.value_length", dk);
+    long dim = (dk > dv ? dk : dv) * heads;
+    if (dim < n_embd)
+        dim = n_embd;
+    return 64 + (uint64_t)llama_model_n_layer(m) * 2u * (uint64_t)dim * sizeof(float);
+}
+
 persist *persist_open(const persist_options *o, engine *e)
 {
     /* a bounded folder name: every path under it (names up to 255 bytes) fits PERSIST_PATH_CAP */
@@ -267,6 +340,7 @@ persist *persist_open(const persist_options *o, engine *e)
     (void)join(p->dir, sizeof p->dir, "%s", o->dir);
     p->budget = o->disk_budget;
     p->read_only = o->read_only;
+    p->state_cell_max = state_cell_bound(e);
     memcpy(p->id.magic, MAGIC, sizeof MAGIC);
     p->id.version = PERSIST_VERSION;
     field(p->id.build, sizeof p->id.build, SP_BUILD_ID);
@@ -383,17 +457,77 @@ static const char *header_mismatch(const persist *p, const file_header *h, uint3
     return NULL;
 }
 
-/* Reads and checks a whole file of `kind`: its payload (malloc'd) or NULL, the reason logged. */
-static unsigned char *read_checked(persist *p, const char *path, uint32_t kind, file_header *h, size_t *n_out)
+/* Files that failed their checks and were not removed (a read-only folder, or nothing this engine
+ * wrote: a FIFO, a file of another layout): known by their inode and mtime, so that a request on
+ * their state does not read them again, and a file written in their place is read. */
+typedef struct bad_file {
+    dev_t dev;
+    ino_t ino;
+    struct timespec mtime;
+} bad_file;
+
+static bad_file g_bad[PERSIST_BAD_MAX];
+static int g_n_bad, g_next_bad;
+
+static int same_file(const bad_file *b, const struct stat *sb)
 {
-    int fd = open(path, O_RDONLY);
+    return b->dev == sb->st_dev && b->ino == sb->st_ino && b->mtime.tv_sec == sb->st_mtim.tv_sec &&
+           b->mtime.tv_nsec == sb->st_mtim.tv_nsec;
+}
+
+static int known_bad(const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return 1; /* removed meanwhile: nothing to read */
+    for (int i = 0; i < g_n_bad; i++)
+        if (same_file(&g_bad[i], &sb))
+            return 1;
+    return 0;
+}
+
+/* A file skipped: one line naming it and why. A damaged one (torn, corrupted, or numbers that are
+ * not finite: anything this engine's own writes never leave) is removed when the folder is
+ * writable, so that it is neither read nor kept fresh at every restart and a state pinned again is
+ * written anew; else, and for what is not ours to remove (a FIFO, another build's file), it is
+ * remembered for this process. */
+static void file_bad(persist *p, const char *path, const char *why, int damaged)
+{
+    int removed = damaged && !p->read_only && !p->off && unlink(path) == 0;
+    plog("%s skipped: %s%s", path, why, removed ? "; removed" : "");
+    p->stats.files_skipped++;
+    struct stat sb;
+    if (removed || stat(path, &sb) != 0)
+        return;
+    for (int i = 0; i < g_n_bad; i++)
+        if (same_file(&g_bad[i], &sb))
+            return;
+    g_bad[g_next_bad] = (bad_file){ sb.st_dev, sb.st_ino, sb.st_mtim };
+    g_next_bad = (g_next_bad + 1) % PERSIST_BAD_MAX;
+    if (g_n_bad < PERSIST_BAD_MAX)
+        g_n_bad++;
+}
+
+/* Reads and checks a whole file of `kind` whose payload this model's files never make larger than
+ * max_payload: its payload (malloc'd) or NULL, the reason said (file_bad). */
+static unsigned char *read_checked(persist *p, const char *path, uint32_t kind, uint64_t max_payload, file_header *h,
+                                   size_t *n_out)
+{
+    /* O_NONBLOCK: a FIFO under a cache file's name would block the open until a writer came */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
         return NULL; /* removed meanwhile (another engine evicted it): nothing to say */
     struct stat sb;
     unsigned char *buf = NULL;
     const char *why = NULL;
+    int damaged = 1;
     char whybuf[256];
-    if (fstat(fd, &sb) != 0 || (size_t)sb.st_size < sizeof *h) {
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        why = "not a regular file";
+        damaged = 0;
+        goto out;
+    }
+    if ((size_t)sb.st_size < sizeof *h) {
         why = "shorter than its header (torn or corrupted)";
         goto out;
     }
@@ -401,8 +535,18 @@ static unsigned char *read_checked(persist *p, const char *path, uint32_t kind, 
         why = "unreadable header";
         goto out;
     }
-    if ((why = header_mismatch(p, h, kind, whybuf, sizeof whybuf)))
+    if ((why = header_mismatch(p, h, kind, whybuf, sizeof whybuf))) {
+        /* bad magic or a torn header is damage; another build's, model's... file is another engine's */
+        damaged = !memcmp(h->magic, MAGIC, sizeof MAGIC) && h->header_sum != header_sum(h);
         goto out;
+    }
+    /* before allocating: a sealed header over a sparse file once made the engine allocate gigabytes */
+    if (h->payload_bytes > max_payload) {
+        snprintf(whybuf, sizeof whybuf, "its header says %llu payload bytes, more than such a file holds (at most %llu)",
+                 (unsigned long long)h->payload_bytes, (unsigned long long)max_payload);
+        why = whybuf;
+        goto out;
+    }
     if ((uint64_t)sb.st_size != sizeof *h + h->payload_bytes) {
         snprintf(whybuf, sizeof whybuf, "%lld bytes, its header says %llu (torn or corrupted)", (long long)sb.st_size,
                  (unsigned long long)(sizeof *h + h->payload_bytes));
@@ -412,6 +556,7 @@ static unsigned char *read_checked(persist *p, const char *path, uint32_t kind, 
     buf = malloc(h->payload_bytes ? h->payload_bytes : 1);
     if (!buf) {
         why = "out of memory reading it";
+        damaged = 0;
         goto out;
     }
     size_t got = 0;
@@ -431,13 +576,141 @@ static unsigned char *read_checked(persist *p, const char *path, uint32_t kind, 
 out:
     close(fd);
     if (why) {
-        plog("%s skipped: %s", path, why);
-        p->stats.files_skipped++;
         free(buf);
+        file_bad(p, path, why, damaged);
         return NULL;
     }
     *n_out = h->payload_bytes;
     return buf;
+}
+
+/* Finite: neither NaN nor an infinity, read from the bits (whatever the compiler's float flags). */
+static int finite64(const unsigned char *b)
+{
+    uint64_t v;
+    memcpy(&v, b, 8);
+    return (v >> 52 & 0x7ff) != 0x7ff;
+}
+
+static int finite32(const unsigned char *b)
+{
+    uint32_t v;
+    memcpy(&v, b, 4);
+    return (v >> 23 & 0xff) != 0xff;
+}
+
+/* Rows of ggml type `type` (F32, F16, BF16: the types of a KV cache this engine keeps): 1 when every
+ * value is finite, 0 when one is not, -1 for another type. */
+static int rows_finite(const unsigned char *b, uint64_t n, int32_t type)
+{
+    if (type == 0) { /* GGML_TYPE_F32 */
+        for (uint64_t i = 0; i + 4 <= n; i += 4)
+            if (!finite32(b + i))
+                return 0;
+        return 1;
+    }
+    if (type == 1 || type == 30) { /* GGML_TYPE_F16: exponent 0x7c00; GGML_TYPE_BF16: 0x7f80 */
+        const uint16_t mask = type == 1 ? 0x7c00 : 0x7f80;
+        for (uint64_t i = 0; i + 2 <= n; i += 2) {
+            uint16_t v;
+            memcpy(&v, b + i, 2);
+            if ((v & mask) == mask)
+                return 0;
+        }
+        return 1;
+    }
+    return -1;
+}
+
+typedef struct reader {
+    const unsigned char *b;
+    uint64_t n, at;
+} reader;
+
+static int take(reader *r, void *dst, uint64_t k)
+{
+    if (r->n - r->at < k)
+        return -1;
+    memcpy(dst, r->b + r->at, k);
+    r->at += k;
+    return 0;
+}
+
+/* k bytes of rows of `type`, checked finite and stepped over: 0; 1 for a value that is not finite;
+ * -1 (why said) for a type this engine does not check, -2 when the rows end early. */
+static int take_rows(reader *r, uint64_t k, int32_t type, char *why, size_t cap)
+{
+    if (r->n - r->at < k)
+        return -2;
+    int ok = rows_finite(r->b + r->at, k, type);
+    if (ok == 0)
+        snprintf(why, cap, "a KV row holds a value that is not finite");
+    else if (ok < 0)
+        snprintf(why, cap, "KV rows of ggml type %d, which this engine does not check", type);
+    if (ok <= 0)
+        return ok == 0 ? 1 : -1;
+    r->at += k;
+    return 0;
+}
+
+/* llama.cpp's sequence state of one sequence (llama_state_seq_get_data: llama-context.cpp's magic and
+ * sequence id, then llama-kv-cache.cpp's state_write: per stream a cell count, each cell's position,
+ * extension (ext bytes: llama_kv_cell_ext, on M-RoPE and n-gram models) and sequence, then each
+ * layer's K rows and V rows, plain or transposed) walked to its end, every K and V value checked
+ * finite: a NaN row restored makes every answer on the state NaN, which the gateway takes for a broken
+ * engine. 0, 1 for a value that is not finite, -1 for a layout this walk does not know; why says. */
+static int state_rows_check(const unsigned char *b, uint64_t n, uint64_t ext, char *why, size_t cap)
+{
+    reader r = { b, n, 0 };
+    uint32_t magic, n_stream;
+    int32_t seq;
+    if (take(&r, &magic, 4) || take(&r, &seq, 4) || take(&r, &n_stream, 4) || n_stream == 0 || n_stream > 4096)
+        goto layout;
+    for (uint32_t s = 0; s < n_stream; s++) {
+        uint32_t cells, v_trans, n_layer;
+        if (take(&r, &cells, 4))
+            goto layout;
+        if (cells == 0)
+            continue;
+        for (uint32_t c = 0; c < cells; c++) {
+            int32_t pos, sid;
+            uint32_t n_seq;
+            if (take(&r, &pos, 4) || take(&r, &n_seq, 4) || n_seq != 1 || r.n - r.at < ext)
+                goto layout;
+            r.at += ext;
+            if (take(&r, &sid, 4) || sid != seq)
+                goto layout;
+        }
+        if (take(&r, &v_trans, 4) || take(&r, &n_layer, 4) || v_trans > 1 || n_layer == 0 || n_layer > 4096)
+            goto layout;
+        for (int kv = 0; kv < 2; kv++)
+            for (uint32_t l = 0; l < n_layer; l++) {
+                int32_t type;
+                uint64_t row;
+                if (take(&r, &type, 4))
+                    goto layout;
+                if (kv == 1 && v_trans) { /* element size, then the row's length: one row per dimension */
+                    uint32_t el, dim;
+                    if (take(&r, &el, 4) || take(&r, &dim, 4) || el == 0 || el > 8)
+                        goto layout;
+                    row = (uint64_t)el * dim;
+                } else if (take(&r, &row, 8) || row == 0 || row > n) {
+                    goto layout;
+                }
+                if (row > n / cells)
+                    goto layout;
+                int t = take_rows(&r, row * cells, type, why, cap);
+                if (t == -2)
+                    goto layout;
+                if (t != 0)
+                    return t;
+            }
+    }
+    if (r.at == n)
+        return 0;
+layout:
+    snprintf(why, cap, "its KV rows are not in the layout this engine checks");
+    return -1;
 }
 
 /* ---- listing, eviction ---- */
@@ -510,7 +783,7 @@ static int lock_dir(const persist *p, int how)
 {
     char path[PERSIST_PATH_CAP];
     (void)join(path, sizeof path, "%s/lock", p->dir);
-    int fd = open(path, p->read_only ? O_RDONLY : O_RDWR | O_CREAT, 0666);
+    int fd = open(path, (p->read_only ? O_RDONLY : O_RDWR | O_CREAT) | O_NONBLOCK | O_CLOEXEC, 0600);
     if (fd < 0)
         return -1;
     if (flock(fd, how) != 0) {
@@ -586,9 +859,45 @@ void persist_scores_load(persist *p, score_cache *c)
             continue;
         file_header h;
         size_t len = 0;
-        unsigned char *buf = read_checked(p, fs[i].path, PERSIST_KIND_SCORES, &h, &len);
+        unsigned char *buf = read_checked(p, fs[i].path, PERSIST_KIND_SCORES, PERSIST_PENDING_MAX, &h, &len);
         if (!buf)
             continue;
+        /* every record whole and every logprob finite before one is served: a NaN answered from here
+         * is a protocol violation to the gateway, which restarts the engine, which reads it again */
+        const char *why = NULL;
+        char whybuf[160];
+        uint64_t recs = 0;
+        for (size_t off = 0; off < len && !why; recs++) {
+            score_record r;
+            if (len - off < sizeof r) {
+                why = "a record cut short";
+                break;
+            }
+            memcpy(&r, buf + off, sizeof r);
+            if (r.n_lps < 0 || r.n_lps > ENGINE_MAX_SCORED || r.n < 0 || r.ctx < 0 ||
+                (size_t)r.n_lps * sizeof(double) > len - off - sizeof r) {
+                snprintf(whybuf, sizeof whybuf, "record %llu is not one this engine writes", (unsigned long long)recs);
+                why = whybuf;
+                break;
+            }
+            for (int j = 0; j < r.n_lps && !why; j++)
+                if (!finite64(buf + off + sizeof r + (size_t)j * sizeof(double))) {
+                    snprintf(whybuf, sizeof whybuf, "record %llu holds a logprob that is not finite",
+                             (unsigned long long)recs);
+                    why = whybuf;
+                }
+            off += sizeof r + (size_t)r.n_lps * sizeof(double);
+        }
+        if (!why && recs != h.n_records) {
+            snprintf(whybuf, sizeof whybuf, "%llu records, its header says %llu", (unsigned long long)recs,
+                     (unsigned long long)h.n_records);
+            why = whybuf;
+        }
+        if (why) {
+            file_bad(p, fs[i].path, why, 1);
+            free(buf);
+            continue;
+        }
         if (p->n_files == p->cap_files) {
             int nc = p->cap_files ? 2 * p->cap_files : 64;
             loaded_file *g = realloc(p->files, (size_t)nc * sizeof *g);
@@ -603,20 +912,14 @@ void persist_scores_load(persist *p, score_cache *c)
         const char *base = strrchr(fs[i].path, '/');
         (void)join(p->files[idx].name, sizeof p->files[idx].name, "%s", base ? base + 1 : fs[i].path);
         p->files[idx].touched = 0;
-        size_t off = 0;
-        uint64_t recs = 0;
-        while (off + sizeof(score_record) <= len) {
+        for (size_t off = 0; off < len;) { /* checked above */
             score_record r;
             memcpy(&r, buf + off, sizeof r);
-            size_t need = sizeof r + (size_t)(r.n_lps > 0 ? r.n_lps : 0) * sizeof(double);
-            if (r.n_lps < 0 || r.n_lps > ENGINE_MAX_SCORED || off + need > len)
-                break; /* the checksum held: only a writer's bug gets here */
             score_key k = { r.h1, r.h2, r.n };
             double lps[ENGINE_MAX_SCORED];
             memcpy(lps, buf + off + sizeof r, (size_t)r.n_lps * sizeof(double));
             score_cache_insert(c, &k, r.ctx, lps, r.n_lps, idx);
-            off += need;
-            recs++;
+            off += sizeof r + (size_t)r.n_lps * sizeof(double);
         }
         p->stats.entries_loaded += recs;
         p->stats.files_loaded++;
@@ -670,30 +973,44 @@ int persist_flush(persist *p)
     if (!persist_pending(p) || ensure_id(p) != 0)
         return 0;
     int rc = 0, wrote = 0;
-    if (p->n_pending > 0) {
+    /* files of PERSIST_PENDING_MAX payload bytes at most, cut between records: a reader then knows
+     * the most a scores file holds before it allocates */
+    for (size_t off = 0; off < p->n_pending;) {
+        size_t end = off;
+        uint64_t recs = 0;
+        while (end < p->n_pending) {
+            score_record r;
+            memcpy(&r, p->pending + end, sizeof r);
+            size_t need = sizeof r + (size_t)r.n_lps * sizeof(double);
+            if (end > off && end + need - off > PERSIST_PENDING_MAX)
+                break;
+            end += need;
+            recs++;
+        }
         file_header h = p->id;
         h.kind = PERSIST_KIND_SCORES;
-        h.payload_bytes = p->n_pending;
-        h.payload_sum = XXH3_64bits(p->pending, p->n_pending);
-        h.n_records = p->pending_records;
+        h.payload_bytes = end - off;
+        h.payload_sum = XXH3_64bits(p->pending + off, end - off);
+        h.n_records = recs;
         header_seal(&h);
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         char name[128];
         snprintf(name, sizeof name, "%lld%09ld-%d-%llu.spc", (long long)ts.tv_sec, ts.tv_nsec, (int)getpid(),
                  (unsigned long long)++p->seq);
-        if (write_atomic(p, p->scores_dir, name, &h, p->pending, p->n_pending, NULL, 0) != 0) {
-            plog("%s is not writable (%s): serving on, nothing more will be written", p->scores_dir, strerror(errno));
-            p->read_only = 1;
+        if (write_atomic(p, p->scores_dir, name, &h, p->pending + off, end - off, NULL, 0) != 0) {
+            write_failed(p, p->scores_dir);
             rc = -1;
         } else {
+            write_done(p);
             p->stats.files_written++;
             wrote = 1;
-            p->stats.entries_written += p->pending_records;
+            p->stats.entries_written += recs;
         }
-        p->n_pending = 0;
-        p->pending_records = 0;
+        off = end;
     }
+    p->n_pending = 0;
+    p->pending_records = 0;
     /* a file whose entries served is recently used: the disk budget keeps it longest */
     for (int i = 0; i < p->n_files && !p->read_only; i++)
         if (p->files[i].touched) {
@@ -827,10 +1144,9 @@ static int state_write(persist *p, engine *e, snapshot *s)
             header_seal(&h);
             rc = write_atomic(p, p->states_dir, name, &h, buf, head_bytes + got, NULL, 0);
             if (rc != 0) {
-                plog("%s is not writable (%s): serving on, nothing more will be written", p->states_dir,
-                     strerror(errno));
-                p->read_only = 1;
+                write_failed(p, p->states_dir);
             } else {
+                write_done(p);
                 p->stats.states_written++;
                 states_add(k.h1, k.h2, k.n);
             }
@@ -898,8 +1214,13 @@ snapshot *persist_state_restore(persist *p, engine *e, int slot, const llama_tok
         score_key_add(&k, toks + at, m - at);
         at = m;
         for (int i = 0; i < g_n_states; i++)
-            if (g_states[i].n == m && g_states[i].h1 == k.h1 && g_states[i].h2 == k.h2 && m > have)
-                best = i;
+            if (g_states[i].n == m && g_states[i].h1 == k.h1 && g_states[i].h2 == k.h2 && m > have) {
+                char name[128], path[PERSIST_PATH_CAP];
+                state_name(name, sizeof name, &k);
+                (void)join(path, sizeof path, "%s/%s", p->states_dir, name);
+                if (!known_bad(path)) /* skipped once by this process: not read at every request */
+                    best = i;
+            }
     }
     if (best < 0)
         return NULL;
@@ -909,22 +1230,43 @@ snapshot *persist_state_restore(persist *p, engine *e, int slot, const llama_tok
     score_key bk = { g_states[best].h1, g_states[best].h2, g_states[best].n };
     state_name(name, sizeof name, &bk);
     (void)join(path, sizeof path, "%s/%s", p->states_dir, name);
-    file_header h;
-    size_t len = 0;
-    unsigned char *buf = read_checked(p, path, PERSIST_KIND_STATE, &h, &len);
-    if (!buf) {
-        p->stats.states_skipped++;
-        return NULL;
-    }
     state_head sh;
     const int m = bk.n;
     snapshot *snap = NULL;
     size_t head_bytes = sizeof sh + (size_t)m * sizeof(int32_t) + (size_t)e->n_vocab * sizeof(float);
+    file_header h;
+    size_t len = 0;
+    unsigned char *buf =
+        read_checked(p, path, PERSIST_KIND_STATE, head_bytes + 65536 + (uint64_t)m * p->state_cell_max, &h, &len);
+    if (!buf) {
+        p->stats.states_skipped++;
+        return NULL;
+    }
     if (len >= sizeof sh)
         memcpy(&sh, buf, sizeof sh);
+    const char *why = NULL;
+    char whybuf[160];
+    int bad = 1;
     if (len < head_bytes || sh.n != m || sh.n_vocab != e->n_vocab || head_bytes + sh.state_bytes != len ||
         memcmp(buf + sizeof sh, toks, (size_t)m * sizeof(int32_t)) != 0) {
-        plog("%s skipped: its tokens are not the ones its name says", path);
+        why = "its tokens are not the ones its name says";
+    } else {
+        /* the numbers, finite before they are served: the last position's logits, then the KV rows */
+        const unsigned char *logits = buf + sizeof sh + (size_t)m * sizeof(int32_t);
+        for (int v = 0; v < e->n_vocab && !why; v++)
+            if (!finite32(logits + (size_t)v * sizeof(float)))
+                why = "a logit of its last position is not finite";
+        /* no extension bytes per cell, else llama_kv_cell_ext's 12 (M-RoPE, n-gram models) */
+        for (uint64_t ext = 0; !why && ext <= 12; ext += 12) {
+            bad = state_rows_check(buf + head_bytes, sh.state_bytes, ext, whybuf, sizeof whybuf);
+            if (bad == 0)
+                break;
+            if (bad > 0 || ext == 12)
+                why = whybuf;
+        }
+    }
+    if (why) {
+        file_bad(p, path, why, bad > 0);
         p->stats.states_skipped++;
         free(buf);
         return NULL;
@@ -947,7 +1289,8 @@ snapshot *persist_state_restore(persist *p, engine *e, int slot, const llama_tok
     snap = snapshot_find(e, toks, m, m, &stale);
     if (snap && snap->n == m)
         snap->on_disk = 1;
-    utimensat(AT_FDCWD, path, NULL, 0);
+    if (!p->read_only) /* recently used, for the writer's eviction; a replica never touches the folder */
+        utimensat(AT_FDCWD, path, NULL, 0);
     p->stats.states_restored++;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     plog("%s: a state of %d positions restored (%.1f MB) in %.1f ms", path, m, (double)len / 1e6,

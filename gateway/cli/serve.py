@@ -587,10 +587,22 @@ def _threads(value: str) -> int | str:
         raise argparse.ArgumentTypeError(f"{exc} (give an integer >= 1, or auto)") from None
 
 
-def load_heads(choice: str | None, model_path: str | None) -> HeadSet | None:
+def load_heads(
+    choice: str | None,
+    model_path: str | None,
+    hidden: tuple[int, int] | None = None,
+    *,
+    say: Callable[[str], None] | None = None,
+) -> HeadSet | None:
     """The heads ``serve`` answers with (:mod:`gateway.decision.heads`): ``choice`` (``--heads``) ``"none"``
-    for none, a file, or None for the model's own (``$SERVEPROTO_CACHE/heads/<sha256>.json`` when it exists).
-    A file that cannot be read, does not validate or was fitted on another model file raises ``SystemExit``."""
+    for none, a file, or None for the model's own (``$SERVEPROTO_CACHE/heads/<sha256>.json`` when it exists),
+    checked against the engine's ``hidden`` = ``(x_hidden, x_hidden_dim)`` (CAPS) when given.
+
+    A file named by ``choice`` that cannot be read, does not validate (its ranges, the engine's layers
+    and hidden size) or was fitted on another model file raises ``SystemExit`` (the operator asked for
+    it). The model's own file, found in the cache by the server itself, is skipped instead: one line
+    through ``say`` (default: stderr) names it and says why, and no question is answered by a head.
+    """
     from gateway.decision import heads
 
     if choice == "none":
@@ -600,9 +612,23 @@ def load_heads(choice: str | None, model_path: str | None) -> HeadSet | None:
         if sha is None or not heads.default_path(sha).exists():
             return None
         path = heads.default_path(sha)
-    else:
-        path = Path(choice)
-    hs = _load_or_exit("--heads", heads.load, path)
+        why = None
+        try:
+            found = heads.load(path, hidden)
+        except (OSError, ValueError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else str(exc).removeprefix(f"{path}: ")
+        else:
+            if found.model_sha256 != sha:
+                why = f"fitted on another model file (sha256 {heads.printable(found.model_sha256[:12])}...)"
+        if why is None:
+            return found
+        (say or _say_stderr)(
+            f"serveproto serve: heads: skipping {path}, found in the cache for this model: {why}; "
+            "no question is answered by a head (serveproto heads fit writes a new one)"
+        )
+        return None
+    path = Path(choice)
+    hs = _load_or_exit("--heads", lambda p: heads.load(p, hidden), path)
     if sha is not None and hs.model_sha256 != sha:
         raise SystemExit(
             f"serveproto serve: --heads: {path} was fitted on another model file (sha256 {hs.model_sha256[:12]}...)"
@@ -735,13 +761,19 @@ async def _served(pool: Pool, plans: list[plan.Planned], decision: config.Decisi
         if name in served:
             raise SystemExit(f"serveproto serve: two models are served as {name!r}: name them, --model NAME=PATH")
         served[name] = Served(info, decision.debias, cal)
-        served[name].heads = await anyio.to_thread.run_sync(load_heads, decision.heads, p.path)
+        caps = pool.first_caps[first.name]
+        # checked against what the engine reads: a head of another layer or size fails every question
+        # it matches (an engine that reads no hidden states answers none with a head anyway)
+        hidden = (caps.x_hidden, caps.x_hidden_dim) if caps.x_hidden else None
+        served[name].heads = await anyio.to_thread.run_sync(load_heads, decision.heads, p.path, hidden)
     return served
 
 
 def _say_serving(app: App, pool: Pool, host: str, port: int) -> None:
     """The lines ``serve`` prints once listening: each model's engines (with several), where it serves,
     the default ``x_debias``, each calibration, each model's trained heads and the decision log."""
+    from gateway.decision.heads import printable
+
     served = app.served
     if len(pool.engines) > 1:
         for name in served:
@@ -760,7 +792,7 @@ def _say_serving(app: App, pool: Pool, host: str, port: int) -> None:
                 flush=True,
             )
         if s.heads is not None:
-            names = s.heads.names
+            names = [printable(n) for n in s.heads.names]  # a name cannot forge a log line
             print(
                 f"serveproto: {len(names)} trained head(s) answer the questions they were fitted on"
                 f"{f' ({s.name})' if len(served) > 1 else ''}: {', '.join(names) or 'none'} "

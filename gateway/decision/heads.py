@@ -36,11 +36,36 @@ import orjson
 
 from gateway.decision.jsonfile import read_document
 
-__all__ = ["FORMAT", "Head", "HeadSet", "signature", "options_of", "default_path", "load", "load_document"]
+__all__ = [
+    "FORMAT",
+    "Head",
+    "HeadSet",
+    "signature",
+    "options_of",
+    "default_path",
+    "load",
+    "load_document",
+    "printable",
+]
 
 FORMAT = "serveproto-heads-1"
 #: A heads file larger than this is refused (a head of 576 dimensions and 12 options is ~0.2 MB of JSON).
 MAX_FILE_BYTES = 256 << 20
+#: The temperatures a head may have: ``heads fit`` searches exp(-3) to exp(3) (0.05 to 20); far outside,
+#: a head is not fitted but broken (T = 1e-300 made every answer a certainty).
+T_RANGE = (0.04, 25.0)
+#: The largest magnitude of a head's ``mean``, ``W`` and ``b`` values, and the range of ``scale`` (from
+#: ``heads fit``'s floor): within them the logits of any finite float32 hidden state are finite (at most
+#: about 1e57), so a matching question never overflows into a 500.
+VALUE_MAX = 1e6
+SCALE_RANGE = (1e-6, 1e6)
+
+
+def printable(text: str) -> str:
+    """``text`` for a log line: control and other unprintable characters (a newline, an ANSI escape)
+    written as Python escapes (``\\n``, ``\\x1b``), so that a name read from a file cannot forge or
+    colour a line of the server's log."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 def options_of(question: Any) -> list[str]:
@@ -118,17 +143,25 @@ def default_path(model_sha256: str, cache: str | Path | None = None) -> Path:
     return Path(cache or cache_dir()) / "heads" / f"{model_sha256}.json"
 
 
-def _floats(doc: Any, where: str) -> tuple[float, ...]:
+def _floats(doc: Any, where: str, lo: float = -VALUE_MAX, hi: float = VALUE_MAX) -> tuple[float, ...]:
     if not isinstance(doc, list) or not doc or not all(isinstance(v, (int, float)) for v in doc):
         raise ValueError(f"{where}: expected a non-empty list of numbers")
     out = tuple(float(v) for v in doc)
     if not all(math.isfinite(v) for v in out):
         raise ValueError(f"{where}: expected finite numbers")
+    for i, v in enumerate(out):
+        if not lo <= v <= hi:
+            raise ValueError(f"{where}[{i}]: expected a number from {lo:g} to {hi:g}, got {v!r}")
     return out
 
 
-def load_document(doc: Any, where: str) -> HeadSet:
-    """A :class:`HeadSet` from a parsed heads file; ValueError naming the field."""
+def load_document(doc: Any, where: str, hidden: tuple[int, int] | None = None) -> HeadSet:
+    """A :class:`HeadSet` from a parsed heads file; ValueError naming the field.
+
+    ``hidden``: the serving engine's ``(x_hidden, x_hidden_dim)`` (CAPS: the layers SCORE's ``hidden``
+    reads and the values of one hidden state), when known: each head must read a layer the model has
+    and a hidden state of its size, else it would answer every matching question with an error.
+    """
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ValueError(f"{where}: format: expected {FORMAT!r}")
     model = doc.get("model")
@@ -148,7 +181,11 @@ def load_document(doc: Any, where: str) -> HeadSet:
         layer = h.get("layer")
         if not isinstance(layer, int) or isinstance(layer, bool) or layer < 0:
             raise ValueError(f"{at}.layer: expected a layer number")
-        mean, scale = _floats(h.get("mean"), f"{at}.mean"), _floats(h.get("scale"), f"{at}.scale")
+        if hidden is not None and layer >= hidden[0]:
+            raise ValueError(
+                f"{at}.layer: {layer}, the served model has layers 0 to {hidden[0] - 1} (CAPS x_hidden={hidden[0]})"
+            )
+        mean, scale = _floats(h.get("mean"), f"{at}.mean"), _floats(h.get("scale"), f"{at}.scale", *SCALE_RANGE)
         rows = h.get("W")
         if not isinstance(rows, list) or len(rows) < 2:
             raise ValueError(f"{at}.W: expected one row per option (2 or more)")
@@ -157,16 +194,26 @@ def load_document(doc: Any, where: str) -> HeadSet:
         T = h.get("T", 1.0)
         if not isinstance(T, (int, float)) or not T > 0:
             raise ValueError(f"{at}.T: expected a positive number")
+        if not T_RANGE[0] <= T <= T_RANGE[1]:
+            raise ValueError(
+                f"{at}.T: expected a number from {T_RANGE[0]:g} to {T_RANGE[1]:g} (heads fit fits it from 0.05 to 20), "
+                f"got {T!r}"
+            )
         methods = h.get("x_debias", [])
         if not isinstance(methods, list) or not all(isinstance(m, str) for m in methods):
             raise ValueError(f"{at}.x_debias: expected a list of method names")
         d = len(mean)
         if len(scale) != d or any(len(r) != d for r in W) or len(b) != len(W) or min(scale) <= 0:
             raise ValueError(f"{at}: mean, scale and each W row have one value per dimension, b one per option")
+        if hidden is not None and d != hidden[1]:
+            raise ValueError(
+                f"{at}.mean: {d} values, the served model's hidden state has {hidden[1]} (CAPS x_hidden_dim)"
+            )
         heads[h["signature"]] = Head(h["name"], h["signature"], layer, mean, scale, W, b, float(T), tuple(methods))
     return HeadSet(model["sha256"], heads)
 
 
-def load(path: str | Path) -> HeadSet:
-    """Read a heads file (module doc); ValueError naming the file and field."""
-    return load_document(read_document(path, MAX_FILE_BYTES, "heads"), str(path))
+def load(path: str | Path, hidden: tuple[int, int] | None = None) -> HeadSet:
+    """Read a heads file (module doc), checked against ``hidden`` (:func:`load_document`); ValueError
+    naming the file and field."""
+    return load_document(read_document(path, MAX_FILE_BYTES, "heads"), str(path), hidden)

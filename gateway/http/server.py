@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from email.utils import formatdate
@@ -271,7 +272,12 @@ class HTTPConnection:
         size = 0
         deadline: float | None = None  # the body timeout starts at the first wait
         while True:
-            event = self.conn.next_event()
+            event = self._next_body_event(limit)
+            if isinstance(event, h11.Data):
+                size += len(event.data)
+            if size > limit or size + _chunk_left(self.conn) > limit:
+                # a chunk announced past the bound is refused now, not after its bytes (or the timeout)
+                raise HTTPError(413, "request_too_large", f"the request body is over {limit} bytes")
             if event is h11.NEED_DATA:
                 if self.conn.they_are_waiting_for_100_continue:
                     await self._send(h11.InformationalResponse(status_code=100, headers=[]))
@@ -280,14 +286,22 @@ class HTTPConnection:
                 with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
                     await self._receive()
             elif isinstance(event, h11.Data):
-                size += len(event.data)
-                if size > limit:
-                    raise HTTPError(413, "request_too_large", f"the request body is over {limit} bytes")
                 chunks.append(event.data)
             elif isinstance(event, h11.EndOfMessage):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
             elif isinstance(event, h11.ConnectionClosed):
                 raise _Closed()
+
+    def _next_body_event(self, limit: int) -> Any:
+        """h11's next event of a body; a chunk size too long for h11's grammar (over 20 hex digits, 2**80
+        and up) is over the bound as much as one it reads, and refused the same way: 413, not 400."""
+        try:
+            return self.conn.next_event()
+        except h11.RemoteProtocolError as exc:
+            size = _refused_chunk_size(str(exc))
+            if size is not None and size > limit:
+                raise HTTPError(413, "request_too_large", f"the request body is over {limit} bytes") from None
+            raise
 
     async def _serve_one(self) -> bool:
         """One request cycle. Returns True when the connection may serve another."""
@@ -624,6 +638,25 @@ class HTTPServer:
         """Listen and serve until cancelled."""
         async with anyio.create_task_group() as tg:
             await self.start(tg, host, port)
+
+
+#: h11's message for a chunk header its grammar refuses (``chunk-size`` is 1 to 20 hex digits there).
+_ILLEGAL_CHUNK_HEADER = re.compile(r"illegal chunk header: (?:bytearray\()?b'([0-9A-Fa-f]+)(?:[;\s']|\\r)")
+
+
+def _refused_chunk_size(message: str) -> int | None:
+    """The size of a chunk whose header h11 refused (its ``RemoteProtocolError`` message), when that
+    header starts with a hexadecimal size; else None."""
+    m = _ILLEGAL_CHUNK_HEADER.match(message)
+    return int(m.group(1), 16) if m else None
+
+
+def _chunk_left(conn: h11.Connection) -> int:
+    """Bytes of the chunk h11 is reading that it has not yet returned (0 between chunks and for a body
+    framed by Content-Length). h11 keeps the count in its reader's private ``_bytes_in_chunk``; read
+    with getattr, so that an h11 without it only loses the early 413, not the bound."""
+    left = getattr(getattr(conn, "_reader", None), "_bytes_in_chunk", 0)
+    return left if isinstance(left, int) else 0
 
 
 def access_line(request: Request, status: int, seconds: float, extra: dict[str, Any] | None = None) -> str:

@@ -394,3 +394,287 @@ async def test_a_state_file_that_does_not_match_or_check_is_skipped_and_the_stat
         assert skipped == []  # its name hashes no prefix of the prompt: never opened
     else:
         assert len(skipped) == 1 and f"{path} skipped: {why}" in skipped[0], skipped
+
+
+# ---- what checks is still read as data (issue 46) ---------------------------------------------
+# A file's checksums say it is whole, not that its numbers are sane nor that it is what its size
+# says: every number is checked finite and every size bounded before the engine allocates or serves,
+# a damaged file is removed (read-only: remembered), and nothing on disk hangs or kills the engine.
+
+#: file_header's payload fields (persist.c): payload_bytes, payload_sum, n_records.
+PAYLOAD_BYTES, PAYLOAD_SUM = 208, 216
+
+
+@pytest.fixture(scope="module")
+def xxh3():
+    """XXH3-64 of bytes, from llama.cpp's vendored xxhash.h (the engine's own), built once with cc."""
+    import ctypes
+    import subprocess
+
+    from gateway.paths import cache_dir
+
+    heads = sorted(cache_dir().glob("llama.cpp/*/src*/vendor/hash/xxhash/xxhash.h"))
+    if not heads:
+        pytest.skip("llama.cpp's vendored xxhash.h is not in the cache")
+    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"sp-xxh3-{os.getpid()}.so"
+    src = '#define XXH_INLINE_ALL\n#include "xxhash.h"\nunsigned long long sp_xxh3(const void *p, size_t n) { return XXH3_64bits(p, n); }\n'
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-O1", f"-I{heads[-1].parent}", "-x", "c", "-", "-o", str(out)],
+        input=src.encode(),
+        check=True,
+    )
+    lib = ctypes.CDLL(str(out))
+    out.unlink()
+    lib.sp_xxh3.restype = ctypes.c_ulonglong
+    lib.sp_xxh3.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    return lambda b: lib.sp_xxh3(bytes(b), len(b))
+
+
+def reseal_payload(path: Path, data: bytearray, xxh3) -> None:
+    """Writes ``data`` (a whole cache file) with its payload's and header's checksums made valid again:
+    what anyone who can write the folder can do."""
+    payload = bytes(data[256:])
+    data[PAYLOAD_BYTES : PAYLOAD_BYTES + 8] = struct.pack("<Q", len(payload))
+    data[PAYLOAD_SUM : PAYLOAD_SUM + 8] = struct.pack("<Q", xxh3(payload))
+    data[248:256] = hashlib.sha256(bytes(data[:248])).digest()[:8]
+    path.write_bytes(bytes(data))
+
+
+def skipped_lines(caplog) -> list[str]:
+    return [m.split("cache: ", 1)[1] for m in cache_lines(caplog) if " skipped: " in m]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("-inf")])
+async def test_a_sealed_scores_file_with_a_non_finite_logprob_is_never_served(
+    model_path, cold, tmp_path, caplog, xxh3, value
+):
+    caplog.set_level(logging.INFO)
+    root = tmp_path / "cache"
+    await fill(model_path, root)
+    (path,) = files(root)
+    data = bytearray(path.read_bytes())
+    data[256 + 32 : 256 + 40] = struct.pack("<d", value)  # the first record's first logprob
+    reseal_payload(path, data, xxh3)
+    mtime = path.stat().st_mtime_ns
+    # a read-only replica: skips it with one line, leaves it where it is, untouched
+    caplog.clear()
+    async with spawn(model_path, "--cache-dir", str(root), "--cache-read-only") as eng:
+        again = await eng.score(STATE, GROUPS)
+        twice = await eng.score(STATE, GROUPS)
+    assert numbers(again) == cold and numbers(twice) == cold and again.disk == 0
+    assert skipped_lines(caplog) == [f"{path} skipped: record 0 holds a logprob that is not finite"]
+    assert path.stat().st_mtime_ns == mtime
+    # a writer removes it: the next restart does not read it again
+    caplog.clear()
+    async with spawn(model_path, "--cache-dir", str(root)) as eng:
+        again = await eng.score(STATE, GROUPS)
+    assert numbers(again) == cold and again.computed > 0
+    assert skipped_lines(caplog) == [f"{path} skipped: record 0 holds a logprob that is not finite; removed"]
+    assert not path.exists()
+    caplog.clear()
+    async with spawn(model_path, "--cache-dir", str(root)) as eng:
+        again = await eng.score(STATE, GROUPS)
+    assert numbers(again) == cold and again.computed == 0 and skipped_lines(caplog) == []
+
+
+async def test_a_sealed_header_cannot_make_the_engine_allocate_past_what_its_kind_holds(
+    model_path, cold, tmp_path, caplog
+):
+    caplog.set_level(logging.INFO)
+    root = tmp_path / "cache"
+    await fill(model_path, root)
+    (path,) = files(root)
+    data = bytearray(path.read_bytes()[:256])
+    data[PAYLOAD_BYTES : PAYLOAD_BYTES + 8] = struct.pack("<Q", 3 << 30)
+    data[248:256] = hashlib.sha256(bytes(data[:248])).digest()[:8]
+    path.write_bytes(bytes(data))
+    os.truncate(path, 256 + (3 << 30))  # sparse: the size matches the header's
+    async with spawn(model_path, "--cache-dir", str(root)) as eng:
+        again = await eng.score(STATE, GROUPS)
+    assert numbers(again) == cold and again.computed > 0
+    assert skipped_lines(caplog) == [
+        f"{path} skipped: its header says 3221225472 payload bytes, more than such a file holds (at most 4194304);"
+        " removed"
+    ]
+    assert not path.exists()
+
+
+async def test_cache_files_are_private_to_the_user(model_path, tmp_path):
+    root = tmp_path / "a" / "cache"
+    await fill(model_path, root)
+    modes = {
+        str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777)
+        for p in [tmp_path / "a", root, *sorted(root.rglob("*"))]
+    }
+    (scores,) = files(root)
+    model16 = scores.parent.name
+    assert modes == {
+        "a": "0o700",
+        "a/cache": "0o700",
+        "a/cache/lock": "0o600",
+        "a/cache/manifest.json": "0o600",
+        "a/cache/scores": "0o700",
+        f"a/cache/scores/{model16}": "0o700",
+        f"a/cache/scores/{model16}/{scores.name}": "0o600",
+        "a/cache/states": "0o700",
+        f"a/cache/states/{model16}": "0o700",
+    }
+
+
+def fsize_limited(nbytes: int) -> list[str]:
+    """An argv prefix that runs the engine under ``ulimit -f`` (``RLIMIT_FSIZE``, as systemd's
+    ``LimitFSIZE=`` does): what a preexec_fn would do, done before exec."""
+    return [
+        sys.executable,
+        "-c",
+        "import os, resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]),) * 2);"
+        " os.execv(sys.argv[2], sys.argv[2:])",
+        str(nbytes),
+    ]
+
+
+async def test_a_file_size_limit_fails_the_big_write_and_not_the_engine_nor_the_small_writes(
+    model_path, tmp_path, caplog
+):
+    from digits import engine_bin
+
+    caplog.set_level(logging.INFO)
+    root = tmp_path / "cache"
+    async with spawn(model_path, "--threads", "2") as eng:
+        cold_state = numbers(await eng.score(SHORT_STATE, GROUPS))
+    argv = [*fsize_limited(1 << 20), str(engine_bin("serveproto-llama")), "--model", str(model_path)]
+    argv += ["--threads", "2", "--float-digits", "17", "--cache-dir", str(root)]
+    from gateway.engine import Engine
+
+    async with Engine.spawn(argv) as eng:
+        first = await eng.score(SHORT_STATE, GROUPS, pin=True)  # its state file: about 14 MB
+        for _ in range(200):  # written when idle: the state file fails, the scores file fits
+            if files(root):
+                break
+            await anyio.sleep(0.05)
+        second = await eng.score(SHORT_STATE, OTHER_GROUPS)
+    assert numbers(first) == cold_state and second.computed > 0
+    lines = cache_lines(caplog)
+    states_dir = next((root / "states").iterdir())
+    assert f"{states_dir}: a write failed (File too large): serving on; later writes are tried again" in "\n".join(
+        lines
+    ), lines
+    assert any("writing again (1 writes failed before this one)" in m for m in lines), lines
+    assert files(root, "states/*/*.sps") == [] and len(files(root)) == 2  # both requests' scores
+    assert list(root.rglob(".tmp-*")) == []  # the cut write's temporary file removed
+
+
+@pytest.fixture(scope="module")
+async def short_state(model_path, tmp_path_factory):
+    """A folder holding SHORT_STATE's state file (about 14 MB), copied by the tests below."""
+    root = tmp_path_factory.mktemp("short-state") / "cache"
+    await known_state(model_path, root, SHORT_STATE)
+    return root
+
+
+@pytest.fixture(scope="module")
+async def short_cold(model_path):
+    async with spawn(model_path, "--threads", "2") as eng:
+        return numbers(await eng.score(SHORT_STATE, NEW_QUESTION))
+
+
+def copied(src: Path, tmp_path: Path) -> tuple[Path, Path]:
+    root = tmp_path / "cache"
+    shutil.copytree(src, root)
+    (path,) = files(root, "states/*/*.sps")
+    return root, path
+
+
+def first_k_value(data: bytearray) -> int:
+    """The offset in a state file of its first K value (layer 0, cell 0): past the header, the state's
+    head (n, n_vocab, state_bytes), tokens and logits, and llama.cpp's magic, sequence, stream count,
+    cell count, cells (position, sequence count, sequence), v_trans, layer count, K type and row size."""
+    n, n_vocab = struct.unpack_from("<ii", data, 256)
+    at = 256 + 16 + 4 * n + 4 * n_vocab
+    _magic, _seq, n_stream, cells = struct.unpack_from("<IiII", data, at)
+    assert n_stream == 1 and cells == n
+    at += 16 + 12 * cells
+    _v_trans, _n_layer, k_type = struct.unpack_from("<IIi", data, at)
+    assert k_type == 0  # F32
+    return at + 12 + 8
+
+
+@pytest.mark.parametrize("case", ["nan_k", "corrupted"])
+async def test_a_damaged_state_file_is_skipped_removed_and_written_anew(
+    model_path, short_state, short_cold, tmp_path, caplog, xxh3, case
+):
+    caplog.set_level(logging.INFO)
+    root, path = copied(short_state, tmp_path)
+    data = bytearray(path.read_bytes())
+    if case == "nan_k":
+        at = first_k_value(data)
+        data[at : at + 4] = struct.pack("<f", float("nan"))
+        reseal_payload(path, data, xxh3)
+        why = "a KV row holds a value that is not finite"
+    else:
+        data[len(data) // 2] ^= 0x10
+        path.write_bytes(bytes(data))
+        why = "payload checksum mismatch (torn or corrupted)"
+    mtime = path.stat().st_mtime_ns
+    # a read-only replica skips it once, however many requests ask for the state, and leaves it be
+    caplog.clear()
+    async with spawn(model_path, "--cache-dir", str(root), "--threads", "2", "--cache-read-only") as eng:
+        for _ in range(2):
+            again = await eng.score(SHORT_STATE, NEW_QUESTION)
+            assert numbers(again) == short_cold and again.disk == 0
+    assert skipped_lines(caplog) == [f"{path} skipped: {why}"]
+    assert path.stat().st_mtime_ns == mtime
+    # a writer removes it and, the state pinned again, writes it anew; the next restart restores that
+    caplog.clear()
+    async with spawn(model_path, "--cache-dir", str(root), "--threads", "2", drain_timeout=60.0) as eng:
+        again = await eng.score(SHORT_STATE, NEW_QUESTION, pin=True)
+    assert numbers(again) == short_cold and again.disk == 0
+    assert skipped_lines(caplog) == [f"{path} skipped: {why}; removed"]
+    assert path.exists() and path.read_bytes() != bytes(data)
+    caplog.clear()
+    async with spawn(model_path, "--cache-dir", str(root), "--threads", "2", "--cache-read-only") as eng:
+        warm = await eng.score(SHORT_STATE, NEW_QUESTION)
+    assert numbers(warm) == short_cold and warm.disk > 0 and skipped_lines(caplog) == []
+
+
+async def test_a_read_only_replica_restores_a_state_without_touching_its_file(
+    model_path, short_state, short_cold, tmp_path
+):
+    root, _ = copied(short_state, tmp_path)
+    before = {p: p.stat().st_mtime_ns for p in root.rglob("*")}
+    async with spawn(model_path, "--cache-dir", str(root), "--threads", "2", "--cache-read-only") as eng:
+        warm = await eng.score(SHORT_STATE, NEW_QUESTION)
+    assert numbers(warm) == short_cold and warm.disk > 0
+    assert {p: p.stat().st_mtime_ns for p in root.rglob("*")} == before
+
+
+async def test_a_fifo_named_like_a_state_file_is_skipped_at_once(model_path, short_state, short_cold, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    root, path = copied(short_state, tmp_path)
+    path.unlink()
+    os.mkfifo(path)
+    caplog.clear()
+    async with spawn(model_path, "--cache-dir", str(root), "--threads", "2") as eng:
+        with anyio.fail_after(120):  # the old engine blocked in open(2) until a writer came: forever
+            for _ in range(2):
+                again = await eng.score(SHORT_STATE, NEW_QUESTION)
+                assert numbers(again) == short_cold and again.disk == 0
+    assert skipped_lines(caplog) == [f"{path} skipped: not a regular file"]  # once, and not removed
+    assert path.is_fifo()
+
+
+async def test_a_sealed_state_header_is_bounded_by_its_length(model_path, short_state, short_cold, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    root, path = copied(short_state, tmp_path)
+    data = bytearray(path.read_bytes()[:256])
+    data[PAYLOAD_BYTES : PAYLOAD_BYTES + 8] = struct.pack("<Q", 3 << 30)
+    data[248:256] = hashlib.sha256(bytes(data[:248])).digest()[:8]
+    path.write_bytes(bytes(data))
+    os.truncate(path, 256 + (3 << 30))
+    caplog.clear()
+    async with spawn(model_path, "--cache-dir", str(root), "--threads", "2") as eng:
+        again = await eng.score(SHORT_STATE, NEW_QUESTION)
+    assert numbers(again) == short_cold and again.disk == 0
+    (line,) = skipped_lines(caplog)
+    assert line.startswith(f"{path} skipped: its header says 3221225472 payload bytes, more than such a file holds")
+    assert line.endswith("; removed") and not path.exists()

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -77,17 +78,53 @@ def _doc(**over):
     ("over", "msg"),
     [
         ({"layer": -1}, "doc: heads[0].layer: expected a layer number"),
-        ({"scale": [1.0, 0.0]}, "doc: heads[0]: mean, scale and each W row"),
+        ({"scale": [1.0, 0.0]}, "doc: heads[0].scale[1]: expected a number from 1e-06 to 1e+06, got 0.0"),
+        ({"scale": [1.0, 1.0, 1.0]}, "doc: heads[0]: mean, scale and each W row"),
         ({"W": [[1.0, 0.0]]}, "doc: heads[0].W: expected one row per option"),
         ({"b": [0.0]}, "doc: heads[0]: mean, scale and each W row"),
         ({"T": 0}, "doc: heads[0].T: expected a positive number"),
         ({"mean": [0.0, float("nan")]}, "doc: heads[0].mean: expected finite numbers"),
         ({"x_debias": "none"}, "doc: heads[0].x_debias: expected a list"),
+        # issue 46, item 6: numbers a fit never makes, which made every matching answer a 500 or a certainty
+        (
+            {"T": 1e-300},
+            "doc: heads[0].T: expected a number from 0.04 to 25 (heads fit fits it from 0.05 to 20), got 1e-300",
+        ),
+        (
+            {"W": [[1e300, 0.0], [0.0, 1.0]]},
+            "doc: heads[0].W[0][0]: expected a number from -1e+06 to 1e+06, got 1e+300",
+        ),
+        ({"b": [0.0, -2e6]}, "doc: heads[0].b[1]: expected a number from -1e+06 to 1e+06, got -2000000.0"),
+        ({"mean": [1e7, 0.0]}, "doc: heads[0].mean[0]: expected a number from -1e+06 to 1e+06, got 10000000.0"),
+        ({"scale": [1.0, 1e-300]}, "doc: heads[0].scale[1]: expected a number from 1e-06 to 1e+06, got 1e-300"),
     ],
 )
 def test_bad_heads_file(over, msg) -> None:
-    with pytest.raises(ValueError, match=msg.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ValueError, match=re.escape(msg)):
         heads.load_document(_doc(**over), "doc")
+
+
+@pytest.mark.parametrize(
+    ("over", "msg"),
+    [
+        ({}, "doc: heads[0].mean: 2 values, the served model's hidden state has 576 (CAPS x_hidden_dim)"),
+        ({"layer": 30}, "doc: heads[0].layer: 30, the served model has layers 0 to 29 (CAPS x_hidden=30)"),
+    ],
+)
+def test_a_heads_file_is_checked_against_the_engine(over, msg) -> None:
+    # issue 46, item 6: a head of another size answered every matching question 500, one of a layer the
+    # model lacks made every matching request a 400 that blamed the client
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        heads.load_document(_doc(**over), "doc", hidden=(30, 576))
+    fits = heads.load_document(_doc(**over), "doc", hidden=(31, 2))
+    assert fits.names == ["h"]
+
+
+def test_printable_escapes_what_would_forge_a_log_line() -> None:
+    assert heads.printable("dept\n\x1b[31mserveproto: forged\r\u2028é") == (
+        "dept\\n\\x1b[31mserveproto: forged\\r\\u2028é"
+    )
+    assert heads.printable("head-1f0a plain") == "head-1f0a plain"
 
 
 def test_signature_is_type_instructions_options() -> None:

@@ -132,3 +132,60 @@ def test_serve_names_its_heads_at_start_up(capsys):
     app.served[app.default].heads = None
     serve_cli._say_serving(app, OnePool(app), "127.0.0.1", 8000)
     assert "head" not in capsys.readouterr().out
+
+
+def test_serve_escapes_head_names_in_its_start_up_line(capsys):
+    # issue 46, item 6: a name with a newline and ANSI escapes forged a line of the server's log
+    app = app_with_head()
+    head = attrs.evolve(department_head(), name="dept\n\x1b[31mserveproto: giving up")
+    app.served[app.default].heads = heads.HeadSet("00" * 32, {head.signature: head})
+    serve_cli._say_serving(app, OnePool(app), "127.0.0.1", 8000)
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "serveproto: 1 trained head(s) answer the questions they were fitted on: "
+        "dept\\n\\x1b[31mserveproto: giving up (--heads none to turn them off)"
+    )
+
+
+def heads_doc(sha: str, **over) -> dict:
+    h = {"name": "h", "signature": "s", "layer": 19, "mean": [0.0] * 4, "scale": [1.0] * 4}
+    h.update({"W": [[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]], "b": [0.0, 0.0], "T": 1.0, "x_debias": []})
+    h.update(over)
+    return {"format": heads.FORMAT, "model": {"name": "m", "sha256": sha}, "heads": [h]}
+
+
+@pytest.mark.parametrize(
+    ("over", "hidden", "why"),
+    [
+        ({}, (30, 576), "heads[0].mean: 4 values, the served model's hidden state has 576 (CAPS x_hidden_dim)"),
+        ({"layer": 30}, (30, 4), "heads[0].layer: 30, the served model has layers 0 to 29 (CAPS x_hidden=30)"),
+        (
+            {"T": 1e-300},
+            None,
+            "heads[0].T: expected a number from 0.04 to 25 (heads fit fits it from 0.05 to 20), got 1e-300",
+        ),
+    ],
+)
+def test_a_heads_file_found_in_the_cache_is_skipped_and_a_named_one_refused(tmp_path, monkeypatch, over, hidden, why):
+    import hashlib
+
+    import orjson
+
+    monkeypatch.setenv("SERVEPROTO_CACHE", str(tmp_path))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF not really")
+    sha = hashlib.sha256(model.read_bytes()).hexdigest()
+    path = heads.default_path(sha)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(orjson.dumps(heads_doc(sha, **over)))
+    said: list[str] = []
+    assert serve_cli.load_heads(None, str(model), hidden, say=said.append) is None
+    assert said == [
+        f"serveproto serve: heads: skipping {path}, found in the cache for this model: {why}; "
+        "no question is answered by a head (serveproto heads fit writes a new one)"
+    ]
+    with pytest.raises(SystemExit) as exc:
+        serve_cli.load_heads(str(path), str(model), hidden)
+    assert str(exc.value) == f"serveproto serve: --heads: {path}: {why}"
+    # the same file, fit for the engine, serves
+    path.write_bytes(orjson.dumps(heads_doc(sha)))
+    assert serve_cli.load_heads(None, str(model), (30, 4), say=said.append).names == ["h"]
