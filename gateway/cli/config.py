@@ -207,7 +207,10 @@ def from_args(args: argparse.Namespace) -> ServeConfig:
         engines=engines_config(args),
         engine=engine_options(args),
         app=AppConfig(
-            api_key=args.api_key or key_from_env(), request_timeout=args.request_timeout, max_inflight=args.max_inflight
+            api_key=args.api_key or key_from_env(),
+            request_timeout=args.request_timeout,
+            max_inflight=args.max_inflight,
+            strict=bool(getattr(args, "strict", False)),
         ),
         limits=Limits(max_body_bytes=args.max_body, max_decoded_bytes=max(args.max_body, 64 << 20)),
         decision=DecisionConfig(

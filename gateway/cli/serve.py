@@ -345,6 +345,13 @@ def _add_decision_flags(p: argparse.ArgumentParser) -> None:
         "counted as lost (/metrics) and warned about once a minute",
     )
     p.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse a /v1/systemone request that sends a field this server does not read (a typo such as "
+        "critera, at any level) with a 422 naming it; by default it is answered, with an x_warnings line "
+        "naming the field (Jev clients keep working)",
+    )
+    p.add_argument(
         "--log-decisions-required",
         action="store_true",
         help="with --log-decisions: refuse (503 naming the log) a request whose lines cannot be "

@@ -94,8 +94,27 @@ def _head_fields(decided: Decided, qid: str) -> dict[str, Any]:
     return {"x_head": decided.heads[qid], "x_debias": list(decided.head_debias.get(qid, ()))}
 
 
+def _refuse_multipart(request: Request) -> None:
+    """A multipart body is the official SDK's way of sending image assets (its JSON in the part named
+    ``request``, each picture a part of its own): refused as ``assets`` are, naming the field
+    (422, :data:`gateway.decision.schema.NOT_IMPLEMENTED`), before anything of it is read."""
+    if (request.header("content-type") or "").lower().startswith("multipart/"):
+        raise JevValidationError(
+            [
+                {
+                    "loc": ["body", "assets"],
+                    "msg": f"{schema.NOT_IMPLEMENTED}image assets need a vision model, and this server reads no "
+                    "images: a multipart body (the SDK's Image assets) is not read; send the request as JSON "
+                    "without assets",
+                    "type": "not_implemented",
+                }
+            ]
+        )
+
+
 async def systemone(app: App, request: Request) -> Response:
-    parsed = schema.parse_request(parse_json(request))
+    _refuse_multipart(request)
+    parsed = schema.parse_request(parse_json(request), strict=app.config.strict)
     key = routing_key(parsed.state, parsed.prefix)
     here = app.backend(parsed.model, key)  # the model named (else the default), by state affinity then load
     decided = await decide(here, parsed)
@@ -121,8 +140,9 @@ async def systemone(app: App, request: Request) -> Response:
     # carries its own x_debias)
     if decided.debias and any(q.id not in decided.heads and q.n_options > 1 for q in parsed.questions):
         extra["x_debias"] = list(decided.debias)
-    if decided.warnings:
-        extra["x_warnings"] = decided.warnings
+    warnings = parsed.warnings + decided.warnings
+    if warnings:
+        extra["x_warnings"] = warnings
     body = protocol.reply(here.model.name, answers, decided.input_tokens, decided.output_tokens, extra)
     return Response.json(body, headers=_headers(request, decided) + [(ROUTE_HEADER, key)])
 
