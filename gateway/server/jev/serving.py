@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from gateway.decision import decision_log, pipeline, refusals, schema, scoring
+from gateway.decision import decision_log, label_mass, pipeline, refusals, schema, scoring
 from gateway.decision.calibration import IDENTITY
 from gateway.decision.errors import Refused
 from gateway.decision.pipeline import Decided
@@ -112,6 +112,21 @@ def _refuse_multipart(request: Request) -> None:
         )
 
 
+def _mass_fields(decided: Decided, qid: str) -> dict[str, Any]:
+    """An answer's ``x_margin`` (its two best probabilities' difference) and, where the options were scored
+    at one position, ``x_label_mass`` and ``x_argmax_is_label`` (:mod:`gateway.decision.label_mass`); none
+    for a question of one option."""
+    p = decided.probs[qid]
+    if len(p) < 2:
+        return {}
+    out: dict[str, Any] = {"x_margin": scoring.r6(label_mass.margin(p))}
+    mass = decided.label_mass.get(qid)
+    if mass is not None:
+        out["x_label_mass"] = scoring.r6(mass.mass)
+        out["x_argmax_is_label"] = mass.argmax_is_label
+    return out
+
+
 async def systemone(app: App, request: Request) -> Response:
     _refuse_multipart(request)
     parsed = schema.parse_request(parse_json(request), strict=app.config.strict)
@@ -124,6 +139,7 @@ async def systemone(app: App, request: Request) -> Response:
             **protocol.answer(q, decided.probs[q.id]),
             "x_calibration": decided.calibration.get(q.id, IDENTITY),
             **(_head_fields(decided, q.id) if q.id in decided.heads else {}),
+            **_mass_fields(decided, q.id),
         }
         for q in parsed.questions
     }
