@@ -41,7 +41,7 @@ def test_the_reply_examples_headers_and_body_are_one_request():
     h = dict(headers)
     doc = orjson.loads(body)
     assert h["content-length"] == str(len(body))
-    assert h["x-typesafe-request-id"] == doc["x_request_id"]
+    assert h["x-typesafe-request-id"] == doc["x_request_id"] == doc["id"]
     assert h["x-serveproto-engine-ms"] == f"{doc['x_engine_ms']:.3f}"
     assert h["x-serveproto-path"] == doc["x_path"]
     assert h["x-serveproto-route-key"] == routing_key(request["state"], request.get("prefix"))

@@ -159,7 +159,9 @@ async def systemone(app: App, request: Request) -> Response:
     warnings = parsed.warnings + decided.warnings
     if warnings:
         extra["x_warnings"] = warnings
-    body = protocol.reply(here.model.name, answers, decided.input_tokens, decided.output_tokens, extra)
+    body = protocol.reply(
+        here.model.name, answers, decided.input_tokens, decided.output_tokens, extra, request_id=request.request_id
+    )
     return Response.json(body, headers=_headers(request, decided) + [(ROUTE_HEADER, key)])
 
 
