@@ -48,7 +48,8 @@ class LlamaOptions:
     docs/devices.md), ``cache_dir`` (a folder, ``off``, or ``None``: ``gateway.paths.persist_dir``),
     ``cache_disk_mb`` (its budget, MB), ``cache_read_only`` (default False) and ``precision``
     (``native``, the default, or a transcode: ``f32``, ``f16``, ``bf16``; ``gateway.engine.precision``),
-    ``ubatch`` (the rows of one ``llama_decode``, 1 to 2048).
+    ``ubatch`` (the rows of one ``llama_decode``, 1 to 2048), ``pin_slots`` (snapshots the engine keeps,
+    1 to 1024; the engine's default 4).
     """
 
     slots: int | None = None
@@ -66,6 +67,7 @@ class LlamaOptions:
     cache_read_only: bool = False
     precision: str = "native"
     ubatch: int | None = None
+    pin_slots: int | None = None
 
 
 @dataclass(frozen=True)
@@ -207,7 +209,10 @@ def from_args(args: argparse.Namespace) -> ServeConfig:
         engines=engines_config(args),
         engine=engine_options(args),
         app=AppConfig(
-            api_key=args.api_key or key_from_env(), request_timeout=args.request_timeout, max_inflight=args.max_inflight
+            api_key=args.api_key or key_from_env(),
+            request_timeout=args.request_timeout,
+            max_inflight=args.max_inflight,
+            strict=bool(getattr(args, "strict", False)),
         ),
         limits=Limits(max_body_bytes=args.max_body, max_decoded_bytes=max(args.max_body, 64 << 20)),
         decision=DecisionConfig(

@@ -102,6 +102,7 @@ def engine_argv(
         ("--split-mode", llama.split_mode),
         ("--tensor-split", llama.tensor_split),
         ("--main-gpu", llama.main_gpu),
+        ("--pin-slots", llama.pin_slots),
     ):
         if value is not None:
             argv += [flag, str(value)]

@@ -118,6 +118,14 @@ def _ubatch(text: str) -> int:
     return value
 
 
+def _pin_slots(text: str) -> int:
+    """``--pin-slots``: an integer from 1 to 1024 (the llama engine's own range)."""
+    value = _positive_int(text)
+    if value > 1024:
+        raise argparse.ArgumentTypeError(f"must be at most 1024, got {value}")
+    return value
+
+
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The ``serve`` sub-command and its flags, in the order ``--help`` lists them."""
     p = sub.add_parser(
@@ -195,6 +203,15 @@ def _add_llama_flags(p: argparse.ArgumentParser) -> None:
         "decodes keep a GPU busier (an H200 with F16 weights at 32 clients: --slots 32 --ubatch 1024 "
         "answered 1.05-1.14x the requests/s of the defaults, bench/README.md), and a CANCEL waits up to "
         "one of them",
+    )
+    p.add_argument(
+        "--pin-slots",
+        type=_pin_slots,
+        default=None,
+        metavar="N",
+        help="snapshots (photographed states and prefixes) the llama engine keeps, least recently used out, "
+        "1 to 1024 (default: the engine's, 4; CAPS pin_slots says what it took): nested snapshots and many "
+        "states served at once each need their own (spec/llama-engine.md)",
     )
     p.add_argument("--ctx", type=int, default=None, help="context size per slot of the llama engine")
     p.add_argument(
@@ -343,6 +360,13 @@ def _add_decision_flags(p: argparse.ArgumentParser) -> None:
         "text. Fill in each line's 'answer' and pass the file to `serveproto calibrate --data`. "
         "A request whose lines cannot be written (disk full) is answered all the same, its lines "
         "counted as lost (/metrics) and warned about once a minute",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse a /v1/systemone request that sends a field this server does not read (a typo such as "
+        "critera, at any level) with a 422 naming it; by default it is answered, with an x_warnings line "
+        "naming the field (Jev clients keep working)",
     )
     p.add_argument(
         "--log-decisions-required",
@@ -521,8 +545,9 @@ def load_calibration(
     """The calibration ``serve`` applies: ``choice`` (``--calibration``) ``"none"`` for none, a file, or
     None for the model's own (:func:`gateway.decision.calibration.default_path` of its sha256, when it exists).
 
-    A file named by ``choice`` that cannot be read, does not validate or was fitted on another model
-    file raises ``SystemExit`` (the operator asked for it). The model's own file, found in the cache
+    A file named by ``choice`` that cannot be read, does not validate, was fitted on another model
+    file, or cannot be checked (no model file: ``--engine`` without ``--model``) raises ``SystemExit``
+    (the operator asked for it). The model's own file, found in the cache
     by the server itself, is skipped instead: one line through ``say`` (default: stderr) names it
     and says why, and the answers carry ``x_calibration: "identity"``.
     """
@@ -554,7 +579,13 @@ def load_calibration(
         return None
     path = Path(choice)
     cal = _load_or_exit("--calibration", calibration.load, path)
-    if sha is not None and cal.model_sha256 != sha:
+    if sha is None:  # --engine without --model (the fixture engine): nothing to check the file against
+        raise SystemExit(
+            f"serveproto serve: --calibration: {path} was fitted on the model file with sha256 "
+            f"{cal.model_sha256[:12]}..., and this server has no model file to check it against "
+            "(--engine without --model): pass the engine's model as --model PATH, or --calibration none"
+        )
+    if cal.model_sha256 != sha:
         raise SystemExit(
             f"serveproto serve: --calibration: {path} was fitted on another model file "
             f"(sha256 {cal.model_sha256[:12]}..., the served model's is {sha[:12]}...)"

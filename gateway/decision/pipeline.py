@@ -33,6 +33,7 @@ from gateway.decision.calibration import IDENTITY, Calibration
 from gateway.decision.errors import DecisionTimeout, Refused, UnusableDecision, UnusableScores
 from gateway.decision.heads import HeadSet
 from gateway.decision.keyset import KeySet
+from gateway.decision.label_mass import Mass, question_mass
 from gateway.decision.prompts import PromptBuilder
 from gateway.decision.schema import Question, SystemOneRequest
 from gateway.engine.api import ReadOut, ScoreResult
@@ -135,7 +136,9 @@ class Decided:
     ``head_debias``: question id -> the methods a head's question was read under instead
     of ``debias`` (the head's own ``x_debias``, usually none);
     ``prompt_tokens``: question id -> its longest prompt in tokens, option
-    included (scoring path only).
+    included (scoring path only); ``label_mass``: question id -> how much of the
+    next-token probability its options' first tokens held
+    (:mod:`gateway.decision.label_mass`; scoring path only, where defined).
     """
 
     probs: dict[str, list[float]]
@@ -155,6 +158,7 @@ class Decided:
     heads: dict[str, str] = attrs.field(factory=dict)
     head_debias: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
     prompt_tokens: dict[str, int] = attrs.field(factory=dict)
+    label_mass: dict[str, Mass] = attrs.field(factory=dict)
 
 
 class Memory:
@@ -390,6 +394,17 @@ async def _score_path(
         mem.fixed.pop((slot, prompts.fixed_prefix(request.prefix)), None)  # evicted: retake it next time
     vectors = result.hidden
     for q, (start, k) in zip(questions, spans):
+        mass = question_mass(
+            [
+                [
+                    (text, int(o.context_tokens), o.logprobs[0] if o.logprobs else float("nan"))
+                    for text, o in zip(groups[g][1], result.groups[g])
+                ]
+                for g in range(start, start + k)
+            ]
+        )
+        if mass is not None:
+            out.label_mass[q.id] = mass
         if settings.hidden:
             out.hidden[q.id] = {la: vectors[start, la] for la in settings.hidden if (start, la) in vectors}
         head = matched.get(q.id)

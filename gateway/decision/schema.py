@@ -25,6 +25,28 @@ MAX_OPTIONS = 255
 MAX_OPTION_TOKENS = 200
 QUESTION_TYPES = ("noul", "choice", "score")
 
+#: The fields a ``/v1/systemone`` body may carry: Jev's (``assets`` is Jev's too, refused by name: this server
+#: reads no images), then this server's options and ``x_`` extensions. Any other is an *unknown field*,
+#: reported in ``x_warnings`` (or, under ``serve --strict``, refused with a 422 naming it).
+TOP_FIELDS = (
+    "model",
+    "state",
+    "questions",
+    "assets",
+    "normalize",
+    "pin_state",
+    "prefix",
+    "cache_slot",
+    "x_debias",
+    "x_head",
+)
+#: The fields of a question object (Jev's ``NoulQuestion``, ``ChoiceQuestion``, ``ScoreQuestion``).
+QUESTION_FIELDS = ("type", "instructions", "criteria")
+#: The fields of a noul's ``criteria`` object (Jev's ``NoulCriteria``).
+NOUL_SIDES = ("true", "false")
+#: The message of a field that names something this server cannot read (pictures): the 422's ``msg`` starts so.
+NOT_IMPLEMENTED = "not implemented: "
+
 
 class JevValidationError(Exception):
     """A request that does not validate. ``errors``: the 422 ``detail`` list
@@ -64,7 +86,10 @@ class SystemOneRequest:
     ``cache_slot``: int or None; ``debias``: the ``x_debias`` methods
     (:func:`gateway.decision.debias.parse`), or None when the request left it to the
     server's default (absent or null); ``head``: ``x_head``, ``"none"`` to answer
-    without the served heads (:mod:`gateway.decision.heads`), else None.
+    without the served heads (:mod:`gateway.decision.heads`), else None; ``unknown``:
+    the path of each field the body sent that this server does not read (:data:`TOP_FIELDS`,
+    :data:`QUESTION_FIELDS`, :data:`NOUL_SIDES`): the body's own first, then each question's (in
+    request order, a question's own fields before its ``criteria``'s), each object's in its key order.
     """
 
     state: Any
@@ -76,6 +101,13 @@ class SystemOneRequest:
     cache_slot: int | None = None
     debias: tuple[str, ...] | None = None
     head: str | None = None
+    unknown: tuple[tuple[str, ...], ...] = ()
+
+    @property
+    def warnings(self) -> list[str]:
+        """The ``x_warnings`` of the unknown fields: ``"questions.q1.critera: unknown field"``, one per field
+        (its path, the parts joined by dots), in :attr:`unknown`'s order."""
+        return [f"{'.'.join(path)}: unknown field" for path in self.unknown]
 
 
 def visible(text: str) -> str:
@@ -143,20 +175,33 @@ def _check_content(errors: list[dict[str, Any]], loc: list[Any], v: Any, *, null
         errors.append(_err(loc, f"Input should be {what}", "content_type"))
 
 
-def _question(errors: list[dict[str, Any]], qid: str, raw: Any) -> Question | None:
+def _unknown(unknown: list[tuple[str, ...]], path: list[str], obj: dict[str, Any], known: tuple[str, ...]) -> None:
+    """Append the path of each key of ``obj`` not in ``known`` to ``unknown``."""
+    unknown.extend((*path, key) for key in obj if key not in known)
+
+
+def _question(errors: list[dict[str, Any]], unknown: list[tuple[str, ...]], qid: str, raw: Any) -> Question | None:
     loc = ["questions", qid]
     if not isinstance(raw, dict):
         errors.append(_err(loc, "Input should be an object", "dict_type"))
         return None
+    _unknown(unknown, loc, raw, QUESTION_FIELDS)
     qtype = raw.get("type")
     if "type" not in raw:
         errors.append(_err([*loc, "type"], "Field required", "missing"))
         return None
+    if qtype == "box":  # Jev's, refused by name: never answered as if it were another type
+        errors.append(
+            _err(
+                [*loc, "type"],
+                f"{NOT_IMPLEMENTED}a box question locates something in an image, and this server reads no "
+                "images (it answers 'noul', 'choice' and 'score')",
+                "not_implemented",
+            )
+        )
+        return None
     if qtype not in QUESTION_TYPES:
-        msg = "Input should be 'noul', 'choice' or 'score'"
-        if qtype == "box":
-            msg += " (box questions need an image model, which this server does not serve)"
-        errors.append(_err([*loc, "type"], msg, "literal_error"))
+        errors.append(_err([*loc, "type"], "Input should be 'noul', 'choice' or 'score'", "literal_error"))
         return None
     n_before = len(errors)
     instructions = raw.get("instructions")
@@ -168,6 +213,7 @@ def _question(errors: list[dict[str, Any]], qid: str, raw: Any) -> Question | No
             if not isinstance(criteria, dict):
                 errors.append(_err(cloc, "Input should be an object with optional 'true' and 'false'", "dict_type"))
             else:
+                _unknown(unknown, [*cloc], criteria, NOUL_SIDES)
                 for side in ("true", "false"):
                     if side in criteria:
                         _check_content(errors, [*cloc, side], criteria[side], nullable=True)
@@ -229,16 +275,28 @@ def _question(errors: list[dict[str, Any]], qid: str, raw: Any) -> Question | No
     return Question(qid, qtype, instructions, criteria, "instructions" in raw and instructions is not None)
 
 
-def parse_request(body: Any) -> SystemOneRequest:
+def unknown_field_error(path: tuple[str, ...]) -> dict[str, Any]:
+    """The 422 ``detail`` entry of an unknown field under ``serve --strict`` (pydantic's ``extra="forbid"``
+    words and type, which FastAPI servers such as Jev's send)."""
+    return _err(list(path), "Extra inputs are not permitted", "extra_forbidden")
+
+
+def parse_request(body: Any, *, strict: bool = False) -> SystemOneRequest:
     """Validate a decoded ``/v1/systemone`` body. Raises :class:`JevValidationError` with every error.
 
-    Unknown top-level fields are ignored (Jev clients send ``x_*``,
-    ``seed``, ``assets``...); ``model`` may be any string or absent. Our one
-    extension read here is ``x_debias`` (:mod:`gateway.decision.debias`).
+    A field this server does not read, at any level (the body, a question, a noul's ``criteria``), is
+    kept in ``SystemOneRequest.unknown`` (its ``x_warnings``), so a Jev client's extra field still gets
+    its answer while a typo (``"critera"``) is reported; ``strict`` (``serve --strict``) refuses each
+    one instead (:func:`unknown_field_error`, after the other errors). ``assets`` (Jev's image assets)
+    is refused by name (``not_implemented``), as is a ``box`` question: this server reads no images.
+    ``model`` may be any string or absent. Our extensions read here are ``x_debias``
+    (:mod:`gateway.decision.debias`) and ``x_head``.
     """
     if not isinstance(body, dict):
         raise JevValidationError([_err([], "Input should be a JSON object", "model_attributes_type")])
     errors: list[dict[str, Any]] = []
+    unknown: list[tuple[str, ...]] = []
+    _unknown(unknown, [], body, TOP_FIELDS)
     if "state" not in body:
         errors.append(_err(["state"], "Field required", "missing"))
     else:
@@ -288,7 +346,7 @@ def parse_request(body: Any) -> SystemOneRequest:
                     )
                 )
                 continue
-            q = _question(errors, qid, raw)
+            q = _question(errors, unknown, qid, raw)
             if q is not None:
                 questions.append(q)
     normalize = body.get("normalize", "sum")
@@ -314,6 +372,17 @@ def parse_request(body: Any) -> SystemOneRequest:
     head = body.get("x_head")
     if head is not None and head != "none":
         errors.append(_err(["x_head"], "Input should be 'none' (answer without the served heads)", "literal_error"))
+    if body.get("assets") is not None:  # Jev's image assets: refused by name, never answered on the text alone
+        errors.append(
+            _err(
+                ["assets"],
+                f"{NOT_IMPLEMENTED}image assets need a vision model, and this server reads no images: "
+                "send the request without assets (describe the picture in state)",
+                "not_implemented",
+            )
+        )
+    if strict:
+        errors.extend(unknown_field_error(path) for path in unknown)
     if errors:
         raise JevValidationError(errors)
     return SystemOneRequest(
@@ -326,4 +395,5 @@ def parse_request(body: Any) -> SystemOneRequest:
         cache_slot=cache_slot,
         debias=debias_methods,
         head=head,
+        unknown=tuple(unknown),
     )

@@ -112,11 +112,14 @@ class AppConfig:
     none). ``request_timeout``: seconds one engine call may take before the client gets a
     503 (default 120; ``serve``'s ``--request-timeout`` defaults to 600). ``max_inflight``:
     POST requests served at once (default 256); one more is answered 503 + ``Retry-After``.
+    ``strict``: refuse a ``/v1/systemone`` field this server does not read (422 naming it) instead
+    of answering with an ``x_warnings`` line about it (default False; ``serve --strict``).
     """
 
     api_key: str | None = None
     request_timeout: float = 120.0
     max_inflight: int = 256
+    strict: bool = False
 
 
 class App:

@@ -59,10 +59,16 @@ def app_with_head():
 def expected_department() -> dict:
     q = next(q for q in schema.parse_request(TICKET).questions if q.id == "department")
     z = [math.exp(v) for v in (2.0, 0.0, 1.0)]
-    return protocol.answer(q, scoring.report([v / sum(z) for v in z])) | {
+    p = scoring.report([v / sum(z) for v in z])
+    return protocol.answer(q, p) | {
         "x_calibration": "identity",
         "x_head": "head-dept",
         "x_debias": [],
+        # issue 48: the head's margin, and the model's own reading of the question (the fake's first-token
+        # probabilities add up past 1: capped)
+        "x_margin": scoring.r6(p[0] - p[2]),
+        "x_label_mass": 1.0,
+        "x_argmax_is_label": True,
     }
 
 
@@ -81,6 +87,9 @@ async def test_a_head_answer_names_its_own_correction_not_the_requests():
     assert {k for q in ("urgency", "severity") for k in mixed["answers"][q] if k.startswith("x_")} == {
         "x_calibration",
         "x_entropy",
+        "x_margin",
+        "x_label_mass",
+        "x_argmax_is_label",
     }
     # a head answered every question: no answer was read under the request's correction
     assert alone["answers"] == {"department": expected_department()}
@@ -94,6 +103,9 @@ async def test_a_head_answer_names_its_own_correction_not_the_requests():
         "confidence",
         "x_entropy",
         "x_calibration",
+        "x_margin",
+        "x_label_mass",
+        "x_argmax_is_label",
     }
 
 

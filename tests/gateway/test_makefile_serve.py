@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-VARIABLES = ("HOST", "PORT", "MODEL", "THREADS", "DEBIAS", "PRECISION", "LOG_DECISIONS")
+VARIABLES = ("HOST", "PORT", "MODEL", "THREADS", "DEBIAS", "PRECISION", "LOG_DECISIONS", "PIN_SLOTS", "STRICT")
 
 
 def serve_line(**variables: str) -> str:
@@ -31,4 +31,13 @@ def test_make_serve_passes_log_decisions_as_its_flag():
     )
     assert serve_line(DEBIAS="none", LOG_DECISIONS="/tmp/d.jsonl", PORT="8123") == (
         ".venv/bin/serveproto serve --host 127.0.0.1 --port 8123 --debias none --log-decisions /tmp/d.jsonl"
+    )
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_serve_passes_pin_slots_and_strict_as_their_flags():
+    """Issue 48: the kept snapshots (``--pin-slots``) and ``--strict`` are ``make serve`` variables too."""
+    assert serve_line(PIN_SLOTS="8") == ".venv/bin/serveproto serve --host 127.0.0.1 --port 8000 --pin-slots 8"
+    assert serve_line(STRICT="1", PIN_SLOTS="2") == (
+        ".venv/bin/serveproto serve --host 127.0.0.1 --port 8000 --pin-slots 2 --strict"
     )

@@ -64,7 +64,16 @@ async def test_systemone_scores_every_question_against_the_oracle():
     ans = body["answers"]
     assert list(ans) == ["urgency", "department", "severity"]
     p = oracle(["no", "yes"])
-    assert ans["urgency"] == {"type": "noul", "noul": pytest.approx(p[1], abs=1e-6), "x_calibration": "identity"}
+    # x_margin, x_label_mass, x_argmax_is_label: issue 48 (test_label_mass.py; the toy's first-token
+    # probabilities add up past 1, so its mass is capped at 1 and the argmax is a label)
+    assert ans["urgency"] == {
+        "type": "noul",
+        "noul": pytest.approx(p[1], abs=1e-6),
+        "x_calibration": "identity",
+        "x_margin": pytest.approx(abs(p[1] - p[0]), abs=2e-6),
+        "x_label_mass": 1.0,
+        "x_argmax_is_label": True,
+    }
     p = oracle(["billing", "technical", "sales"])
     dep = ans["department"]
     # billing and sales tie in the toy (to 1e-16): the first of the tied labels is the choice
@@ -141,7 +150,8 @@ async def test_validation_errors_are_422_with_detail():
         r = await post(base, "/v1/systemone", {"state": "s", "cache_slot": 2, "questions": {"q": {"type": "noul"}}})
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "cache_slot"]
         r = await post(base, "/v1/systemone", {}, headers={"content-type": "multipart/form-data; boundary=x"})
-        assert r.status_code == 415 and r.json()["detail"]["error_type"] == "unsupported_media_type"
+        # the SDK's image assets: refused naming the field (issue 48; test_pictures_refused.py)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "assets"]
 
 
 async def test_auth_bearer_key():
@@ -203,7 +213,13 @@ async def test_decision_engine_path_record_and_reply():
     body = r.json()
     assert body["answers"]["department"]["probabilities"] == {"billing": 0.333333, "other": 0.666667}
     assert body["answers"]["urgency"]["score"] == 0.666667
-    assert body["answers"]["churn"] == {"type": "noul", "noul": 0.666667, "x_calibration": "identity"}
+    # a decision engine gives no token probabilities: x_margin alone of issue 48's fields
+    assert body["answers"]["churn"] == {
+        "type": "noul",
+        "noul": 0.666667,
+        "x_calibration": "identity",
+        "x_margin": 0.333334,
+    }
     assert body["answers"]["solo"]["choice"] == "only"
     assert body["usage"] == {"input_tokens": 42, "output_tokens": 0}
     assert r.headers["x-serveproto-engine-ms"] == "1.500"

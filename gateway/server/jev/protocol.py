@@ -73,13 +73,17 @@ def reply(
     input_tokens: int,
     output_tokens: int,
     extra: dict[str, Any] | None = None,
+    *,
+    request_id: str | None = None,
 ) -> dict[str, Any]:
-    """The 200 body: ``{"model", "answers", "usage": {"input_tokens", "output_tokens"}}`` plus ``x_`` extras.
+    """The 200 body: ``{"id"?, "model", "answers", "usage": {"input_tokens", "output_tokens"}}`` plus ``x_`` extras.
 
-    Token counts are ints (the SDK rejects floats). ``extra`` keys must
-    start with ``x_`` (``ValueError`` otherwise).
+    ``request_id``: the body's ``id``, first as in the seed's reply (the ``x-typesafe-request-id``
+    header's value; the SDK ignores the field). Token counts are ints (the SDK rejects floats).
+    ``extra`` keys must start with ``x_`` (``ValueError`` otherwise).
     """
-    body: dict[str, Any] = {
+    body: dict[str, Any] = {} if request_id is None else {"id": request_id}
+    body |= {
         "model": model,
         "answers": answers,
         "usage": {"input_tokens": int(input_tokens), "output_tokens": int(output_tokens)},

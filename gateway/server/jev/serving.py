@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from gateway.decision import decision_log, pipeline, refusals, schema, scoring
+from gateway.decision import decision_log, label_mass, pipeline, refusals, schema, scoring
 from gateway.decision.calibration import IDENTITY
 from gateway.decision.errors import Refused
 from gateway.decision.pipeline import Decided
@@ -94,8 +94,42 @@ def _head_fields(decided: Decided, qid: str) -> dict[str, Any]:
     return {"x_head": decided.heads[qid], "x_debias": list(decided.head_debias.get(qid, ()))}
 
 
+def _refuse_multipart(request: Request) -> None:
+    """A multipart body is the official SDK's way of sending image assets (its JSON in the part named
+    ``request``, each picture a part of its own): refused as ``assets`` are, naming the field
+    (422, :data:`gateway.decision.schema.NOT_IMPLEMENTED`), before anything of it is read."""
+    if (request.header("content-type") or "").lower().startswith("multipart/"):
+        raise JevValidationError(
+            [
+                {
+                    "loc": ["body", "assets"],
+                    "msg": f"{schema.NOT_IMPLEMENTED}image assets need a vision model, and this server reads no "
+                    "images: a multipart body (the SDK's Image assets) is not read; send the request as JSON "
+                    "without assets",
+                    "type": "not_implemented",
+                }
+            ]
+        )
+
+
+def _mass_fields(decided: Decided, qid: str) -> dict[str, Any]:
+    """An answer's ``x_margin`` (its two best probabilities' difference) and, where the options were scored
+    at one position, ``x_label_mass`` and ``x_argmax_is_label`` (:mod:`gateway.decision.label_mass`); none
+    for a question of one option."""
+    p = decided.probs[qid]
+    if len(p) < 2:
+        return {}
+    out: dict[str, Any] = {"x_margin": scoring.r6(label_mass.margin(p))}
+    mass = decided.label_mass.get(qid)
+    if mass is not None:
+        out["x_label_mass"] = scoring.r6(mass.mass)
+        out["x_argmax_is_label"] = mass.argmax_is_label
+    return out
+
+
 async def systemone(app: App, request: Request) -> Response:
-    parsed = schema.parse_request(parse_json(request))
+    _refuse_multipart(request)
+    parsed = schema.parse_request(parse_json(request), strict=app.config.strict)
     key = routing_key(parsed.state, parsed.prefix)
     here = app.backend(parsed.model, key)  # the model named (else the default), by state affinity then load
     decided = await decide(here, parsed)
@@ -105,6 +139,7 @@ async def systemone(app: App, request: Request) -> Response:
             **protocol.answer(q, decided.probs[q.id]),
             "x_calibration": decided.calibration.get(q.id, IDENTITY),
             **(_head_fields(decided, q.id) if q.id in decided.heads else {}),
+            **_mass_fields(decided, q.id),
         }
         for q in parsed.questions
     }
@@ -121,9 +156,12 @@ async def systemone(app: App, request: Request) -> Response:
     # carries its own x_debias)
     if decided.debias and any(q.id not in decided.heads and q.n_options > 1 for q in parsed.questions):
         extra["x_debias"] = list(decided.debias)
-    if decided.warnings:
-        extra["x_warnings"] = decided.warnings
-    body = protocol.reply(here.model.name, answers, decided.input_tokens, decided.output_tokens, extra)
+    warnings = parsed.warnings + decided.warnings
+    if warnings:
+        extra["x_warnings"] = warnings
+    body = protocol.reply(
+        here.model.name, answers, decided.input_tokens, decided.output_tokens, extra, request_id=request.request_id
+    )
     return Response.json(body, headers=_headers(request, decided) + [(ROUTE_HEADER, key)])
 
 
