@@ -39,10 +39,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from decisions import Server  # noqa: E402
+from gateway.paths import default_model_path, engine_bin  # noqa: E402
 from load import PeerPrompts  # noqa: E402
 from repeat import LlamaServer  # noqa: E402
-
-from gateway.paths import default_model_path, engine_bin  # noqa: E402
 
 SUBJECTS = "The invoice|My order|The refund|Our account|The courier|The support agent|The new router|The app".split("|")
 EVENTS = (
@@ -77,12 +76,10 @@ def document(peer: str, seed: int, tokens: int) -> str:
 
 def questions(tag: str, n: int) -> dict:
     """``n`` yes/no questions, new to both servers (their instructions carry ``tag``)."""
-    return {
-        f"q{i}": {"type": "noul", "instructions": f"({tag}, {i + 1}) {ASKS[i % len(ASKS)]}"} for i in range(n)
-    }
+    return {f"q{i}": {"type": "noul", "instructions": f"({tag}, {i + 1}) {ASKS[i % len(ASKS)]}"} for i in range(n)}
 
 
-def ours(client: httpx2.Client, base: str, state: str, qs: dict) -> tuple[float, int]:
+def ours(client: httpx2.Client, base: str, state: str, qs: dict) -> tuple[float, int, float, str]:
     t = time.perf_counter()
     r = client.post(
         base + "/v1/systemone",
@@ -92,7 +89,13 @@ def ours(client: httpx2.Client, base: str, state: str, qs: dict) -> tuple[float,
     dt = time.perf_counter() - t
     if r.status_code != 200:
         raise SystemExit(f"serveproto: HTTP {r.status_code}: {r.content[:300]!r}")
-    return dt, int(r.json()["x_positions"]["computed"])
+    reply = r.json()
+    return (
+        dt,
+        int(reply["x_positions"]["computed"]),
+        float(reply["x_engine_ms"]) / 1e3,
+        reply["x_positions"]["snapshot"],
+    )
 
 
 def peer_ask(peer: PeerPrompts, base: str, state: str, qs: dict) -> tuple[float, int]:
@@ -124,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     prompts = PeerPrompts(model, 1)
     rows = []
     print(f"long documents: default model, {args.threads} threads; seconds, ours / llama-server; positions computed")
-    print(f"{'tokens':>6} {'others':>6} {'kind':>5} {'q':>2}  {'ours s':>8} {'llama s':>8} {'ratio':>6}  {'ours pos':>8} {'llama pos':>9}")
+    print(
+        f"{'tokens':>6} {'others':>6} {'kind':>5} {'q':>2}  {'ours s':>8} {'llama s':>8} {'ratio':>6}  {'ours pos':>8} {'llama pos':>9}  {'engine s':>8} snapshot"
+    )
     seed = 0
     for length in lengths:
         for others in others_list:
@@ -141,16 +146,17 @@ def main(argv: list[str] | None = None) -> int:
                             state = document(peer.base, seed, length)
                             for kind in ("cold", "new"):
                                 qs = questions(f"{kind} {seed}", n)
-                                t_ours, p_ours = ours(client, server.base, state, qs)
+                                t_ours, p_ours, t_engine, snap = ours(client, server.base, state, qs)
                                 t_peer, p_peer = peer_ask(prompts, peer.base, state, qs)
                                 row = dict(
                                     tokens=length, others=others, kind=kind, questions=n,
                                     ours_s=t_ours, llama_s=t_peer, ours_positions=p_ours, llama_positions=p_peer,
+                                    ours_engine_s=t_engine, snapshot=snap,
                                 )  # fmt: skip
                                 rows.append(row)
                                 print(
                                     f"{length:>6} {others:>6} {kind:>5} {n:>2}  {t_ours:8.2f} {t_peer:8.2f} "
-                                    f"{t_ours / t_peer:6.2f}  {p_ours:>8} {p_peer:>9}",
+                                    f"{t_ours / t_peer:6.2f}  {p_ours:>8} {p_peer:>9}  {t_engine:8.2f} {snap}",
                                     flush=True,
                                 )
                 finally:
