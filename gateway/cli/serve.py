@@ -341,7 +341,8 @@ def _add_decision_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FILE",
         help="a calibration file (serveproto calibrate) applied to the answers read under its x_debias; "
-        "'none' for none. Default: $SERVEPROTO_CACHE/calibration/<the model's sha256>.json when it exists",
+        "'none' for none. Default: $SERVEPROTO_CACHE/calibration/<the model's sha256>.json when it exists, "
+        "else the package's own for the model (the default model's ships with it)",
     )
     p.add_argument(
         "--heads",
@@ -543,7 +544,8 @@ def load_calibration(
     choice: str | None, model_path: str | None, *, say: Callable[[str], None] | None = None
 ) -> Calibration | None:
     """The calibration ``serve`` applies: ``choice`` (``--calibration``) ``"none"`` for none, a file, or
-    None for the model's own (:func:`gateway.decision.calibration.default_path` of its sha256, when it exists).
+    None for the model's own (:func:`gateway.decision.calibration.default_path` of its sha256, when it exists,
+    else the package's, :func:`gateway.decision.calibration.shipped_path`).
 
     A file named by ``choice`` that cannot be read, does not validate, was fitted on another model
     file, or cannot be checked (no model file: ``--engine`` without ``--model``) raises ``SystemExit``
@@ -561,7 +563,9 @@ def load_calibration(
             return None
         path = calibration.default_path(sha)
         if not path.exists():
-            return None
+            path = calibration.shipped_path(sha)  # the package's own fit of the default model (issue 48)
+            if not path.exists():
+                return None
         why = None
         try:
             cal = calibration.load(path)

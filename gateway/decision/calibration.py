@@ -212,6 +212,17 @@ def load_document(doc: Any, path: str = "calibration") -> Calibration:
     return Calibration(maps, sha, methods, ident, doc)
 
 
+#: The calibrations shipped with the package (issue 48, item 5): ``<model sha256>.json``, as ``calibrate``
+#: writes them; ``serve`` loads one when the cache holds none for the model (the default model's,
+#: fitted on the generated evaluation set of seed 48: ``bench/README.md``, "A calibration shipped").
+SHIPPED = Path(__file__).resolve().parent / "calibrations"
+
+
+def shipped_path(model_sha256: str) -> Path:
+    """Where the package keeps its own calibration of a model: ``gateway/decision/calibrations/<sha256>.json``."""
+    return SHIPPED / f"{model_sha256}.json"
+
+
 def default_path(model_sha256: str, cache: str | Path | None = None) -> Path:
     """Where ``calibrate`` writes and ``serve`` looks for a model's calibration:
     ``$SERVEPROTO_CACHE/calibration/<sha256>.json``."""

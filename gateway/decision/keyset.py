@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable
 
-__all__ = ["KeySet"]
+__all__ = ["KeySet", "KeyCounts"]
 
 
 class KeySet:
@@ -48,3 +48,41 @@ class KeySet:
 
     def __len__(self) -> int:
         return len(self._hashes)
+
+
+class KeyCounts:
+    """The ``limit`` keys set last, each with a count (a non-negative int), least recently set or read
+    forgotten first, each kept as its ``hash``: ``key in s``, ``s.get(key)`` (None when not kept),
+    ``s[key] = n``, ``s.pop(key, None)``, ``len(s)``. A hint, never an answer, as :class:`KeySet`."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"limit: must be at least 1, got {limit}")
+        self.limit = limit
+        self._counts: OrderedDict[int, int] = OrderedDict()
+
+    def __contains__(self, key: Hashable) -> bool:
+        return self.get(key) is not None
+
+    def get(self, key: Hashable) -> int | None:
+        h = hash(key)
+        n = self._counts.get(h)
+        if n is not None:
+            self._counts.move_to_end(h)
+        return n
+
+    def __setitem__(self, key: Hashable, count: int) -> None:
+        if count < 0:
+            raise ValueError(f"count: must be at least 0, got {count}")
+        h = hash(key)
+        self._counts[h] = int(count)
+        self._counts.move_to_end(h)
+        while len(self._counts) > self.limit:
+            self._counts.popitem(last=False)
+
+    def pop(self, key: Hashable, default: int | None = None) -> int | None:
+        """Forget ``key``; its count if it was kept, else ``default``."""
+        return self._counts.pop(hash(key), default)
+
+    def __len__(self) -> int:
+        return len(self._counts)

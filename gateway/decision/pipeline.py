@@ -32,7 +32,7 @@ from gateway.decision.arithmetic import option_scores, softmax
 from gateway.decision.calibration import IDENTITY, Calibration
 from gateway.decision.errors import DecisionTimeout, Refused, UnusableDecision, UnusableScores
 from gateway.decision.heads import HeadSet
-from gateway.decision.keyset import KeySet
+from gateway.decision.keyset import KeyCounts
 from gateway.decision.label_mass import Mass, question_mass
 from gateway.decision.prompts import PromptBuilder
 from gateway.decision.schema import Question, SystemOneRequest
@@ -168,7 +168,8 @@ class Memory:
 
     def __init__(self) -> None:
         self.states: OrderedDict[int, None] = OrderedDict()
-        self.fixed = KeySet(SEEN_STATES)  # (slot, fixed prefix) by hash: no prompt text kept
+        # (slot, fixed prefix) by hash, no prompt text kept -> the tokens its photograph holds
+        self.fixed = KeyCounts(SEEN_STATES)
         self.content_free: OrderedDict[tuple[Any, ...], list[float]] = OrderedDict()
         self.reading: dict[tuple[Any, ...], anyio.Event] = {}  # content-free readings in progress
 
@@ -330,13 +331,15 @@ async def _score_path(
     # share it meet its snapshot.
     route = {}
     t0 = time.perf_counter()
+    fixed_key: tuple[int | None, str] | None = None
+    photographed: int | None = None  # the photograph's tokens, when this request took it
     if request.prefix:
         fixed = prompts.fixed_prefix(request.prefix)
         route = {"route": fixed}
-        key = (slot, fixed)
-        if key not in mem.fixed:
+        fixed_key = (slot, fixed)
+        if fixed_key not in mem.fixed:
             try:
-                await _call(settings, engine.read_out, fixed, logprobs=1, pin=True, slot=slot, **route)
+                taken = await _call(settings, engine.read_out, fixed, logprobs=1, pin=True, slot=slot, **route)
             except RequestError as exc:
                 if exc.code == "BAD_REQUEST" and refusals.too_long(exc.reason or ""):
                     n = _n_ctx(engine)
@@ -351,7 +354,10 @@ async def _score_path(
                         ]
                     ) from None
                 raise
-            mem.fixed[key] = True
+            photographed = int(taken.done.prompt_tokens)
+            mem.fixed[fixed_key] = photographed
+            out.computed = _add(out.computed, taken.done.computed)
+            out.reused = _add(out.reused, taken.done.reused)
     free = _FreeReading.plan(settings, request, unmatched, method) if method.content_free and unmatched else None
     if free is not None:
         await free.wait_for_others(mem)
@@ -390,8 +396,8 @@ async def _score_path(
     out.reused = _add(out.reused, result.reused)
     out.disk = _add(out.disk, result.disk)
     out.snapshot = done.snapshot if done is not None else None
-    if request.prefix and out.snapshot not in (None, "hit"):
-        mem.fixed.pop((slot, prompts.fixed_prefix(request.prefix)), None)  # evicted: retake it next time
+    if fixed_key is not None:
+        _after_fixed(mem, fixed_key, photographed, result)
     vectors = result.hidden
     for q, (start, k) in zip(questions, spans):
         mass = question_mass(
@@ -448,6 +454,34 @@ async def _score_path(
         out.prompt_tokens[q.id] = max(
             int(o.context_tokens) + len(o.logprobs) for g in range(start, start + k) for o in result.groups[g]
         )
+
+
+def _after_fixed(mem: Memory, key: tuple[int | None, str], photographed: int | None, result: ScoreResult) -> None:
+    """Keep or forget the photograph of a fixed prefix after the SCORE that read a prompt on it.
+
+    A SCORE that finds the prefix in the slot's live KV reports ``snapshot=none`` with the prefix's
+    positions in ``reused``; one that restores the photograph reports ``hit``. Either way the prefix
+    was not read again, so the photograph is kept: it is forgotten (taken again by the next request)
+    only when the engine found it ``stale`` or the SCORE reused fewer positions than it holds (the
+    engine evicted it and the slot holds something else). When that happens right after this
+    request took it, the photograph is not a token prefix of the prompts (a tokenizer that joins
+    the prefix's last characters with what follows): taking it again would read it for nothing each
+    time, so it is kept with 0 positions (never taken again; the slot's live KV is all that helps).
+    An engine without counters (``reused`` None) keeps it as it is.
+    """
+    done = result.done
+    snapshot = done.snapshot if done is not None else None
+    held = mem.fixed.get(key)
+    if held is None or result.reused is None:
+        return
+    if snapshot == "stale":
+        mem.fixed.pop(key, None)
+    elif int(result.reused) < held:
+        if photographed is not None:
+            log.info("a fixed prefix's photograph of %d tokens is not a token prefix of its prompt", held)
+            mem.fixed[key] = 0
+        else:
+            mem.fixed.pop(key, None)
 
 
 @attrs.define

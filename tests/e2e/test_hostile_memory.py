@@ -86,7 +86,7 @@ def test_the_fixed_prefixes_remembered_keep_no_text_and_are_bounded():
     for i in range(2 * SEEN_STATES):
         key = (None, "P" * 10_000 + str(i))
         assert key not in mem.fixed
-        mem.fixed[key] = True
+        mem.fixed[key] = 70  # the photograph's tokens (issue 48, item 1)
         del key
     grown = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
@@ -94,12 +94,16 @@ def test_the_fixed_prefixes_remembered_keep_no_text_and_are_bounded():
     assert grown < 1 << 20  # 2,048 prefixes of 10 kB kept were 20 MB
     assert (None, "P" * 10_000 + str(2 * SEEN_STATES - 1)) in mem.fixed
     assert (None, "P" * 10_000 + "0") not in mem.fixed
-    assert mem.fixed.pop((None, "P" * 10_000 + str(2 * SEEN_STATES - 1)), None) is True
+    assert mem.fixed.pop((None, "P" * 10_000 + str(2 * SEEN_STATES - 1)), None) == 70
     assert mem.fixed.pop((None, "P" * 10_000 + str(2 * SEEN_STATES - 1)), None) is None
-    from gateway.decision.keyset import KeySet
+    from gateway.decision.keyset import KeyCounts, KeySet
 
     with pytest.raises(ValueError, match="limit"):
         KeySet(0)
+    with pytest.raises(ValueError, match="limit"):
+        KeyCounts(0)
+    with pytest.raises(ValueError, match="count"):
+        mem.fixed[(None, "P")] = -1
 
 
 def test_a_part_over_any_context_is_refused_before_the_engine():

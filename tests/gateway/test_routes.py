@@ -175,7 +175,7 @@ async def test_prefix_is_photographed_once_per_slot():
         assert (await post(base, "/v1/systemone", dict(body, state="frame 2"))).status_code == 200
     kinds = [c[0] for c in eng.calls]
     assert kinds == ["read_out", "score", "score"]
-    assert eng.calls[0][1].endswith("<|im_start|>user\nRULES\n\n") and eng.calls[0][3] is True and eng.calls[0][4] == 1
+    assert eng.calls[0][1].endswith("<|im_start|>user\nRULES") and eng.calls[0][3] is True and eng.calls[0][4] == 1
     assert eng.calls[1][1].endswith("user\nRULES\n\nframe 1") and eng.calls[2][4] == 1
 
 
