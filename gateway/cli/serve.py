@@ -28,7 +28,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
 
@@ -566,21 +566,15 @@ def load_calibration(
             path = calibration.shipped_path(sha)  # the package's own fit of the default model (issue 48)
             if not path.exists():
                 return None
-        why = None
-        try:
-            cal = calibration.load(path)
-        except (OSError, ValueError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) else str(exc).removeprefix(f"{path}: ")
-        else:
-            if cal.model_sha256 != sha:
-                why = f"fitted on another model file (sha256 {cal.model_sha256[:12]}...)"
-        if why is None:
-            return cal
-        (say or _say_stderr)(
-            f"serveproto serve: calibration: skipping {path}, found in the cache for this model: {why}; "
-            'answers carry x_calibration "identity" (serveproto calibrate writes a new one)'
+        return _load_found(
+            "calibration",
+            calibration.load,
+            path,
+            sha,
+            str,
+            'answers carry x_calibration "identity" (serveproto calibrate writes a new one)',
+            say,
         )
-        return None
     path = Path(choice)
     cal = _load_or_exit("--calibration", calibration.load, path)
     if sha is None:  # --engine without --model (the fixture engine): nothing to check the file against
@@ -595,6 +589,42 @@ def load_calibration(
             f"(sha256 {cal.model_sha256[:12]}..., the served model's is {sha[:12]}...)"
         )
     return cal
+
+
+class _FittedFile(Protocol):
+    @property
+    def model_sha256(self) -> str: ...
+
+
+F = TypeVar("F", bound=_FittedFile)
+
+
+def _load_found(
+    what: str,
+    load: Callable[[Path], F],
+    path: Path,
+    sha: str,
+    shown: Callable[[str], str],
+    otherwise: str,
+    say: Callable[[str], None] | None,
+) -> F | None:
+    """A file ``serve`` found in the cache for the model (``what``: calibration, heads): loaded, or skipped
+    with one line through ``say`` (default: stderr) that names it, says why (unreadable, invalid, fitted on
+    another model file; the file's sha256 through ``shown``) and what the server does ``otherwise``."""
+    why = None
+    try:
+        found = load(path)
+    except (OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else str(exc).removeprefix(f"{path}: ")
+    else:
+        if found.model_sha256 != sha:
+            why = f"fitted on another model file (sha256 {shown(found.model_sha256[:12])}...)"
+    if why is None:
+        return found
+    (say or _say_stderr)(
+        f"serveproto serve: {what}: skipping {path}, found in the cache for this model: {why}; {otherwise}"
+    )
+    return None
 
 
 def _load_or_exit(flag: str, load: Callable[[Path], T], path: Path, shown: str | None = None) -> T:
@@ -646,22 +676,15 @@ def load_heads(
     if choice is None:
         if sha is None or not heads.default_path(sha).exists():
             return None
-        path = heads.default_path(sha)
-        why = None
-        try:
-            found = heads.load(path, hidden)
-        except (OSError, ValueError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) else str(exc).removeprefix(f"{path}: ")
-        else:
-            if found.model_sha256 != sha:
-                why = f"fitted on another model file (sha256 {heads.printable(found.model_sha256[:12])}...)"
-        if why is None:
-            return found
-        (say or _say_stderr)(
-            f"serveproto serve: heads: skipping {path}, found in the cache for this model: {why}; "
-            "no question is answered by a head (serveproto heads fit writes a new one)"
+        return _load_found(
+            "heads",
+            lambda p: heads.load(p, hidden),
+            heads.default_path(sha),
+            sha,
+            heads.printable,
+            "no question is answered by a head (serveproto heads fit writes a new one)",
+            say,
         )
-        return None
     path = Path(choice)
     hs = _load_or_exit("--heads", lambda p: heads.load(p, hidden), path)
     if sha is not None and hs.model_sha256 != sha:
