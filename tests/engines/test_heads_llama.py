@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from gateway.cli import main
-from gateway.decision import calibration, heads, pipeline, schema, scoring
+from gateway.decision import calibration, heads, label_mass, pipeline, schema, scoring
 from gateway.decision.chat_template import read_gguf
 from gateway.decision.prompts import PromptBuilder
 from gateway.engine import Engine
@@ -93,4 +93,9 @@ def test_fit_and_serve_heads_on_the_default_model(tmp_path, monkeypatch, capsys)
         fitted = next(d for d in doc["heads"] if d["signature"] == h.signature)
         expected = scoring.report(list(head_fit.predict(fitted, np.array([hidden[q.id][19]]))[0]))
         # the head's reading is under its own x_debias (none), which the answer says in place of the reply's
+        # the margin is the head's (its two best probabilities); the label mass is the language model's reading
+        # of the options (issue 48), which the head's answer keeps beside its own probabilities
+        assert a.pop("x_margin") == scoring.r6(label_mass.margin(expected))
+        mass, argmax = a.pop("x_label_mass"), a.pop("x_argmax_is_label")
+        assert 0 < mass <= 1 and argmax in (True, None)
         assert a == protocol.answer(q, expected) | {"x_calibration": "identity", "x_head": h.name, "x_debias": []}
