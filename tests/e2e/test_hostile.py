@@ -891,4 +891,5 @@ async def test_a_sure_answer_has_entropy_0_not_minus_0():
         r = await post_json(base, "/v1/systemone", body)
     answer = r.json()["answers"]["department"]
     assert answer["probabilities"] == {"a": 1.0, "z" * 60: 0.0}
-    assert b'"confidence":1.0,"x_entropy":0.0,"x_calibration":"identity"}' in r.content and b"-0.0" not in r.content
+    assert b'"confidence":1.0,"x_entropy":0.0,"x_calibration":"identity","x_margin":1.0' in r.content
+    assert b"-0.0" not in r.content
