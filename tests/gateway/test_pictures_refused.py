@@ -11,7 +11,7 @@ import pytest
 import typesafe_sdk
 from typesafe_sdk import Image, TypeSafeClient, TypeSafeUnprocessableEntityError
 
-from test_routes_support import TICKET, FakeEngine, make_app, running
+from test_routes_support import TICKET, FakeEngine, Recorder, make_app, running
 
 pytestmark = pytest.mark.anyio
 
@@ -62,16 +62,6 @@ async def test_a_box_question_is_refused_naming_its_type():
     assert r.status_code == 422
     assert r.json() == refusal(["questions", "where", "type"], BOX_MSG)
     assert engine.calls == []
-
-
-class Recorder:
-    def __init__(self, app):
-        self.app = app
-        self.requests = []
-
-    async def __call__(self, request):
-        self.requests.append(request)
-        return await self.app(request)
 
 
 async def test_the_sdks_image_asset_is_refused_once_naming_assets():

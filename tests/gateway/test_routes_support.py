@@ -183,3 +183,15 @@ async def running(app: App):
             yield f"http://127.0.0.1:{port}"
         finally:
             tg.cancel_scope.cancel()
+
+
+class Recorder:
+    """Wraps the app to keep the raw requests a client (the official SDK) sent."""
+
+    def __init__(self, app):
+        self.app = app
+        self.requests = []
+
+    async def __call__(self, request):
+        self.requests.append(request)
+        return await self.app(request)

@@ -19,7 +19,7 @@ from typesafe_sdk import (
     TypeSafeUnprocessableEntityError,
 )
 
-from test_routes_support import EngineCrashed, FakeCaps, FakeEngine, make_app, running
+from test_routes_support import EngineCrashed, FakeCaps, FakeEngine, Recorder, make_app, running
 
 pytestmark = pytest.mark.anyio
 
@@ -37,18 +37,6 @@ QUESTIONS = {
     },
 }
 TICKET = "Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing."
-
-
-class Recorder:
-    """Wraps the app to keep the raw requests the SDK sent."""
-
-    def __init__(self, app):
-        self.app = app
-        self.requests = []
-
-    async def __call__(self, request):
-        self.requests.append(request)
-        return await self.app(request)
 
 
 def check_result(result):

@@ -15,7 +15,7 @@ from typesafe_sdk import Choice, Noul, Score, TypeSafeClient
 from gateway.cli import build_parser
 from gateway.cli.config import from_args
 from gateway.decision import schema
-from test_routes_support import TICKET, FakeEngine, make_app, running
+from test_routes_support import TICKET, FakeEngine, Recorder, make_app, running
 
 #: The ticket with a typo or an extra field at every level the schema has objects.
 TYPOS = copy.deepcopy(TICKET)
@@ -98,16 +98,6 @@ async def test_strict_server_answers_422_naming_the_field():
 def test_serve_strict_flag_reaches_the_app_config():
     assert from_args(build_parser().parse_args(["serve", "--strict"])).app.strict is True
     assert from_args(build_parser().parse_args(["serve"])).app.strict is False
-
-
-class Recorder:
-    def __init__(self, app):
-        self.app = app
-        self.requests = []
-
-    async def __call__(self, request):
-        self.requests.append(request)
-        return await self.app(request)
 
 
 @pytest.mark.anyio
