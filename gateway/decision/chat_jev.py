@@ -2,11 +2,12 @@
 
 :func:`parse` validates the body's ``jev`` object into a :class:`ChatDecision`: the
 :class:`~gateway.decision.schema.SystemOneRequest` whose state is the conversation
-(:func:`gateway.decision.conversation.conversation_state`, the text the terminal's ``/decide`` sends
-too), the mode (``beside``, ``instead``, ``then``) and, for ``then``, the question the text is generated after. Decide-then-generate
-(seed ``003_*``): the designated question's answer is its most probable option (:func:`chosen`, first
-on ties, as the reply's ``choice``), written into the conversation's system turn as :data:`THEN_NOTE`
-(:func:`conditioned`) before the text is generated. No I/O: the server's route does the rest.
+(:func:`gateway.decision.conversation.conversation_state`, the text the terminal's ``/decide``
+sends too), the mode (``beside``, ``instead``, ``then``) and, for ``then``, the question the text
+is generated after. Decide-then-generate (seed ``003_*``): the designated question's answer is its
+most probable option (:func:`chosen`, first on ties, as the reply's ``choice``), written into the
+conversation's system turn as :data:`THEN_NOTE` (:func:`conditioned`) before the text is generated.
+No I/O: the server's route does the rest.
 """
 
 from __future__ import annotations
