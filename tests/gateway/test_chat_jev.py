@@ -57,6 +57,7 @@ async def test_beside_answers_equal_systemone_on_the_conversation_and_the_text_i
     body, ref = r.json(), s1.json()
     # the decision: the state is the conversation's text, the same prompt as /v1/systemone's
     kind, prefix, groups, pin, _ = eng.calls[0]
+    assert pin is True  # three questions share the state
     assert kind == "score" and prefix == f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{STATE}"
     assert eng.calls[3][:2] == ("score", prefix) and eng.calls[3][2] == groups
     # then the text, of the conversation as sent: the same engine call as the plain chat's
