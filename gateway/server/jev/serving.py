@@ -3,7 +3,7 @@
 Each request is parse -> decide -> reply: the body is parsed into a
 :class:`~gateway.decision.schema.SystemOneRequest` (:func:`gateway.decision.schema.parse_request`,
 or :func:`parse_decisions` for the OpenAI shape), answered by the decision pipeline
-(:func:`gateway.decision.pipeline.decide`, with the app's engine, settings and memory),
+(:func:`gateway.server.deciding.decide`, with the app's engine, settings and memory),
 and written in the route's reply shape (:mod:`gateway.server.jev.protocol` for Jev's). What
 the pipeline raises is mapped to HTTP by :mod:`gateway.server.errors` (``/v1/decisions`` gives
 a refusal OpenAI's envelope).
