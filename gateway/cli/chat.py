@@ -22,9 +22,9 @@ from gateway.cli.chat_client import (
     Decision,
     ServerError,
     ServerUnreachable,
-    conversation_text,
     parse_options,
 )
+from gateway.decision.conversation import conversation_state
 
 if TYPE_CHECKING:  # imported lazily where used, so that other sub-commands start fast
     from prompt_toolkit import PromptSession
@@ -306,7 +306,7 @@ class ChatSession:
         try:
             with self.console.status("  scoring…", spinner="dots"):
                 decision = self.client.decide(
-                    conversation_text(self.messages), question, self.options, model=self.model
+                    conversation_state(self.messages), question, self.options, model=self.model
                 )
         except KeyboardInterrupt:
             self.fail("cancelled")

@@ -109,15 +109,6 @@ def entropy_reading(h: float) -> str:
     return "does not know"
 
 
-def conversation_text(messages: Sequence[dict[str, Any]]) -> str:
-    """The conversation as the System One ``state``: one ``Role: content`` block per turn.
-
-    ``messages`` are OpenAI-style ``{"role", "content"}`` dicts; the result is
-    ``""`` for an empty conversation.
-    """
-    return "\n".join(f"{m['role'].capitalize()}: {m['content']}" for m in messages)
-
-
 def choice_request(state: str, question: str, options: Sequence[str], model: str | None = None) -> dict[str, Any]:
     """The ``POST /v1/systemone`` body asking ``question`` as one ``choice``.
 

@@ -10,7 +10,8 @@ answers), ``prompts`` and ``chat_template`` (the text the model reads),
 logprobs), ``scoring`` (the reported numbers), ``debias`` and ``readings`` (position
 corrections, planned and combined), ``calibration`` (fitted maps, loaded and applied),
 ``heads`` (fitted heads, loaded and applied), ``record`` (the decision record a decision
-engine reads), ``decision_log`` (``--log-decisions``, written). Fitting and evaluating
+engine reads), ``decision_log`` (``--log-decisions``, written), ``conversation`` (a chat as a state) and ``chat_jev``
+(the chat route's ``jev`` object: its questions, its modes, decide-then-generate's note). Fitting and evaluating
 are the lab's (:mod:`gateway.lab`); no numpy here.
 May import :mod:`gateway.engine`; never :mod:`gateway.lab`, :mod:`gateway.server`, :mod:`gateway.http`
 or :mod:`gateway.cli`.

@@ -3,7 +3,7 @@
 The Cohere / Jina / llama.cpp request shape (:func:`gateway.decision.rerank.parse`) becomes
 one System One request, the query as its state and one noul per document
 (:func:`gateway.decision.rerank.questions_request`), answered by the same path as
-``/v1/systemone`` (:func:`gateway.server.jev.serving.decide`: the pre-check of texts no
+``/v1/systemone`` (:func:`gateway.server.deciding.decide`: the pre-check of texts no
 context can hold, the pipeline, the metrics; the decision log's lines, question ids ``"0"``,
 ``"1"``, ... by document), under the request's ``x_debias`` (else
 :data:`gateway.decision.rerank.DEFAULT_DEBIAS`) and the server's calibration. Each document's ``relevance_score`` is its
@@ -21,8 +21,8 @@ from gateway.decision import rerank
 from gateway.decision.calibration import IDENTITY
 from gateway.decision.errors import Refused
 from gateway.http import Request, Response
+from gateway.server import deciding
 from gateway.server.body import parse_json
-from gateway.server.jev import serving as jev_serving
 from gateway.server.routing import HEADER as ROUTE_HEADER
 from gateway.server.routing import routing_key
 
@@ -35,17 +35,17 @@ PATHS = ("/v1/rerank", "/v2/rerank", "/rerank")
 
 async def rerank_route(app: App, request: Request) -> Response:
     """Answer one rerank request (module doc). Raises :class:`gateway.decision.rerank.RerankInvalid`
-    (422 naming the field) and what :func:`gateway.server.jev.serving.decide` raises, mapped by
+    (422 naming the field) and what :func:`gateway.server.deciding.decide` raises, mapped by
     :mod:`gateway.server.errors`."""
     parsed = rerank.parse(parse_json(request))
     (asked,) = rerank.questions_request(parsed)
     key = routing_key(asked.state)
     here = app.backend(parsed.model, key)
     try:
-        decided = await jev_serving.decide(here, asked)
+        decided = await deciding.decide(here, asked)
     except Refused as exc:
         raise rerank.RerankInvalid([{**e, "loc": rerank.field_of(parsed, e["loc"])} for e in exc.errors]) from None
-    jev_serving.log_decisions(here, request.request_id, asked, decided)  # --log-decisions: one line per document
+    deciding.log_decisions(here, request.request_id, asked, decided)  # --log-decisions: one line per document
     scores = [decided.probs[q.id][1] for q in asked.questions]
     prompt_tokens = sum(decided.prompt_tokens.values())
     body: dict[str, Any] = {

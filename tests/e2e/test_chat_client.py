@@ -23,12 +23,12 @@ from gateway.cli.chat_client import (
     ServerError,
     ServerUnreachable,
     choice_request,
-    conversation_text,
     entropy_reading,
     error_message,
     normalised_entropy,
     parse_options,
 )
+from gateway.decision.conversation import conversation_state
 
 STATIC = Path(__file__).resolve().parents[2] / "gateway" / "server" / "static"
 
@@ -266,9 +266,9 @@ def test_entropy_reading_follows_the_seed_table(h, reading):
 
 def test_conversation_text_and_choice_request():
     msgs = [{"role": "user", "content": "The PR has no tests."}, {"role": "assistant", "content": "Noted."}]
-    state = conversation_text(msgs)
+    state = conversation_state(msgs)
     assert state == "User: The PR has no tests.\nAssistant: Noted."
-    assert conversation_text([]) == ""
+    assert conversation_state([]) == ""
     assert choice_request(state, "What now?", ("merge", "close"), model="m") == {
         "state": "User: The PR has no tests.\nAssistant: Noted.",
         "questions": {

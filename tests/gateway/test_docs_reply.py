@@ -63,7 +63,9 @@ def shape(value, key=None):
 @pytest.mark.anyio
 async def test_the_server_answers_the_reply_examples_request_in_its_shape():
     request, headers, body = reply_example()
-    app = make_app(FakeEngine(), debias=DEFAULT_MODEL_DEBIAS)
+    engine = FakeEngine()
+    engine.disk = 0  # the default model's engine keeps results on disk (x_positions.disk; serve --cache-dir)
+    app = make_app(engine, debias=DEFAULT_MODEL_DEBIAS)
     async with running(app) as base:
         async with httpx2.AsyncClient(base_url=base) as client:
             r = await client.post("/v1/systemone", json=request)

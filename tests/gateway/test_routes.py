@@ -370,18 +370,25 @@ async def test_decisions_route_openai_shape():
         r = await post(base, "/v1/decisions", req)
         bad = await post(base, "/v1/decisions", {"input": "x", "questions": [{"type": "choice", "choices": []}]})
     a = r.json()["answers"]
+    p = oracle(["no", "yes"])
+    # the label-mass fields of /v1/systemone's answers (issue 48; the toy's first tokens hold all the mass)
     assert a[0] == {
         "type": "predicate",
         "name": "risky",
-        "probability": pytest.approx(oracle(["no", "yes"])[1], abs=1e-6),
+        "probability": pytest.approx(p[1], abs=1e-6),
         "x_calibration": "identity",
+        "x_margin": pytest.approx(abs(p[1] - p[0]), abs=2e-6),
+        "x_label_mass": 1.0,
+        "x_argmax_is_label": True,
     }
     p = oracle(["merge", "close"])
     assert a[1]["probabilities"] == [
         {"value": "merge", "probability": pytest.approx(p[0], abs=1e-6)},
         {"value": "close", "probability": pytest.approx(p[1], abs=1e-6)},
     ]
+    assert a[1]["x_margin"] == pytest.approx(abs(p[0] - p[1]), abs=2e-6) and a[1]["x_argmax_is_label"] is True
     assert [x["label"] for x in a[2]["probabilities"]] == ["bad", "good"]
+    assert "x_warnings" not in r.json()  # nothing to say: the field is left out
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "questions[0].choices"
 
 

@@ -125,3 +125,45 @@ async def test_the_official_sdks_requests_carry_no_unknown_field():
     assert set(result.answers) == set(questions)  # answered under --strict: nothing refused
     assert schema.parse_request(orjson.loads(rec.requests[0].body)).unknown == ()
     assert again.status_code == 200 and "x_warnings" not in again.json()
+
+
+#: A ``/v1/decisions`` body with a typo or an extra field at every level its objects have.
+DECISIONS_TYPOS = {
+    "input": "The PR has no tests.",
+    "seed": 7,
+    "questions": [
+        {"type": "predicate", "question": "Is it risky?", "descripton": "a typo"},
+        {"type": "choice", "choices": [{"value": "merge"}, {"value": "close", "descriptoin": "drop"}]},
+        {"type": "score", "levels": [{"label": "bad", "score": 0}, {"label": "good"}]},
+    ],
+}
+DECISIONS_WARNINGS = [
+    "seed: unknown field",
+    "questions[0].descripton: unknown field",
+    "questions[1].choices[1].descriptoin: unknown field",
+    "questions[2].levels[0].score: unknown field",
+]
+
+
+@pytest.mark.anyio
+async def test_decisions_route_warns_about_unknown_fields_and_strict_refuses_them():
+    """``/v1/decisions`` as ``/v1/systemone``: each unknown field in ``x_warnings`` by its OpenAI parameter,
+    the answers those without it; under ``--strict`` a 400 in OpenAI's envelope naming the first."""
+    plain = copy.deepcopy(DECISIONS_TYPOS)
+    del plain["seed"], plain["questions"][0]["descripton"], plain["questions"][1]["choices"][1]["descriptoin"]
+    del plain["questions"][2]["levels"][0]["score"]
+    async with running(make_app(FakeEngine())) as base:
+        async with httpx2.AsyncClient(base_url=base) as client:
+            with_typos = await client.post("/v1/decisions", json=DECISIONS_TYPOS)
+            without = await client.post("/v1/decisions", json=plain)
+    assert with_typos.status_code == 200 and without.status_code == 200
+    assert with_typos.json()["x_warnings"] == DECISIONS_WARNINGS
+    assert "x_warnings" not in without.json()
+    assert with_typos.json()["answers"] == without.json()["answers"]
+    eng = FakeEngine()
+    async with running(make_app(eng, strict=True)) as base:
+        async with httpx2.AsyncClient(base_url=base) as client:
+            refused = await client.post("/v1/decisions", json=DECISIONS_TYPOS)
+            fine = await client.post("/v1/decisions", json=plain)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "seed"
+    assert fine.status_code == 200 and len(eng.calls) == 1  # the refused request asked nothing

@@ -3,7 +3,7 @@
 Each request is parse -> decide -> reply: the body is parsed into a
 :class:`~gateway.decision.schema.SystemOneRequest` (:func:`gateway.decision.schema.parse_request`,
 or :func:`parse_decisions` for the OpenAI shape), answered by the decision pipeline
-(:func:`gateway.decision.pipeline.decide`, with the app's engine, settings and memory),
+(:func:`gateway.server.deciding.decide`, with the app's engine, settings and memory),
 and written in the route's reply shape (:mod:`gateway.server.jev.protocol` for Jev's). What
 the pipeline raises is mapped to HTTP by :mod:`gateway.server.errors` (``/v1/decisions`` gives
 a refusal OpenAI's envelope).
@@ -14,84 +14,23 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from gateway.decision import decision_log, label_mass, pipeline, refusals, schema, scoring
+import attrs
+
+from gateway.decision import schema, scoring
 from gateway.decision.calibration import IDENTITY
 from gateway.decision.errors import Refused
-from gateway.decision.pipeline import Decided
 from gateway.decision.prompts import as_text
 from gateway.decision.schema import JevValidationError, SystemOneRequest
-from gateway.http import HTTPError, Request, Response
+from gateway.http import Request, Response
+from gateway.server import deciding
 from gateway.server.body import parse_json
-from gateway.server.errors import RETRY_AFTER, openai_error
+from gateway.server.errors import openai_error
 from gateway.server.jev import protocol
 from gateway.server.routing import HEADER as ROUTE_HEADER
 from gateway.server.routing import routing_key
 
 if TYPE_CHECKING:
     from gateway.server.app import App
-    from gateway.server.fleet import Backend
-
-
-async def decide(app: Backend, parsed: SystemOneRequest) -> Decided:
-    """The decision pipeline on one parsed request, counted in the app's metrics; ``app`` is the
-    :class:`gateway.server.fleet.Backend` the request was routed to (its engine, settings and memory).
-
-    A request with a part no context can hold is refused (:class:`Refused`, the engine's own 422)
-    before the engine reads it (:func:`gateway.decision.refusals.over_any_context`)."""
-    caps = app.caps
-    if not getattr(caps, "decide", False):
-        over = refusals.over_any_context(parsed, refusals.max_prompt(caps), getattr(app.model, "max_token_bytes", None))
-        if over is not None:
-            raise Refused([over])
-    decided = await pipeline.decide(parsed, app.engine, app.settings, app.memory)
-    metrics = app.metrics
-    for q in parsed.questions:
-        metrics.questions.labels(q.type, decided.path if q.n_options > 1 else "none").inc()
-    metrics.option_tokens.inc(decided.output_tokens)
-    metrics.observe_counters(decided.computed, decided.reused, decided.snapshot, decided.disk)
-    return decided
-
-
-def log_decisions(app: Backend, request_id: str, parsed: SystemOneRequest, decided: Decided) -> None:
-    """Append the request's answers to the server's decision log, when it keeps one (``--log-decisions``).
-
-    Lines that cannot be written are counted in ``serveproto_decision_log_lines_lost_total`` and the
-    request is answered all the same (the decision is not the log), unless the log is ``required``
-    (``--log-decisions-required``): then :class:`HTTPError` 503 naming the log.
-    """
-    if app.decision_log is None:
-        return
-    config = {
-        "model": app.model.name,
-        "model_sha256": app.model_sha256,
-        "x_debias": list(decided.debias),
-        "normalize": parsed.normalize,
-    }
-    lost = app.decision_log.write(
-        decision_log.lines(
-            request_id, parsed.questions, decided.probs, decided.uncalibrated, config, decided.calibration
-        )
-    )
-    if lost:
-        app.metrics.log_lines_lost.inc(lost)
-        if app.decision_log.required:
-            raise HTTPError(
-                503,
-                "overloaded_error",
-                f"the decision log {app.decision_log.path.name} cannot be written ({app.decision_log.last_error}); "
-                "this server answers only what it logs (--log-decisions-required)",
-                headers=[("retry-after", RETRY_AFTER)],
-            )
-
-
-def _headers(request: Request, decided: Decided) -> list[tuple[str, str]]:
-    return [("x-serveproto-engine-ms", f"{decided.engine_ms:.3f}"), ("x-serveproto-path", decided.path)]
-
-
-def _head_fields(decided: Decided, qid: str) -> dict[str, Any]:
-    """The ``x_`` fields of an answer a trained head gave: ``x_head`` (its name) and ``x_debias`` (the
-    methods its prompt was read under, ``[]`` for none, in place of the reply's ``x_debias``)."""
-    return {"x_head": decided.heads[qid], "x_debias": list(decided.head_debias.get(qid, ()))}
 
 
 def _refuse_multipart(request: Request) -> None:
@@ -112,72 +51,57 @@ def _refuse_multipart(request: Request) -> None:
         )
 
 
-def _mass_fields(decided: Decided, qid: str) -> dict[str, Any]:
-    """An answer's ``x_margin`` (its two best probabilities' difference) and, where the options were scored
-    at one position, ``x_label_mass`` and ``x_argmax_is_label`` (:mod:`gateway.decision.label_mass`); none
-    for a question of one option."""
-    p = decided.probs[qid]
-    if len(p) < 2:
-        return {}
-    out: dict[str, Any] = {"x_margin": scoring.r6(label_mass.margin(p))}
-    mass = decided.label_mass.get(qid)
-    if mass is not None:
-        out["x_label_mass"] = scoring.r6(mass.mass)
-        out["x_argmax_is_label"] = mass.argmax_is_label
-    return out
-
-
 async def systemone(app: App, request: Request) -> Response:
     _refuse_multipart(request)
     parsed = schema.parse_request(parse_json(request), strict=app.config.strict)
     key = routing_key(parsed.state, parsed.prefix)
     here = app.backend(parsed.model, key)  # the model named (else the default), by state affinity then load
-    decided = await decide(here, parsed)
-    log_decisions(here, request.request_id, parsed, decided)
-    answers = {
-        q.id: {
-            **protocol.answer(q, decided.probs[q.id]),
-            "x_calibration": decided.calibration.get(q.id, IDENTITY),
-            **(_head_fields(decided, q.id) if q.id in decided.heads else {}),
-            **_mass_fields(decided, q.id),
-        }
-        for q in parsed.questions
-    }
-    extra: dict[str, Any] = {
-        "x_request_id": request.request_id,
-        "x_engine_ms": round(decided.engine_ms, 3),
-        "x_path": decided.path,
-    }
-    if decided.computed is not None:
-        extra["x_positions"] = {"computed": decided.computed, "reused": decided.reused, "snapshot": decided.snapshot}
-        if decided.disk is not None:  # an engine that keeps results on disk (CAPS x_persist)
-            extra["x_positions"]["disk"] = decided.disk
-    # the corrections applied: absent when no answer was read under them (every question a head answered
-    # carries its own x_debias)
-    if decided.debias and any(q.id not in decided.heads and q.n_options > 1 for q in parsed.questions):
-        extra["x_debias"] = list(decided.debias)
-    warnings = parsed.warnings + decided.warnings
-    if warnings:
-        extra["x_warnings"] = warnings
+    decided = await deciding.decide(here, parsed)
+    deciding.log_decisions(here, request.request_id, parsed, decided)
+    extra = {"x_request_id": request.request_id, **deciding.extras(parsed, decided)}
+    answers = deciding.answers(parsed, decided)
     body = protocol.reply(
         here.model.name, answers, decided.input_tokens, decided.output_tokens, extra, request_id=request.request_id
     )
-    return Response.json(body, headers=_headers(request, decided) + [(ROUTE_HEADER, key)])
+    return Response.json(body, headers=deciding.headers(decided) + [(ROUTE_HEADER, key)])
 
 
 # --- OpenAI's Decisions API shape -------------------------------------------------------------
 
 _OPENAI_TYPES = {"predicate": "noul", "choice": "choice", "score": "score"}
+#: The fields a ``/v1/decisions`` body reads, at each level; any other is an unknown field (``x_warnings``, or
+#: under ``serve --strict`` a 400 naming it), as on ``/v1/systemone`` (:data:`gateway.decision.schema.TOP_FIELDS`).
+DECISIONS_FIELDS = ("model", "input", "questions", "x_debias", "x_head")
+DECISIONS_QUESTION_FIELDS = ("type", "name", "question", "instructions", "choices", "levels")
+DECISIONS_CHOICE_FIELDS = ("value", "description")
+DECISIONS_LEVEL_FIELDS = ("label", "description")
 
 
-def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
+def _decisions_unknown(body: dict[str, Any]) -> list[str]:
+    """The parameter of each field of a ``/v1/decisions`` body that it does not read
+    (``questions[1].choices[0].valeu``): the body's own first, then each question's (its own fields
+    before its choices' or levels'), in key order."""
+    out = [k for k in body if k not in DECISIONS_FIELDS]
+    for i, q in enumerate(body["questions"]):
+        out += [f"questions[{i}].{k}" for k in q if k not in DECISIONS_QUESTION_FIELDS]
+        for name, known in (("choices", DECISIONS_CHOICE_FIELDS), ("levels", DECISIONS_LEVEL_FIELDS)):
+            items = q.get(name) if q.get("type") == ("choice" if name == "choices" else "score") else None
+            for j, item in enumerate(items or ()):
+                out += [f"questions[{i}].{name}[{j}].{k}" for k in item if k not in known]
+    return out
+
+
+def parse_decisions(body: Any, *, strict: bool = False) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
     """Read a ``/v1/decisions`` body into the equivalent System One request.
 
     ``{"model"?, "input", "questions": [{"type": "predicate"|"choice"|"score", "name"?,
     "question"|"instructions"?, "choices": [{"value", "description"?}], "levels":
     [{"label", "description"?}]}]}``. Returns the request (question ids are the
-    positions ``"0".."n-1"``) and the questions as sent. Raises
-    :class:`HTTPError` 400 in OpenAI's error envelope, naming the parameter.
+    positions ``"0".."n-1"``; its ``unknown`` the parameter of each field the body sent that
+    this route does not read, :func:`_decisions_unknown`, so its ``warnings`` read
+    ``"questions[0].choices[1].valeu: unknown field"``) and the questions as sent. Raises
+    :class:`HTTPError` 400 in OpenAI's error envelope, naming the parameter; ``strict``
+    (``serve --strict``) refuses the first unknown field so, after the other checks.
     """
     if not isinstance(body, dict):
         raise openai_error("the body must be a JSON object", "")
@@ -231,7 +155,10 @@ def parse_decisions(body: Any) -> tuple[SystemOneRequest, list[dict[str, Any]]]:
     except JevValidationError as exc:
         e = exc.errors[0]
         raise openai_error(e["msg"], _openai_param(e["loc"], qs)) from None
-    return parsed, qs
+    unknown = _decisions_unknown(body)
+    if strict and unknown:
+        raise openai_error(f"'{unknown[0]}': unknown field (this server refuses them: serve --strict)", unknown[0])
+    return attrs.evolve(parsed, unknown=tuple((u,) for u in unknown)), qs
 
 
 def _openai_param(loc: list[Any], sent: list[dict[str, Any]]) -> str:
@@ -259,15 +186,15 @@ def _openai_param(loc: list[Any], sent: list[dict[str, Any]]) -> str:
 
 
 async def decisions(app: App, request: Request) -> Response:
-    parsed, sent = parse_decisions(parse_json(request))
+    parsed, sent = parse_decisions(parse_json(request), strict=app.config.strict)
     key = routing_key(parsed.state, parsed.prefix)
     here = app.backend(parsed.model, key)
     try:
-        decided = await decide(here, parsed)
+        decided = await deciding.decide(here, parsed)
     except Refused as exc:  # what the engine refused, in this route's envelope
         e = exc.errors[0]
         raise openai_error(e["msg"], _openai_param(e["loc"], sent)) from None
-    log_decisions(here, request.request_id, parsed, decided)
+    deciding.log_decisions(here, request.request_id, parsed, decided)
     answers = []
     for q, raw in zip(parsed.questions, sent):
         p = decided.probs[q.id]
@@ -295,7 +222,7 @@ async def decisions(app: App, request: Request) -> Response:
         a["x_calibration"] = decided.calibration.get(q.id, IDENTITY)
         if q.id in decided.heads:
             a["x_head"] = decided.heads[q.id]
-        answers.append(a)
+        answers.append(a | deciding.mass_fields(decided, q.id))
     body = {
         "id": request.request_id,
         "object": "decision",
@@ -304,4 +231,7 @@ async def decisions(app: App, request: Request) -> Response:
         "answers": answers,
         "usage": {"input_tokens": decided.input_tokens, "output_tokens": decided.output_tokens},
     }
-    return Response.json(body, headers=_headers(request, decided) + [(ROUTE_HEADER, key)])
+    warnings = parsed.warnings + decided.warnings
+    if warnings:
+        body["x_warnings"] = warnings
+    return Response.json(body, headers=deciding.headers(decided) + [(ROUTE_HEADER, key)])

@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import attrs
 
-from gateway.decision import refusals
+from gateway.decision import chat_jev, refusals
 from gateway.decision.chat_template import TemplateError
+from gateway.decision.errors import Refused
 from gateway.engine import RequestError
 from gateway.http import HTTPError, Request, Response
+from gateway.server import deciding
 from gateway.server.errors import openai_error
 from gateway.server.openai.protocol import (
     SSE_DONE,
@@ -43,6 +45,8 @@ from gateway.server.openai.protocol import (
     wants_usage,
 )
 from gateway.server.routes_ops import capabilities
+from gateway.server.routing import HEADER as ROUTE_HEADER
+from gateway.server.routing import routing_key
 from serveproto import Accept, Data, Done, Echo
 
 if TYPE_CHECKING:
@@ -215,6 +219,8 @@ async def _reply(
     ident: str,
     objects: tuple[str, str],
     param: str,
+    extra: dict[str, Any] | None = None,
+    headers: list[tuple[str, str]] | None = None,
 ) -> Response:
     """Answer from ``items``: one JSON reply, or (``stream: true``) SSE chunks then ``data: [DONE]``.
 
@@ -225,7 +231,9 @@ async def _reply(
     ``stream_options.include_usage`` a chunk with no choices and the
     ``usage`` comes last. A client that leaves closes ``items`` (the engine
     request is cancelled). A prompt over the engine's context is a 400 naming
-    ``param``, the request's field the prompt was made from.
+    ``param``, the request's field the prompt was made from. ``extra``: fields
+    added to the whole reply after ``usage``, or to a stream's first chunk (the
+    ``jev`` answers); ``headers``: added to the response's.
     """
     stream = flag(body, "stream")
     include_usage = wants_usage(body)
@@ -243,7 +251,8 @@ async def _reply(
         finally:
             app.metrics.generated.inc(tally.completion_tokens)
             await items.aclose()
-        return Response.json({**base, "object": objects[0], "choices": [shape.whole(choices)], "usage": tally.usage()})
+        whole = {**base, "object": objects[0], "choices": [shape.whole(choices)], "usage": tally.usage()}
+        return Response.json(whole | (extra or {}), headers=headers or [])
 
     try:
         first = await items.__anext__()
@@ -256,12 +265,19 @@ async def _reply(
 
     async def events() -> AsyncGenerator[bytes, None]:
         item = first
+        once = dict(extra or {})  # the first chunk's
+
+        def chunk(choices: list[dict[str, Any]]) -> bytes:
+            out = sse({**base, "choices": choices, **once})
+            once.clear()
+            return out
+
         try:
             for choice in shape.opening():
-                yield sse({**base, "choices": [choice]})
+                yield chunk([choice])
             while True:
                 for choice in shape.choices(item):
-                    yield sse({**base, "choices": [choice]})
+                    yield chunk([choice])
                 if item[0] == "done":
                     break
                 item = await items.__anext__()
@@ -274,13 +290,18 @@ async def _reply(
             await items.aclose()
         yield SSE_DONE
 
-    return Response(200, [("content-type", "text/event-stream"), ("cache-control", "no-cache")], events())
+    return Response(
+        200, [("content-type", "text/event-stream"), ("cache-control", "no-cache"), *(headers or [])], events()
+    )
 
 
 async def chat_completions(server: App, request: Request) -> Response:
     """``POST /v1/chat/completions``: the messages through the model's chat template, generated whole or streamed.
-    ``model`` picks a served model (any other name: the default), then its least loaded engine."""
+    ``model`` picks a served model (any other name: the default), then its least loaded engine. With a
+    ``jev`` object, typed questions about the conversation are answered first (:func:`_chat_decision`)."""
     body = json_body(request)
+    if body.get("jev") is not None:
+        return await _chat_decision(server, request, body)
     app = _backend(server, body)
     _require_chat(app)
     messages = chat_messages(body)
@@ -306,6 +327,83 @@ async def chat_completions(server: App, request: Request) -> Response:
         ident="chatcmpl-" + request.request_id[4:],
         objects=("chat.completion", "chat.completion.chunk"),
         param="messages",
+    )
+
+
+def _generates(body: dict[str, Any]) -> bool:
+    """Whether a chat body asks for text: False for ``max_tokens`` (else ``max_completion_tokens``) 0."""
+    limit = body.get("max_tokens", body.get("max_completion_tokens"))
+    return not (limit == 0 and isinstance(limit, int) and not isinstance(limit, bool))
+
+
+async def _nothing() -> AsyncGenerator[Item, None]:
+    """The items of a reply that generates nothing (``jev.mode`` ``instead``): ``done`` with ``stop``."""
+    yield ("done", "stop", None)
+
+
+async def _chat_decision(server: App, request: Request, body: dict[str, Any]) -> Response:
+    """``/v1/chat/completions`` with ``jev``: the questions answered about the conversation (its
+    ``Role: content`` text as the state, :func:`gateway.decision.chat_jev.parse`) by the same path as
+    ``/v1/systemone`` (:mod:`gateway.server.deciding`), on the engine the state routes to; then, by
+    ``jev.mode``, the completion of the conversation as sent (``beside``), none (``instead``), or the
+    completion of the conversation with the designated answer in its system turn (``then``,
+    :func:`gateway.decision.chat_jev.conditioned`). The reply carries the answers in ``jev``; a refusal of
+    the questions is a 422 naming the field under ``jev`` (docs/http-api.md, "Decisions on the chat route").
+    """
+    messages = chat_messages(body)
+    generates = _generates(body)
+    asked = chat_jev.parse(body["jev"], messages, generates=generates, strict=server.config.strict)
+    model = body.get("model")
+    key = routing_key(asked.request.state)
+    app = server.backend(model if isinstance(model, str) else None, key)
+    generating = asked.mode != "instead"
+    if generating:
+        _require_chat(app)
+    one_choice(body, "n")
+    params = _sampling(app, body if generates else {**body, "max_tokens": 1})
+    stops = stop_strings(body)
+    want_lp = flag(body, "logprobs")
+    top_n = number(body, "top_logprobs", 0, 0, int(app.caps.max_logprobs or 20), integer=True) if want_lp else None
+    try:
+        decided = await deciding.decide(app, asked.request)
+    except Refused as exc:  # the engine's refusal, named as this body's field
+        raise Refused([chat_jev.in_jev(e) for e in exc.errors]) from None
+    deciding.log_decisions(app, request.request_id, asked.request, decided)
+    jev: dict[str, Any] = {
+        "answers": deciding.answers(asked.request, decided),
+        "usage": {"input_tokens": decided.input_tokens, "output_tokens": decided.output_tokens},
+        "mode": asked.mode,
+    }
+    turns = messages
+    if asked.then is not None:
+        question = next(q for q in asked.request.questions if q.id == asked.then)
+        i = chat_jev.chosen(decided.probs[question.id])
+        note = chat_jev.then_note(question, i)
+        jev["then"] = {"question": question.id, "option": chat_jev.answer_words(question, i), "note": note}
+        turns = chat_jev.conditioned(messages, note, system_in_user=app.prompts.system_in_user)
+    jev |= deciding.extras(asked.request, decided)
+    tally = Tally()
+    if generating:
+        try:
+            prompt = app.prompts.chat(turns)
+        except TemplateError as exc:
+            raise openai_error(f"the model's chat template refuses these messages: {exc}", "messages") from None
+        _check_prompt_bytes(app, prompt, "messages")
+        items = _generate(app, prompt, params, stops, max(1, top_n) if top_n is not None else 0, tally)
+    else:
+        items = _nothing()
+    return await _reply(
+        app,
+        request,
+        body,
+        items,
+        ChatChunks(top_n, app.model.pieces),
+        tally,
+        ident="chatcmpl-" + request.request_id[4:],
+        objects=("chat.completion", "chat.completion.chunk"),
+        param="messages",
+        extra={"jev": jev},
+        headers=deciding.headers(decided) + [(ROUTE_HEADER, key)],
     )
 
 
