@@ -23,6 +23,10 @@ from gateway.paths import PACKAGED_ENGINES, cache_dir, engine_bin, engine_build_
 ENGINES = ("serveproto-llama", "serveproto-fixture", "serveproto-quantize", "serveproto-sparrow")
 
 
+#: The engines that build in seconds (no llama.cpp).
+_QUICK = ("serveproto-fixture", "serveproto-sparrow")
+
+
 class EngineBuildError(RuntimeError):
     """An engine could not be built; the message says why (make's output is above it on stderr)."""
 
@@ -63,7 +67,7 @@ def _make(out: Path, name: str) -> None:
         os.replace(tmp, out)
     slow = " (the llama engine's first build fetches and builds llama.cpp: 10 to 15 minutes on 2 cores)"
     print(
-        f"serveproto: building {name} into {out} (first use only){slow if name not in ('serveproto-fixture', 'serveproto-sparrow') else ''}",
+        f"serveproto: building {name} into {out} (first use only){'' if name in _QUICK else slow}",
         file=sys.stderr,
         flush=True,
     )

@@ -123,7 +123,7 @@ def _decide(spdm: Path, payloads: list[bytes]) -> list[dict]:
 
 
 def test_token_ids_equal_the_package(model):
-    name, decider, spdm = model
+    _name, decider, spdm = model
     rng = random.Random(47)
     texts = [_text(rng, 1, 80) for _ in range(60)] + [_kv_text(rng) for _ in range(20)]
     texts += ["ΑΣ ΟΔΟΣ. ΣΑ Σ", "a" * 101 + " b" * 3, "İstanbul ﬁne Ǆ", "\x00\ufffd\x07ok\u200b", _text(rng, 900, 1000)]
@@ -140,7 +140,10 @@ def test_probabilities_equal_the_package(model, package):
     rng = random.Random(470)
     bodies, payloads = [], []
     for i in range(120):
-        body = {"state": _state(rng, i), "questions": {f"q{k}": _question(rng, i + k) for k in range(rng.randint(1, 4))}}
+        body = {
+            "state": _state(rng, i),
+            "questions": {f"q{k}": _question(rng, i + k) for k in range(rng.randint(1, 4))},
+        }
         if i == 7:
             body["questions"] = {f"q{k}": _question(rng, k) for k in range(64)}
         req = parse_request(body)
