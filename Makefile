@@ -61,6 +61,8 @@ engines: venv
 
 model: venv
 	$(PY) -m gateway.engine.default_model
+	$(PY) -m gateway.engine.sparrow_model sparrow-nano-general
+	$(PY) -m gateway.engine.sparrow_model sparrow-nano-robot
 
 # Headless Chromium for the System One page tests (Debian's packages; skipped tests without it).
 browser:

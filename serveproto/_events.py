@@ -189,6 +189,11 @@ class Caps(Event):
         return self.values.get("decide_record")
 
     @property
+    def decide_json(self) -> str | None:
+        """``x_decide_json``: ``"sent"`` when the raw record's JSON values keep the caller's key order, else None."""
+        return self.values.get("x_decide_json")
+
+    @property
     def vision(self) -> bool:
         """True when an image tower is loaded (IMAGE frames); default False."""
         return self._flag("vision")

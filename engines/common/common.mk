@@ -1,9 +1,9 @@
-# engines/common: the frame codec, the JSON reader and the frame loop (loop.h) every engine links, and
+# engines/common: the frame codec, the JSON reader, the DECIDE record checks and the frame loop (loop.h) every engine links, and
 # codec-check, the conformance driver of tests/engines/test_c_codec.py.
 # An engine links $(COMMON_LIB) and compiles with $(COMMON_CFLAGS) (then -lm).
 COMMON_CFLAGS := -Icommon
-COMMON_HDR    := common/frame.h common/json.h common/loop.h
-COMMON_OBJ    := $(BIN)/obj/common/frame.o $(BIN)/obj/common/json.o $(BIN)/obj/common/loop.o
+COMMON_HDR    := common/frame.h common/json.h common/loop.h common/decide_record.h
+COMMON_OBJ    := $(BIN)/obj/common/frame.o $(BIN)/obj/common/json.o $(BIN)/obj/common/loop.o $(BIN)/obj/common/decide_record.o
 COMMON_LIB    := $(BIN)/libspcommon.a
 
 all: $(BIN)/codec-check

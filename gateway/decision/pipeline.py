@@ -606,7 +606,9 @@ async def _decide_path(
     slot = request.cache_slot if request.cache_slot is not None else 0
     _check_slot(engine, request)
     raw = engine.caps.decide_record == "raw"
-    payload = record.serialize(record.build(request, tuple(questions), raw=raw))
+    # x_decide_json=sent: the raw form's JSON in the caller's key order (an engine that renders it as sent)
+    sort_keys = getattr(engine.caps, "decide_json", None) != "sent"
+    payload = record.serialize(record.build(request, tuple(questions), raw=raw, sort_keys=sort_keys))
     t0 = time.perf_counter()
     try:
         decision, done = await _call(settings, engine.decide, payload, slot=slot)

@@ -7,7 +7,9 @@ missing instructions replaced by the language-model path's default text;
 and the **raw** form (``decide_record=raw`` in CAPS), ``"record": "raw"``,
 instructions ``null`` when none was sent, descriptions kept as sent (``""``
 included; a noul side not described has no ``"text"`` key), JSON values
-written compact with sorted keys and ``"json": true`` on such an option.
+written compact with sorted keys and ``"json": true`` on such an option;
+with ``x_decide_json=sent`` too, the raw form's JSON keeps the caller's key
+order (an engine whose reference renders the value as sent: engines/sparrow).
 The record is serialized with ``json.dumps(record, ensure_ascii=False)``
 (default separators), UTF-8: byte for byte what the seed's engines read.
 """
@@ -35,45 +37,50 @@ def _default_text(value: Any) -> str | None:
     return value if isinstance(value, str) else jsontext.dumps(value)
 
 
-def _raw_json(value: Any) -> str:
-    return jsontext.dumps(value, separators=(",", ":"), sort_keys=True)
+def _raw_json(value: Any, sort_keys: bool = True) -> str:
+    return jsontext.dumps(value, separators=(",", ":"), sort_keys=sort_keys)
 
 
-def _raw_option(label: str, value: Any, described: bool = True) -> dict[str, Any]:
+def _raw_option(label: str, value: Any, described: bool = True, sort_keys: bool = True) -> dict[str, Any]:
     option: dict[str, Any] = {"label": label}
     if not described:
         return option
     if isinstance(value, (dict, list)):
-        option["text"] = _raw_json(value)
+        option["text"] = _raw_json(value, sort_keys)
         option["json"] = True
     else:
         option["text"] = value
     return option
 
 
-def _options(q: Question, raw: bool) -> list[dict[str, Any]]:
+def _options(q: Question, raw: bool, sort_keys: bool) -> list[dict[str, Any]]:
     if q.type == "noul":
         crit = q.criteria or {}
         if raw:
-            return [_raw_option(side, crit.get(side), side in crit) for side in ("false", "true")]
+            return [_raw_option(side, crit.get(side), side in crit, sort_keys) for side in ("false", "true")]
         return [{"label": side, "text": _default_text(crit.get(side))} for side in ("false", "true")]
     if q.type == "choice":
         items = list(q.criteria.items())
     else:
         items = [(str(i), level) for i, level in enumerate(q.criteria)]
     if raw:
-        return [_raw_option(label, value) for label, value in items]
+        return [_raw_option(label, value, True, sort_keys) for label, value in items]
     return [{"label": label, "text": _default_text(value)} for label, value in items]
 
 
 def build(
-    request: SystemOneRequest, questions: tuple[Question, ...] | None = None, *, raw: bool = False
+    request: SystemOneRequest,
+    questions: tuple[Question, ...] | None = None,
+    *,
+    raw: bool = False,
+    sort_keys: bool = True,
 ) -> dict[str, Any]:
-    """The record (a dict, in serialization order) for ``questions`` (default: all of the request's)."""
+    """The record (a dict, in serialization order) for ``questions`` (default: all of the request's);
+    ``sort_keys=False`` (CAPS ``x_decide_json=sent``) keeps the raw form's JSON in the caller's key order."""
     qs = request.questions if questions is None else questions
     state = request.state
     if raw:
-        state_text = state if isinstance(state, str) else _raw_json(state)
+        state_text = state if isinstance(state, str) else _raw_json(state, sort_keys)
     else:
         state_text = state if isinstance(state, str) else jsontext.dumps(state)
     out_q = []
@@ -82,13 +89,13 @@ def build(
             instr = (
                 None
                 if not q.has_instructions
-                else (q.instructions if isinstance(q.instructions, str) else _raw_json(q.instructions))
+                else (q.instructions if isinstance(q.instructions, str) else _raw_json(q.instructions, sort_keys))
             )
         else:
             instr = _default_text(q.instructions) if q.has_instructions else None
             if instr is None:
                 instr = DEFAULT_INSTRUCTIONS[q.type]
-        out_q.append({"id": q.id, "type": q.type, "instructions": instr, "options": _options(q, raw)})
+        out_q.append({"id": q.id, "type": q.type, "instructions": instr, "options": _options(q, raw, sort_keys)})
     record: dict[str, Any] = {"record": "raw"} if raw else {}
     record.update({"state": state_text, "state_type": state_type(state), "questions": out_q})
     return record

@@ -20,7 +20,11 @@ from pathlib import Path
 from gateway.paths import PACKAGED_ENGINES, cache_dir, engine_bin, engine_build_dir, in_clone
 
 #: The engines :func:`ensure_engine` builds (``make bin/<name>`` in ``engines/``).
-ENGINES = ("serveproto-llama", "serveproto-fixture", "serveproto-quantize")
+ENGINES = ("serveproto-llama", "serveproto-fixture", "serveproto-quantize", "serveproto-sparrow")
+
+
+#: The engines that build in seconds (no llama.cpp).
+_QUICK = ("serveproto-fixture", "serveproto-sparrow")
 
 
 class EngineBuildError(RuntimeError):
@@ -63,7 +67,7 @@ def _make(out: Path, name: str) -> None:
         os.replace(tmp, out)
     slow = " (the llama engine's first build fetches and builds llama.cpp: 10 to 15 minutes on 2 cores)"
     print(
-        f"serveproto: building {name} into {out} (first use only){slow if name != 'serveproto-fixture' else ''}",
+        f"serveproto: building {name} into {out} (first use only){'' if name in _QUICK else slow}",
         file=sys.stderr,
         flush=True,
     )
