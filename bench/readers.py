@@ -44,7 +44,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 import handwritten  # noqa: E402
 import quality  # noqa: E402
 import tickets_emails  # noqa: E402
-
 from gateway.decision import pipeline, readers, schema, scoring  # noqa: E402
 from gateway.decision.prompts import PromptBuilder  # noqa: E402
 from gateway.lab import evalset, evaluation  # noqa: E402

@@ -89,67 +89,164 @@ EMAIL_QUESTIONS = {
 #: (text, queue, priority 0-3, angry, refund)
 TICKETS = [
     ("I was charged twice for my March invoice. Please refund the duplicate charge.", "billing", 1, False, True),
-    ("Our checkout page throws a 500 error since this morning and no customer can pay. We are losing orders "
-     "every minute!", "technical", 3, True, False),
-    ("I forgot my password and the reset e-mail never arrives. I can't log in to download my report.",
-     "account", 2, False, False),
-    ("My parcel was supposed to arrive on Monday, the tracking has not moved for a week.", "shipping", 1, False,
-     False),
+    (
+        "Our checkout page throws a 500 error since this morning and no customer can pay. We are losing orders "
+        "every minute!",
+        "technical",
+        3,
+        True,
+        False,
+    ),
+    (
+        "I forgot my password and the reset e-mail never arrives. I can't log in to download my report.",
+        "account",
+        2,
+        False,
+        False,
+    ),
+    ("My parcel was supposed to arrive on Monday, the tracking has not moved for a week.", "shipping", 1, False, False),
     ("Just wanted to say your new dashboard is lovely, great work team!", "other", 0, False, False),
-    ("This is UNACCEPTABLE. Third time the Slack integration drops our messages. Fix it today or we leave.",
-     "technical", 2, True, False),
+    (
+        "This is UNACCEPTABLE. Third time the Slack integration drops our messages. Fix it today or we leave.",
+        "technical",
+        2,
+        True,
+        False,
+    ),
     ("Can I switch from the monthly plan to the yearly one, and what would it cost?", "billing", 0, False, False),
     ("The box arrived crushed and the lamp inside is broken. I want my money back.", "shipping", 1, True, True),
     ("How do I add a second admin to our team account?", "account", 0, False, False),
-    ("The mobile app crashes when I open the settings screen. I can use the website meanwhile.", "technical", 1,
-     False, False),
-    ("You cancelled my subscription without asking and now our whole shop is offline. I am furious. Restore it "
-     "now.", "billing", 3, True, False),
-    ("Please change the delivery address of order 4471 to 12 Rose Lane before it ships.", "shipping", 1, False,
-     False),
+    (
+        "The mobile app crashes when I open the settings screen. I can use the website meanwhile.",
+        "technical",
+        1,
+        False,
+        False,
+    ),
+    (
+        "You cancelled my subscription without asking and now our whole shop is offline. I am furious. Restore it now.",
+        "billing",
+        3,
+        True,
+        False,
+    ),
+    ("Please change the delivery address of order 4471 to 12 Rose Lane before it ships.", "shipping", 1, False, False),
     ("We'd like to discuss a partnership for the spring campaign. Who can I talk to?", "other", 0, False, False),
-    ("I was locked out after two wrong codes and I can't approve payroll, which is due today.", "account", 3,
-     False, False),
-    ("The export to CSV skips the last column. Annoying, but I can copy it by hand.", "technical", 1, False,
-     False),
-    ("I've asked three times for the invoice to show our VAT number. Last time I'm asking politely. And refund "
-     "the late fee you charged.", "billing", 1, True, True),
+    (
+        "I was locked out after two wrong codes and I can't approve payroll, which is due today.",
+        "account",
+        3,
+        False,
+        False,
+    ),
+    ("The export to CSV skips the last column. Annoying, but I can copy it by hand.", "technical", 1, False, False),
+    (
+        "I've asked three times for the invoice to show our VAT number. Last time I'm asking politely. And refund "
+        "the late fee you charged.",
+        "billing",
+        1,
+        True,
+        True,
+    ),
 ]
 
 #: (text, kind, urgency 0-2)
 EMAILS = [
-    ("From: security@paypa1-support.com\nSubject: Account suspended\n\nYour account is suspended. Log in within "
-     "24 hours at http://paypa1-verify.co to restore access or lose your funds.", "phishing", 2),
-    ("From: mum@gmail.com\nSubject: Sunday\n\nLunch at ours on Sunday? Dad's making his lasagne. Love, Mum",
-     "personal", 0),
-    ("From: billing@hostingco.com\nSubject: Your receipt for December\n\nThanks for your payment of $12.00. "
-     "Receipt #88213 is attached. No action is needed.", "invoice", 0),
-    ("From: news@gardenweekly.com\nSubject: 10 bulbs to plant this month\n\nThis week's issue: winter bulbs, "
-     "pruning roses and a reader's greenhouse tour. Unsubscribe at the bottom.", "newsletter", 0),
-    ("From: anna.k@ourcompany.com\nSubject: Slides for Thursday\n\nHi, could you send me your slides by "
-     "Wednesday so I can merge them into the board deck? Thanks, Anna", "work", 1),
-    ("From: it-helpdesk@0urcompany-mail.com\nSubject: Password expires today\n\nYour mailbox password expires "
-     "today. Confirm your current password here to keep your e-mail: http://bit.ly/3xMail", "phishing", 2),
-    ("From: accounts@officesupplies.com\nSubject: Invoice INV-2291 due on Friday\n\nPlease find attached our "
-     "invoice for 40 reams of paper, payable by Friday by bank transfer as usual.", "invoice", 1),
-    ("From: tom.b@gmail.com\nSubject: photos!\n\nHere are the pictures from the hike, the one at the summit is "
-     "my favourite. Tom", "personal", 0),
-    ("From: ceo@ourcompany.co\nSubject: Urgent favour\n\nI'm in a meeting and need you to buy five $100 gift "
-     "cards right now and send me the codes. Don't tell anyone, I'll explain later.", "phishing", 2),
-    ("From: raj@supplierltd.com\nSubject: Delivery slot\n\nThe pallets can come Tuesday or Thursday next week; "
-     "which suits your warehouse?", "work", 1),
-    ("From: offers@shoeshop.com\nSubject: Winter sale: 30% off\n\nOur winter sale starts now for all members. "
-     "Browse the collection online.", "newsletter", 0),
-    ("From: dhl-delivery@parcel-notice.info\nSubject: Parcel on hold\n\nYour parcel is held. Pay the 1.99 EUR "
-     "customs fee at this link today or it will be returned.", "phishing", 2),
-    ("From: lea@ourcompany.com\nSubject: Server is down\n\nThe build server is down and the release is at 5pm "
-     "today. Can you restart it as soon as you read this?", "work", 2),
-    ("From: sis@yahoo.com\nSubject: Mum's birthday\n\nCan you call me today? We need to book the restaurant for "
-     "Mum's birthday before they fill up tonight.", "personal", 2),
-    ("From: noreply@cityenergy.com\nSubject: Your bill is ready\n\nYour electricity bill of 64.20 EUR is ready "
-     "and will be debited on the 15th. Nothing to do.", "invoice", 0),
-    ("From: digest@devnews.io\nSubject: This week in Python\n\nNew releases, a talk on packaging and five "
-     "libraries worth a look. Read online.", "newsletter", 0),
+    (
+        "From: security@paypa1-support.com\nSubject: Account suspended\n\nYour account is suspended. Log in within "
+        "24 hours at http://paypa1-verify.co to restore access or lose your funds.",
+        "phishing",
+        2,
+    ),
+    (
+        "From: mum@gmail.com\nSubject: Sunday\n\nLunch at ours on Sunday? Dad's making his lasagne. Love, Mum",
+        "personal",
+        0,
+    ),
+    (
+        "From: billing@hostingco.com\nSubject: Your receipt for December\n\nThanks for your payment of $12.00. "
+        "Receipt #88213 is attached. No action is needed.",
+        "invoice",
+        0,
+    ),
+    (
+        "From: news@gardenweekly.com\nSubject: 10 bulbs to plant this month\n\nThis week's issue: winter bulbs, "
+        "pruning roses and a reader's greenhouse tour. Unsubscribe at the bottom.",
+        "newsletter",
+        0,
+    ),
+    (
+        "From: anna.k@ourcompany.com\nSubject: Slides for Thursday\n\nHi, could you send me your slides by "
+        "Wednesday so I can merge them into the board deck? Thanks, Anna",
+        "work",
+        1,
+    ),
+    (
+        "From: it-helpdesk@0urcompany-mail.com\nSubject: Password expires today\n\nYour mailbox password expires "
+        "today. Confirm your current password here to keep your e-mail: http://bit.ly/3xMail",
+        "phishing",
+        2,
+    ),
+    (
+        "From: accounts@officesupplies.com\nSubject: Invoice INV-2291 due on Friday\n\nPlease find attached our "
+        "invoice for 40 reams of paper, payable by Friday by bank transfer as usual.",
+        "invoice",
+        1,
+    ),
+    (
+        "From: tom.b@gmail.com\nSubject: photos!\n\nHere are the pictures from the hike, the one at the summit is "
+        "my favourite. Tom",
+        "personal",
+        0,
+    ),
+    (
+        "From: ceo@ourcompany.co\nSubject: Urgent favour\n\nI'm in a meeting and need you to buy five $100 gift "
+        "cards right now and send me the codes. Don't tell anyone, I'll explain later.",
+        "phishing",
+        2,
+    ),
+    (
+        "From: raj@supplierltd.com\nSubject: Delivery slot\n\nThe pallets can come Tuesday or Thursday next week; "
+        "which suits your warehouse?",
+        "work",
+        1,
+    ),
+    (
+        "From: offers@shoeshop.com\nSubject: Winter sale: 30% off\n\nOur winter sale starts now for all members. "
+        "Browse the collection online.",
+        "newsletter",
+        0,
+    ),
+    (
+        "From: dhl-delivery@parcel-notice.info\nSubject: Parcel on hold\n\nYour parcel is held. Pay the 1.99 EUR "
+        "customs fee at this link today or it will be returned.",
+        "phishing",
+        2,
+    ),
+    (
+        "From: lea@ourcompany.com\nSubject: Server is down\n\nThe build server is down and the release is at 5pm "
+        "today. Can you restart it as soon as you read this?",
+        "work",
+        2,
+    ),
+    (
+        "From: sis@yahoo.com\nSubject: Mum's birthday\n\nCan you call me today? We need to book the restaurant for "
+        "Mum's birthday before they fill up tonight.",
+        "personal",
+        2,
+    ),
+    (
+        "From: noreply@cityenergy.com\nSubject: Your bill is ready\n\nYour electricity bill of 64.20 EUR is ready "
+        "and will be debited on the 15th. Nothing to do.",
+        "invoice",
+        0,
+    ),
+    (
+        "From: digest@devnews.io\nSubject: This week in Python\n\nNew releases, a talk on packaging and five "
+        "libraries worth a look. Read online.",
+        "newsletter",
+        0,
+    ),
 ]
 
 

@@ -102,7 +102,7 @@ class DecisionConfig:
     ``calibration`` / ``heads``: a file, ``"none"``, or ``None`` (the default: the model's own in
     ``$SERVEPROTO_CACHE``, when it exists). ``log_decisions``: the decision log's path (``None``,
     the default: none); ``log_decisions_required`` (default False): refuse a request whose lines
-    cannot be written. ``pair``: ``(NAME, LM, DECIDER)`` (``--pair NAME=LM+DECIDER``: a served pair
+    cannot be written. ``pair``: ``(NAME, LM, DECIDER)`` (``--pair NAME=LM,DECIDER``: a served pair
     of two ``--model`` names, the default model; None, the default: none); ``reader``: the pair's
     default reader (``--reader``; None: :data:`gateway.decision.readers.DEFAULT`).
     """

@@ -322,12 +322,12 @@ def _add_device_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _pair_arg(text: str) -> tuple[str, str, str]:
-    """``--pair``'s value ``NAME=LM+DECIDER`` as ``(NAME, LM, DECIDER)``."""
+    """``--pair``'s value ``NAME=LM,DECIDER`` as ``(NAME, LM, DECIDER)``."""
     name, eq, rest = text.partition("=")
-    lm, plus, decider = rest.partition("+")
-    if not eq or not plus or not _MODEL_NAME.fullmatch(name) or not lm or not decider:
+    lm, plus, decider = rest.partition(",")
+    if not eq or not plus or not MODEL_NAME.fullmatch(name) or not lm or not decider:
         raise argparse.ArgumentTypeError(
-            f"expected NAME=LM+DECIDER (two --model names: a language model and a decision model), got {text!r}"
+            f"expected NAME=LM,DECIDER (two --model names: a language model and a decision model), got {text!r}"
         )
     return name, lm, decider
 
@@ -346,7 +346,7 @@ def _add_decision_flags(p: argparse.ArgumentParser) -> None:
         "--pair",
         type=_pair_arg,
         default=None,
-        metavar="NAME=LM+DECIDER",
+        metavar="NAME=LM,DECIDER",
         help="serve a pair under NAME, the default model: the language model and the decision model "
         "named LM and DECIDER (--model NAME=PATH each), each question read by --reader unless the "
         "request says (x_reader: decider, lm, mean, product or gate; README, 'Two readers')",

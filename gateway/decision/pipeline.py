@@ -266,7 +266,8 @@ async def _pair(
     by_decider, by_lm = Decided(probs={}), Decided(probs={})
     async with anyio.create_task_group() as tg:
         if to_decider:  # the decision engine has its own slots: the language model's cache_slot is not its
-            tg.start_soon(_decide_path, decider, settings, attrs.evolve(request, cache_slot=None), to_decider, by_decider)
+            unslotted = attrs.evolve(request, cache_slot=None)
+            tg.start_soon(_decide_path, decider, settings, unslotted, to_decider, by_decider)
         if to_lm:
             tg.start_soon(_score_path, lm, settings, memory, request, to_lm, by_lm)
     for q in asked:

@@ -1,7 +1,7 @@
 """Who reads a question on a served pair of a language model and a decision engine, and how two
 readings are combined.
 
-A *pair* (``serve --pair NAME=LM+DECIDER``) holds a language model, which scores the options
+A *pair* (``serve --pair NAME=LM,DECIDER``) holds a language model, which scores the options
 (the pipeline's scoring path), and a decision engine, which answers natively (``DECIDE``). Each
 question is read by one *reader* (:data:`READERS`): ``"decider"`` or ``"lm"`` alone, or a
 combination of the two answers (:data:`COMBINATIONS`). ``x_reader`` on a request, at the top
@@ -37,7 +37,7 @@ READERS = ("decider", "lm", *COMBINATIONS)
 FLOOR = 1e-6
 
 #: A served pair's reader when neither ``serve --reader`` nor the request says (bench/readers.py chose it).
-DEFAULT = "lm"
+DEFAULT = "decider"
 
 #: ``gate``: the decision engine's normalized entropy above which the language model reads the question.
 GATE_ENTROPY = 0.5

@@ -57,7 +57,7 @@ def _check_reader(app: Backend, parsed: SystemOneRequest) -> None:
     """Refuse an ``x_reader`` a model of one engine cannot give (:class:`Refused` naming the field): only
     a served pair holds two readers; a language model is ``"lm"``, a decision engine ``"decider"``."""
     own = "decider" if getattr(app.caps, "decide", False) else "lm"
-    asked = [([], parsed.reader)] if parsed.reader is not None else []
+    asked: list[tuple[list[str], str]] = [([], parsed.reader)] if parsed.reader is not None else []
     asked += [(["questions", qid], r) for qid, r in parsed.readers.items()]
     for loc, reader in asked:
         if reader != own:

@@ -94,7 +94,7 @@ def test_combine_refuses_what_it_cannot_combine():
 
 
 async def test_each_reader_on_the_pair():
-    app, lm, dec = pair_app()
+    app, _, dec = pair_app()
     async with running(app) as base:
         alone = {m: (await post(base, {**TICKET, "model": m})).json() for m in ("lm", "dec")}
         got = {r: (await post(base, {**TICKET, "model": "both", "x_reader": r})).json() for r in readers.READERS}
@@ -196,3 +196,41 @@ async def test_models_lists_the_pair_with_what_it_holds():
         "both served by serveproto: the language model lm and the decision engine dec, each question read by "
         "mean unless the request says (x_reader)"
     )
+
+
+def test_pair_flags_land_on_the_decision_config(capsys):
+    from gateway.cli import build_parser
+    from gateway.cli.config import from_args
+
+    def parse(*argv: str):
+        return build_parser().parse_args(["serve", *argv])
+
+    cfg = from_args(parse("--model", "lm=a.gguf", "--model", "dec=b.sparrow", "--pair", "both=lm,dec"))
+    assert (cfg.decision.pair, cfg.decision.reader) == (("both", "lm", "dec"), None)
+    assert from_args(parse("--reader", "gate")).decision.reader == "gate"
+    for argv in (("--pair", "both=lm+dec"), ("--pair", "=lm,dec"), ("--reader", "oracle")):
+        with pytest.raises(SystemExit):
+            parse(*argv)
+        assert f"argument {argv[0]}" in capsys.readouterr().err
+
+
+def test_a_pair_of_unserved_or_wrong_models_is_refused_naming_the_flag():
+    from gateway.cli.config import DecisionConfig
+    from gateway.cli.serve import _with_pair
+
+    lm = Named("lm-0", FakeCaps(model="fake-lm"))
+    dec = Named("dec-0", FakeCaps(chat=False, decide=True, slots=1, model="fake-decider"))
+    pool = Pool([lm, dec], {"lm-0": "lm", "dec-0": "dec"})
+    pool.first_caps = {"lm-0": lm.caps, "dec-0": dec.caps}
+    served = {n: Served(ModelInfo.load(n)) for n in ("lm", "dec")}
+    out = _with_pair(served, pool, DecisionConfig(pair=("both", "lm", "dec")))
+    assert list(out) == ["both", "lm", "dec"] and out["both"].pair == ("lm", "dec")
+    assert out["both"].reader == readers.DEFAULT and out["both"].settings is served["lm"].settings
+    for pair, msg in (
+        (("lm", "lm", "dec"), "--pair lm: the name of a served model; name the pair otherwise"),
+        (("both", "lm", "robot"), "--pair both: no --model is named 'robot'; served: ['lm', 'dec']"),
+        (("both", "dec", "lm"), "--pair both: 'dec' is not a language model"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            _with_pair(served, pool, DecisionConfig(pair=pair))
+        assert str(exc.value) == f"serveproto serve: {msg}"
