@@ -894,7 +894,14 @@ def _say_serving(app: App, pool: Pool, host: str, port: int) -> None:
 
     served = app.served
     if len(pool.engines) > 1:
-        for name in served:
+        for name, s in served.items():
+            if s.pair is not None:
+                print(
+                    f"serveproto: model {name}: the pair of {s.pair[0]} and {s.pair[1]}, read by {s.reader} "
+                    "unless a request says (x_reader)",
+                    flush=True,
+                )
+                continue
             engines = [e.name for e in pool.engines if pool.model_of(e) == name]
             print(f"serveproto: model {name}: {len(engines)} engine(s) ({', '.join(engines)})", flush=True)
     print(f"serveproto: serving {app.model.name} on http://{host}:{port}", flush=True)

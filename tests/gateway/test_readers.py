@@ -234,3 +234,32 @@ def test_a_pair_of_unserved_or_wrong_models_is_refused_naming_the_flag():
         with pytest.raises(SystemExit) as exc:
             _with_pair(served, pool, DecisionConfig(pair=pair))
         assert str(exc.value) == f"serveproto serve: {msg}"
+
+
+def test_serve_says_what_the_pair_holds(capsys):
+    from gateway.cli.serve import _say_serving
+
+    app, _, _ = pair_app(reader="gate")
+    _say_serving(app, app.pool, "127.0.0.1", 8000)
+    assert capsys.readouterr().out.splitlines()[:4] == [
+        "serveproto: model both: the pair of lm and dec, read by gate unless a request says (x_reader)",
+        "serveproto: model lm: 1 engine(s) (lm-0)",
+        "serveproto: model dec: 1 engine(s) (dec-0)",
+        "serveproto: serving both on http://127.0.0.1:8000",
+    ]
+
+
+async def test_decisions_route_reads_x_reader_too():
+    app, _, _ = pair_app(reader="decider")
+    body = {
+        "model": "both",
+        "input": TICKET["state"],
+        "x_reader": "lm",
+        "questions": [{"type": "predicate", "question": "Urgent?"}, {"type": "predicate", "question": "Angry?"}],
+    }
+    async with running(app) as base, httpx2.AsyncClient(base_url=base) as c:
+        r = await c.post("/v1/decisions", json=body)
+        bad = await c.post("/v1/decisions", json={**body, "x_reader": "oracle"})
+    assert r.status_code == 200, r.text
+    assert [a["x_reader"] for a in r.json()["answers"]] == ["lm", "lm"] and "x_warnings" not in r.json()
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "x_reader"
