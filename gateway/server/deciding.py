@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gateway.decision import decision_log, label_mass, pipeline, refusals, scoring
+from gateway.decision import decision_log, label_mass, pipeline, readers, refusals, scoring
 from gateway.decision.calibration import IDENTITY
 from gateway.decision.errors import Refused
 from gateway.decision.pipeline import Decided
@@ -33,11 +33,15 @@ async def decide(app: Backend, parsed: SystemOneRequest) -> Decided:
     A request with a part no context can hold is refused (:class:`Refused`, the engine's own 422)
     before the engine reads it (:func:`gateway.decision.refusals.over_any_context`)."""
     caps = app.caps
-    if not getattr(caps, "decide", False):
+    decider = app.decider
+    # a served pair's language model reads only the questions whose reader needs it
+    lm_reads = decider is None or any(
+        readers.needs(parsed.reader_of(q.id, app.served.reader))[1] for q in parsed.questions
+    )
+    if lm_reads and not getattr(caps, "decide", False):
         over = refusals.over_any_context(parsed, refusals.max_prompt(caps), getattr(app.model, "max_token_bytes", None))
         if over is not None:
             raise Refused([over])
-    decider = app.decider
     if decider is None:
         _check_reader(app, parsed)
         decided = await pipeline.decide(parsed, app.engine, app.settings, app.memory)

@@ -4,6 +4,7 @@ per question, and the combinations checked against an independent numpy computat
 
 from __future__ import annotations
 
+import attrs
 import httpx2
 import numpy as np
 import orjson
@@ -28,11 +29,12 @@ class Named(FakeEngine):
         self.gave_up = False
 
 
-def pair_app(reader: str = "lm") -> tuple[App, Named, Named]:
+def pair_app(reader: str = "lm", pieces: list[bytes] | None = None) -> tuple[App, Named, Named]:
+    """A pair ``both`` of ``lm`` and ``dec`` (``pieces``: the language model's token pieces, when known)."""
     lm = Named("lm-0", FakeCaps(model="fake-lm"))
     dec = Named("dec-0", FakeCaps(chat=False, decide=True, slots=1, model="fake-decider"))
     pool = Pool([lm, dec], {"lm-0": "lm", "dec-0": "dec"})
-    served = {n: Served(ModelInfo.load(n)) for n in ("lm", "dec")}
+    served = {n: Served(attrs.evolve(ModelInfo.load(n), pieces=pieces if n == "lm" else None)) for n in ("lm", "dec")}
     both = Served.pair_of("both", served["lm"], served["dec"], reader)
     return App(pool, {"both": both, **served}, request_timeout=5.0), lm, dec
 
@@ -263,3 +265,15 @@ async def test_decisions_route_reads_x_reader_too():
     assert r.status_code == 200, r.text
     assert [a["x_reader"] for a in r.json()["answers"]] == ["lm", "lm"] and "x_warnings" not in r.json()
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "x_reader"
+
+
+async def test_a_state_past_the_language_models_context_goes_to_the_decider_alone():
+    app, lm, dec = pair_app(reader="decider", pieces=[b"ab", b"c"])  # 2 bytes a token at most
+    long_state = "word " * 5000  # 25,000 bytes: past 4,096 positions of 2 bytes
+    body = {"state": long_state, "questions": {"q": {"type": "noul", "instructions": "Urgent?"}}}
+    async with running(app) as base:
+        ok = await post(base, body)
+        refused = await post(base, {**body, "x_reader": "mean"})
+    assert ok.status_code == 200 and ok.json()["answers"]["q"]["x_reader"] == "decider"
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "state"]
+    assert [c[0] for c in lm.calls] == [] and [c[0] for c in dec.calls] == ["decide"]
