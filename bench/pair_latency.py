@@ -26,7 +26,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import tickets_emails  # noqa: E402
 from decision_gateway import BODY  # noqa: E402
-
 from gateway.cli.config import DEFAULT_MODEL_DEBIAS  # noqa: E402
 from gateway.paths import default_model_path  # noqa: E402
 
