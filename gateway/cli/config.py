@@ -102,7 +102,9 @@ class DecisionConfig:
     ``calibration`` / ``heads``: a file, ``"none"``, or ``None`` (the default: the model's own in
     ``$SERVEPROTO_CACHE``, when it exists). ``log_decisions``: the decision log's path (``None``,
     the default: none); ``log_decisions_required`` (default False): refuse a request whose lines
-    cannot be written.
+    cannot be written. ``pair``: ``(NAME, LM, DECIDER)`` (``--pair NAME=LM,DECIDER``: a served pair
+    of two ``--model`` names, the default model; None, the default: none); ``reader``: the pair's
+    default reader (``--reader``; None: :data:`gateway.decision.readers.DEFAULT`).
     """
 
     debias: tuple[str, ...] = ()
@@ -110,6 +112,8 @@ class DecisionConfig:
     heads: str | None = None
     log_decisions: str | None = None
     log_decisions_required: bool = False
+    pair: tuple[str, str, str] | None = None
+    reader: str | None = None
 
 
 def _app_config() -> AppConfig:
@@ -221,6 +225,8 @@ def from_args(args: argparse.Namespace) -> ServeConfig:
             heads=getattr(args, "heads", None),
             log_decisions=log_decisions,
             log_decisions_required=required,
+            pair=getattr(args, "pair", None),
+            reader=getattr(args, "reader", None),
         ),
         log_level=str(args.log_level),
     )

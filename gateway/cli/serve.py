@@ -321,8 +321,44 @@ def _add_device_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _pair_arg(text: str) -> tuple[str, str, str]:
+    """``--pair``'s value ``NAME=LM,DECIDER`` as ``(NAME, LM, DECIDER)``."""
+    name, eq, rest = text.partition("=")
+    lm, plus, decider = rest.partition(",")
+    if not eq or not plus or not MODEL_NAME.fullmatch(name) or not lm or not decider:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=LM,DECIDER (two --model names: a language model and a decision model), got {text!r}"
+        )
+    return name, lm, decider
+
+
+def _reader_arg(text: str) -> str:
+    from gateway.decision import readers
+
+    if text not in readers.READERS:
+        raise argparse.ArgumentTypeError(f"one of {', '.join(readers.READERS)}, got {text!r}")
+    return text
+
+
 def _add_decision_flags(p: argparse.ArgumentParser) -> None:
     """How questions are answered and recorded (``gateway.cli.config.DecisionConfig``)."""
+    p.add_argument(
+        "--pair",
+        type=_pair_arg,
+        default=None,
+        metavar="NAME=LM,DECIDER",
+        help="serve a pair under NAME, the default model: the language model and the decision model "
+        "named LM and DECIDER (--model NAME=PATH each), each question read by --reader unless the "
+        "request says (x_reader: decider, lm, mean, product or gate; README, 'Two readers')",
+    )
+    p.add_argument(
+        "--reader",
+        type=_reader_arg,
+        default=None,
+        metavar="READER",
+        help="who reads a question on the --pair model by default: decider, lm, or a combination of the "
+        "two (mean, product, gate); default: the one chosen on the labelled sets (bench/readers.py)",
+    )
     p.add_argument(
         "--debias",
         type=_debias_methods,
@@ -824,7 +860,31 @@ async def _served(pool: Pool, plans: list[plan.Planned], decision: config.Decisi
         # it matches (an engine that reads no hidden states answers none with a head anyway)
         hidden = (caps.x_hidden, caps.x_hidden_dim) if caps.x_hidden else None
         served[name].heads = await anyio.to_thread.run_sync(load_heads, decision.heads, p.path, hidden)
-    return served
+    return _with_pair(served, pool, decision)
+
+
+def _with_pair(served: dict[str, Served], pool: Pool, decision: config.DecisionConfig) -> dict[str, Served]:
+    """``served`` with ``--pair``'s model first (the default), when one is asked. Raises ``SystemExit``
+    naming ``--pair`` for a name that is taken, a model not served, or models of the wrong kinds."""
+    if decision.pair is None:
+        return served
+    from gateway.decision import readers
+    from gateway.server.fleet import Served
+
+    name, lm, decider = decision.pair
+    if name in served:
+        raise SystemExit(f"serveproto serve: --pair {name}: the name of a served model; name the pair otherwise")
+    for model, decide in ((lm, False), (decider, True)):
+        if model not in served:
+            raise SystemExit(f"serveproto serve: --pair {name}: no --model is named {model!r}; served: {list(served)}")
+        engine = next(e for e in pool.engines if pool.model_of(e) == model)
+        if bool(pool.first_caps[engine.name].decide) != decide:
+            raise SystemExit(
+                f"serveproto serve: --pair {name}: {model!r} is not a "
+                + ("decision model" if decide else "language model")
+            )
+    pair = Served.pair_of(name, served[lm], served[decider], decision.reader or readers.DEFAULT)
+    return {name: pair, **served}
 
 
 def _say_serving(app: App, pool: Pool, host: str, port: int) -> None:
@@ -834,7 +894,14 @@ def _say_serving(app: App, pool: Pool, host: str, port: int) -> None:
 
     served = app.served
     if len(pool.engines) > 1:
-        for name in served:
+        for name, s in served.items():
+            if s.pair is not None:
+                print(
+                    f"serveproto: model {name}: the pair of {s.pair[0]} and {s.pair[1]}, read by {s.reader} "
+                    "unless a request says (x_reader)",
+                    flush=True,
+                )
+                continue
             engines = [e.name for e in pool.engines if pool.model_of(e) == name]
             print(f"serveproto: model {name}: {len(engines)} engine(s) ({', '.join(engines)})", flush=True)
     print(f"serveproto: serving {app.model.name} on http://{host}:{port}", flush=True)

@@ -27,7 +27,7 @@ from typing import Any, Protocol, TypeVar
 import anyio
 import attrs
 
-from gateway.decision import debias, readings, record, refusals, scoring
+from gateway.decision import debias, readers, readings, record, refusals, scoring
 from gateway.decision.arithmetic import option_scores, softmax
 from gateway.decision.calibration import IDENTITY, Calibration
 from gateway.decision.errors import DecisionTimeout, Refused, UnusableDecision, UnusableScores
@@ -138,7 +138,9 @@ class Decided:
     ``prompt_tokens``: question id -> its longest prompt in tokens, option
     included (scoring path only); ``label_mass``: question id -> how much of the
     next-token probability its options' first tokens held
-    (:mod:`gateway.decision.label_mass`; scoring path only, where defined).
+    (:mod:`gateway.decision.label_mass`; scoring path only, where defined);
+    ``readers``: question id -> who read it on a served pair (:mod:`gateway.decision.readers`;
+    empty on one engine).
     """
 
     probs: dict[str, list[float]]
@@ -159,6 +161,7 @@ class Decided:
     head_debias: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
     prompt_tokens: dict[str, int] = attrs.field(factory=dict)
     label_mass: dict[str, Mass] = attrs.field(factory=dict)
+    readers: dict[str, str] = attrs.field(factory=dict)
 
 
 class Memory:
@@ -191,15 +194,28 @@ class Memory:
         return was
 
 
-async def decide(request: SystemOneRequest, engine: DecisionEngine, settings: Settings, memory: Memory) -> Decided:
+async def decide(
+    request: SystemOneRequest,
+    engine: DecisionEngine,
+    settings: Settings,
+    memory: Memory,
+    *,
+    decider: DecisionEngine | None = None,
+    reader: str = "decider",
+) -> Decided:
     """Answer every question of ``request``: probabilities by question id, usage and counters.
 
     ``engine``: the engine API (:class:`gateway.engine.Engine` or anything with its
-    ``caps``, ``score``, ``read_out``, ``decide``: :class:`DecisionEngine`). Raises :class:`Refused` for a request
-    the served engine cannot take (``cache_slot`` out of range, ``prefix`` on a decision
-    engine, a text it refuses), :class:`DecisionTimeout`, :class:`UnusableScores` /
-    :class:`UnusableDecision` for an answer it cannot read, and lets the engine's own
-    errors (:mod:`gateway.engine.errors`) through.
+    ``caps``, ``score``, ``read_out``, ``decide``: :class:`DecisionEngine`). With ``decider`` (a
+    ``decide=1`` engine beside ``engine``'s language model: a served pair) each question is read
+    by its reader (:meth:`SystemOneRequest.reader_of` over the pair's default ``reader``; one of
+    :data:`gateway.decision.readers.READERS`): the decision engine (:func:`_decide_path`), the
+    language model (:func:`_score_path`, under ``settings``), or both and combined
+    (:func:`gateway.decision.readers.combine`); both engines are asked at once. Raises
+    :class:`Refused` for a request the served engine cannot take (``cache_slot`` out of range,
+    ``prefix`` on a decision engine, a text it refuses), :class:`DecisionTimeout`,
+    :class:`UnusableScores` / :class:`UnusableDecision` for an answer it cannot read, and lets
+    the engine's own errors (:mod:`gateway.engine.errors`) through.
     """
     out = Decided(probs={})
     for q in request.questions:
@@ -218,7 +234,9 @@ async def decide(request: SystemOneRequest, engine: DecisionEngine, settings: Se
             out.probs[q.id] = [1.0]
         else:
             asked.append(q)
-    if asked:
+    if asked and decider is not None:
+        await _pair(request, engine, decider, settings, memory, asked, reader, out)
+    elif asked:
         if engine.caps.decide:
             await _decide_path(engine, settings, request, asked, out)
             if request.debias:
@@ -226,6 +244,55 @@ async def decide(request: SystemOneRequest, engine: DecisionEngine, settings: Se
         else:
             await _score_path(engine, settings, memory, request, asked, out)
     return out
+
+
+async def _pair(
+    request: SystemOneRequest,
+    lm: DecisionEngine,
+    decider: DecisionEngine,
+    settings: Settings,
+    memory: Memory,
+    asked: list[Question],
+    default: str,
+    out: Decided,
+) -> None:
+    """A served pair's questions: each reader's questions on its engine (both at once), then each
+    combination from the two answers. The language model's counters, corrections and label mass are
+    the reply's; the calibration, label mass, head and hidden state of a question are said only where
+    the language model alone read it."""
+    chosen = {q.id: request.reader_of(q.id, default) for q in asked}
+    to_decider = [q for q in asked if readers.needs(chosen[q.id])[0]]
+    to_lm = [q for q in asked if readers.needs(chosen[q.id])[1]]
+    by_decider, by_lm = Decided(probs={}), Decided(probs={})
+    async with anyio.create_task_group() as tg:
+        if to_decider:  # the decision engine has its own slots: the language model's cache_slot is not its
+            unslotted = attrs.evolve(request, cache_slot=None)
+            tg.start_soon(_decide_path, decider, settings, unslotted, to_decider, by_decider)
+        if to_lm:
+            tg.start_soon(_score_path, lm, settings, memory, request, to_lm, by_lm)
+    for q in asked:
+        r = chosen[q.id]
+        out.readers[q.id] = r
+        if r == "decider":
+            out.probs[q.id] = by_decider.probs[q.id]
+        elif r == "lm":
+            out.probs[q.id] = by_lm.probs[q.id]
+            for field in ("calibration", "uncalibrated", "label_mass", "heads", "head_debias", "hidden"):
+                if q.id in getattr(by_lm, field):
+                    getattr(out, field)[q.id] = getattr(by_lm, field)[q.id]
+        else:
+            out.probs[q.id] = scoring.report(readers.combine(r, by_decider.probs[q.id], by_lm.probs[q.id]))
+    out.path = "+".join(p for p, qs in (("decide", to_decider), ("score", to_lm)) if qs)
+    out.engine_ms = max(by_decider.engine_ms, by_lm.engine_ms)
+    out.input_tokens = max(by_decider.input_tokens, by_lm.input_tokens)
+    out.output_tokens = by_lm.output_tokens
+    out.prompt_tokens = by_lm.prompt_tokens
+    out.warnings += by_lm.warnings + by_decider.warnings
+    if to_lm:
+        out.debias, out.computed, out.reused, out.disk = by_lm.debias, by_lm.computed, by_lm.reused, by_lm.disk
+        out.snapshot = by_lm.snapshot
+    elif request.debias:
+        out.warnings.append("x_debias is not applied: the decision engine answers natively")
 
 
 def _check_slot(engine: DecisionEngine, request: SystemOneRequest) -> None:

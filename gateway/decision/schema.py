@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from gateway.decision import debias
+from gateway.decision import debias, readers
 from gateway.decision.arithmetic import check_normalize
 from gateway.decision.prompts import as_text
 
@@ -39,9 +39,10 @@ TOP_FIELDS = (
     "cache_slot",
     "x_debias",
     "x_head",
+    "x_reader",
 )
 #: The fields of a question object (Jev's ``NoulQuestion``, ``ChoiceQuestion``, ``ScoreQuestion``).
-QUESTION_FIELDS = ("type", "instructions", "criteria")
+QUESTION_FIELDS = ("type", "instructions", "criteria", "x_reader")
 #: The fields of a noul's ``criteria`` object (Jev's ``NoulCriteria``).
 NOUL_SIDES = ("true", "false")
 #: The message of a field that names something this server cannot read (pictures): the 422's ``msg`` starts so.
@@ -86,7 +87,9 @@ class SystemOneRequest:
     ``cache_slot``: int or None; ``debias``: the ``x_debias`` methods
     (:func:`gateway.decision.debias.parse`), or None when the request left it to the
     server's default (absent or null); ``head``: ``x_head``, ``"none"`` to answer
-    without the served heads (:mod:`gateway.decision.heads`), else None; ``unknown``:
+    without the served heads (:mod:`gateway.decision.heads`), else None; ``reader``: ``x_reader`` (who
+    reads every question on a served pair, :mod:`gateway.decision.readers`), None for the model's
+    default; ``readers``: question id -> its own ``x_reader``, over ``reader``; ``unknown``:
     the path of each field the body sent that this server does not read (:data:`TOP_FIELDS`,
     :data:`QUESTION_FIELDS`, :data:`NOUL_SIDES`): the body's own first, then each question's (in
     request order, a question's own fields before its ``criteria``'s), each object's in its key order.
@@ -102,6 +105,12 @@ class SystemOneRequest:
     debias: tuple[str, ...] | None = None
     head: str | None = None
     unknown: tuple[tuple[str, ...], ...] = ()
+    reader: str | None = None
+    readers: dict[str, str] = attrs.field(factory=dict)
+
+    def reader_of(self, qid: str, default: str) -> str:
+        """Who reads question ``qid``: its own ``x_reader``, else the request's, else ``default``."""
+        return self.readers.get(qid) or self.reader or default
 
     @property
     def warnings(self) -> list[str]:
@@ -290,7 +299,7 @@ def parse_request(body: Any, *, strict: bool = False) -> SystemOneRequest:
     one instead (:func:`unknown_field_error`, after the other errors). ``assets`` (Jev's image assets)
     is refused by name (``not_implemented``), as is a ``box`` question: this server reads no images.
     ``model`` may be any string or absent. Our extensions read here are ``x_debias``
-    (:mod:`gateway.decision.debias`) and ``x_head``.
+    (:mod:`gateway.decision.debias`), ``x_head`` and ``x_reader`` (:func:`gateway.decision.readers.parse`).
     """
     if not isinstance(body, dict):
         raise JevValidationError([_err([], "Input should be a JSON object", "model_attributes_type")])
@@ -372,6 +381,8 @@ def parse_request(body: Any, *, strict: bool = False) -> SystemOneRequest:
     head = body.get("x_head")
     if head is not None and head != "none":
         errors.append(_err(["x_head"], "Input should be 'none' (answer without the served heads)", "literal_error"))
+    reader, per_question, reader_errors = readers.parse(body)
+    errors.extend(reader_errors)
     if body.get("assets") is not None:  # Jev's image assets: refused by name, never answered on the text alone
         errors.append(
             _err(
@@ -396,4 +407,6 @@ def parse_request(body: Any, *, strict: bool = False) -> SystemOneRequest:
         debias=debias_methods,
         head=head,
         unknown=tuple(unknown),
+        reader=reader,
+        readers=per_question,
     )

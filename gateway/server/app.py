@@ -30,7 +30,7 @@ from gateway.decision.prompts import PromptBuilder
 from gateway.http import HTTPError, Request, Response, Router, access_line
 from gateway.server import auth, routes_ops, routes_rerank, routing
 from gateway.server.errors import RETRY_AFTER, http_error, log_note
-from gateway.server.fleet import Backend, Served
+from gateway.server.fleet import Backend, PairBackend, Served
 from gateway.server.jev import routes as routes_jev
 from gateway.server.metrics import Metrics
 from gateway.server.openai import routes as routes_openai
@@ -168,6 +168,9 @@ class App:
                 raise ValueError("model: at least one model")
             self.served: dict[str, Served] = dict(model)
             self.pool = engine
+            for name, s in self.served.items():
+                if s.pair is not None and any(m not in self.served or self.served[m].pair for m in s.pair):
+                    raise ValueError(f"model: the pair {name!r} holds {list(s.pair)}, not all served models")
             engines = list(engine.engines)
             unknown = [engine.model_of(e) for e in engines if engine.model_of(e) not in self.served]
             if unknown:
@@ -265,6 +268,11 @@ class App:
             chosen = self.backends[0]
         else:
             name = model if model in self.served else self.default
+            pair = self.served[name].pair
+            if pair is not None:  # the language model by the key, the decision engine by load
+                lm = self._by_engine[id(self.pool.pick(pair[0], route))]
+                self.metrics.routed.labels(lm.name, name).inc()
+                return PairBackend(self.served[name], lm, self._by_engine[id(self.pool.pick(pair[1], None))])
             chosen = self._by_engine[id(self.pool.pick(name, route))]
         self.metrics.routed.labels(chosen.name, chosen.served.name).inc()
         return chosen

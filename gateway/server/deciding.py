@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gateway.decision import decision_log, label_mass, pipeline, refusals, scoring
+from gateway.decision import decision_log, label_mass, pipeline, readers, refusals, scoring
 from gateway.decision.calibration import IDENTITY
 from gateway.decision.errors import Refused
 from gateway.decision.pipeline import Decided
@@ -33,17 +33,48 @@ async def decide(app: Backend, parsed: SystemOneRequest) -> Decided:
     A request with a part no context can hold is refused (:class:`Refused`, the engine's own 422)
     before the engine reads it (:func:`gateway.decision.refusals.over_any_context`)."""
     caps = app.caps
-    if not getattr(caps, "decide", False):
+    decider = app.decider
+    # a served pair's language model reads only the questions whose reader needs it
+    lm_reads = decider is None or any(
+        readers.needs(parsed.reader_of(q.id, app.served.reader))[1] for q in parsed.questions
+    )
+    if lm_reads and not getattr(caps, "decide", False):
         over = refusals.over_any_context(parsed, refusals.max_prompt(caps), getattr(app.model, "max_token_bytes", None))
         if over is not None:
             raise Refused([over])
-    decided = await pipeline.decide(parsed, app.engine, app.settings, app.memory)
+    if decider is None:
+        _check_reader(app, parsed)
+        decided = await pipeline.decide(parsed, app.engine, app.settings, app.memory)
+    else:
+        decided = await pipeline.decide(
+            parsed, app.engine, app.settings, app.memory, decider=decider.engine, reader=app.served.reader
+        )
     metrics = app.metrics
     for q in parsed.questions:
         metrics.questions.labels(q.type, decided.path if q.n_options > 1 else "none").inc()
     metrics.option_tokens.inc(decided.output_tokens)
     metrics.observe_counters(decided.computed, decided.reused, decided.snapshot, decided.disk)
     return decided
+
+
+def _check_reader(app: Backend, parsed: SystemOneRequest) -> None:
+    """Refuse an ``x_reader`` a model of one engine cannot give (:class:`Refused` naming the field): only
+    a served pair holds two readers; a language model is ``"lm"``, a decision engine ``"decider"``."""
+    own = "decider" if getattr(app.caps, "decide", False) else "lm"
+    asked: list[tuple[list[str], str]] = [([], parsed.reader)] if parsed.reader is not None else []
+    asked += [(["questions", qid], r) for qid, r in parsed.readers.items()]
+    for loc, reader in asked:
+        if reader != own:
+            raise Refused(
+                [
+                    {
+                        "loc": ["body", *loc, "x_reader"],
+                        "msg": f"The model {app.model.name!r} holds one reader ({own!r}); {reader!r} needs a served "
+                        "pair of a language model and a decision engine (serve --pair)",
+                        "type": "literal_error",
+                    }
+                ]
+            )
 
 
 def log_decisions(app: Backend, request_id: str, parsed: SystemOneRequest, decided: Decided) -> None:
@@ -106,13 +137,15 @@ def mass_fields(decided: Decided, qid: str) -> dict[str, Any]:
 
 def answers(parsed: SystemOneRequest, decided: Decided) -> dict[str, dict[str, Any]]:
     """Question id -> its Jev answer (:func:`gateway.server.jev.protocol.answer`) with ``x_calibration``,
-    a head's fields (:func:`head_fields`) and the label-mass fields (:func:`mass_fields`), in request order."""
+    a head's fields (:func:`head_fields`), the label-mass fields (:func:`mass_fields`) and, on a served
+    pair, ``x_reader`` (who read it: :mod:`gateway.decision.readers`), in request order."""
     return {
         q.id: {
             **answer(q, decided.probs[q.id]),
             "x_calibration": decided.calibration.get(q.id, IDENTITY),
             **(head_fields(decided, q.id) if q.id in decided.heads else {}),
             **mass_fields(decided, q.id),
+            **({"x_reader": decided.readers[q.id]} if q.id in decided.readers else {}),
         }
         for q in parsed.questions
     }

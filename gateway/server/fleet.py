@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from gateway.decision import pipeline
 from gateway.decision.calibration import Calibration
 from gateway.decision.chat_template import ChatTemplate, TemplateError
@@ -54,6 +56,28 @@ class Served:
             prompts = PromptBuilder(ChatTemplate.chatml())
         #: The decision pipeline's settings for this model (its ``timeout`` set by the app).
         self.settings = pipeline.Settings(prompts, debias=tuple(debias), calibration=calibration)
+        #: A served pair's two models (:meth:`pair_of`): ``(language model, decision model)``; None for one model.
+        self.pair: tuple[str, str] | None = None
+        #: A pair's default reader (:data:`gateway.decision.readers.READERS`).
+        self.reader = "lm"
+
+    @classmethod
+    def pair_of(cls, name: str, lm: Served, decider: Served, reader: str) -> Served:
+        """A served pair named ``name``: ``lm``'s language model and ``decider``'s decision engine, each
+        question read by ``reader`` unless the request says (``x_reader``). It shares ``lm``'s settings
+        (prompts, ``x_debias``, calibration, heads): the language model reads as it does alone."""
+        info = attrs.evolve(
+            lm.info,
+            name=name,
+            description=f"{name} served by serveproto: the language model {lm.name} and the decision engine "
+            f"{decider.name}, each question read by {reader} unless the request says (x_reader)",
+        )
+        pair = cls(info)
+        pair.settings = lm.settings
+        pair.model_sha256 = lm.model_sha256
+        pair.pair = (lm.name, decider.name)
+        pair.reader = reader
+        return pair
 
     @property
     def prompts(self) -> PromptBuilder:
@@ -156,6 +180,11 @@ class Backend:
         """The model file's sha256 (the decision log's lines), or None when unknown."""
         return self.served.model_sha256
 
+    @property
+    def decider(self) -> Backend | None:
+        """The decision engine beside this one's language model (a served pair, :class:`PairBackend`), else None."""
+        return None
+
     def status(self) -> dict[str, Any]:
         """What this engine is doing: ``name``, ``model``, ``state`` (``serving``, ``unresponsive``,
         ``restarting``, ``gave_up``, ``closed``), ``healthy``, ``restarts``, ``in_flight`` and ``waiting``
@@ -172,3 +201,20 @@ class Backend:
             "in_flight": int(getattr(eng, "in_flight", 0) or 0),
             "waiting": int(getattr(eng, "waiting", 0) or 0),
         }
+
+
+class PairBackend(Backend):
+    """A served pair as the routes see it for one request: the language model's :class:`Backend` (its
+    engine, memory and settings; what chat, completions and rerank use) with the pair's :class:`Served`
+    (the reply's ``model``, the default reader) and the decision model's :class:`Backend` beside it
+    (:attr:`decider`)."""
+
+    def __init__(self, served: Served, lm: Backend, decider: Backend) -> None:
+        super().__init__(lm.engine, served, metrics=lm.metrics, memory=lm.memory)
+        self.decision_log = lm.decision_log
+        self._decider = decider
+
+    @property
+    def decider(self) -> Backend:
+        """The decision model's backend."""
+        return self._decider

@@ -71,7 +71,7 @@ async def systemone(app: App, request: Request) -> Response:
 _OPENAI_TYPES = {"predicate": "noul", "choice": "choice", "score": "score"}
 #: The fields a ``/v1/decisions`` body reads, at each level; any other is an unknown field (``x_warnings``, or
 #: under ``serve --strict`` a 400 naming it), as on ``/v1/systemone`` (:data:`gateway.decision.schema.TOP_FIELDS`).
-DECISIONS_FIELDS = ("model", "input", "questions", "x_debias", "x_head")
+DECISIONS_FIELDS = ("model", "input", "questions", "x_debias", "x_head", "x_reader")
 DECISIONS_QUESTION_FIELDS = ("type", "name", "question", "instructions", "choices", "levels")
 DECISIONS_CHOICE_FIELDS = ("value", "description")
 DECISIONS_LEVEL_FIELDS = ("label", "description")
@@ -148,7 +148,7 @@ def parse_decisions(body: Any, *, strict: bool = False) -> tuple[SystemOneReques
             jq["criteria"] = crit_l
         converted[str(i)] = jq
     try:
-        extension = {k: body[k] for k in ("x_debias", "x_head") if k in body}
+        extension = {k: body[k] for k in ("x_debias", "x_head", "x_reader") if k in body}
         parsed = schema.parse_request(
             {"state": body["input"], "questions": converted, "model": body.get("model"), **extension}
         )
@@ -222,6 +222,8 @@ async def decisions(app: App, request: Request) -> Response:
         a["x_calibration"] = decided.calibration.get(q.id, IDENTITY)
         if q.id in decided.heads:
             a["x_head"] = decided.heads[q.id]
+        if q.id in decided.readers:
+            a["x_reader"] = decided.readers[q.id]
         answers.append(a | deciding.mass_fields(decided, q.id))
     body = {
         "id": request.request_id,

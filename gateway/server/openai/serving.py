@@ -547,14 +547,24 @@ def _backend(app: App, body: dict[str, Any]) -> Backend:
 async def models(app: App, request: Request) -> Response:
     """``GET /v1/models``: every served model, the default first, in OpenAI's ``data`` and Jev's ``models``
     lists; with several engines each model lists its engines in ``x_engines``
-    (:meth:`gateway.server.fleet.Backend.status`)."""
+    (:meth:`gateway.server.fleet.Backend.status`); a served pair lists what it holds (``x_holds``:
+    ``{"lm", "decider"}``, the served models' names) and its default reader (``x_reader``)."""
     created = int(app.started)
     data, jev_models = [], []
     for name, served in app.served.items():  # noqa: B007  (name unused; kept as written)
-        backends = [b for b in app.backends if b.served is served]
-        caps = capabilities(backends[0])
         m = served.info
-        extra = {"x_engines": [b.status() for b in backends]} if len(app.backends) > 1 else {}
+        if served.pair is not None:  # a served pair: what it holds, and who reads by default
+            lm, decider = served.pair
+            backends = [b for b in app.backends if b.served.name in served.pair]
+            caps = capabilities(next(b for b in backends if b.served.name == lm))
+            caps += [] if "decision" in caps else ["decision"]
+            extra: dict[str, Any] = {"x_holds": {"lm": lm, "decider": decider}, "x_reader": served.reader}
+        else:
+            backends = [b for b in app.backends if b.served is served]
+            caps = capabilities(backends[0])
+            extra = {}
+        if len(app.backends) > 1:
+            extra["x_engines"] = [b.status() for b in backends]
         data.append(
             {
                 "id": m.name,
