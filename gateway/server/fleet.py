@@ -21,6 +21,8 @@ from gateway.decision.decision_log import DecisionLog
 from gateway.decision.heads import HeadSet
 from gateway.decision.prompts import PromptBuilder
 from gateway.engine.api import Engine
+from gateway.engine.errors import EngineError
+from gateway.server.lanes import Lanes
 from serveproto import Caps
 
 if TYPE_CHECKING:
@@ -109,6 +111,8 @@ class Backend:
         self.metrics = metrics
         self.memory = memory
         self.decision_log: DecisionLog | None = None
+        #: The batch route's lanes on this engine (:mod:`gateway.server.lanes`).
+        self.lanes = Lanes()
 
     @property
     def name(self) -> str:
@@ -155,6 +159,21 @@ class Backend:
     def model_sha256(self) -> str | None:
         """The model file's sha256 (the decision log's lines), or None when unknown."""
         return self.served.model_sha256
+
+    def load(self) -> dict[str, Any]:
+        """What this engine has to do now, for the scheduling gauges (:mod:`gateway.server.metrics`):
+        ``waiting`` (requests queued for its slots, plus batch items waiting for a lane: :attr:`lanes`),
+        ``running`` (requests on it) and ``slots`` (CAPS ``slots``; None while it has no CAPS)."""
+        eng = self.engine
+        try:
+            slots: int | None = int(self.caps.slots)
+        except EngineError:  # no CAPS while (re)starting
+            slots = None
+        return {
+            "waiting": int(getattr(eng, "waiting", 0) or 0) + self.lanes.waiting,
+            "running": int(getattr(eng, "in_flight", 0) or 0),
+            "slots": slots,
+        }
 
     def status(self) -> dict[str, Any]:
         """What this engine is doing: ``name``, ``model``, ``state`` (``serving``, ``unresponsive``,

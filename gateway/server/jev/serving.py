@@ -14,7 +14,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from gateway.decision import decision_log, label_mass, pipeline, refusals, schema, scoring
+import anyio
+import anyio.abc
+
+from gateway.decision import batch, decision_log, label_mass, pipeline, refusals, schema, scoring
 from gateway.decision.calibration import IDENTITY
 from gateway.decision.errors import Refused
 from gateway.decision.pipeline import Decided
@@ -38,11 +41,9 @@ async def decide(app: Backend, parsed: SystemOneRequest) -> Decided:
 
     A request with a part no context can hold is refused (:class:`Refused`, the engine's own 422)
     before the engine reads it (:func:`gateway.decision.refusals.over_any_context`)."""
-    caps = app.caps
-    if not getattr(caps, "decide", False):
-        over = refusals.over_any_context(parsed, refusals.max_prompt(caps), getattr(app.model, "max_token_bytes", None))
-        if over is not None:
-            raise Refused([over])
+    over = over_context(app, parsed)
+    if over is not None:
+        raise Refused([over])
     decided = await pipeline.decide(parsed, app.engine, app.settings, app.memory)
     metrics = app.metrics
     for q in parsed.questions:
@@ -50,6 +51,16 @@ async def decide(app: Backend, parsed: SystemOneRequest) -> Decided:
     metrics.option_tokens.inc(decided.output_tokens)
     metrics.observe_counters(decided.computed, decided.reused, decided.snapshot, decided.disk)
     return decided
+
+
+def over_context(app: Backend, parsed: SystemOneRequest) -> dict[str, Any] | None:
+    """The 422 ``detail`` entry of a request with a part no context of ``app``'s engine can hold
+    (:func:`gateway.decision.refusals.over_any_context`), None when every part might fit or the engine
+    answers natively (a decision engine reads no prompt)."""
+    caps = app.caps
+    if getattr(caps, "decide", False):
+        return None
+    return refusals.over_any_context(parsed, refusals.max_prompt(caps), getattr(app.model, "max_token_bytes", None))
 
 
 def log_decisions(app: Backend, request_id: str, parsed: SystemOneRequest, decided: Decided) -> None:
@@ -132,8 +143,17 @@ async def systemone(app: App, request: Request) -> Response:
     parsed = schema.parse_request(parse_json(request), strict=app.config.strict)
     key = routing_key(parsed.state, parsed.prefix)
     here = app.backend(parsed.model, key)  # the model named (else the default), by state affinity then load
+    body, decided = await answer_one(here, parsed, request.request_id)
+    return Response.json(body, headers=_headers(request, decided) + [(ROUTE_HEADER, key)])
+
+
+async def answer_one(here: Backend, parsed: SystemOneRequest, request_id: str) -> tuple[dict[str, Any], Decided]:
+    """One parsed ``/v1/systemone`` request answered on ``here`` and logged: its 200 body (the reply's
+    ``id`` and ``x_request_id`` are ``request_id``) and the pipeline's :class:`Decided`. The single route
+    and each item of the batch route (:func:`systemone_batch`) are answered here. Raises what
+    :func:`decide` raises."""
     decided = await decide(here, parsed)
-    log_decisions(here, request.request_id, parsed, decided)
+    log_decisions(here, request_id, parsed, decided)
     answers = {
         q.id: {
             **protocol.answer(q, decided.probs[q.id]),
@@ -144,7 +164,7 @@ async def systemone(app: App, request: Request) -> Response:
         for q in parsed.questions
     }
     extra: dict[str, Any] = {
-        "x_request_id": request.request_id,
+        "x_request_id": request_id,
         "x_engine_ms": round(decided.engine_ms, 3),
         "x_path": decided.path,
     }
@@ -160,9 +180,52 @@ async def systemone(app: App, request: Request) -> Response:
     if warnings:
         extra["x_warnings"] = warnings
     body = protocol.reply(
-        here.model.name, answers, decided.input_tokens, decided.output_tokens, extra, request_id=request.request_id
+        here.model.name, answers, decided.input_tokens, decided.output_tokens, extra, request_id=request_id
     )
-    return Response.json(body, headers=_headers(request, decided) + [(ROUTE_HEADER, key)])
+    return body, decided
+
+
+async def systemone_batch(app: App, request: Request) -> Response:
+    """``POST /v1/systemone/batch``: many states in one request (:func:`gateway.decision.batch.parse_batch`),
+    ``{"items": [<the single route's reply of each item>, ...]}`` in the items' order.
+
+    Every item is validated, and checked against its engine's context, before any is answered (one 422
+    naming ``items[i]...`` for each problem). Each item is routed as a single request on its state
+    (its own engine, by state affinity) and answered by :func:`answer_one`, its ``id`` the batch's
+    request id + ``-<i>``. The items of all batches an engine answers hold at most
+    :meth:`gateway.server.lanes.Lanes.capacity` of its slots at once, so single requests keep one.
+    An engine failure fails the whole batch (its error, e.g. 503 + ``Retry-After``): no partial reply.
+    """
+    _refuse_multipart(request)
+    items = batch.parse_batch(parse_json(request), strict=app.config.strict)
+    routed = [(parsed, app.backend(parsed.model, routing_key(parsed.state, parsed.prefix))) for parsed in items]
+    refused = []
+    for i, (parsed, here) in enumerate(routed):
+        over = over_context(here, parsed)
+        if over is not None:
+            refused.append(batch.item_error(i, over))
+    if refused:
+        raise batch.BatchInvalid(refused)
+    replies: list[dict[str, Any] | None] = [None] * len(routed)
+    failed: list[tuple[int, Exception]] = []
+
+    async def one(i: int, parsed: SystemOneRequest, here: Backend, tg: anyio.abc.TaskGroup) -> None:
+        try:
+            async with here.lanes.lane(here.caps.slots):
+                replies[i], _ = await answer_one(here, parsed, f"{request.request_id}-{i}")
+        except Exception as exc:
+            failed.append((i, exc))
+            tg.cancel_scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        for i, (parsed, here) in enumerate(routed):
+            tg.start_soon(one, i, parsed, here, tg)
+    if failed:
+        i, exc = min(failed, key=lambda f: f[0])
+        if isinstance(exc, JevValidationError):  # the engine's refusal of one item, named as that item
+            raise batch.BatchInvalid([batch.item_error(i, e) for e in exc.errors]) from None
+        raise exc
+    return Response.json({"items": replies})
 
 
 # --- OpenAI's Decisions API shape -------------------------------------------------------------
