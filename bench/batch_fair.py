@@ -9,7 +9,7 @@ Every state is new (cold), long and different from its first bytes (two short ti
 prompt, and the slot router keeps such affine requests on one slot). Prints the p50 and the slowest of each,
 their ratio to alone, and the batch's and the flood's states a second.
 
-    .venv/bin/python bench/batch_fair.py [--states 1000] [--singles 20] [--serve-args '--engine ... ']
+    .venv/bin/python bench/batch_fair.py [--states 1000] [--singles 20] [--no-flood] [--serve-args '--engine ... ']
 """
 
 from __future__ import annotations
@@ -65,11 +65,25 @@ async def singles_while(c: httpx2.AsyncClient, tag: str, n: int, running: anyio.
     return out
 
 
-async def bench(base: str, n_states: int, n_singles: int) -> list[str]:
+async def bench(base: str, n_states: int, n_singles: int, flood: bool) -> list[str]:
+    """The table's rows, printed as each is measured, then the batch's (and the flood's) rate."""
+    alone: list[float] = []
+
+    def row(name: str, xs: list[float]) -> str:
+        a50 = pct(alone, 50)
+        if not xs:
+            return f"| {name} | 0 | - | - | - | - |"
+        return (
+            f"| {name} | {len(xs)} | {pct(xs, 50) * 1e3:.1f} | {max(xs) * 1e3:.1f} "
+            f"| {pct(xs, 50) / a50:.2f}x | {max(xs) / a50:.2f}x |"
+        )
+
+    print("| single requests | n | p50 ms | slowest ms | p50 / alone p50 | slowest / alone p50 |", flush=True)
+    print("|---|---|---|---|---|---|", flush=True)
     limits = httpx2.Limits(max_connections=n_states + 8)
     async with httpx2.AsyncClient(base_url=base, timeout=3600, limits=limits) as c:
         await single(c, state("warm", 0))
-        alone = [await single(c, state("alone", i)) for i in range(n_singles)]
+        alone += [await single(c, state("alone", i)) for i in range(n_singles)]
 
         got: dict[str, object] = {}
 
@@ -83,10 +97,14 @@ async def bench(base: str, n_states: int, n_singles: int) -> list[str]:
                 raise SystemExit(f"batch: {r.status_code} {r.text[:300]}")
             done.set()
 
+        print(row("alone", alone), flush=True)
         done = anyio.Event()
         async with anyio.create_task_group() as tg:
             tg.start_soon(run_batch, done)
             during = await singles_while(c, "during", n_singles, done)
+        print(row(f"during a {n_states}-state batch", during), flush=True)
+        if not flood:
+            return [f"batch: {n_states} states in {got['batch_s']:.2f} s ({n_states / got['batch_s']:.1f} states/s)"]  # type: ignore[operator]
 
         async def run_flood(done: anyio.Event) -> None:
             t = time.perf_counter()
@@ -101,23 +119,9 @@ async def bench(base: str, n_states: int, n_singles: int) -> list[str]:
             tg.start_soon(run_flood, done)
             flooded = await singles_while(c, "flooded", n_singles, done)
 
-    def row(name: str, xs: list[float]) -> str:
-        a50 = pct(alone, 50)
-        if not xs:
-            return f"| {name} | 0 | - | - | - | - |"
-        return (
-            f"| {name} | {len(xs)} | {pct(xs, 50) * 1e3:.1f} | {max(xs) * 1e3:.1f} "
-            f"| {pct(xs, 50) / a50:.2f}x | {max(xs) / a50:.2f}x |"
-        )
-
+    print(row(f"during {n_states} single requests at once", flooded), flush=True)
     batch_s, flood_s = float(got["batch_s"]), float(got["flood_s"])  # type: ignore[arg-type]
     return [
-        "| single requests | n | p50 ms | slowest ms | p50 / alone p50 | slowest / alone p50 |",
-        "|---|---|---|---|---|---|",
-        row("alone", alone),
-        row(f"during a {n_states}-state batch", during),
-        row(f"during {n_states} single requests at once", flooded),
-        "",
         f"batch: {n_states} states in {batch_s:.2f} s ({n_states / batch_s:.1f} states/s); "
         f"{n_states} single requests at once: {flood_s:.2f} s ({n_states / flood_s:.1f} states/s)",
     ]
@@ -128,13 +132,14 @@ def main() -> None:
     ap.add_argument("--states", type=int, default=1000, help="states in the batch (default 1000)")
     ap.add_argument("--singles", type=int, default=20, help="single requests measured each time (default 20)")
     ap.add_argument("--serve-args", default=DEFAULT_SERVE, help="`serve` flags, one string (default: the fixture)")
+    ap.add_argument("--no-flood", action="store_true", help="skip the flood of single requests")
     args = ap.parse_args()
+    print(f"serve {args.serve_args}", flush=True)
     server = Server("--max-inflight", str(args.states + 64), *shlex.split(args.serve_args))
     try:
-        lines = anyio.run(bench, server.base, args.states, args.singles)
+        lines = anyio.run(bench, server.base, args.states, args.singles, not args.no_flood)
     finally:
         server.close()
-    print(f"serve {args.serve_args}")
     print("\n".join(lines))
 
 

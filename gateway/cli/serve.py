@@ -11,9 +11,10 @@ or ``serveproto-llama`` is the project's engine. Installed from a wheel (not
 a clone), an engine is built into the cache on first use
 (:mod:`gateway.engine.build`). ``--engines N`` starts N engine processes per
 model (each under its own supervisor); ``--model NAME=PATH``, repeatable,
-serves several models, the first the default. Once listening it prints one
-line, ``serveproto: serving <model> on http://<host>:<port>`` (with several
-engines, one line per model first).
+serves several models, the first the default. It answers from its bind on:
+while the engines load, ``/health`` 200 and ``/ready`` 503 (:mod:`gateway.server.starting`).
+Once they have loaded it prints one line, ``serveproto: serving <model> on
+http://<host>:<port>`` (with several engines, one line per model first).
 
 The flags are read once into a :class:`gateway.cli.config.ServeConfig`, passed
 whole from there; the engines' commands are planned by :mod:`gateway.cli.plan`.
@@ -78,7 +79,8 @@ picks one by NAME, any other name gets the first. Requests go to the engine
 that last served their state (the routing key, x-serveproto-route-key), else
 to the least loaded one.
 
-Once the engine is loaded it prints one line,
+While the engine loads it answers GET /health 200 ("loading") and GET /ready
+503 (a readiness probe); once loaded it prints one line,
 "serveproto: serving <model> on http://<host>:<port>", then logs one JSON
 line per request on stderr. SIGINT or SIGTERM stops it.
 
