@@ -20,12 +20,12 @@ PIN_SLOTS ?=
 STRICT ?=
 export SERVEPROTO_CACHE ?= $(HOME)/.cache/serveproto
 
-.PHONY: serve test test-quick lint venv venv-test engines model browser clean
+.PHONY: serve test test-quick lint venv venv-test engines model browser nginx clean
 
 serve: venv engines model
 	$(VENV)/bin/serveproto serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL)) $(if $(THREADS),--threads $(THREADS)) $(if $(DEBIAS),--debias $(DEBIAS)) $(if $(PRECISION),--precision $(PRECISION)) $(if $(LOG_DECISIONS),--log-decisions $(LOG_DECISIONS)) $(if $(PIN_SLOTS),--pin-slots $(PIN_SLOTS)) $(if $(STRICT),--strict)
 
-test: lint engines model browser
+test: lint engines model browser nginx
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # Selected by folder, so a test that starts an engine cannot land here unmarked: tests/conftest.py fails any
@@ -69,6 +69,18 @@ browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) || \
 	  echo "chromium could not be installed: the page tests will skip"
+
+# nginx for the balancer's e2e test (tests/e2e/test_balancer.py, docs/http-api.md's configuration): Debian's
+# package unpacked into the cache, not installed (no service started, no root needed once apt has its lists; the
+# test finds it there when nginx is not on PATH). Without it that test skips, and fails under CI=true.
+NGINX := $(SERVEPROTO_CACHE)/nginx/usr/sbin/nginx
+nginx:
+	@command -v nginx >/dev/null || test -x $(NGINX) || \
+	  (d=$$(mktemp -d) && cd $$d && \
+	   (apt-get download -qq nginx 2>/dev/null || (apt-get update -qq && apt-get download -qq nginx)) && \
+	   mkdir -p $(SERVEPROTO_CACHE)/nginx && dpkg-deb -x nginx_*.deb $(SERVEPROTO_CACHE)/nginx && rm -rf $$d && \
+	   $(NGINX) -v) || \
+	  echo "nginx could not be fetched: tests/e2e/test_balancer.py will skip (and fail under CI=true)"
 
 clean:
 	$(MAKE) -C engines clean

@@ -7,7 +7,8 @@ and its engine planning (commands, threads, devices, transcodes) in
 and ``score`` (driving an engine by hand) in :mod:`gateway.cli.drive`;
 ``chat`` (the terminal client of a running server) in :mod:`gateway.cli.chat`;
 ``calibrate`` (fitting a calibration on labelled requests) in
-:mod:`gateway.cli.calibrate`.
+:mod:`gateway.cli.calibrate`; ``batch`` (a file of states answered by a running server, resumable) in
+:mod:`gateway.cli.batch` (its files in :mod:`gateway.cli.batch_io`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from gateway.cli import batch as cli_batch
     from gateway.cli import calibrate as cli_calibrate
     from gateway.cli import chat as cli_chat
     from gateway.cli import drive as cli_drive
@@ -33,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_chat.add_parsers(sub)
     cli_calibrate.add_parsers(sub)
     cli_heads.add_parsers(sub)
+    cli_batch.add_parsers(sub)
     return parser
 
 

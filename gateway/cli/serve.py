@@ -11,9 +11,10 @@ or ``serveproto-llama`` is the project's engine. Installed from a wheel (not
 a clone), an engine is built into the cache on first use
 (:mod:`gateway.engine.build`). ``--engines N`` starts N engine processes per
 model (each under its own supervisor); ``--model NAME=PATH``, repeatable,
-serves several models, the first the default. Once listening it prints one
-line, ``serveproto: serving <model> on http://<host>:<port>`` (with several
-engines, one line per model first).
+serves several models, the first the default. It answers from its bind on:
+while the engines load, ``/health`` 200 and ``/ready`` 503 (:mod:`gateway.server.starting`).
+Once they have loaded it prints one line, ``serveproto: serving <model> on
+http://<host>:<port>`` (with several engines, one line per model first).
 
 The flags are read once into a :class:`gateway.cli.config.ServeConfig`, passed
 whole from there; the engines' commands are planned by :mod:`gateway.cli.plan`.
@@ -78,7 +79,8 @@ picks one by NAME, any other name gets the first. Requests go to the engine
 that last served their state (the routing key, x-serveproto-route-key), else
 to the least loaded one.
 
-Once the engine is loaded it prints one line,
+While the engine loads it answers GET /health 200 ("loading") and GET /ready
+503 (a readiness probe); once loaded it prints one line,
 "serveproto: serving <model> on http://<host>:<port>", then logs one JSON
 line per request on stderr. SIGINT or SIGTERM stops it.
 
@@ -773,6 +775,7 @@ async def serve_config(cfg: config.ServeConfig, *, task_status: TaskStatus[Any] 
     from gateway.engine.pool import Pool
     from gateway.http import HTTPServer, PortInUse
     from gateway.server.app import App
+    from gateway.server.starting import Starting
 
     plans = plan.plan_engines(cfg.engines)
     # the port first: a port in use is reported at once, before a model is loaded for nothing
@@ -797,22 +800,34 @@ async def serve_config(cfg: config.ServeConfig, *, task_status: TaskStatus[Any] 
         raise
     specs = [s for p in plans for s in p.specs]
     gave_up: list[str] = []
-    async with listener, Pool.spawn(specs, cfg.engine) as pool:
-        served = await _served(pool, plans, cfg.decision)
-        app = App(pool, served, config=cfg.app)
-        if decisions is not None:
-            app.decision_log = decisions
-            for p, s in zip(plans, served.values()):
-                s.model_sha256 = await anyio.to_thread.run_sync(_model_sha256, p.path)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_stop_on_signal, tg.cancel_scope)
-            server = HTTPServer(app, cfg.limits)
-            port = await server.start(tg, listener=listener)
-            for engine in pool.engines:
-                tg.start_soon(_fail_upward, pool, engine, server, tg.cancel_scope, cfg.engine.restart, gave_up)
-            _say_serving(app, pool, cfg.host, port)
-            if task_status is not None:
-                task_status.started(port)
+    # answering from the bind on: /health 200 and /ready 503 while the engines load (gateway.server.starting)
+    handler = Starting()
+    server = HTTPServer(handler, cfg.limits)
+    accepting = anyio.CancelScope()
+
+    async def answer(*, task_status: TaskStatus[int]) -> None:
+        with accepting:
+            async with anyio.create_task_group() as connections:
+                task_status.started(await server.start(connections, listener=listener))
+
+    async with listener, anyio.create_task_group() as outer:
+        port = await outer.start(answer)
+        async with Pool.spawn(specs, cfg.engine) as pool:
+            served = await _served(pool, plans, cfg.decision)
+            app = App(pool, served, config=cfg.app)
+            if decisions is not None:
+                app.decision_log = decisions
+                for p, s in zip(plans, served.values()):
+                    s.model_sha256 = await anyio.to_thread.run_sync(_model_sha256, p.path)
+            async with anyio.create_task_group() as tg:  # until a signal, or every engine of a model gave up
+                tg.start_soon(_stop_on_signal, tg.cancel_scope)
+                handler.app = app
+                for engine in pool.engines:
+                    tg.start_soon(_fail_upward, pool, engine, server, tg.cancel_scope, cfg.engine.restart, gave_up)
+                _say_serving(app, pool, cfg.host, port)
+                if task_status is not None:
+                    task_status.started(port)
+            accepting.cancel()  # the listener and its connections first, then the engines shut down
     if decisions is not None:
         decisions.close()
     if gave_up:

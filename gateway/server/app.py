@@ -39,7 +39,7 @@ from serveproto import Caps
 log = logging.getLogger("serveproto.access")
 
 #: Routes answered without an API key.
-PUBLIC_ROUTES = frozenset({"/health", "/metrics", "/", "/style.css", "/app.js"})
+PUBLIC_ROUTES = frozenset({"/health", "/ready", "/metrics", "/", "/style.css", "/app.js"})
 
 
 #: The decision routes, by the field that holds their state: their replies carry the routing key.
@@ -162,6 +162,7 @@ class App:
             engine_restarts=lambda: float(sum(b.status()["restarts"] for b in self.backends)),
             engine_up=lambda: 1.0 if all(b.status()["healthy"] for b in self.backends) else 0.0,
             engines=lambda: [b.status() for b in self.backends],
+            load=lambda: [b.load() for b in self.backends],
         )
         if isinstance(model, dict):
             if not model:

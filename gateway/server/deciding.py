@@ -32,16 +32,10 @@ async def decide(app: Backend, parsed: SystemOneRequest) -> Decided:
 
     A request with a part no context can hold is refused (:class:`Refused`, the engine's own 422)
     before the engine reads it (:func:`gateway.decision.refusals.over_any_context`)."""
-    caps = app.caps
+    over = over_context(app, parsed)
+    if over is not None:
+        raise Refused([over])
     decider = app.decider
-    # a served pair's language model reads only the questions whose reader needs it
-    lm_reads = decider is None or any(
-        readers.needs(parsed.reader_of(q.id, app.served.reader))[1] for q in parsed.questions
-    )
-    if lm_reads and not getattr(caps, "decide", False):
-        over = refusals.over_any_context(parsed, refusals.max_prompt(caps), getattr(app.model, "max_token_bytes", None))
-        if over is not None:
-            raise Refused([over])
     if decider is None:
         _check_reader(app, parsed)
         decided = await pipeline.decide(parsed, app.engine, app.settings, app.memory)
@@ -55,6 +49,21 @@ async def decide(app: Backend, parsed: SystemOneRequest) -> Decided:
     metrics.option_tokens.inc(decided.output_tokens)
     metrics.observe_counters(decided.computed, decided.reused, decided.snapshot, decided.disk)
     return decided
+
+
+def over_context(app: Backend, parsed: SystemOneRequest) -> dict[str, Any] | None:
+    """The 422 ``detail`` entry of a request with a part no context of ``app``'s language model can hold
+    (:func:`gateway.decision.refusals.over_any_context`); None when every part might fit, when the engine
+    answers natively (a decision engine reads no prompt) or when no question of a served pair goes to its
+    language model."""
+    caps = app.caps
+    # a served pair's language model reads only the questions whose reader needs it
+    lm_reads = app.decider is None or any(
+        readers.needs(parsed.reader_of(q.id, app.served.reader))[1] for q in parsed.questions
+    )
+    if not lm_reads or getattr(caps, "decide", False):
+        return None
+    return refusals.over_any_context(parsed, refusals.max_prompt(caps), getattr(app.model, "max_token_bytes", None))
 
 
 def _check_reader(app: Backend, parsed: SystemOneRequest) -> None:

@@ -23,6 +23,8 @@ from gateway.decision.decision_log import DecisionLog
 from gateway.decision.heads import HeadSet
 from gateway.decision.prompts import PromptBuilder
 from gateway.engine.api import Engine
+from gateway.engine.errors import EngineError
+from gateway.server.lanes import Lanes
 from serveproto import Caps
 
 if TYPE_CHECKING:
@@ -133,6 +135,8 @@ class Backend:
         self.metrics = metrics
         self.memory = memory
         self.decision_log: DecisionLog | None = None
+        #: The batch route's lanes on this engine (:mod:`gateway.server.lanes`).
+        self.lanes = Lanes()
 
     @property
     def name(self) -> str:
@@ -185,6 +189,21 @@ class Backend:
         """The decision engine beside this one's language model (a served pair, :class:`PairBackend`), else None."""
         return None
 
+    def load(self) -> dict[str, Any]:
+        """What this engine has to do now, for the scheduling gauges (:mod:`gateway.server.metrics`):
+        ``waiting`` (requests queued for its slots, plus batch items waiting for a lane: :attr:`lanes`),
+        ``running`` (requests on it) and ``slots`` (CAPS ``slots``; None while it has no CAPS)."""
+        eng = self.engine
+        try:
+            slots: int | None = int(self.caps.slots)
+        except EngineError:  # no CAPS while (re)starting
+            slots = None
+        return {
+            "waiting": int(getattr(eng, "waiting", 0) or 0) + self.lanes.waiting,
+            "running": int(getattr(eng, "in_flight", 0) or 0),
+            "slots": slots,
+        }
+
     def status(self) -> dict[str, Any]:
         """What this engine is doing: ``name``, ``model``, ``state`` (``serving``, ``unresponsive``,
         ``restarting``, ``gave_up``, ``closed``), ``healthy``, ``restarts``, ``in_flight`` and ``waiting``
@@ -212,6 +231,7 @@ class PairBackend(Backend):
     def __init__(self, served: Served, lm: Backend, decider: Backend) -> None:
         super().__init__(lm.engine, served, metrics=lm.metrics, memory=lm.memory)
         self.decision_log = lm.decision_log
+        self.lanes = lm.lanes  # the batch route's lanes are the language model engine's, not this view's
         self._decider = decider
 
     @property

@@ -4,7 +4,9 @@ Requests by route and status, request latency by route, prompt positions
 computed vs reused by the engine, snapshot outcomes, questions answered by
 type and path, decision-log lines lost, the engine's restarts and health (read from the engine at
 scrape time), and the same per engine process (labels ``engine`` and ``model``:
-up, restarts, requests in flight and waiting, requests routed to it).
+up, restarts, requests in flight and waiting, requests routed to it); and the two gauges a fleet's
+scheduler routes on, named as the Gateway API Inference Extension's model-server protocol names them in
+vLLM (its TotalQueuedRequests and KVCacheUtilization; :class:`_Scheduling`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class Metrics:
         engine_restarts: Callable[[], float] | None = None,
         engine_up: Callable[[], float] | None = None,
         engines: Callable[[], list[dict[str, Any]]] | None = None,
+        load: Callable[[], list[dict[str, Any]]] | None = None,
     ) -> None:
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
@@ -74,6 +77,8 @@ class Metrics:
         )
         if engines is not None:
             r.register(_PerEngine(engines))
+        if load is not None:
+            r.register(_Scheduling(load))
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
         key = (route, method, status)
@@ -120,3 +125,42 @@ class _PerEngine:
             for row in rows:
                 family.add_metric([row["name"], row["model"]], float(row[key]))
             yield family
+
+
+class _Scheduling:
+    """The gauges a fleet's scheduler reads (the Gateway API Inference Extension's model-server protocol, its
+    names as vLLM spells them, ``serveproto:`` for ``vllm:``), summed over the server's engines at scrape time.
+    ``load()`` gives :meth:`gateway.server.fleet.Backend.load` dicts (``waiting``, ``running``, ``slots``).
+
+    ``serveproto:num_requests_waiting`` (TotalQueuedRequests): requests queued for an engine's slots, batch
+    items waiting for their turn included. ``serveproto:num_requests_running``: requests on the engines now.
+    ``serveproto:kv_cache_usage_perc`` (KVCacheUtilization, 0 to 1 as vLLM's): the share of the KV cache
+    that requests hold now. Each slot of an engine owns an equal share (``n_ctx`` cells), so this is the
+    running requests (at most the slots) over the slots; what idle slots keep for reuse (a state's cells,
+    snapshots) counts as free, as vLLM counts its prefix-cache blocks. Engines whose slots are unknown (no
+    CAPS yet) count for neither; none known: 0.
+    """
+
+    def __init__(self, load: Callable[[], list[dict[str, Any]]]) -> None:
+        self.load = load
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        rows = self.load()
+        yield GaugeMetricFamily(
+            "serveproto:num_requests_waiting",
+            "Requests waiting for an engine slot, batch items included (TotalQueuedRequests)",
+            value=float(sum(r["waiting"] for r in rows)),
+        )
+        yield GaugeMetricFamily(
+            "serveproto:num_requests_running",
+            "Requests on the engines now",
+            value=float(sum(r["running"] for r in rows)),
+        )
+        known = [r for r in rows if r["slots"]]
+        slots = sum(r["slots"] for r in known)
+        held = sum(min(r["running"], r["slots"]) for r in known)
+        yield GaugeMetricFamily(
+            "serveproto:kv_cache_usage_perc",
+            "Share of the KV cache held by running requests, 0 to 1 (KVCacheUtilization): busy slots over slots",
+            value=held / slots if slots else 0.0,
+        )

@@ -1,4 +1,5 @@
-"""Operational routes: ``GET /health``, ``GET /v1`` (the index), ``GET /metrics`` (Prometheus text),
+"""Operational routes: ``GET /health`` (alive), ``GET /ready`` (serving: a readiness probe), ``GET /v1`` (the
+index), ``GET /metrics`` (Prometheus text),
 and the System One page (``GET /``, ``/style.css``, ``/app.js``: ``gateway/server/static``, no key needed;
 see ``docs/terminal-and-page.md``)."""
 
@@ -9,6 +10,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from gateway.http import Request, Response
+from gateway.server.starting import READY_PATH
 
 if TYPE_CHECKING:
     from gateway.server.app import App
@@ -72,6 +74,14 @@ def register(app: App) -> None:
             body["engine"] = state
         return Response.json(body, 503, [("retry-after", "1")])
 
+    async def ready(request: Request) -> Response:
+        # The app exists once every engine of every model has loaded (gateway.server.starting answers 503
+        # before): from then on ready while /health is 200, with /health's body.
+        response = await health(request)
+        if response.status != 200:
+            return response
+        return Response.json({"status": "ready", "model": app.model.name})
+
     async def index(request: Request) -> Response:
         return Response.json(
             {
@@ -84,6 +94,11 @@ def register(app: App) -> None:
                         "method": "POST",
                         "path": "/v1/systemone",
                         "doc": "TypeSafe Jev System One: typed decisions with a probability per option",
+                    },
+                    {
+                        "method": "POST",
+                        "path": "/v1/systemone/batch",
+                        "doc": "many states in one request: each item answered as /v1/systemone answers it, in order",
                     },
                     {"method": "POST", "path": "/v1/decisions", "doc": "OpenAI Decisions API shape, same scoring"},
                     {
@@ -106,6 +121,11 @@ def register(app: App) -> None:
                         "method": "GET",
                         "path": "/health",
                         "doc": "200 when the engine serves and answers its PINGs, 503 when it is unresponsive, restarting or has failed",  # noqa: E501  (one documented sentence)
+                    },
+                    {
+                        "method": "GET",
+                        "path": READY_PATH,
+                        "doc": "readiness: 503 until every engine of every model has loaded, then as /health",
                     },
                     {"method": "GET", "path": "/metrics", "doc": "Prometheus text format"},
                 ],
@@ -136,5 +156,6 @@ def register(app: App) -> None:
             pass
 
     app.router.route("/health", "GET", health)
+    app.router.route(READY_PATH, "GET", ready)
     app.router.route("/v1", "GET", index)
     app.router.route("/metrics", "GET", metrics)

@@ -26,8 +26,12 @@ def validation_body(detail: list[dict[str, Any]], message: str, param: str) -> d
 
 def error_body(exc: JevValidationError) -> dict[str, Any]:
     """The 422 body of a request that does not validate: Jev's ``detail`` list (``exc.errors``; the SDK
-    reads it) and an ``error`` envelope beside it whose ``param`` is the first error's field."""
-    return validation_body(exc.errors, str(exc), ".".join(map(str, exc.errors[0]["loc"][1:])))
+    reads it) and an ``error`` envelope beside it whose ``param`` is the first error's field (the error's own
+    ``param`` where it has one: the batch route's ``items[3].state``)."""
+    param = getattr(exc, "param", None)
+    return validation_body(
+        exc.errors, str(exc), param if isinstance(param, str) else ".".join(map(str, exc.errors[0]["loc"][1:]))
+    )
 
 
 def answer(question: Question, probabilities: list[float], extra: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The Jev package's paths on the app's router: ``POST /v1/systemone`` and ``POST /v1/decisions``
+"""The Jev package's paths on the app's router: ``POST /v1/systemone``, ``POST /v1/systemone/batch`` and
+``POST /v1/decisions``
 (:mod:`gateway.server.jev.serving` answers them)."""
 
 from __future__ import annotations
@@ -6,7 +7,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
-from gateway.server.jev.serving import decisions, systemone
+from gateway.server.jev.serving import decisions, systemone, systemone_batch
 
 if TYPE_CHECKING:
     from gateway.server.app import App
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
 #: (path, method, handler): each handler is called with the app and the request.
 ROUTES = (
     ("/v1/systemone", "POST", systemone),
+    ("/v1/systemone/batch", "POST", systemone_batch),
     ("/v1/decisions", "POST", decisions),
 )
 

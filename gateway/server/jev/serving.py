@@ -14,11 +14,14 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+import anyio
+import anyio.abc
 import attrs
 
-from gateway.decision import schema, scoring
+from gateway.decision import batch, schema, scoring
 from gateway.decision.calibration import IDENTITY
 from gateway.decision.errors import Refused
+from gateway.decision.pipeline import Decided
 from gateway.decision.prompts import as_text
 from gateway.decision.schema import JevValidationError, SystemOneRequest
 from gateway.http import Request, Response
@@ -31,6 +34,7 @@ from gateway.server.routing import routing_key
 
 if TYPE_CHECKING:
     from gateway.server.app import App
+    from gateway.server.fleet import Backend
 
 
 def _refuse_multipart(request: Request) -> None:
@@ -56,14 +60,66 @@ async def systemone(app: App, request: Request) -> Response:
     parsed = schema.parse_request(parse_json(request), strict=app.config.strict)
     key = routing_key(parsed.state, parsed.prefix)
     here = app.backend(parsed.model, key)  # the model named (else the default), by state affinity then load
+    body, decided = await answer_one(here, parsed, request.request_id)
+    return Response.json(body, headers=deciding.headers(decided) + [(ROUTE_HEADER, key)])
+
+
+async def answer_one(here: Backend, parsed: SystemOneRequest, request_id: str) -> tuple[dict[str, Any], Decided]:
+    """One parsed ``/v1/systemone`` request answered on ``here`` and logged: its 200 body (the reply's
+    ``id`` and ``x_request_id`` are ``request_id``) and the pipeline's :class:`Decided`. The single route
+    and each item of the batch route (:func:`systemone_batch`) are answered here. Raises what
+    :func:`gateway.server.deciding.decide` raises."""
     decided = await deciding.decide(here, parsed)
-    deciding.log_decisions(here, request.request_id, parsed, decided)
-    extra = {"x_request_id": request.request_id, **deciding.extras(parsed, decided)}
+    deciding.log_decisions(here, request_id, parsed, decided)
+    extra = {"x_request_id": request_id, **deciding.extras(parsed, decided)}
     answers = deciding.answers(parsed, decided)
     body = protocol.reply(
-        here.model.name, answers, decided.input_tokens, decided.output_tokens, extra, request_id=request.request_id
+        here.model.name, answers, decided.input_tokens, decided.output_tokens, extra, request_id=request_id
     )
-    return Response.json(body, headers=deciding.headers(decided) + [(ROUTE_HEADER, key)])
+    return body, decided
+
+
+async def systemone_batch(app: App, request: Request) -> Response:
+    """``POST /v1/systemone/batch``: many states in one request (:func:`gateway.decision.batch.parse_batch`),
+    ``{"items": [<the single route's reply of each item>, ...]}`` in the items' order.
+
+    Every item is validated, and checked against its engine's context, before any is answered (one 422
+    naming ``items[i]...`` for each problem). Each item is routed as a single request on its state
+    (its own engine, by state affinity) and answered by :func:`answer_one`, its ``id`` the batch's
+    request id + ``-<i>``. The items of all batches an engine answers hold at most
+    :meth:`gateway.server.lanes.Lanes.capacity` of its slots at once, so single requests keep one.
+    An engine failure fails the whole batch (its error, e.g. 503 + ``Retry-After``): no partial reply.
+    """
+    _refuse_multipart(request)
+    items = batch.parse_batch(parse_json(request), strict=app.config.strict)
+    routed = [(parsed, app.backend(parsed.model, routing_key(parsed.state, parsed.prefix))) for parsed in items]
+    refused = []
+    for i, (parsed, here) in enumerate(routed):
+        over = deciding.over_context(here, parsed)
+        if over is not None:
+            refused.append(batch.item_error(i, over))
+    if refused:
+        raise batch.BatchInvalid(refused)
+    replies: list[dict[str, Any] | None] = [None] * len(routed)
+    failed: list[tuple[int, Exception]] = []
+
+    async def one(i: int, parsed: SystemOneRequest, here: Backend, tg: anyio.abc.TaskGroup) -> None:
+        try:
+            async with here.lanes.lane(here.caps.slots):
+                replies[i], _ = await answer_one(here, parsed, f"{request.request_id}-{i}")
+        except Exception as exc:
+            failed.append((i, exc))
+            tg.cancel_scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        for i, (parsed, here) in enumerate(routed):
+            tg.start_soon(one, i, parsed, here, tg)
+    if failed:
+        i, exc = min(failed, key=lambda f: f[0])
+        if isinstance(exc, JevValidationError):  # the engine's refusal of one item, named as that item
+            raise batch.BatchInvalid([batch.item_error(i, e) for e in exc.errors]) from None
+        raise exc
+    return Response.json({"items": replies})
 
 
 # --- OpenAI's Decisions API shape -------------------------------------------------------------
