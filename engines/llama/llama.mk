@@ -72,7 +72,7 @@ LLAMA_ENGINE_SRCS := $(wildcard llama/*.c)
 LLAMA_ENGINE_HDRS := $(wildcard llama/*.h)
 
 .PHONY: llama-libs llama-src
-all: $(BIN)/serveproto-llama $(BIN)/llama-prefill-ref $(BIN)/llama-tokenize-ref $(BIN)/ggml-rpc-server
+all: $(BIN)/serveproto-llama $(BIN)/llama-prefill-ref $(BIN)/llama-tokenize-ref $(BIN)/llama-logit-hash $(BIN)/ggml-rpc-server
 
 llama-libs: $(LLAMA_STAMP)
 
@@ -153,6 +153,10 @@ $(BIN)/serveproto-llama: $(LLAMA_ENGINE_SRCS) $(LLAMA_ENGINE_HDRS) $(COMMON_LIB)
 
 # The reference for bench/engine.py: llama.cpp's own batched decode of a prompt, nothing else.
 $(BIN)/llama-prefill-ref: llama/bench/prefill_ref.c llama/bench/ref_common.h $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
+	$(CC) $(LLAMA_CFLAGS) -o $@ $< $(LLAMA_LDLIBS)
+
+# Every logit of a few decodes hashed: two builds' kernels compared bit for bit (bench/README.md, "Long documents").
+$(BIN)/llama-logit-hash: llama/bench/logit_hash.c llama/bench/ref_common.h $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
 	$(CC) $(LLAMA_CFLAGS) -o $@ $< $(LLAMA_LDLIBS)
 
 # llama.cpp's llama_tokenize of texts, timed (bench/README.md, "Tokenizing"; tests/engines/test_llama_tokenize.py).
