@@ -529,16 +529,15 @@ class EngineProcess:
                     await req.recv.receive()  # the PONG, or the engine's failure
                 except (anyio.EndOfStream, anyio.ClosedResourceError):
                     pass
-            self._ping_sent = None
             if req is not None:
                 req.detached = True
                 req.recv.close()
+            if scope.cancelled_caught and self._failure is None and not self._closing:
+                await self._log_stack()  # the PING stays unanswered meanwhile: /health says "unresponsive"
+            self._ping_sent = None
             if self._failure is not None or self._closing:
                 return
             if scope.cancelled_caught:
-                await self._log_stack()
-                if self._failure is not None or self._closing:
-                    return
                 await self._fail(
                     EngineTimeout(
                         f"engine {self.name!r} did not answer PING within {self.options.ping_timeout:g} s; killed",
