@@ -92,7 +92,10 @@ def test_decide_caps_and_refusals():
             f.request(payload_frame("DECIDE", 4, 2, b"{}"), 4) == b"ERROR 4 BAD_REQUEST slot 2 out of range (slots=2)\n"
         )
     with Fixture("--mode", "decide", "--decide-record", "raw") as f:
-        assert f.handshake.split(b"\n")[1] == b"CAPS chat=0 decide=1 decide_record=raw slots=1 model=fixture x_health=1 x_stack=SIGUSR2"
+        assert (
+            f.handshake.split(b"\n")[1]
+            == b"CAPS chat=0 decide=1 decide_record=raw slots=1 model=fixture x_health=1 x_stack=SIGUSR2"
+        )
 
 
 def test_default_form_matches_reference():
