@@ -16,6 +16,8 @@
 #ifndef SERVEPROTO_STACK_H
 #define SERVEPROTO_STACK_H
 
+#include <signal.h>
+
 /* The signal, and the CAPS pair an engine that called sp_stack_install
  * advertises (the gateway sends the signal only then: without the handler
  * its default action would kill the engine). */
