@@ -12,7 +12,7 @@
 # words set the engine's environment, e.g. SERVEPROTO_OVERLAP=0; DEBIAS=VALUE is bench/load.py's --debias
 # instead, default none). CLIENTS=1,8,32,64 runs bench/load.py at those clients instead of 32 alone;
 # REQUESTS=N: a cell starts at most N requests (default 1000: the document's cell then lasts about 2 s).
-# Each load's server log (the engine's crashes among it) is $RES/TAG-server.log.
+# Each load's server log (the engine's crashes among it, and a stalled engine's stack) is $RES/TAG-server.log.
 set -u
 Q4=$1
 F16=/tmp/llama3-8b-random.F16.gguf
@@ -64,6 +64,9 @@ load() {  # TAG MODEL [NAME=VALUE...] ENGINE_FLAGS...: the NAME=VALUE words go t
     > $RES/load-$tag.log 2>&1
   echo "load $tag: exit $?"
   grep -m4 -E "crash|exited|killed|GGML_ASSERT|abort|stopping" $RES/$tag-server.log 2>/dev/null | cut -c1-400
+  # a stalled engine's stack, which the gateway asks for (SIGUSR2) before the kill (spec/serve-protocol.md 9.3);
+  # run.sh's addr2line pass at the end names its serveproto-llama(+0x...) frames
+  sed -n '/: stack at a stall (/,/: end of stack$/p' $RES/$tag-server.log 2>/dev/null | head -140 | cut -c1-200
   # GGML_CUDA_GRAPH_STATS=N (patch 0012) and the late fill's exit line (SERVEPROTO_PIPELINE_LATE), when set
   grep -E "CUDA graphs:|late fill:" $RES/$tag-server.log 2>/dev/null | tail -2 | cut -c1-200
   kill $dm 2>/dev/null

@@ -149,7 +149,7 @@ SP_BUILD_ID := $(shell { cat $(sort $(LLAMA_ENGINE_SRCS) $(LLAMA_ENGINE_HDRS)) $
 # The frame codec and JSON reader come from engines/common ($(COMMON_LIB)).
 $(BIN)/serveproto-llama: $(LLAMA_ENGINE_SRCS) $(LLAMA_ENGINE_HDRS) $(COMMON_LIB) $(COMMON_HDR) $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
 	$(CC) $(LLAMA_CFLAGS) -I$(LLAMA_VENDOR_HASH) -DSP_BUILD_ID='"$(SP_BUILD_ID)"' -o $@ $(LLAMA_ENGINE_SRCS) \
-	  $(LLAMA_VENDOR_HASH)/sha256/sha256.c $(COMMON_LIB) $(LLAMA_LDLIBS)
+	  $(LLAMA_VENDOR_HASH)/sha256/sha256.c $(COMMON_LIB) $(COMMON_LDFLAGS) $(LLAMA_LDLIBS)
 
 # The reference for bench/engine.py: llama.cpp's own batched decode of a prompt, nothing else.
 $(BIN)/llama-prefill-ref: llama/bench/prefill_ref.c llama/bench/ref_common.h $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)

@@ -20,6 +20,7 @@
 
 #include "engine.h"
 #include "persist.h"
+#include "stack.h"
 
 /* ---- options ---- */
 
@@ -609,7 +610,7 @@ static void handshake(engine *e)
     char caps[2048];
     snprintf(caps, sizeof caps,
              "chat=1 slots=%d n_ctx=%d x_max_prompt=%d n_vocab=%d model=%s pin_slots=%d max_logprobs=%d x_score=1 x_score_base=1 "
-             "x_hidden=%d x_hidden_dim=%d x_counters=1 x_health=1 x_numerics=%s x_batched=1 n_ubatch=%d n_chunk=%d x_threads=%s%d%s%s",
+             "x_hidden=%d x_hidden_dim=%d x_counters=1 x_health=1 x_numerics=%s x_batched=1 n_ubatch=%d n_chunk=%d x_threads=%s%d%s%s " SP_STACK_CAPS,
              e->n_slots, e->n_ctx, e->n_ctx_max, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS, e->no_hidden ? 0 : hidden_layers(e),
              hidden_dim(e), e->numerics, e->n_ubatch,
              e->n_chunk, e->threads_auto ? "auto:" : "", e->threads_max, e->devices_caps,
@@ -768,6 +769,12 @@ int main(int argc, char **argv)
     /* past a file-size limit (ulimit -f, systemd LimitFSIZE=) a cache write then fails with EFBIG,
      * which persist.c takes like a full disk, instead of the signal killing the engine */
     signal(SIGXFSZ, SIG_IGN);
+    /* SIGUSR2 writes this thread's stack (the frame loop's, llama_decode's) to stderr: the gateway
+     * sends it to an engine that missed its PING before killing it (common/stack.h) */
+    if (sp_stack_install("serveproto-llama") != 0) {
+        perror("serveproto-llama: sigaction");
+        return 1;
+    }
     static engine e; /* large; zero-initialised */
     if (sp_writer_init(&e.w, 1) != 0 || sp_loop_init(&e.in, SP_EXT_ALL, &e.w, &engine_loop_ops, &e) != 0) {
         fprintf(stderr, "serveproto-llama: out of memory\n");

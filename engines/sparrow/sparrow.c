@@ -13,6 +13,7 @@
 #include "decide_record.h"
 #include "frame.h"
 #include "loop.h"
+#include "stack.h"
 #include "model.h"
 
 #include <signal.h>
@@ -264,6 +265,10 @@ int main(int argc, char **argv)
     if (!model)
         usage_exit("--model is required");
     signal(SIGPIPE, SIG_IGN);
+    if (sp_stack_install("serveproto-sparrow") < 0) {
+        perror("serveproto-sparrow: sigaction");
+        return 1;
+    }
     if (sp_writer_init(&W, 1) < 0)
         return 1;
     const char *kind = "format";
@@ -279,7 +284,7 @@ int main(int argc, char **argv)
         return rc;
     }
     char caps[512];
-    snprintf(caps, sizeof caps, "chat=0 decide=1 decide_record=raw x_decide_json=sent slots=%d model=%s x_health=1",
+    snprintf(caps, sizeof caps, "chat=0 decide=1 decide_record=raw x_decide_json=sent slots=%d model=%s x_health=1 " SP_STACK_CAPS,
              n_slots, M.name);
     static const double stat[4] = {0, 0, 0, 0};
     check(sp_write_ready(&W));

@@ -8,4 +8,4 @@ all: $(BIN)/serveproto-sparrow
 
 $(BIN)/serveproto-sparrow: $(SPARROW_SRC) $(SPARROW_HDR) $(COMMON_LIB)
 	@mkdir -p $(BIN)
-	$(CC) $(CFLAGS) -ffp-contract=off $(COMMON_CFLAGS) -Isparrow $(SPARROW_SRC) $(COMMON_LIB) -lm -o $@
+	$(CC) $(CFLAGS) -ffp-contract=off $(COMMON_CFLAGS) -Isparrow $(SPARROW_SRC) $(COMMON_LIB) $(COMMON_LDFLAGS) -lm -o $@

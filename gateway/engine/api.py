@@ -205,8 +205,9 @@ class Engine:
         names (``handshake_timeout=10, max_restarts=0``; :meth:`EngineOptions.updated`, TypeError
         for another name). Seconds: ``handshake_timeout`` (READY..STAT), ``health_interval`` (an
         engine with ``x_health`` is PINGed this often, busy or idle; ``None``: never) and
-        ``ping_timeout`` (a PING unanswered this long: the engine is stalled, killed and
-        restarted, its requests fail with :class:`EngineTimeout` ``what="stall"`` whatever their
+        ``ping_timeout`` (a PING unanswered this long: the engine is stalled, asked for its stack
+        when it advertises ``x_stack`` (spec 9.3, up to 1 s), killed and restarted, its requests
+        fail with :class:`EngineTimeout` ``what="stall"`` whatever their
         own deadlines; :attr:`healthy` is already False once a PING waits longer than
         ``health_interval``), ``stall_timeout`` (no output while requests are in flight: the
         engine is declared hung the same way; the watchdog of an engine without ``x_health``;
@@ -216,8 +217,9 @@ class Engine:
         drain, SIGTERM, SIGKILL). Restarts: at most ``max_restarts`` within ``restart_period`` s
         (``None``: no limit), backoff doubling from ``backoff_initial`` to ``backoff_max`` s; then
         health fails for good and :meth:`wait_stopped` returns. The engine's stderr is logged
-        line by line to ``gateway.engine.<name>`` (at most ``stderr_lines_per_s`` lines a second;
-        the rest are counted). ``max_waiting``: with that many callers already queued for slots,
+        line by line to ``gateway.engine.<name>`` (at INFO, at most ``stderr_lines_per_s`` lines a
+        second, the rest counted; a stack block whole, at WARNING). ``max_waiting``: with that many
+        callers already queued for slots,
         a new request raises :class:`EngineBusy` at once (``None``: queue without bound).
 
         Raises, from the first start (never retried): :class:`EngineLoadError`

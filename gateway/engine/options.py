@@ -30,7 +30,8 @@ class ProcessOptions:
     (5) and ``term_timeout`` (2): the shutdown ladder (EOF, drain, SIGTERM,
     wait, SIGKILL). ``env`` / ``cwd`` (``None``: the gateway's): the
     process's environment and folder. ``stderr_lines_per_s`` (1000): stderr
-    lines logged a second, the rest counted. ``max_line`` (4096 bytes) and
+    lines logged a second, the rest counted (not a stalled engine's stack,
+    logged whole). ``max_line`` (4096 bytes) and
     ``max_payload`` (64 MiB): the serve-protocol bounds of what the engine
     writes (``serveproto.GatewayConnection``).
     """

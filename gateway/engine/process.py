@@ -7,7 +7,8 @@ two watchdogs. An engine with ``x_health`` is sent a PING every
 ``health_interval`` seconds, busy or idle; one not answered within
 ``ping_timeout`` seconds means the engine is stalled (hung, stopped by a
 signal, stuck in one computation), and it is failed and shut down, whatever
-the requests' own deadlines. Without ``x_health``, an engine that writes
+the requests' own deadlines; one that advertises ``x_stack`` is first sent
+that signal, so its stderr (the log) holds the stack it was stuck in. Without ``x_health``, an engine that writes
 nothing for ``stall_timeout`` seconds while requests are in flight is declared
 hung the same way. It never restarts anything: that is
 :mod:`gateway.engine.supervisor`'s job.
@@ -68,6 +69,14 @@ STDERR_TAIL = 20
 REAP_GRACE = 1.0
 #: Seconds a CANCEL may take to be written before we give up on it.
 CANCEL_WRITE_TIMEOUT = 1.0
+#: Seconds a stalled engine with ``x_stack`` has to write its stack (spec 9.3) before it is killed.
+STACK_WAIT_S = 1.0
+#: The framing lines of that stack (engines/common/stack.h), after the engine's name and ": ".
+STACK_OPEN = b"stack at a stall ("
+STACK_CLOSE = b"end of stack"
+#: Lines of one stack logged past the ``stderr_lines_per_s`` limit, at most (glibc's frames, the
+#: engine's STACK_MAX_FRAMES, and the two framing lines).
+STACK_MAX_LINES = 130
 
 #: The reply frames that end a request.
 _TERMINAL = (Done, Error, Pong)
@@ -155,6 +164,8 @@ class EngineProcess:
         self._window_start = 0.0
         self._window_lines = 0
         self._dropped_lines = 0
+        self._stack_lines = -1  # lines of a stack block logged so far; -1: not inside one
+        self._stack_done = anyio.Event()  # the closing line of a stack was read
         self._inflight: dict[int, Inflight] = {}
         self._next_id = 1
         self._write_lock = anyio.Lock()
@@ -518,10 +529,12 @@ class EngineProcess:
                     await req.recv.receive()  # the PONG, or the engine's failure
                 except (anyio.EndOfStream, anyio.ClosedResourceError):
                     pass
-            self._ping_sent = None
             if req is not None:
                 req.detached = True
                 req.recv.close()
+            if scope.cancelled_caught and self._failure is None and not self._closing:
+                await self._log_stack()  # the PING stays unanswered meanwhile: /health says "unresponsive"
+            self._ping_sent = None
             if self._failure is not None or self._closing:
                 return
             if scope.cancelled_caught:
@@ -534,6 +547,22 @@ class EngineProcess:
                     )
                 )
                 return
+
+    async def _log_stack(self) -> None:
+        """Ask a stalled engine that advertises ``x_stack`` (spec 9.3) for its main thread's stack:
+        send the signal, then wait up to ``STACK_WAIT_S`` s for the closing line on stderr, which the
+        stderr pump logs (the block bypasses ``stderr_lines_per_s``). Without the key: nothing."""
+        sig_name = self.caps.values.get("x_stack") if self.caps is not None else None
+        sig = getattr(signal, sig_name, None) if sig_name in ("SIGUSR1", "SIGUSR2") else None
+        if sig is None:
+            return
+        log.warning(
+            "engine %s: no PONG within %g s; asking for its stack (%s)", self.name, self.options.ping_timeout, sig_name
+        )
+        self._stack_done = anyio.Event()
+        _signal(self._running, sig)
+        with anyio.move_on_after(STACK_WAIT_S):
+            await self._stack_done.wait()
 
     # ------------------------------------------------------------ stderr
 
@@ -566,6 +595,8 @@ class EngineProcess:
             line = line[:MAX_STDERR_LINE]
         text = line.decode("utf-8", "replace").rstrip("\r")
         self._stderr_tail.append(text)
+        if self._stack_line(line, text):
+            return
         if not self._stderr_log.isEnabledFor(logging.INFO):
             return
         now = anyio.current_time()
@@ -582,6 +613,22 @@ class EngineProcess:
             self._stderr_log.info("%s", text)
         else:
             self._dropped_lines += 1
+
+    def _stack_line(self, line: bytes, text: str) -> bool:
+        """Log a line of a stack block (spec 9.3) at WARNING, outside the rate limit; False for any
+        other line. The block runs from the engine's opening line to its closing line, at most
+        ``STACK_MAX_LINES`` lines."""
+        _, sep, rest = line.partition(b": ")
+        if self._stack_lines < 0:
+            if not (sep and rest.startswith(STACK_OPEN)):
+                return False
+            self._stack_lines = 0
+        self._stack_lines += 1
+        self._stderr_log.warning("%s", text)
+        if (sep and rest == STACK_CLOSE) or self._stack_lines >= STACK_MAX_LINES:
+            self._stack_lines = -1
+            self._stack_done.set()
+        return True
 
     # ------------------------------------------------------------ requests
 

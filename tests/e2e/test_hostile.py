@@ -411,6 +411,50 @@ async def test_a_stopped_engine_is_unresponsive_killed_and_replaced(fixture_engi
     assert new_pid != pid and after.status_code == 200
 
 
+def test_a_stalled_engine_leaves_its_stack_in_the_server_log_then_is_replaced(fixture_engine, tmp_path, monkeypatch):
+    # hang_after=1: the fixture pause()s inside the write of its first frame after the handshake (issue 46,
+    # item 8: nothing said where a stalled engine was stuck). It advertises x_stack=SIGUSR2, so the watchdog
+    # sends that signal before the kill, and the server's log (its stderr) holds the stuck thread's stack.
+    engine = first_start_only(fixture_engine, tmp_path, monkeypatch, "hang_after=1")
+    proc, base = serve_process("--ping-interval", "0.5", "--ping-timeout", "1", "--engine", *engine)
+    try:
+        stalled = httpx2.post(base + "/v1/chat/completions", json=CHAT, timeout=30)
+        deadline = time.monotonic() + 15
+        while httpx2.get(base + "/health", timeout=5).status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        after = httpx2.post(base + "/v1/chat/completions", json=CHAT, timeout=30)
+        restarts = restarts_of(httpx2.get(base + "/metrics", timeout=5).text)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log = proc.stderr.read().splitlines()
+    assert stalled.status_code == 503 and stalled.json() == {
+        "detail": {
+            "error_type": "overloaded_error",
+            "message": "the engine is unavailable: engine 'sh' did not answer PING within 1 s; killed",
+        }
+    }
+    assert after.status_code == 200 and restarts == 1.0
+    head = log.index("serveproto-fixture: stack at a stall (SIGUSR2), thread main:")
+    end = log.index("serveproto-fixture: end of stack", head)
+    killed = log.index("engine sh: engine 'sh' did not answer PING within 1 s; killed")
+    assert log[head - 1] == "engine sh: no PONG within 1 s; asking for its stack (SIGUSR2)"
+    assert head < end < killed, log
+    frames = log[head + 1 : end]
+    # innermost first: the handler's frames, libc's pause(), then the fault's own function
+    at_pause = next(i for i, f in enumerate(frames) if "(pause+0x" in f)
+    assert "serveproto-fixture(faults_hang_forever+0x" in frames[at_pause + 1], frames
+    # the first frame being written (the request's ACCEPT, or a PONG should a PING come first), from main
+    below = " ".join(frames[at_pause + 1 :])
+    assert "serveproto-fixture(sp_write_accept+0x" in below or "serveproto-fixture(sp_write_pong+0x" in below, frames
+    assert any("serveproto-fixture(main+0x" in f for f in frames) and "(_start+0x" in frames[-1], frames
+
+
 def serve_process(*argv: str) -> tuple[subprocess.Popen, str]:
     """``serveproto serve --port 0 ...`` as a process; returns it and its base URL once it serves."""
     proc = subprocess.Popen(

@@ -47,7 +47,7 @@ def test_handshake_options():
     with Fixture("--slots", "3", "--ctx", "64", "--pin-slots", "2", "--model", "toy-1") as f:
         assert f.handshake.split(b"\n")[1] == (
             b"CAPS chat=1 slots=3 n_ctx=64 n_vocab=257 model=toy-1 pin_slots=2 max_logprobs=32 "
-            b"x_score=1 x_counters=1 x_health=1"
+            b"x_score=1 x_counters=1 x_health=1 x_stack=SIGUSR2"
         )
 
 

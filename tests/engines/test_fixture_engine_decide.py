@@ -78,7 +78,7 @@ def _decide(f: Fixture, rid: int, record: dict | bytes) -> tuple[bytes, dict | N
 
 def test_decide_caps_and_refusals():
     with Fixture("--mode", "decide", "--slots", "2") as f:
-        assert f.handshake.split(b"\n")[1] == b"CAPS chat=0 decide=1 slots=2 model=fixture x_health=1"
+        assert f.handshake.split(b"\n")[1] == b"CAPS chat=0 decide=1 slots=2 model=fixture x_health=1 x_stack=SIGUSR2"
         assert (
             f.request(submit(1, b"hi", max_tokens=1), 1) == b"ERROR 1 NOT_SUPPORTED this engine only decides (chat=0)\n"
         )
@@ -92,7 +92,10 @@ def test_decide_caps_and_refusals():
             f.request(payload_frame("DECIDE", 4, 2, b"{}"), 4) == b"ERROR 4 BAD_REQUEST slot 2 out of range (slots=2)\n"
         )
     with Fixture("--mode", "decide", "--decide-record", "raw") as f:
-        assert f.handshake.split(b"\n")[1] == b"CAPS chat=0 decide=1 decide_record=raw slots=1 model=fixture x_health=1"
+        assert (
+            f.handshake.split(b"\n")[1]
+            == b"CAPS chat=0 decide=1 decide_record=raw slots=1 model=fixture x_health=1 x_stack=SIGUSR2"
+        )
 
 
 def test_default_form_matches_reference():

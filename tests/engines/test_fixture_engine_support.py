@@ -17,7 +17,7 @@ PAYLOAD_KINDS = {b"ECHO", b"DATA", b"DECISION"}
 HANDSHAKE_STAT = b"STAT 0 0 0 0\n"
 CAPS_CHAT = (
     b"CAPS chat=1 slots=%d n_ctx=%d n_vocab=257 model=fixture pin_slots=%d "
-    b"max_logprobs=32 x_score=1 x_counters=1 x_health=1\n"
+    b"max_logprobs=32 x_score=1 x_counters=1 x_health=1 x_stack=SIGUSR2\n"
 )
 
 

@@ -247,6 +247,7 @@ def test_handshake_announces_caps(tiny):
             "n_ubatch": "256",
             "n_chunk": "128",
             "x_threads": "1",
+            "x_stack": "SIGUSR2",  # a stack on stderr at that signal (common/stack.h)
         }
         stat = eng.handshake[-1]
         assert isinstance(stat, Stat) and stat.fields[:3] == (0.0, 0.0, 0.0) and stat.fields[3] > 0
