@@ -23,6 +23,7 @@ from gateway.decision.errors import Refused
 from gateway.http import Request, Response
 from gateway.server import deciding
 from gateway.server.body import parse_json
+from gateway.server.errors import openai_error
 from gateway.server.routing import HEADER as ROUTE_HEADER
 from gateway.server.routing import routing_key
 
@@ -36,11 +37,17 @@ PATHS = ("/v1/rerank", "/v2/rerank", "/rerank")
 async def rerank_route(app: App, request: Request) -> Response:
     """Answer one rerank request (module doc). Raises :class:`gateway.decision.rerank.RerankInvalid`
     (422 naming the field) and what :func:`gateway.server.deciding.decide` raises, mapped by
-    :mod:`gateway.server.errors`."""
+    :mod:`gateway.server.errors`; a model that is a decision engine alone (no language model: CAPS
+    ``chat=0``) is a 400 naming ``model`` that points at ``/v1/systemone``, as chat and completions are."""
     parsed = rerank.parse(parse_json(request))
     (asked,) = rerank.questions_request(parsed)
     key = routing_key(asked.state)
     here = app.backend(parsed.model, key)
+    if not here.caps.chat:
+        raise openai_error(
+            f"{here.model.name} is a decision engine: it ranks no documents. Ask it with POST /v1/systemone.",
+            "model",
+        )
     try:
         decided = await deciding.decide(here, asked)
     except Refused as exc:

@@ -277,3 +277,21 @@ async def test_a_state_past_the_language_models_context_goes_to_the_decider_alon
     assert ok.status_code == 200 and ok.json()["answers"]["q"]["x_reader"] == "decider"
     assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "state"]
     assert [c[0] for c in lm.calls] == [] and [c[0] for c in dec.calls] == ["decide"]
+
+
+async def test_rerank_on_a_decision_engine_alone_is_refused_pointing_at_systemone():
+    # issue 47 item 3: chat, completions and rerank answer 400 on a decision engine; the pair (its language
+    # model beside) and the language model rerank
+    app, _, _ = pair_app()
+    body = {"query": "refund", "documents": ["I want my money back", "The weather is fine"]}
+    async with running(app) as base, httpx2.AsyncClient(base_url=base, timeout=10) as c:
+        refused = await c.post("/v1/rerank", json={**body, "model": "dec"})
+        ranked = await c.post("/v1/rerank", json={**body, "model": "lm"})
+    assert refused.status_code == 400
+    assert refused.json()["error"] == {
+        "message": "dec is a decision engine: it ranks no documents. Ask it with POST /v1/systemone.",
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": None,
+    }
+    assert ranked.status_code == 200 and len(ranked.json()["results"]) == 2
