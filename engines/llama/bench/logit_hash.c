@@ -78,14 +78,11 @@ int main(int argc, char **argv)
                         "[--background 0..6000]\n");
         return 2;
     }
-    FILE *f = fopen(prompt_path, "rb");
-    if (!f) {
-        perror(prompt_path);
-        return 1;
-    }
     static char text[1 << 20];
-    size_t len = fread(text, 1, sizeof text - 1, f);
-    fclose(f);
+    long got = read_prompt(prompt_path, text, sizeof text);
+    if (got < 0)
+        return 1;
+    size_t len = (size_t)got;
 
     llama_log_set(quiet, NULL);
     llama_backend_init();

@@ -24,4 +24,18 @@ static inline void quiet(enum ggml_log_level level, const char *text, void *ud)
         fputs(text, stderr);
 }
 
+/* The prompt file of llama-prefill-ref and llama-logit-hash: up to cap - 1 bytes of `path` into buf.
+ * Returns the length, or -1 after perror when the file cannot be opened. */
+static inline long read_prompt(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        perror(path);
+        return -1;
+    }
+    size_t len = fread(buf, 1, cap - 1, f);
+    fclose(f);
+    return (long)len;
+}
+
 #endif
