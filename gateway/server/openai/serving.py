@@ -310,13 +310,29 @@ async def chat_completions(server: App, request: Request) -> Response:
     stops = stop_strings(body)
     want_lp = flag(body, "logprobs")
     top_n = number(body, "top_logprobs", 0, 0, int(app.caps.max_logprobs or 20), integer=True) if want_lp else None
+    tally = Tally()
+    items = _chat_generate(app, messages, params, stops, top_n, tally)
+    return await _chat_reply(app, request, body, items, top_n, tally)
+
+
+def _chat_generate(
+    app: Backend, turns: list[dict[str, Any]], params: dict[str, Any], stops: list[str], top_n: int | None, tally: Tally
+) -> Any:
+    """The generation of a chat reply: ``turns`` through the model's chat template (a template's refusal and
+    a prompt over the engine's are 400s naming ``messages``), then :func:`_generate`."""
     try:
-        prompt = app.prompts.chat(messages)
+        prompt = app.prompts.chat(turns)
     except TemplateError as exc:
         raise openai_error(f"the model's chat template refuses these messages: {exc}", "messages") from None
     _check_prompt_bytes(app, prompt, "messages")
-    tally = Tally()
-    items = _generate(app, prompt, params, stops, max(1, top_n) if top_n is not None else 0, tally)
+    return _generate(app, prompt, params, stops, max(1, top_n) if top_n is not None else 0, tally)
+
+
+async def _chat_reply(
+    app: Backend, request: Request, body: dict[str, Any], items: Any, top_n: int | None, tally: Tally, **more: Any
+) -> Response:
+    """:func:`_reply` in the chat completion's shape (``chatcmpl-`` ids, its objects); ``more``: ``extra``,
+    ``headers``."""
     return await _reply(
         app,
         request,
@@ -327,6 +343,7 @@ async def chat_completions(server: App, request: Request) -> Response:
         ident="chatcmpl-" + request.request_id[4:],
         objects=("chat.completion", "chat.completion.chunk"),
         param="messages",
+        **more,
     )
 
 
@@ -383,25 +400,14 @@ async def _chat_decision(server: App, request: Request, body: dict[str, Any]) ->
         turns = chat_jev.conditioned(messages, note, system_in_user=app.prompts.system_in_user)
     jev |= deciding.extras(asked.request, decided)
     tally = Tally()
-    if generating:
-        try:
-            prompt = app.prompts.chat(turns)
-        except TemplateError as exc:
-            raise openai_error(f"the model's chat template refuses these messages: {exc}", "messages") from None
-        _check_prompt_bytes(app, prompt, "messages")
-        items = _generate(app, prompt, params, stops, max(1, top_n) if top_n is not None else 0, tally)
-    else:
-        items = _nothing()
-    return await _reply(
+    items = _chat_generate(app, turns, params, stops, top_n, tally) if generating else _nothing()
+    return await _chat_reply(
         app,
         request,
         body,
         items,
-        ChatChunks(top_n, app.model.pieces),
+        top_n,
         tally,
-        ident="chatcmpl-" + request.request_id[4:],
-        objects=("chat.completion", "chat.completion.chunk"),
-        param="messages",
         extra={"jev": jev},
         headers=deciding.headers(decided) + [(ROUTE_HEADER, key)],
     )
