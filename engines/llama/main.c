@@ -307,7 +307,7 @@ static int auto_slots(engine *e, const options *o)
  * matmul and attention of the model once; an op that ggml-cuda has no
  * batch-invariant kernel for (float weights through cuBLAS, a mixture of
  * experts, an unsupported head size...) logs "batch-dependent kernel" there
- * (llama/patches/0006), and the load is refused rather than serve digits
+ * (llama/patches/numerics/0006), and the load is refused rather than serve digits
  * that move with the batch. */
 static int gpu_invariant_check(engine *e)
 {
