@@ -14,11 +14,11 @@ import os
 
 import numpy as np
 import pytest
-import test_llama_engine as tle
-from test_llama_engine import PREFIX_IDS, SCORE_JOB, Engine, done, echoes, ids, readout, score
 
+import test_llama_engine as tle
 from gateway.paths import default_model_path, engine_bin
 from serveproto import Cancel, Data, Error, LoadFail, Ping, Pong, Scored, Submit
+from test_llama_engine import PREFIX_IDS, SCORE_JOB, Engine, done, echoes, ids, readout, score
 
 STOCK = engine_bin("serveproto-llama-stock")
 
@@ -69,7 +69,9 @@ def test_stock_engine_scores_as_its_own_read_outs(tiny, stock):
         assert done(ev).computed > 0
         for n, s in enumerate(scored):
             g = SCORE_JOB["groups"][s.group]
-            whole = echoes(readout(eng, 10 + n, (SCORE_JOB["prefix"] + g["stem"] + g["options"][s.option]).encode(), as_ids=False))
+            whole = echoes(
+                readout(eng, 10 + n, (SCORE_JOB["prefix"] + g["stem"] + g["options"][s.option]).encode(), as_ids=False)
+            )
             assert len(s.logprobs) == len(whole) - s.context_tokens >= 1
             assert np.allclose(s.logprobs, [e.logprob for e in whole[s.context_tokens :]], atol=1e-4, rtol=0)
     finally:
@@ -96,6 +98,29 @@ def test_stock_engine_cancels_a_running_submit_and_keeps_serving(stock):
         assert done(again).emitted == 2
     finally:
         assert eng.close() == 0
+
+
+@pytest.mark.parametrize("which", ["tiny", "default"])
+def test_the_patches_change_no_digit_of_fast_numerics(tiny, stock, monkeypatch, which):
+    """With ``--numerics fast`` the numerics patches are off and the speed patches keep the bits (patches/README.md):
+    the stock and the patched build print the same 17 digits, on the tiny F32 model and on the default Q4_1 one
+    (whose matmuls go through patch 0015's four columns)."""
+    model = tiny if which == "tiny" else default_model_path()
+    if not model.exists():
+        pytest.skip(f"{model} is not fetched yet (make model)")
+    got = {}
+    for engine in (tle.ENGINE, engine_bin("serveproto-llama")):
+        monkeypatch.setattr(tle, "ENGINE", engine)
+        eng = Engine(model, "--numerics", "fast", "--float-digits", "17")
+        try:
+            scored = [s.logprobs for s in score(eng, 1, SCORE_JOB) if isinstance(s, Scored)]
+            ev = echoes(readout(eng, 2, b"The weather today is calm.", as_ids=False, k=3))
+            read = [(e.logprob, e.top) for e in ev[1:]]  # position 0: nan, nothing to condition on
+        finally:
+            assert eng.close() == 0
+        assert eng.caps.values["x_numerics"] == "fast" and len(scored) == 7 and len(read) > 3
+        got[eng.caps.values["x_patches"] == "none"] = (scored, read)
+    assert got[True] == got[False]
 
 
 @pytest.mark.parametrize(
