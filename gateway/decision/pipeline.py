@@ -96,9 +96,9 @@ class DecisionEngine(Protocol):
     async def decide(self, record: bytes, *, slot: int = ...) -> tuple[dict[str, Any], Done]: ...
 
 
-@attrs.define
+@attrs.frozen
 class Settings:
-    """What the server decides for every request.
+    """What the server decides for every request of one model, built once (frozen: replaced whole, never changed).
 
     ``prompts``: the model's :class:`PromptBuilder`; ``debias``: the
     :mod:`gateway.decision.debias` methods of a request that sends no ``x_debias``;
