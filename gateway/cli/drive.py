@@ -418,6 +418,7 @@ def _slot_and_text(words: list[str], prog: str) -> tuple[int | None, str]:
 
 async def _drive(args: argparse.Namespace) -> int:
     from gateway.engine import Engine, EngineError
+    from gateway.engine.options import EngineOptions
 
     def out(text: str) -> None:
         print(text, flush=True)
@@ -426,14 +427,13 @@ async def _drive(args: argparse.Namespace) -> int:
         return await anyio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
 
     try:
-        async with Engine.spawn(
-            args.cmd,
-            name=args.name,
+        options = EngineOptions().updated(
             handshake_timeout=args.handshake_timeout,
             request_timeout=args.timeout,
             stall_timeout=args.stall_timeout,
             max_restarts=args.max_restarts,
-        ) as eng:
+        )
+        async with Engine.spawn(args.cmd, name=args.name, options=options) as eng:
             out(f"engine {eng.name} pid {eng.pid}: " + " ".join(f"{k}={v}" for k, v in eng.caps.values.items()))
             interactive = sys.stdin.isatty()
             async with anyio.create_task_group() as tg:
@@ -477,12 +477,14 @@ def _engine_cmd(args: argparse.Namespace) -> list[str]:
 
 async def _score(args: argparse.Namespace) -> int:
     from gateway.engine import Engine, EngineError, RequestError
+    from gateway.engine.options import EngineOptions
 
     cmd = _engine_cmd(args)
     try:
-        async with Engine.spawn(
-            cmd, handshake_timeout=args.handshake_timeout, request_timeout=args.timeout, max_restarts=0
-        ) as eng:
+        options = EngineOptions().updated(
+            handshake_timeout=args.handshake_timeout, request_timeout=args.timeout, max_restarts=0
+        )
+        async with Engine.spawn(cmd, options=options) as eng:
             result = await eng.score(
                 args.prefix, [(args.stem, args.option)], pin=False, fast=False if args.fallback else None
             )

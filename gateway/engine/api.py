@@ -196,14 +196,13 @@ class Engine:
         *,
         name: str | None = None,
         options: EngineOptions | None = None,
-        **changes: Any,
     ) -> AsyncIterator[Engine]:
         """Start ``argv`` (a list, no shell), wait for its handshake, yield the :class:`Engine`.
 
         ``options``: :class:`gateway.engine.options.EngineOptions` (default: its defaults), passed
-        whole to the supervisor and each process; ``changes`` override single fields by their flat
-        names (``handshake_timeout=10, max_restarts=0``; :meth:`EngineOptions.updated`, TypeError
-        for another name). Seconds: ``handshake_timeout`` (READY..STAT), ``health_interval`` (an
+        whole to the supervisor and each process (one field changed: ``dataclasses.replace``, or
+        :meth:`EngineOptions.updated` by its flat name, ``handshake_timeout=10, max_restarts=0``).
+        Its fields, in seconds: ``handshake_timeout`` (READY..STAT), ``health_interval`` (an
         engine with ``x_health`` is PINGed this often, busy or idle; ``None``: never) and
         ``ping_timeout`` (a PING unanswered this long: the engine is stalled, asked for its stack
         when it advertises ``x_stack`` (spec 9.3, up to 1 s), killed and restarted, its requests
@@ -229,7 +228,7 @@ class Engine:
         if not argv:
             raise ValueError("argv: the engine command is empty")
         name = name or os.path.basename(os.fspath(argv[0]))
-        options = (options or EngineOptions()).updated(**changes)
+        options = options or EngineOptions()
         sup = Supervisor(argv, name=name, options=options)
         try:
             async with anyio.create_task_group() as tg:

@@ -44,8 +44,8 @@ def _argv(words: Iterable[str]) -> tuple[str, ...]:
 @attrs.frozen
 class EngineSpec:
     """One engine of a pool: its ``name``, its command ``argv``, ``options`` (this engine's own
-    changes to the pool's :class:`gateway.engine.options.EngineOptions`, by :meth:`Engine.spawn`'s
-    keyword names: timeouts, restarts, ``env`` such as ``CUDA_VISIBLE_DEVICES`` to pin one GPU)
+    changes to the pool's :class:`gateway.engine.options.EngineOptions`, by the flat names of
+    :meth:`EngineOptions.updated`: timeouts, restarts, ``env`` such as ``CUDA_VISIBLE_DEVICES`` to pin one GPU)
     and the ``model`` name it serves (None: its CAPS ``model``)."""
 
     name: str
@@ -84,7 +84,8 @@ class Pool:
         stop = anyio.Event()
 
         async def hold(spec: EngineSpec, *, task_status: TaskStatus[Engine] = anyio.TASK_STATUS_IGNORED) -> None:
-            async with Engine.spawn(spec.argv, name=spec.name, options=options, **spec.options) as eng:
+            own = (options or EngineOptions()).updated(**spec.options)
+            async with Engine.spawn(spec.argv, name=spec.name, options=own) as eng:
                 caps[spec.name] = eng.caps  # read at its handshake: the process may be gone by the time we yield
                 task_status.started(eng)
                 await stop.wait()
