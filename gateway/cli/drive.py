@@ -22,10 +22,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import anyio
 import attrs
 
+from gateway.cli import sub_command
 from gateway.decision.arithmetic import NORMALIZE, probabilities
 
 if TYPE_CHECKING:
-    from gateway.engine.api import Engine, RequestStream, ScoreResult
+    from gateway.engine.api import Engine, ScoreResult
+    from gateway.engine.request import RequestStream
 
 #: A drive command, ready to run (in the foreground or in the background).
 Run = Callable[[], Awaitable[None]]
@@ -558,11 +560,11 @@ example:
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``drive`` and ``score`` on the ``serveproto`` sub-command parser."""
-    p = sub.add_parser(
+    p = sub_command(
+        sub,
         "drive",
-        help="drive an engine by hand (frames or short commands)",
-        description=__doc__.split("\n\n")[1] + "\n\n" + DRIVE_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "drive an engine by hand (frames or short commands)",
+        __doc__.split("\n\n")[1] + "\n\n" + DRIVE_HELP,
     )
     p.add_argument("--name", default=None, help="engine name in logs (default: the command)")
     p.add_argument(
@@ -588,12 +590,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.set_defaults(func=_run_drive)
 
-    s = sub.add_parser(
-        "score",
-        help="score options after a prefix: logprob + softmax",
-        description=SCORE_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    s = sub_command(sub, "score", "score options after a prefix: logprob + softmax", SCORE_HELP)
     src = s.add_mutually_exclusive_group()
     src.add_argument("--model", help="GGUF for serveproto-llama (default: the default model)")
     src.add_argument("--engine", help="any engine command line (shell-quoted)")

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
 
-from gateway.cli import config, plan
+from gateway.cli import config, plan, sub_command
 from gateway.cli.config import KEEP_RESTARTING_BACKOFF_MAX, int_at_least
 from gateway.cli.plan import THREADS_ENV
 from gateway.engine.build import ENGINES
@@ -130,12 +130,7 @@ def _pin_slots(text: str) -> int:
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The ``serve`` sub-command and its flags, in the order ``--help`` lists them."""
-    p = sub.add_parser(
-        "serve",
-        help="start the decision server (POST /v1/systemone and the OpenAI routes)",
-        description=SERVE_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = sub_command(sub, "serve", "start the decision server (POST /v1/systemone and the OpenAI routes)", SERVE_HELP)
     p.add_argument(
         "--model",
         action=_ModelArg,

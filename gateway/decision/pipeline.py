@@ -639,7 +639,7 @@ class _FreeReading:
 
     def finish(self, mem: Memory, scored: list[list[OptionScore]], normalize: str, out: Decided) -> list[list[float]]:
         """Remember the readings of ``missing`` from their groups' results (``scored``: one list of
-        :class:`gateway.engine.api.OptionScore` per group of :meth:`groups`); return each question's
+        :class:`gateway.engine.score.OptionScore` per group of :meth:`groups`); return each question's
         mean content-free log-probabilities, one list of ``n_options`` floats per question."""
         g = 0
         for key in self.missing:

@@ -24,38 +24,18 @@ import orjson
 
 from gateway.engine.errors import (
     EngineBusy,
-    EngineCrashed,
-    EngineError,
-    EngineLoadError,
     EngineProtocolError,
     EngineTimeout,
     EngineUnavailable,
     RequestError,
 )
 from gateway.engine.options import EngineOptions
-from gateway.engine.process import EngineProcess, Inflight, unwrap_group
+from gateway.engine.process import EngineProcess, Inflight, unwrapped
 from gateway.engine.request import RequestStream
 from gateway.engine.score import OptionScore, option_tokens
 from gateway.engine.slots import SlotLease
-from gateway.engine.supervisor import RestartPolicy, Supervisor
+from gateway.engine.supervisor import Supervisor
 from serveproto import Accept, Caps, Decide, Decision, Done, Echo, Event, Hidden, Ping, Pong, Score, Scored, Submit
-
-__all__ = [
-    "Engine",
-    "ReadOut",
-    "ScoreResult",
-    "OptionScore",
-    "RequestStream",
-    "RestartPolicy",
-    "EngineError",
-    "EngineLoadError",
-    "EngineCrashed",
-    "EngineProtocolError",
-    "EngineBusy",
-    "EngineTimeout",
-    "EngineUnavailable",
-    "RequestError",
-]
 
 Text = Union[str, bytes]  # noqa: UP007  (a runtime alias: keep the typing.Union object)
 #: ``score()`` groups: ``[(stem, [option, ...]), ...]``, or a flat ``[option, ...]``
@@ -230,15 +210,13 @@ class Engine:
         name = name or os.path.basename(os.fspath(argv[0]))
         options = options or EngineOptions()
         sup = Supervisor(argv, name=name, options=options)
-        try:
+        with unwrapped():
             async with anyio.create_task_group() as tg:
                 await tg.start(sup.run)
                 try:
                     yield cls(sup, request_timeout=options.request_timeout, max_waiting=options.max_waiting)
                 finally:
                     sup.close()
-        except BaseExceptionGroup as group:
-            raise unwrap_group(group) from None
 
     # ------------------------------------------------------------ state
 

@@ -20,10 +20,11 @@ import anyio
 import attrs
 from anyio.abc import TaskGroup, TaskStatus
 
-from gateway.engine.api import Engine, Groups, ReadOut, RequestStream, ScoreResult, Text
+from gateway.engine.api import Engine, Groups, ReadOut, ScoreResult, Text
 from gateway.engine.errors import EngineUnavailable
 from gateway.engine.options import EngineOptions
-from gateway.engine.process import unwrap_group
+from gateway.engine.process import unwrapped
+from gateway.engine.request import RequestStream
 from serveproto import Caps, Done
 
 #: Routing keys remembered for engine affinity (least recently used first out).
@@ -93,7 +94,7 @@ class Pool:
         async def start_one(i: int, tg: TaskGroup) -> None:
             engines[i] = await tg.start(hold, specs[i])
 
-        try:
+        with unwrapped():
             async with anyio.create_task_group() as tg:
                 try:
                     async with anyio.create_task_group() as starters:
@@ -107,8 +108,6 @@ class Pool:
                     yield pool
                 finally:
                     stop.set()
-        except BaseExceptionGroup as group:
-            raise unwrap_group(group) from None
 
     @property
     def healthy(self) -> bool:

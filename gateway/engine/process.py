@@ -22,8 +22,8 @@ import os
 import signal
 import subprocess
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -89,6 +89,16 @@ def unwrap_group(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc
+
+
+@contextmanager
+def unwrapped() -> Iterator[None]:
+    """Around a task group: what it raises as a group, raised as :func:`unwrap_group` leaves it (the typed
+    error itself when it is the only one)."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        raise unwrap_group(group) from None
 
 
 class Inflight:

@@ -26,7 +26,6 @@ from gateway.decision import pipeline
 from gateway.decision.calibration import Calibration
 from gateway.decision.chat_template import ChatTemplate, read_gguf
 from gateway.decision.decision_log import DecisionLog
-from gateway.decision.heads import HeadSet
 from gateway.http import HTTPError, Request, Response, Router, access_line
 from gateway.server import auth, routes_ops, routing
 from gateway.server.errors import RETRY_AFTER, http_error, log_note
@@ -150,7 +149,7 @@ class App:
 
     ``decision_log`` (a :class:`gateway.decision.decision_log.DecisionLog` or
     None, the server's) is set after construction by ``serve``; so may the
-    default model's ``calibration``, ``heads`` and ``model_sha256`` be, in a
+    default model's ``settings``, ``calibration`` and ``model_sha256`` be, in a
     test (each replaces the default :class:`Served` whole, every engine of it
     reading it from its next request on).
     """
@@ -224,8 +223,14 @@ class App:
 
     @property
     def settings(self) -> pipeline.Settings:
-        """The default model's decision settings (``gateway.decision.pipeline.Settings``)."""
+        """The default model's decision settings (``gateway.decision.pipeline.Settings``). Settable, as its
+        ``calibration`` and ``model_sha256`` are (a test's): the default model is then served with them, in
+        place of the one it was, by every engine of it from its next request on."""
         return self.served[self.default].settings
+
+    @settings.setter
+    def settings(self, value: pipeline.Settings) -> None:
+        self._set_default(attrs.evolve(self.served[self.default], settings=value))
 
     @property
     def calibration(self) -> Calibration | None:
@@ -234,18 +239,7 @@ class App:
 
     @calibration.setter
     def calibration(self, value: Calibration | None) -> None:
-        settings = attrs.evolve(self.settings, calibration=value)
-        self._set_default(attrs.evolve(self.served[self.default], settings=settings))
-
-    @property
-    def heads(self) -> HeadSet | None:
-        """The default model's trained heads (``gateway.decision.heads.HeadSet`` or None)."""
-        return self.settings.heads
-
-    @heads.setter
-    def heads(self, value: HeadSet | None) -> None:
-        settings = attrs.evolve(self.settings, heads=value)
-        self._set_default(attrs.evolve(self.served[self.default], settings=settings))
+        self.settings = attrs.evolve(self.settings, calibration=value)
 
     @property
     def model_sha256(self) -> str | None:
@@ -253,11 +247,11 @@ class App:
         return self.served[self.default].model_sha256
 
     @model_sha256.setter
-    def model_sha256(self, value: str | None) -> None:
-        self._set_default(attrs.evolve(self.served[self.default], model_sha256=value))
+    def model_sha256(self, sha256: str | None) -> None:
+        served = attrs.evolve(self.served[self.default], model_sha256=sha256)
+        self._set_default(served)
 
     def _set_default(self, served: Served) -> None:
-        """Serve ``served`` as the default model, in place of the one of its name, on every engine of it."""
         old = self.served[self.default]
         self.served[self.default] = served
         for b in self.backends:
