@@ -14,11 +14,12 @@ tree is built.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
-from gateway.engine.options import EngineOptions
+from gateway.engine.options import EngineOptions, ProcessOptions, RestartPolicy
 
 if TYPE_CHECKING:  # read when built: the CLI parses its flags without importing the server and numpy
     from gateway.http import Limits
@@ -174,14 +175,13 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
     PING interval), ``--ping-timeout``, ``--max-restarts`` within ``--restart-period`` (no limit, and
     the backoff capped at :data:`KEEP_RESTARTING_BACKOFF_MAX`, with ``--keep-restarting``)."""
     keep = bool(args.keep_restarting)
-    return EngineOptions().updated(
-        handshake_timeout=args.handshake_timeout,
-        health_interval=args.ping_interval,
-        ping_timeout=args.ping_timeout,
-        restart_period=args.restart_period,
-        max_restarts=None if keep else args.max_restarts,
-        **({"backoff_max": KEEP_RESTARTING_BACKOFF_MAX} if keep else {}),
+    process = ProcessOptions(
+        handshake_timeout=args.handshake_timeout, health_interval=args.ping_interval, ping_timeout=args.ping_timeout
     )
+    restart = RestartPolicy(max_restarts=None if keep else args.max_restarts, period=args.restart_period)
+    if keep:
+        restart = dataclasses.replace(restart, backoff_max=KEEP_RESTARTING_BACKOFF_MAX)
+    return EngineOptions(process, restart)
 
 
 def engines_config(args: argparse.Namespace) -> EnginesConfig:

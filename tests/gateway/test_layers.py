@@ -152,7 +152,7 @@ def api_wrong(path: Path, found: list[tuple[int, str]]) -> list[str]:
 
 
 def test_the_server_has_per_api_packages():
-    assert {"jev", "openai"} <= set(API_PACKAGES)
+    assert {"jev", "openai", "rerank"} <= set(API_PACKAGES)
     for name in API_PACKAGES:
         assert {p.stem for p in (GATEWAY / "server" / name).glob("*.py")} <= {"__init__", *API_KINDS}, name
 

@@ -22,7 +22,7 @@ from gateway.engine import (
     ScoreResult,
 )
 from gateway.http import HTTPServer
-from gateway.server.app import App, ModelInfo
+from gateway.server.app import App, AppConfig, ModelInfo
 from serveproto import Accept, Data, Done, Echo
 
 #: The support-ticket request the route and end-to-end tests ask.
@@ -153,10 +153,10 @@ class FakeEngine:
         return ReadOut(echoes, Done(1, 0, 0.0, 0.0, 0.1, len(echoes), False))
 
 
-def make_app(engine=None, *, api_key=None, template=None, **kw) -> App:
+def make_app(engine=None, *, api_key=None, template=None, debias=(), **config) -> App:
     engine = engine or FakeEngine()
     model = ModelInfo(engine.caps.model, "2026-11-30", "a fake model", template or ChatTemplate.chatml())
-    return App(engine, model, api_key=api_key, request_timeout=5.0, **kw)
+    return App(engine, model, config=AppConfig(api_key=api_key, request_timeout=5.0, **config), debias=debias)
 
 
 @contextlib.asynccontextmanager
