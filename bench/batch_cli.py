@@ -22,12 +22,9 @@ from pathlib import Path
 import httpx2
 import orjson
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from batch_fair import DEFAULT_SERVE, QUESTIONS, state  # noqa: E402
-from decisions import Server  # noqa: E402
+from bench import ROOT
+from bench.batch_fair import DEFAULT_SERVE, QUESTIONS, state
+from bench.servers import Server
 
 
 def loop(base: str, n: int) -> float:

@@ -17,19 +17,15 @@ from __future__ import annotations
 import argparse
 import random
 import shlex
-import sys
 import time
-from pathlib import Path
 
 import anyio
 import httpx2
 import orjson
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from decisions import Server, pct  # noqa: E402
+from bench import ROOT
+from bench.decisions import pct
+from bench.servers import Server
 
 QUESTIONS = {
     "urgent": {"type": "noul", "instructions": "Is it urgent?"},

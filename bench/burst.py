@@ -19,19 +19,14 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 import time
-from pathlib import Path
 
 import anyio
 import httpx2
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from decisions import Server, pct  # noqa: E402
-from load import Target, document_body, http_client  # noqa: E402
+from bench.decisions import pct
+from bench.load import Target, document_body, http_client
+from bench.servers import Server
 
 
 async def ask(target: Target, http: httpx2.AsyncClient, serial: int) -> tuple[float, int]:

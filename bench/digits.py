@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import anyio
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway.engine import Engine
 from gateway.paths import default_model_path, engine_bin

@@ -33,8 +33,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from fixtures import oracle
 from fixtures.compare import read_out
 from fixtures.sync_engine import SyncEngine

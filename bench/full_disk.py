@@ -27,13 +27,8 @@ from pathlib import Path
 
 import httpx2
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from test_routes_support import TICKET  # noqa: E402
-
-# The servers this starts keep nothing on disk (serve --cache-dir): each run measures its own cold costs.
-os.environ.setdefault("SERVEPROTO_PERSIST", "off")
+from bench import ROOT
+from fixtures.requests import TICKET
 
 
 def _fill(folder: Path, leave: int = 300) -> None:

@@ -24,13 +24,10 @@ diagram of the largest size.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import orjson
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway.decision import schema
 from gateway.lab import evalset

@@ -61,14 +61,11 @@ import attrs
 import httpx2
 import orjson
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from decisions import QUESTIONS_16, TICKET, Server, pct  # noqa: E402
-from gateway.lab import evalset  # noqa: E402
-from gateway.paths import default_model_path, engine_bin  # noqa: E402
-from repeat import LlamaServer  # noqa: E402
+from bench import ROOT
+from bench.decisions import QUESTIONS_16, TICKET, pct
+from bench.servers import LlamaServer, Server
+from gateway.lab import evalset
+from gateway.paths import default_model_path, engine_bin
 
 # The servers this starts keep nothing on disk (serve --cache-dir): each run measures its own cold costs.
 os.environ.setdefault("SERVEPROTO_PERSIST", "off")

@@ -15,15 +15,13 @@ import argparse
 import logging
 import re
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import anyio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from digits import numbers, spawn
+from bench.digits import numbers, spawn
 from gateway.paths import default_model_path
 
 READ_MS: list[float] = []  # the engine's own "restored ... in X ms" lines (stderr, logged by the gateway)

@@ -16,17 +16,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import httpx2
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from decisions import Server  # noqa: E402
+from bench.servers import Server
 
 RULES = (
     "You triage support tickets for a payments company. Escalate anything that mentions lost money, "

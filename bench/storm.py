@@ -17,19 +17,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import anyio
 import httpx2
 import orjson
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from decisions import QUESTIONS_16, TICKET, Server  # noqa: E402
+from bench.decisions import QUESTIONS_16, TICKET
+from bench.servers import Server
 
 
 def body(state: str, serial: int, n: int) -> bytes:

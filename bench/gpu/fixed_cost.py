@@ -35,16 +35,14 @@ import argparse
 import os
 import shlex
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from bench.gpu_decisions import Engine, reference_reps, sized_bodies, state_text  # noqa: E402
-from serveproto import Ping, Pong  # noqa: E402
+from bench import ROOT
+from bench.gpu_decisions import sized_bodies, state_text
+from bench.timed_engine import TimedEngine, reference_reps
+from serveproto import Ping, Pong
 
 
 def ids_payload(ids: list[int]) -> bytes:
@@ -52,19 +50,18 @@ def ids_payload(ids: list[int]) -> bytes:
     return " ".join(map(str, ids)).encode()
 
 
-def ping_s(eng: Engine) -> float:
+def ping_s(eng: TimedEngine) -> float:
     """Seconds from a PING's write to its PONG."""
     ev = Ping(id=eng.new_id())
     t0 = time.perf_counter()
-    eng.proc.stdin.write(eng.conn.send(ev))
-    eng.proc.stdin.flush()
+    eng.send(ev)
     while True:
-        got = eng._next_event(60.0)
+        got = eng.next_event(60.0)
         if isinstance(got, Pong) and got.id == ev.id:
             return time.perf_counter() - t0
 
 
-def measure(eng: Engine, text: str, n_vocab: int, reps: int) -> tuple[int, dict[str, list[float]]]:
+def measure(eng: TimedEngine, text: str, n_vocab: int, reps: int) -> tuple[int, dict[str, list[float]]]:
     """(tokens of ``text``, variant name -> seconds of each rep), variants as in the module doc."""
     n = eng.count(text)
     a = [(1000 + 7 * i) % n_vocab for i in range(n)]
@@ -128,7 +125,7 @@ def main(argv=None) -> int:
         *shlex.split(args.engine_flags),
     ]
     err = Path(tempfile.gettempdir()) / "fixed_cost-engine.log"
-    with Engine(argv_eng, err, timeout=600) as eng:
+    with TimedEngine(argv_eng, err, timeout=600) as eng:
         body = sized_bodies(eng, [args.tokens])[args.tokens]
         text = state_text(0, body)
         n, out = measure(eng, text, eng.caps.n_vocab, args.reps)

@@ -29,14 +29,10 @@ is one tensor plus a 64 MiB pool of random bytes).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 #: Geometries under llama.cpp's GGUF key names (``llama.<key>``). ``llama3-8b``
 #: is Meta-Llama-3-8B's (config.json: 32 layers, hidden 4096, 32 heads, 8 KV

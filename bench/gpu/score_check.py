@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from bench import ROOT
+from bench.gpu_decisions import QUESTIONS, state_body, state_text
+from bench.timed_engine import TimedEngine
+from serveproto import Echo
 
-from bench.gpu_decisions import QUESTIONS, Engine, state_body, state_text  # noqa: E402
-from serveproto import Echo  # noqa: E402
 
-
-def read_out(eng: Engine, text: str, n: int) -> list[float]:
+def read_out(eng: TimedEngine, text: str, n: int) -> list[float]:
     """The logprobs of the last ``n`` tokens of ``text`` as ECHO reports them."""
     _, ev = eng.submit(text, max_tokens=0, logprobs=1)
     return [e.logprob for e in ev if isinstance(e, Echo)][-n:]
@@ -68,7 +66,7 @@ def main(argv=None) -> int:
     ]
     log = Path(tempfile.gettempdir()) / "score_check-engine.log"
     bad = []
-    with Engine(argv_eng, log, timeout=900) as eng:
+    with TimedEngine(argv_eng, log, timeout=900) as eng:
         _, scored, done = eng.score(prefix, groups, pin=True)
         print(f"state {done.prompt_tokens} tokens (longest option text), SCORE computed {done.computed}")
         k = 0
@@ -82,7 +80,7 @@ def main(argv=None) -> int:
                 k += 1
     if bad and args.fresh:
         diff, stem, opt, sc, lps = max(bad, key=lambda b: b[0])
-        with Engine(argv_eng, log, timeout=900) as fresh:
+        with TimedEngine(argv_eng, log, timeout=900) as fresh:
             print(f"option {opt!r}, a fresh engine's cold read-out: {read_out(fresh, prefix + stem + opt, len(sc))}")
     print(f"{len(bad)} of {k} options differ by more than {args.tol:g}")
     return 1 if bad else 0

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import decisions  # noqa: E402
+
 from gateway.paths import engine_bin  # noqa: E402
 
 

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import load  # noqa: E402
+
 from gateway.decision import schema  # noqa: E402
 from gateway.paths import engine_bin  # noqa: E402
 

@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import exactness  # noqa: E402
+
 from fixtures import oracle, tiny_gguf  # noqa: E402
 
 

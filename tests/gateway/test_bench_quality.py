@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import quality  # noqa: E402
+
 from gateway.lab import evalset  # noqa: E402
 
 
