@@ -6,7 +6,7 @@ same number of new states (``--rows``) three ways, each with states of its own (
 (JSONL in and out, its defaults: 4 requests in flight, 32 rows a request); and ``serveproto batch
 --concurrency 1`` (one request at a time, as the loop). Prints rows a second of each and the ratio to the loop.
 
-    .venv/bin/python bench/batch_cli.py [--rows 1000] [--serve-args '--slots 4 --threads 2']
+    .venv/bin/python -m bench.batch_cli [--rows 1000] [--serve-args '--slots 4 --threads 2']
 """
 
 from __future__ import annotations

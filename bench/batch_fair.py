@@ -9,7 +9,7 @@ Every state is new (cold), long and different from its first bytes (two short ti
 prompt, and the slot router keeps such affine requests on one slot). Prints the p50 and the slowest of each,
 their ratio to alone, and the batch's and the flood's states a second.
 
-    .venv/bin/python bench/batch_fair.py [--states 1000] [--singles 20] [--no-flood] [--serve-args '--engine ... ']
+    .venv/bin/python -m bench.batch_fair [--states 1000] [--singles 20] [--no-flood] [--serve-args '--engine ... ']
 """
 
 from __future__ import annotations

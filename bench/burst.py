@@ -9,7 +9,7 @@ first round is where the state's snapshot is taken: until then its requests wait
 the state, and once it exists they take every free slot (``gateway.engine.slots``). Before that fix the
 queued ones kept waiting for that one slot and were answered one a decode.
 
-    .venv/bin/python bench/burst.py [--clients 32] [--rounds 3] [--serve-args '--model M --slots 32 ...']
+    .venv/bin/python -m bench.burst [--clients 32] [--rounds 3] [--serve-args '--model M --slots 32 ...']
 
 The server's environment is this process's (e.g. ``SERVEPROTO_TEST_DEVICE_US_ROW`` and the pipeline's
 variables, as ``bench/late_fill_cpu.sh`` sets them).

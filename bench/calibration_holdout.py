@@ -7,7 +7,7 @@ before and after, per question type and overall. The default set is the generate
 of seed 14 (``bench/quality.py``'s, 400 questions); the shipped file was fitted on the set of seed 48
 (same generator, other states), so every answer measured here is held out.
 
-    .venv/bin/python bench/calibration_holdout.py [--calibration FILE] [--seed 14] [--threads 1]
+    .venv/bin/python -m bench.calibration_holdout [--calibration FILE] [--seed 14] [--threads 1]
 """
 
 from __future__ import annotations

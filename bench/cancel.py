@@ -10,7 +10,7 @@ load on a shared machine moves least), and the CANCEL latency: from writing
 CANCEL to reading its ERROR (``DONE`` in the last column: the request ran to
 its end first). Score cache off, so a repeat computes again.
 
-    .venv/bin/python bench/cancel.py [--ubatch 64,128,256,512] [--rounds 2] [--threads 1]
+    .venv/bin/python -m bench.cancel [--ubatch 64,128,256,512] [--rounds 2] [--threads 1]
                                      [--engine BIN[,BIN2]] [--model PATH] [--prefix-words 500]
                                      [--cancel-after 0.2] [--engine-args "--slots 1 --ctx 8192"]
 

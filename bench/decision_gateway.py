@@ -3,7 +3,7 @@
 (HTTP/1.1 keep-alive, one client) against the same record sent to serveproto-sparrow alone as a
 DECIDE frame over its pipes, side by side in one run (alternating, after a warm-up).
 
-    .venv/bin/python bench/decision_gateway.py [--n 300] [--model sparrow-nano-general] [--port 8149]
+    .venv/bin/python -m bench.decision_gateway [--n 300] [--model sparrow-nano-general] [--port 8149]
 """
 
 from __future__ import annotations

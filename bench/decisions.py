@@ -1,6 +1,6 @@
 """Benchmarks of the decision server, measured side by side in one run; prints ratios.
 
-    .venv/bin/python bench/decisions.py [--model PATH] [--threads N] [--questions 16] [--samples 20]
+    .venv/bin/python -m bench.decisions [--model PATH] [--threads N] [--questions 16] [--samples 20]
         [--sample-questions 4] [--gen-tokens 16] [--rounds 1] [--no-growth] [--share-n 2000]
         [--load 10000] [--concurrency 64] [--baseline-tree DIR] [--skip-llm | --fixture-only] [--skip-fixture]
 

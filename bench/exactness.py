@@ -19,7 +19,7 @@
 
 Usage::
 
-    .venv/bin/python bench/exactness.py [--model PATH] [--threads 2] [--reps 5] [--numerics fast]
+    .venv/bin/python -m bench.exactness [--model PATH] [--threads 2] [--reps 5] [--numerics fast]
 """
 
 from __future__ import annotations

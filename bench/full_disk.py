@@ -9,7 +9,7 @@ requests still fit in the log's last allocated block (on tmpfs a 4 KiB page: 3 r
 after 5), the next gets a short write, the rest ``ENOSPC``. ``DIR`` must be a filesystem of
 its own (as root: ``mount -t tmpfs -o size=64k tmpfs DIR``); files in it are deleted first.
 
-    .venv/bin/python bench/full_disk.py DIR [--required] [--before 5] [--during 20] [--after 5] [--tree PATH]
+    .venv/bin/python -m bench.full_disk DIR [--required] [--before 5] [--during 20] [--after 5] [--tree PATH]
 
 ``--tree``: the checkout whose server runs (default this one; another, to compare a version before).
 """

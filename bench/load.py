@@ -39,7 +39,7 @@ slowest up to 51 of them); errors are requests answered with another status or w
 one unmeasured request of it (the document's snapshot, the questions' content-free readings), and
 llama-server the document's once per slot (``id_slot``), each slot holding its own copy.
 
-    .venv/bin/python bench/load.py [--clients 1,4,16,64] [--seconds 5] [--requests 1000]
+    .venv/bin/python -m bench.load [--clients 1,4,16,64] [--seconds 5] [--requests 1000]
         [--workloads tickets,document] [--debias default,none] [--threads N|auto] [--peer-threads N] [--model PATH]
         [--baseline-tree DIR] [--np N] [--no-llama-server] [--json PATH] [--engine CMD ...]
 """

@@ -17,7 +17,7 @@ ticket-like sentences cut to the length by llama-server's ``/tokenize``; every d
 new to both servers. Prints seconds for each cell, ours / llama-server (below 1: ours faster) and the
 positions our engine computed (``x_positions.computed``) against llama-server's (``timings.prompt_n``).
 
-    .venv/bin/python bench/long_doc.py [--lengths 2000,7500] [--others 0,4] [--questions 1,3,8]
+    .venv/bin/python -m bench.long_doc [--lengths 2000,7500] [--others 0,4] [--questions 1,3,8]
         [--threads 2] [--json PATH]
 """
 

@@ -23,7 +23,7 @@ cache on). The table gives each cell's median seconds a request and positions co
 (ours: ``x_positions.computed``; llama-server: ``timings.prompt_n``), and the ratios the issue's goals
 are written in: default / none (time and positions) and each of ours against llama-server's time.
 
-    .venv/bin/python bench/newq.py [--reps 5] [--threads 2] [--sweeps questions,options]
+    .venv/bin/python -m bench.newq [--reps 5] [--threads 2] [--sweeps questions,options]
         [--kinds known,new] [--no-llama-server] [--json PATH]
 """
 

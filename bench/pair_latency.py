@@ -5,7 +5,7 @@ questions) on each ticket and e-mail of bench/tickets_emails.py, asked once per 
 for its first reader (its persisted score cache off), so the readers that need it are timed cold on the
 state only when asked first: the order of the readers turns with each ticket.
 
-    .venv/bin/python bench/pair_latency.py [--port 8151] [--threads 1]
+    .venv/bin/python -m bench.pair_latency [--port 8151] [--threads 1]
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ after the first and their ratio (issue 48's goal: prefix / state at most 1.2). `
 adds a third server run from another source tree (e.g. ``git archive main | tar -x -C /tmp/main``)
 with the rules as ``prefix``: the same requests before the change.
 
-    .venv/bin/python bench/prefix.py [--requests 8] [--threads 2] [--debias none] [--before TREE]
+    .venv/bin/python -m bench.prefix [--requests 8] [--threads 2] [--debias none] [--before TREE]
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ test batch); PriDe estimates its place prior on a task's first
 ``ceil(0.1 n)`` requests (at least 2) read under every rotation (answered by
 those rotations) and divides it out of the others' single read.
 
-    .venv/bin/python bench/quality.py [--subset N] [--data FILE] [--cache FILE] [--readme]
+    .venv/bin/python -m bench.quality [--subset N] [--data FILE] [--cache FILE] [--readme]
 
 Positions are exact; seconds move with the machine's load.
 """

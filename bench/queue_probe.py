@@ -8,7 +8,7 @@ holds some requests for one busy slot while others idle shows as latencies from 
 times that (bench/README.md, "Load").
 
     .venv/bin/serveproto serve --port 8790 &
-    .venv/bin/python bench/queue_probe.py --url http://127.0.0.1:8790 [--clients 16] [--rounds 3]
+    .venv/bin/python -m bench.queue_probe --url http://127.0.0.1:8790 [--clients 16] [--rounds 3]
 """
 
 from __future__ import annotations

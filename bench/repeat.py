@@ -16,7 +16,7 @@ repeats, the servers taking turns request by request so that they share the mach
 Prints the median and p90 of the repeats (ms), ours / llama-server, and the positions our
 engine computed on a repeat (``x_positions``). Usage::
 
-    .venv/bin/python bench/repeat.py [--threads 1] [--reps 30] [--baseline-tree DIR]
+    .venv/bin/python -m bench.repeat [--threads 1] [--reps 30] [--baseline-tree DIR]
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from the local read-out and whether the bits are equal; then the time of the sam
 (best of ``--reps``; the servers share this machine's cores, so the ratio is the RPC backend's own
 cost: graph and tensor transfers over loopback, one round trip per device and decode)::
 
-    .venv/bin/python bench/rpc.py [--model M.gguf] [--servers 2] [--no-ref] [--reps 3]
+    .venv/bin/python -m bench.rpc [--model M.gguf] [--servers 2] [--no-ref] [--reps 3]
 
 ``rpc_servers`` is the context manager the tests use to start the servers.
 """

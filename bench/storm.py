@@ -10,7 +10,7 @@ issue's goal: at most 5x). Until the content-free reading moved into the questio
 stopped being shielded from cancellation), departed clients' readings kept the engine busy for
 minutes: a 0.17 s request waited 103 s.
 
-    .venv/bin/python bench/storm.py [--leavers 16] [--leave-after 0.1] [--seconds 20] [--threads 2]
+    .venv/bin/python -m bench.storm [--leavers 16] [--leave-after 0.1] [--seconds 20] [--threads 2]
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ word's tokens kept). Texts:
 
 The three ways run in turn ``--rounds`` times, and each cell is the median of its rounds.
 
-    .venv/bin/python bench/tokenizing.py [--model PATH] [--reps 500] [--tickets 300] [--rounds 5]
+    .venv/bin/python -m bench.tokenizing [--model PATH] [--reps 500] [--tickets 300] [--rounds 5]
 """
 
 from __future__ import annotations

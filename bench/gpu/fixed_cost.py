@@ -1,6 +1,6 @@
 """Where the llama engine's fixed per-request cost goes on a short prompt (issue 6, item 5b).
 
-    python bench/gpu/fixed_cost.py --model M.gguf [--tokens 371] [--reps 7] [--ctx 16384]
+    python -m bench.gpu.fixed_cost --model M.gguf [--tokens 371] [--reps 7] [--ctx 16384]
                                    [--threads N] [--engine-flags "..."] [--ref-bin PATH|'']
 
 ``bench/gpu_decisions.py``'s prefill table times a SUBMIT (max_tokens=1) of an

@@ -1,6 +1,6 @@
 """SCORE against the read-out of each whole text, option by option (spec 9.1: equal up to float32 rounding).
 
-    python bench/gpu/score_check.py --model M.gguf --chars 48000 --questions 1 [--fresh] [--engine-flags "..."]
+    python -m bench.gpu.score_check --model M.gguf --chars 48000 --questions 1 [--fresh] [--engine-flags "..."]
 
 The state is ``bench/gpu_decisions.py``'s support thread cut to ``--chars``
 characters (case 00001), the questions its ``QUESTIONS`` by index. One engine

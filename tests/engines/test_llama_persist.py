@@ -23,10 +23,8 @@ from pathlib import Path
 import anyio
 import pytest
 
+from bench.digits import GROUPS, STATE, numbers, spawn
 from gateway.engine import EngineError
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from digits import GROUPS, STATE, numbers, spawn
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
