@@ -116,7 +116,7 @@ def pct(xs: list[float], q: float) -> float:
 
 
 #: The ``x_debias`` of the "debiased" rows: the default model's default until bench/quality.py chose
-#: canonical,content_free (gateway.cli.config.DEFAULT_MODEL_DEBIAS), kept so that the tables in bench/README.md
+#: canonical,content_free (gateway.cli.config.DEFAULT_MODEL_DEBIAS), kept so that the tables in bench/results/NOTEBOOK.md
 #: still say what they measured.
 DEBIASED = ["cyclic", "content_free"]
 

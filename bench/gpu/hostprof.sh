@@ -5,7 +5,7 @@
 # SERVEPROTO_PROFILE); in its middle `perf record -g` samples the engine for PERF_S seconds; then the
 # flat profile and the callers of llama_decode's host work. perf travels in carry/perf (this machine's
 # /usr/bin/perf and its libraries, without the C library's own: `bench/gpu/prepare.sh` does not add it;
-# copy it by hand, see bench/README.md).
+# copy it by hand, see bench/results/NOTEBOOK.md).
 set -u
 TAG=$1 MODEL=$2
 shift 2
