@@ -40,15 +40,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from bench import ROOT
 from bench.servers import Server
-from bench.timed_engine import TimedEngine, reference_reps
+from bench.timed_engine import TimedEngine, engine_options, llama_argv, reference_reps
 from serveproto import Echo
 
 TICKET = (
@@ -335,12 +333,7 @@ def bench_server(args, argv: list[str], bodies: dict[int, str], res: dict, md: l
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="the GGUF to serve")
-    ap.add_argument("--engine-bin", default=str(ROOT / "engines/bin/serveproto-llama"))
-    ap.add_argument(
-        "--ref-bin",
-        default=str(ROOT / "engines/bin/llama-prefill-ref"),
-        help="llama.cpp's prefill reference ('' to skip the comparison)",
-    )
+    engine_options(ap)
     ap.add_argument("--ctx", type=int, default=16384, help="context per slot, tokens (engine --ctx)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads (engine and reference)")
     ap.add_argument("--states", default="370,13500", help="state sizes in tokens, comma-separated")
@@ -368,20 +361,9 @@ def main(argv=None) -> int:
     if args.ref_bin and not Path(args.ref_bin).exists():
         ap.error(f"--ref-bin {args.ref_bin} does not exist (build it, or pass --ref-bin '')")
     # the score cache off: every timed SCORE computes (a repeat would otherwise compute nothing)
-    argv_eng = [
-        args.engine_bin,
-        "--model",
-        args.model,
-        "--ctx",
-        str(args.ctx),
-        "--slots",
-        "1",
-        "--threads",
-        str(args.threads),
-        "--score-cache-mb",
-        "0",
-        *shlex.split(args.engine_flags),
-    ]
+    argv_eng = llama_argv(
+        args.engine_bin, args.model, args.ctx, args.threads, "--score-cache-mb", "0", slots=1, flags=args.engine_flags
+    )
 
     from gateway.decision.chat_template import ChatTemplate
     from gateway.decision.prompts import PromptBuilder

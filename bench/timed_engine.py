@@ -7,14 +7,17 @@ llama.cpp reference (``llama-prefill-ref``) the engine's prefill is compared aga
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shlex
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench import ROOT
 from fixtures.sync_engine import SyncEngine
 from serveproto import Done, Error, Score, Scored, Submit
 
@@ -66,6 +69,27 @@ class TimedEngine(SyncEngine):
     def count(self, text: str) -> int:
         """Tokens of ``text`` as the engine reads a prompt."""
         return self.submit(text)[1][-1].prompt_tokens
+
+
+def engine_options(ap: argparse.ArgumentParser, reference: bool = True) -> None:
+    """Adds the engine binary's option (``--engine-bin``, default the built ``serveproto-llama``) and, with
+    ``reference``, llama.cpp's prefill reference (``--ref-bin``, default the built ``llama-prefill-ref``)."""
+    ap.add_argument("--engine-bin", default=str(ROOT / "engines/bin/serveproto-llama"))
+    if reference:
+        ap.add_argument(
+            "--ref-bin",
+            default=str(ROOT / "engines/bin/llama-prefill-ref"),
+            help="llama.cpp's prefill reference ('' to skip the comparison)",
+        )
+
+
+def llama_argv(
+    binary: str, model: str, ctx: int, threads: int, *more: str, slots: int | None = None, flags: str = ""
+) -> list[str]:
+    """The llama engine's command line: ``binary --model M --ctx C [--slots S] --threads T MORE... FLAGS...``
+    (``flags``: more options in one string, split as a shell would)."""
+    argv = [binary, "--model", model, "--ctx", str(ctx), *(["--slots", str(slots)] if slots else [])]
+    return [*argv, "--threads", str(threads), *more, *shlex.split(flags)]
 
 
 def reference_reps(

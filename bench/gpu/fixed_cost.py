@@ -33,15 +33,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from bench import ROOT
 from bench.gpu_decisions import sized_bodies, state_text
-from bench.timed_engine import TimedEngine, reference_reps
+from bench.timed_engine import TimedEngine, engine_options, llama_argv, reference_reps
 from serveproto import Ping, Pong
 
 
@@ -98,12 +96,7 @@ def measure(eng: TimedEngine, text: str, n_vocab: int, reps: int) -> tuple[int, 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="the GGUF to load")
-    ap.add_argument("--engine-bin", default=str(ROOT / "engines/bin/serveproto-llama"))
-    ap.add_argument(
-        "--ref-bin",
-        default=str(ROOT / "engines/bin/llama-prefill-ref"),
-        help="llama.cpp's prefill reference ('' to skip)",
-    )
+    engine_options(ap)
     ap.add_argument("--tokens", type=int, default=371, help="prompt length in tokens (default 371)")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--ctx", type=int, default=16384, help="context per slot, tokens (engine --ctx)")
@@ -112,18 +105,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.tokens < 2 or args.reps < 1:
         ap.error("--tokens must be >= 2 and --reps >= 1")
-    argv_eng = [
-        args.engine_bin,
-        "--model",
-        args.model,
-        "--ctx",
-        str(args.ctx),
-        "--slots",
-        "1",
-        "--threads",
-        str(args.threads),
-        *shlex.split(args.engine_flags),
-    ]
+    argv_eng = llama_argv(args.engine_bin, args.model, args.ctx, args.threads, slots=1, flags=args.engine_flags)
     err = Path(tempfile.gettempdir()) / "fixed_cost-engine.log"
     with TimedEngine(argv_eng, err, timeout=600) as eng:
         body = sized_bodies(eng, [args.tokens])[args.tokens]

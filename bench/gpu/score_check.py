@@ -15,13 +15,11 @@ when any does.
 from __future__ import annotations
 
 import argparse
-import shlex
 import tempfile
 from pathlib import Path
 
-from bench import ROOT
 from bench.gpu_decisions import QUESTIONS, state_body, state_text
-from bench.timed_engine import TimedEngine
+from bench.timed_engine import TimedEngine, engine_options, llama_argv
 from serveproto import Echo
 
 
@@ -34,7 +32,7 @@ def read_out(eng: TimedEngine, text: str, n: int) -> list[float]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
-    ap.add_argument("--engine-bin", default=str(ROOT / "engines/bin/serveproto-llama"))
+    engine_options(ap, reference=False)
     ap.add_argument("--engine-flags", default="")
     ap.add_argument("--ctx", type=int, default=16384)
     ap.add_argument("--threads", type=int, default=2)
@@ -54,16 +52,7 @@ def main(argv=None) -> int:
         q = pb.question("choice", items[i][0], {lab: None for lab in items[i][1]})
         groups.append((q.stem, list(q.options)))
     prefix = pb.prefix(state_text(1, state_body(args.chars)))
-    argv_eng = [
-        args.engine_bin,
-        "--model",
-        args.model,
-        "--ctx",
-        str(args.ctx),
-        "--threads",
-        str(args.threads),
-        *shlex.split(args.engine_flags),
-    ]
+    argv_eng = llama_argv(args.engine_bin, args.model, args.ctx, args.threads, flags=args.engine_flags)
     log = Path(tempfile.gettempdir()) / "score_check-engine.log"
     bad = []
     with TimedEngine(argv_eng, log, timeout=900) as eng:
