@@ -534,7 +534,7 @@ def fsize_limited(nbytes: int) -> list[str]:
 async def test_a_file_size_limit_fails_the_big_write_and_not_the_engine_nor_the_small_writes(
     model_path, tmp_path, caplog
 ):
-    from digits import engine_bin
+    from gateway.paths import engine_bin
 
     caplog.set_level(logging.INFO)
     root = tmp_path / "cache"

@@ -235,37 +235,54 @@ BENCH_NAME = re.compile(r"bench(\.\w+)+|(.*/)?bench/[\w/]+\.(py|sh)")
 BENCH_TOPS = {"bench"} | {p.stem for p in (GATEWAY.parent / "bench").glob("*.py")} - {"__init__"}
 
 
-def bench_uses(source: str, name: str = "<probe>") -> list[tuple[int, str]]:
-    """(line, what) of each reach into ``bench/`` in a test's source, in line order: an import of ``bench``
-    or of a benchmark by its bare name (any depth, in functions too), a path joined onto ``"bench"``
-    (``ROOT / "bench"``), or a string naming a benchmark to run."""
+def bench_uses(source: str, name: str = "<probe>") -> list[tuple[int, str, bool]]:
+    """(line, what, through the package) of each reach into ``bench/`` in a test's source, in line order: an
+    import of ``bench`` (through the package) or of a benchmark by its bare name (any depth, in functions too),
+    a path joined onto ``"bench"`` (``ROOT / "bench"``), or a string naming a benchmark to run (``bench.load``,
+    through the package; ``bench/load.py``, not)."""
     out = []
     for node in ast.walk(ast.parse(source, name)):
         if isinstance(node, ast.Import):
-            out += [(node.lineno, f"import {a.name}") for a in node.names if a.name.split(".")[0] in BENCH_TOPS]
+            out += [
+                (node.lineno, f"import {a.name}", a.name.split(".")[0] == "bench")
+                for a in node.names
+                if a.name.split(".")[0] in BENCH_TOPS
+            ]
         elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] in BENCH_TOPS:
-            out.append((node.lineno, f"from {node.module} import ..."))
+            out.append((node.lineno, f"from {node.module} import ...", node.module.split(".")[0] == "bench"))
         elif (
             isinstance(node, ast.BinOp)
             and isinstance(node.op, ast.Div)
             and isinstance(node.right, ast.Constant)
             and node.right.value == "bench"
         ):
-            out.append((node.lineno, ast.unparse(node)))
+            out.append((node.lineno, ast.unparse(node), False))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and BENCH_NAME.fullmatch(node.value):
-            out.append((node.lineno, repr(node.value)))
+            out.append((node.lineno, repr(node.value), node.value.startswith("bench.")))
     return sorted(out)
+
+
+#: Every test module but this one (it names bench/ to look for it).
+TEST_FILES = sorted(p for p in (GATEWAY.parent / "tests").rglob("*.py") if p != Path(__file__).resolve())
 
 
 @pytest.mark.parametrize(
     "path",
-    # this file names bench/ to look for it
-    sorted(p for tier in QUICK_TIER for p in tier.rglob("*.py") if p != Path(__file__).resolve()),
+    [p for p in TEST_FILES if any(tier in p.parents for tier in QUICK_TIER)],
     ids=lambda p: str(p.relative_to(GATEWAY.parent / "tests")),
 )
 def test_the_quick_tier_imports_no_benchmark(path: Path):
     """The benchmarks' own tests live in tests/e2e and tests/engines (test_bench_*.py, test_gpu_bench.py)."""
-    wrong = [f"{path.name}:{line} reaches bench/: {what}" for line, what in bench_uses(path.read_text(), str(path))]
+    uses = bench_uses(path.read_text(), str(path))
+    wrong = [f"{path.name}:{line} reaches bench/: {what}" for line, what, _ in uses]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("path", TEST_FILES, ids=lambda p: str(p.relative_to(GATEWAY.parent / "tests")))
+def test_a_test_reaches_a_benchmark_only_through_the_package(path: Path):
+    """``from bench import load``, ``python -m bench.load``: no ``sys.path`` into bench/, no script by its file."""
+    uses = bench_uses(path.read_text(), str(path))
+    wrong = [f"{path.name}:{line} reaches bench/ by a path: {what}" for line, what, package in uses if not package]
     assert not wrong, "\n".join(wrong)
 
 
@@ -277,4 +294,5 @@ def test_the_bench_checker_sees_every_spelling():
         "x = ROOT / 'bench/protocol.py'\ny = 'see bench/README.md'\nsys.path.insert(0, str(ROOT / 'bench'))\n"
         "import quality\nimport json\n"
     )
-    assert [line for line, _ in bench_uses(probe)] == [1, 2, 4, 5, 6, 8, 9]
+    got = [(line, package) for line, _, package in bench_uses(probe)]
+    assert got == [(1, True), (2, True), (4, True), (5, True), (6, False), (8, False), (9, False)]
