@@ -478,12 +478,12 @@ static int load(engine *e, options *o)
      * with llama.cpp 0c1e57098bba it aborted in cudaGraphLaunch ("an illegal
      * instruction was encountered") on a warm SCORE after a 13.5K-token state,
      * every time; F16 KV, flash attention or no graphs each avoided it
-     * (bench/README.md, "Known"). ggml-cuda reads the variable at the first
+     * (bench/results/NOTEBOOK.md, "Known"). ggml-cuda reads the variable at the first
      * graph it computes; a value the user set is kept. No effect on the CPU. */
     if (!o->kv_f16 && cp.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_DISABLED)
         setenv("GGML_CUDA_DISABLE_GRAPHS", "1", 0);
     /* SCORE's hidden states (hidden.c); asks for nothing without them. SERVEPROTO_NO_EVAL_CALLBACK=1
-     * leaves the callback out (CAPS x_hidden=0): the benchmark of what it costs (bench/README.md) */
+     * leaves the callback out (CAPS x_hidden=0): the benchmark of what it costs (bench/results/NOTEBOOK.md) */
     e->no_hidden = env_is("SERVEPROTO_NO_EVAL_CALLBACK", "1");
     cp.cb_eval = e->no_hidden ? NULL : hidden_eval;
     cp.cb_eval_user_data = e;
@@ -504,7 +504,7 @@ static int load(engine *e, options *o)
     /* the pipeline (sched.c): a decode's rows may be read after the next decode is queued, from
      * llama.cpp's output ring (llama/patches/0010), N the rows the other tasks must want for it
      * (SERVEPROTO_PIPELINE=N; 0: off). On by default on a local GPU (a quarter of the ubatch; on the
-     * H200 it gave 1.09x / 1.24x requests/s, bench/README.md "The pipeline"); off on the CPU, which
+     * H200 it gave 1.09x / 1.24x requests/s, bench/results/NOTEBOOK.md "The pipeline"); off on the CPU, which
      * computes inside llama_decode and gains nothing (its tests turn it on), and with --rpc servers */
     e->pipeline = env_int("SERVEPROTO_PIPELINE", gpu && o->dev.n_rpc == 0 ? e->n_ubatch / 4 : 0);
     if (e->pipeline < 0)

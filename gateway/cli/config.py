@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # read when built: the CLI parses its flags without importing
 #: The cap of the restart backoff with ``--keep-restarting`` (seconds): a broken engine is retried this often.
 KEEP_RESTARTING_BACKOFF_MAX = 30.0
 
-#: ``--debias`` on the default model when not given. ``bench/quality.py`` (400 labelled questions, bench/README.md):
+#: ``--debias`` on the default model when not given. ``bench/quality.py`` (400 questions, bench/results/NOTEBOOK.md):
 #: accuracy 0.472 against 0.439 raw, 0.440 with the earlier default (canonical,content_free) and 0.406 for the
 #: letter read-out of llama-server-based peers; ECE 0.094 (0.178 the peers'); no answer changes with the order
 #: of a choice's labels (the prompt is the same); a new question on a known state and known options reads the

@@ -198,7 +198,7 @@ def _add_llama_flags(p: argparse.ArgumentParser) -> None:
         help="rows of one llama_decode, shared by the requests in flight, 1 to 2048 (default 512; the engine "
         "caps it at --ctx, CAPS n_ubatch says what it took): larger "
         "decodes keep a GPU busier (an H200 with F16 weights at 32 clients: --slots 32 --ubatch 1024 "
-        "answered 1.05-1.14x the requests/s of the defaults, bench/README.md), and a CANCEL waits up to "
+        "answered 1.05-1.14x the requests/s of the defaults, bench/results/NOTEBOOK.md), and a CANCEL waits up to "
         "one of them",
     )
     p.add_argument(
@@ -237,7 +237,7 @@ def _add_llama_flags(p: argparse.ArgumentParser) -> None:
         "transcoded once to F32 by llama.cpp's quantizer into the cache, then reused: logprobs "
         "within 1e-4 of the float64 oracle instead of ~0.15 nats off on average on a quantized "
         "model, for about 5.5 times the file size), or f16 / bf16 (16-bit matrices, the same way: "
-        "on a GPU the fast weights, 2.3x the prefill of Q4_K on an H200; see bench/README.md)",
+        "on a GPU the fast weights, 2.3x the prefill of Q4_K on an H200; see bench/results/NOTEBOOK.md)",
     )
     p.add_argument(
         "--numerics",

@@ -41,7 +41,7 @@ QUESTION = "Document: {document}\n\nIs this document relevant to the search quer
 DOCUMENT_FIRST_STATE = "Document: {document}"
 DOCUMENT_FIRST_QUESTION = "Search query: {query}\n\nIs this document relevant to the search query?"
 
-#: The correction a request that sends no ``x_debias`` is read under (``bench/rerank.py``, bench/README.md: on
+#: The correction a request that sends no ``x_debias`` is read under (``bench/rerank.py``, bench/results/NOTEBOOK.md: on
 #: the default model the best nDCG@10 and MRR of the corrections; ``content_free_listing`` moves every document's
 #: log-odds alike, so it leaves the order as ``cyclic`` alone ranks and takes the model's lean to one answer out
 #: of the probability, read once for all documents). Not the server's ``--debias``: that one is chosen on the
