@@ -23,6 +23,7 @@ from pathlib import Path
 import anyio
 
 from gateway.engine import Engine
+from gateway.engine.options import EngineOptions
 from gateway.paths import default_model_path, engine_bin
 
 STATE = (
@@ -41,7 +42,7 @@ FILLER = [(f"\nQ: Filler question {i}? A:", [" a", " b c", " maybe not"]) for i 
 
 def spawn(model, *args: str, threads: int = 1, **kw):
     """The llama engine on ``model`` printing 17 digits; an async context manager (:class:`Engine`).
-    ``kw``: :meth:`Engine.spawn`'s (e.g. ``drain_timeout``)."""
+    ``kw``: engine options by their flat names (:meth:`EngineOptions.updated`, e.g. ``drain_timeout``)."""
     return Engine.spawn(
         [
             str(engine_bin("serveproto-llama")),
@@ -53,7 +54,7 @@ def spawn(model, *args: str, threads: int = 1, **kw):
             "17",
             *args,
         ],
-        **kw,
+        options=EngineOptions().updated(**kw),
     )
 
 
