@@ -25,7 +25,7 @@
 #define ENGINE_MAX_LOGPROBS   SP_MAX_LOGPROBS /* CAPS max_logprobs */
 #define ENGINE_AUTO_SLOTS_MAX 4               /* --slots unset: at most this many, sized from memory (main.c) */
 #define ENGINE_AUTO_SLOTS_GPU 32              /* the same on a GPU, where a decode of many requests' rows costs
-                                                 little more than one of a few: batching pays (bench/README.md,
+                                                 little more than one of a few: batching pays (bench/results/NOTEBOOK.md,
                                                  "Whole ubatches": 32 slots against the earlier 16 at 32
                                                  clients) */
 #define ENGINE_AUTO_KV_SHARE  8               /* --slots unset: the KV cache takes at most 1/this of free memory */

@@ -388,7 +388,7 @@ static int numerics_config(engine *e, options *o, int gpu, llamax_config *cfg)
     cfg->kv_cells_in_order = !o->fast;
     /* CUDA graphs off with that pair (F32 KV, no flash attention): on an H200 with llama.cpp 0c1e57098bba
      * it aborted in cudaGraphLaunch ("an illegal instruction was encountered") on a warm SCORE after a
-     * 13.5K-token state, every time; F16 KV, flash attention or no graphs each avoided it (bench/README.md,
+     * 13.5K-token state, every time; F16 KV, flash attention or no graphs each avoided it (bench/results/NOTEBOOK.md,
      * "Known"). No effect on the CPU. */
     cfg->cuda_graphs_off = !o->kv_f16 && !(o->flash_attn || !o->fast);
     return 0;
@@ -495,7 +495,7 @@ static struct llama_context_params context_params(engine *e, const options *o)
      * per-row vec_dot path, whatever the batch shape. */
     cp.flash_attn_type = o->flash_attn || !o->fast ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     /* SCORE's hidden states (hidden.c); asks for nothing without them. SERVEPROTO_NO_EVAL_CALLBACK=1
-     * leaves the callback out (CAPS x_hidden=0): the benchmark of what it costs (bench/README.md) */
+     * leaves the callback out (CAPS x_hidden=0): the benchmark of what it costs (bench/results/NOTEBOOK.md) */
     e->no_hidden = env_is("SERVEPROTO_NO_EVAL_CALLBACK", "1");
     cp.cb_eval = e->no_hidden ? NULL : hidden_eval;
     cp.cb_eval_user_data = e;
@@ -535,7 +535,7 @@ static int schedule_config(engine *e, const options *o, int gpu)
     /* the pipeline (sched.c): a decode's rows may be read after the next decode is queued, from
      * llama.cpp's output ring (llama/patches/api/0010), N the rows the other tasks must want for it
      * (SERVEPROTO_PIPELINE=N; 0: off). On by default on a local GPU (a quarter of the ubatch; on the
-     * H200 it gave 1.09x / 1.24x requests/s, bench/README.md "The pipeline"); off on the CPU, which
+     * H200 it gave 1.09x / 1.24x requests/s, bench/results/NOTEBOOK.md "The pipeline"); off on the CPU, which
      * computes inside llama_decode and gains nothing (its tests turn it on), with --rpc servers and
      * on stock llama.cpp (no ring) */
     int ring = llamax_has_output_ring();

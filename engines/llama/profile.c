@@ -1,5 +1,5 @@
 /* profile.c: where a decode step's time goes (SERVEPROTO_PROFILE=PATH;
- * bench/README.md, "Where a decode's time goes").
+ * bench/results/NOTEBOOK.md, "Where a decode's time goes").
  *
  * With SERVEPROTO_PROFILE set, every decode step is cut into seven parts on
  * the engine's one thread, CLOCK_MONOTONIC:

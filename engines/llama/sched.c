@@ -245,7 +245,7 @@ static void allot(turn *tu, int n, int budget, int chunk)
 /* Pads the batch being built (SERVEPROTO_PAD_ROWS=M, e->pad_rows) up to a multiple of M rows, at most a
  * ubatch, with rows of the padding's own sequence (e->pad_seq: positions from 0, no logits), whose cells
  * from the decode before are dropped first. A GPU computes some row counts slower than larger ones
- * (bench/README.md: 448 rows take longer than 512) and queues the same graph again only for the same
+ * (bench/results/NOTEBOOK.md: 448 rows take longer than 512) and queues the same graph again only for the same
  * shape; the padding's rows attend only each other, so no other row's number moves (under invariant
  * numerics, bit for bit: tests/engines/test_llama_sched.py). Not after a decode that found no KV room
  * (e->solo). Sets e->padded. */
@@ -301,7 +301,7 @@ static void late_learn(engine *e, uint64_t t0, uint64_t t1)
 /* The tests' pretend device (e->test_device, SERVEPROTO_TEST_DEVICE_US_ROW; never in production): after
  * llama_decode returns, the decode of `rows` rows holds it from when it is free for us_row a row, its rows
  * rounded up to whole ubatches (queued in order, as a GPU's stream runs them; a GPU computes 400 rows in
- * about the time of 512, bench/README.md). So on the CPU, whose llama_decode has computed before it returns, a
+ * about the time of 512, bench/results/NOTEBOOK.md). So on the CPU, whose llama_decode has computed before it returns, a
  * read waits as on a GPU and the late fill's learning and waits run (tests/engines/test_llama_sched.py). */
 static void test_device_queued(engine *e, uint64_t now, int rows)
 {

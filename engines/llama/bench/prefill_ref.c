@@ -1,6 +1,6 @@
 /* llama-prefill-ref: llama.cpp's own batched decode of one prompt, nothing
  * else: the reference that bench/engine.py and the GPU ceiling table
- * (bench/README.md) set our engine's prefill against.
+ * (bench/results/NOTEBOOK.md) set our engine's prefill against.
  *
  * usage: llama-prefill-ref --model PATH --prompt-file FILE [--ctx N] [--threads N]
  *                          [--reps N] [--all-logits] [--ubatch N]

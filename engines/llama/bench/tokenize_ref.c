@@ -1,5 +1,5 @@
 /* llama-tokenize-ref: llama.cpp's own llama_tokenize of texts, timed: what
- * a SCORE's start pays per stem and option (bench/README.md, "Tokenizing").
+ * a SCORE's start pays per stem and option (bench/results/NOTEBOOK.md, "Tokenizing").
  *
  * usage: llama-tokenize-ref --model PATH --texts FILE [--reps N] [--ids]
  * FILE holds the texts separated by NUL bytes. Each is tokenized as the
