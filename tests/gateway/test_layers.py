@@ -296,3 +296,81 @@ def test_the_bench_checker_sees_every_spelling():
     )
     got = [(line, package) for line, _, package in bench_uses(probe)]
     assert got == [(1, True), (2, True), (4, True), (5, True), (6, False), (8, False), (9, False)]
+
+
+# ---- the engine's seam with llama.cpp (engines/llama/llamax.c; engines/llama/patches/README.md) ----
+
+ENGINES = GATEWAY.parent / "engines"
+LLAMA_PATCHES = ENGINES / "llama" / "patches"
+LLAMAX = Path("llama", "llamax.c")
+
+
+def patch_seams() -> tuple[set[str], set[str]]:
+    """(symbols, switches) our llama.cpp patches add: the functions and macros their ``+`` lines declare in
+    llama.cpp's public headers (``include/``, ``ggml/include/``), and the environment variables their ``+``
+    lines read with ``getenv``."""
+    import re
+
+    symbols: set[str] = set()
+    switches: set[str] = set()
+    for patch in sorted(LLAMA_PATCHES.rglob("*.patch")):
+        target = ""
+        for line in patch.read_text().splitlines():
+            if line.startswith("+++ "):
+                target = line[4:].split("\t")[0].removeprefix("b/")
+            elif line.startswith("+"):
+                switches.update(re.findall(r'getenv\("(\w+)"\)', line))
+                if target.startswith(("include/", "ggml/include/")):
+                    symbols.update(re.findall(r"^\+\s*#\s*define\s+(\w+)", line))
+                    symbols.update(re.findall(r"\b(?:LLAMA_API|GGML_API|GGML_BACKEND_API)\b[^(;]*?\b(\w+)\s*\(", line))
+    return symbols, switches
+
+
+def c_code(source: str) -> str:
+    """``source`` with its comments blanked, their line breaks kept (string and character literals kept)."""
+    import re
+
+    token = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*', re.S)
+    return token.sub(lambda m: m.group() if m.group()[0] in "\"'" else " " + "\n" * m.group().count("\n"), source)
+
+
+def seam_wrong(rel: str, source: str, symbols: set[str], switches: set[str]) -> list[str]:
+    """``rel:line`` of each use, in C ``source``, of a patched symbol or a string literal naming a patch's switch."""
+    import re
+
+    wrong = []
+    for n, line in enumerate(c_code(source).splitlines(), 1):
+        for name in sorted(set(re.findall(r"\b\w+\b", line)) & symbols):
+            wrong.append(f"{rel}:{n} calls or names {name}, which a llama.cpp patch adds: only {LLAMAX} may")
+        for name in sorted(set(re.findall(r'"(\w+)"', line)) & switches):
+            wrong.append(f"{rel}:{n} names the patch switch {name}: only {LLAMAX} sets or reads it")
+    return wrong
+
+
+def test_only_the_adapter_reaches_what_the_llama_patches_add():
+    symbols, switches = patch_seams()
+    # what the engine uses today, so the derivation cannot come back empty unnoticed
+    assert {"llama_set_output_ring", "llama_get_logits_prev_ith", "serveproto_decode_profile"} <= symbols
+    assert {"SERVEPROTO_PATCH_OUTPUT_RING", "SERVEPROTO_PATCH_CPU_USE_REF"} <= symbols
+    assert {"GGML_CPU_USE_REF", "LLAMA_KV_CELLS_IN_ORDER", "GGML_CUDA_INVARIANT", "SERVEPROTO_PROFILE"} <= switches
+    wrong = []
+    sources = sorted([*ENGINES.rglob("*.c"), *ENGINES.rglob("*.h")])
+    assert ENGINES / LLAMAX in sources
+    for path in sources:
+        rel = path.relative_to(ENGINES)
+        if rel != LLAMAX and "bin" not in rel.parts:
+            wrong += seam_wrong(str(rel), path.read_text(errors="replace"), symbols, switches)
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_seam_checker_sees_a_patched_call_and_a_switch():
+    symbols, switches = patch_seams()
+    source = (
+        "/* llama_set_output_ring in a comment is fine */\n"
+        "static void f(struct llama_context *c) { llama_set_output_ring(c, 1); }\n"
+        'static void g(void) { setenv("LLAMA_KV_CELLS_IN_ORDER", "1", 0); puts("LLAMA_KV_CELLS_IN_ORDER=1 asked"); }\n'
+    )
+    assert seam_wrong("x.c", source, symbols, switches) == [
+        f"x.c:2 calls or names llama_set_output_ring, which a llama.cpp patch adds: only {LLAMAX} may",
+        f"x.c:3 names the patch switch LLAMA_KV_CELLS_IN_ORDER: only {LLAMAX} sets or reads it",
+    ]
