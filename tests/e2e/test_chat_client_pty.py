@@ -17,7 +17,8 @@ import pytest
 
 pexpect = pytest.importorskip("pexpect", reason="pexpect is not installed (pip install -e '.[test]')")
 
-from test_chat_client import FakeServer, choice_reply, entropy_oracle, free_port  # noqa: E402
+from support import free_port  # noqa: E402
+from test_chat_client import FakeServer, choice_reply, entropy_oracle  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-B]|\x1b[=>]|[\r\x08]")

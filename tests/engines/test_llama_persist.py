@@ -25,6 +25,7 @@ import pytest
 
 from bench.digits import GROUPS, STATE, numbers, spawn
 from gateway.engine import EngineError
+from support import INVOICE
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -263,28 +264,16 @@ async def test_the_disk_budget_keeps_the_most_recently_used_files(model_path, tm
 
 # ---- through serveproto serve -----------------------------------------------------------------
 
-TICKET = {
-    "state": "The invoice was paid twice and the customer wants the money back before Friday.",
-    "questions": {
-        "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
-        "team": {
-            "type": "choice",
-            "instructions": "Who handles it?",
-            "criteria": {"billing": "invoices and payments", "customer success": None, "legal": "contracts"},
-        },
-    },
-}
-
 
 async def ask(url: str, root: Path) -> tuple[dict, str]:
-    """One /v1/systemone of TICKET and the /metrics text after it; waits until the engine wrote
+    """One /v1/systemone of INVOICE and the /metrics text after it; waits until the engine wrote
     what it computed (it writes when idle), so that stopping the server cannot cut it."""
     import httpx2
     import orjson
 
     before = len(files(root))
     async with httpx2.AsyncClient(base_url=url, timeout=120) as c:
-        r = await c.post("/v1/systemone", content=orjson.dumps(TICKET), headers={"content-type": "application/json"})
+        r = await c.post("/v1/systemone", content=orjson.dumps(INVOICE), headers={"content-type": "application/json"})
         assert r.status_code == 200, r.text
         body = r.json()
         if body["x_positions"]["computed"] > 0:
