@@ -74,6 +74,13 @@ async def fill(model_path, root: Path) -> list[list[float]]:
     return numbers(first)
 
 
+async def filled(model_path, root: Path) -> Path:
+    """``fill``'s one file under ``root``."""
+    await fill(model_path, root)
+    (path,) = files(root)
+    return path
+
+
 async def test_a_restart_answers_an_exact_repeat_from_disk_with_a_cold_engines_bits(model_path, cold, tmp_path):
     root = tmp_path / "cache"
     assert await fill(model_path, root) == cold
@@ -116,8 +123,7 @@ async def test_a_file_that_does_not_match_or_check_is_skipped_with_its_reason(
 ):
     caplog.set_level(logging.INFO)
     root = tmp_path / "cache"
-    await fill(model_path, root)
-    (path,) = files(root)
+    path = await filled(model_path, root)
     extra: list[str] = []
     if case == "build":
         reseal(path, build=b"0123456789abcdef")
@@ -437,8 +443,7 @@ async def test_a_sealed_scores_file_with_a_non_finite_logprob_is_never_served(
 ):
     caplog.set_level(logging.INFO)
     root = tmp_path / "cache"
-    await fill(model_path, root)
-    (path,) = files(root)
+    path = await filled(model_path, root)
     data = bytearray(path.read_bytes())
     data[256 + 32 : 256 + 40] = struct.pack("<d", value)  # the first record's first logprob
     reseal_payload(path, data, xxh3)
@@ -469,8 +474,7 @@ async def test_a_sealed_header_cannot_make_the_engine_allocate_past_what_its_kin
 ):
     caplog.set_level(logging.INFO)
     root = tmp_path / "cache"
-    await fill(model_path, root)
-    (path,) = files(root)
+    path = await filled(model_path, root)
     data = bytearray(path.read_bytes()[:256])
     data[PAYLOAD_BYTES : PAYLOAD_BYTES + 8] = struct.pack("<Q", 3 << 30)
     data[248:256] = hashlib.sha256(bytes(data[:248])).digest()[:8]
