@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.paths import PERSIST_ENV, default_model_path, engine_bin
+from gateway.paths import DEFAULT_MODEL_NAME, PERSIST_ENV, default_model_path, engine_bin
 
 # A server the tests start keeps nothing on disk unless a test asks (--cache-dir): what one test
 # computed would otherwise answer the next one's "cold" request (tests/engines/test_llama_persist.py).
@@ -55,31 +55,51 @@ def anyio_backend(request):
     return request.param
 
 
-@pytest.fixture
-def fixture_engine() -> Path:
-    """``engines/bin/serveproto-fixture`` (built by ``make -C engines all``); skips if missing."""
-    path = engine_bin("serveproto-fixture")
+def built(name: str) -> Path:
+    """``engines/bin/<name>``, built by ``make -C engines all``; skips the test if it is not there."""
+    path = engine_bin(name)
     if not os.access(path, os.X_OK):
         pytest.skip(f"{path} is not built yet (make -C engines all)")
     return path
 
 
+@pytest.fixture
+def fixture_engine() -> Path:
+    """``engines/bin/serveproto-fixture``; skips if missing."""
+    return built("serveproto-fixture")
+
+
 @pytest.fixture(scope="session")
-def model_path() -> Path:
+def llama_bin() -> Path:
+    """``engines/bin/serveproto-llama``; skips if missing."""
+    return built("serveproto-llama")
+
+
+@pytest.fixture(scope="session")
+def model_path(llama_bin) -> Path:
     """The default model's GGUF, once the llama engine is built too; skips if either is missing."""
-    path = engine_bin("serveproto-llama")
     model = default_model_path()
-    if not os.access(path, os.X_OK):
-        pytest.skip(f"{path} is not built yet (make -C engines all)")
     if not model.exists():
         pytest.skip(f"{model} is not fetched yet (make model)")
     return model
 
 
 @pytest.fixture
-def llama_engine(model_path) -> list[str]:
+def model_cache(model_path, tmp_path, monkeypatch) -> Path:
+    """A fresh ``$SERVEPROTO_CACHE`` (``tmp_path / "cache"``) whose ``models/`` holds only the default model (a
+    link to ``model_path``): what the test writes under the model's sha256 (a calibration, heads) stays there.
+    Skips as ``model_path`` does."""
+    cache = tmp_path / "cache"
+    (cache / "models").mkdir(parents=True)
+    (cache / "models" / DEFAULT_MODEL_NAME).symlink_to(model_path)
+    monkeypatch.setenv("SERVEPROTO_CACHE", str(cache))
+    return cache
+
+
+@pytest.fixture
+def llama_engine(llama_bin, model_path) -> list[str]:
     """The llama engine on the default model, as an argv; skips if either is missing."""
-    return [str(engine_bin("serveproto-llama")), "--model", str(model_path), "--threads", "2"]
+    return [str(llama_bin), "--model", str(model_path), "--threads", "2"]
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,6 @@ import contextlib
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import pytest
 
 from gateway.paths import ROOT, cache_dir
 from gateway.server.routing import HEADER, routing_key
+from support import first_reply, free_port, serve_process
 from test_serve_engines import serving
 
 pytestmark = pytest.mark.anyio
@@ -54,12 +54,6 @@ def need_nginx() -> str:
             pytest.fail(f"{why}: CI checks the balancer")
         pytest.skip(why)
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -168,30 +162,16 @@ def healthcheck(port: int) -> int:
 
 def test_the_compose_healthcheck_fails_while_the_engine_loads_and_passes_after(fixture_engine):
     port = free_port()
-    serve = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port), "--log-level", "WARNING"]
-    proc = subprocess.Popen(
-        [*serve, "--engine", str(fixture_engine), "--fault", "slow_start=3"],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
+    argv = ["--port", str(port), "--log-level", "WARNING", "--engine", str(fixture_engine), "--fault", "slow_start=3"]
+    with serve_process(*argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
         with httpx2.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as c:
-            for _ in range(400):  # bound: /health answers (200 "loading")
-                try:
-                    loading = c.get("/health").json()
-                    break
-                except httpx2.TransportError:
-                    time.sleep(0.05)
+            loading = first_reply(c, "/health").json()  # bound: /health answers (200 "loading")
             while_loading = healthcheck(port)
             for _ in range(400):
                 if c.get("/ready").status_code == 200:
                     break
                 time.sleep(0.05)
             loaded = healthcheck(port)
-    finally:
-        proc.terminate()
-        proc.wait(10)
     assert loading == {"status": "loading"}
     assert while_loading != 0 and loaded == 0
 

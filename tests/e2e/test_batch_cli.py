@@ -9,8 +9,6 @@ import csv
 import os
 import signal
 import subprocess
-import sys
-import time
 
 import anyio
 import httpx2
@@ -18,13 +16,17 @@ import orjson
 import pytest
 
 from gateway.paths import ROOT
-from test_balancer import free_port
+from support import SERVEPROTO, first_reply, free_port, serve_process
 from test_batch_route import QUESTIONS, own
 from test_routes_support import serving
 
 pytestmark = pytest.mark.anyio
 
-CLI = [sys.executable, "-m", "gateway.cli", "batch"]
+
+def batch_argv(tmp_path, url: str, *argv: str, files: tuple[str, str] = ("in.jsonl", "out.jsonl")) -> list:
+    """``serveproto batch IN OUT --url url --questions q.json *argv``, IN, OUT and q.json in ``tmp_path``."""
+    src, dst = (tmp_path / name for name in files)
+    return [*SERVEPROTO, "batch", src, dst, "--url", url, "--questions", tmp_path / "q.json", *argv]
 
 
 def ticket(i: int) -> str:
@@ -67,14 +69,13 @@ async def test_jsonl_and_csv_rows_get_the_single_routes_answers(fixture_engine, 
     n = 7
     write_inputs(tmp_path, n)
     async with serving("--engine", str(fixture_engine), "--slots", "2") as base:
-        common = ["--url", base, "--questions", str(tmp_path / "q.json"), "--chunk", "3"]
         a = await anyio.run_process(
-            [*CLI, tmp_path / "in.jsonl", tmp_path / "out.jsonl", "--state", "ticket.body", *common],
-            check=False,
-            cwd=ROOT,
+            batch_argv(tmp_path, base, "--state", "ticket.body", "--chunk", "3"), check=False, cwd=ROOT
         )
         b = await anyio.run_process(
-            [*CLI, tmp_path / "in.csv", tmp_path / "out.csv", "--state", "text", *common], check=False, cwd=ROOT
+            batch_argv(tmp_path, base, "--state", "text", "--chunk", "3", files=("in.csv", "out.csv")),
+            check=False,
+            cwd=ROOT,
         )
         expected = await singles(base, n)
     assert a.returncode == 0 and b.returncode == 0, (a.stderr, b.stderr)
@@ -95,19 +96,7 @@ async def test_a_bad_row_gets_its_error_line_and_the_others_their_replies(fixtur
     (tmp_path / "q.json").write_bytes(orjson.dumps(QUESTIONS))
     (tmp_path / "in.jsonl").write_bytes(b'{"state": "fine"}\n{"state": 12}\n{"state": "also fine"}\n')
     async with serving("--engine", str(fixture_engine)) as base:
-        r = await anyio.run_process(
-            [
-                *CLI,
-                tmp_path / "in.jsonl",
-                tmp_path / "out.jsonl",
-                "--url",
-                base,
-                "--questions",
-                str(tmp_path / "q.json"),
-            ],
-            check=False,
-            cwd=ROOT,
-        )
+        r = await anyio.run_process(batch_argv(tmp_path, base), check=False, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     lines = jsonl_rows(tmp_path / "out.jsonl")
     assert [sorted(line) for line in lines] == [["reply", "row"], ["error", "row"], ["reply", "row"]]
@@ -119,30 +108,13 @@ def test_retries_a_loading_server_after_its_retry_after(fixture_engine, tmp_path
     # the server binds, then its engine takes 3 s to load: 503 + Retry-After: 1 until then (/ready)
     write_inputs(tmp_path, 4)
     port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port), "--log-level", "WARNING",
-         "--engine", str(fixture_engine), "--fault", "slow_start=3"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
+    argv = ["--port", str(port), "--log-level", "WARNING", "--engine", str(fixture_engine), "--fault", "slow_start=3"]
+    with serve_process(*argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
         with httpx2.Client(timeout=5) as c:  # bound (the CLI's first tries then meet 503s, not a refused port)
-            for _ in range(200):
-                try:
-                    loading = c.get(f"http://127.0.0.1:{port}/ready")
-                    break
-                except httpx2.TransportError:
-                    time.sleep(0.05)
+            loading = first_reply(c, f"http://127.0.0.1:{port}/ready", seconds=10)
         assert loading.status_code == 503
-        cmd = [*CLI, tmp_path / "in.jsonl", tmp_path / "out.jsonl", "--url", f"http://127.0.0.1:{port}"]
-        r = subprocess.run(
-            [*cmd, "--questions", tmp_path / "q.json", "--state", "ticket.body"],
-            cwd=ROOT,
-            capture_output=True,
-            timeout=60,
-        )
-    finally:
-        server.terminate()
-        server.wait(10)
+        cmd = batch_argv(tmp_path, f"http://127.0.0.1:{port}", "--state", "ticket.body")
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert [line["row"] for line in jsonl_rows(tmp_path / "out.jsonl")] == [0, 1, 2, 3]
 
@@ -153,16 +125,7 @@ async def test_killed_with_sigkill_and_started_again_writes_each_row_once_whole(
     # each SCORE held 150 ms a group: the run takes seconds even on a loaded machine, so the kill lands in
     # the middle of it (at 40 ms it failed once on a busy 2-core machine)
     async with serving("--engine", str(fixture_engine), "--slots", "3", "--score-delay-ms", "150") as base:
-        cmd = [
-            *CLI,
-            tmp_path / "in.jsonl",
-            tmp_path / "out.jsonl",
-            "--url",
-            base,
-            "--questions",
-            str(tmp_path / "q.json"),
-        ]
-        cmd += ["--state", "ticket.body", "--chunk", "2", "--concurrency", "3"]
+        cmd = batch_argv(tmp_path, base, "--state", "ticket.body", "--chunk", "2", "--concurrency", "3")
         out = tmp_path / "out.jsonl"
         kills = 0
         for _ in range(2):  # killed twice, at two different points

@@ -296,25 +296,17 @@ async def test_serve_starts_past_a_corrupted_calibration_in_the_cache(
     tmp_path, monkeypatch, capfd, tiny, fixture_engine
 ):
     """The issue's case end to end: garbage under the model's sha256 no longer makes ``serve`` exit 1."""
-    import anyio
     import httpx2
 
-    from gateway.cli import build_parser
-    from gateway.cli.serve import serve
-    from test_routes_support import TICKET
+    from test_routes_support import TICKET, serving
 
     monkeypatch.setenv("SERVEPROTO_CACHE", str(tmp_path))
     path = cal.default_path(cal.sha256_file(tiny))
     path.parent.mkdir(parents=True)
     path.write_bytes(b'{"format": "serveproto-calibration", "version": 1, "maps": {"noul": ')
-    args = build_parser().parse_args(
-        ["serve", "--port", "0", "--log-level", "WARNING", "--model", str(tiny), "--engine", str(fixture_engine)]
-    )
-    async with anyio.create_task_group() as tg:
-        port = await tg.start(lambda task_status: serve(args, task_status=task_status))
-        async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+    async with serving("--model", str(tiny), "--engine", str(fixture_engine)) as base:
+        async with httpx2.AsyncClient(base_url=base) as client:
             reply = (await client.post("/v1/systemone", json=TICKET)).json()
-        tg.cancel_scope.cancel()
     assert {a["x_calibration"] for a in reply["answers"].values()} == {"identity"}
     skipped = [line for line in capfd.readouterr().err.splitlines() if "calibration" in line]
     assert skipped == [

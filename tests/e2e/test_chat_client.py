@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -29,6 +28,7 @@ from gateway.cli.chat_client import (
     parse_options,
 )
 from gateway.decision.conversation import conversation_state
+from support import SERVEPROTO, free_port, serve_process
 
 STATIC = Path(__file__).resolve().parents[2] / "gateway" / "server" / "static"
 
@@ -182,12 +182,6 @@ def uniform_reply(body):
             "confidence": 0.0,
         }
     return {"model": "fake-model", "answers": answers, "usage": {"input_tokens": 10, "output_tokens": len(answers)}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def entropy_oracle(p):
@@ -415,44 +409,13 @@ def test_busy_server_is_retried_after_retry_after(busy_replies, headers, posts, 
         assert len(srv.posts("/v1/systemone")) == posts
 
 
-def _serve_with_key(fixture_engine, key: str):
-    """``serveproto serve`` over the fixture engine with ``--api-key key`` in a subprocess; returns (proc, url)."""
-    import subprocess
-    import sys
-
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gateway.cli",
-            "serve",
-            "--port",
-            "0",
-            "--api-key",
-            key,
-            "--log-level",
-            "WARNING",
-            "--engine",
-            str(fixture_engine),
-        ],
-        cwd=STATIC.parents[2],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    line = proc.stdout.readline()
-    assert line.startswith("serveproto: serving fixture on "), line
-    return proc, line.split(" on ")[1].strip()
-
-
 def _chat_piped(url: str, text: str, *key_args: str):
     import os
     import subprocess
-    import sys
 
     env = {k: v for k, v in os.environ.items() if k != "SERVEPROTO_API_KEY"}
     return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "chat", "--attach", url, *key_args],
+        [*SERVEPROTO, "chat", "--attach", url, *key_args],
         cwd=STATIC.parents[2],
         input=text,
         capture_output=True,
@@ -463,13 +426,15 @@ def _chat_piped(url: str, text: str, *key_args: str):
 
 
 def test_piped_chat_without_the_key_prints_the_401_once_and_fails(fixture_engine):
-    proc, url = _serve_with_key(fixture_engine, "k1")
-    try:
+    import subprocess
+
+    argv = ["--port", "0", "--api-key", "k1", "--log-level", "WARNING", "--engine", str(fixture_engine)]
+    with serve_process(*argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
+        line = proc.stdout.readline()
+        assert line.startswith("serveproto: serving fixture on "), line
+        url = line.split(" on ")[1].strip()
         out = _chat_piped(url, "hello\n/decide a | b\nwhich?\n")
         good = _chat_piped(url, "hello\n", "--api-key", "k1")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
     assert out.returncode == 1
     assert out.stdout.splitlines() == [
         f"  attached to {url}",

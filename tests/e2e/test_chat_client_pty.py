@@ -17,7 +17,8 @@ import pytest
 
 pexpect = pytest.importorskip("pexpect", reason="pexpect is not installed (pip install -e '.[test]')")
 
-from test_chat_client import FakeServer, choice_reply, entropy_oracle, free_port  # noqa: E402
+from support import free_port  # noqa: E402
+from test_chat_client import FakeServer, choice_reply, entropy_oracle  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-B]|\x1b[=>]|[\r\x08]")
@@ -64,6 +65,11 @@ class Term:
     def line(self, text: str) -> None:
         self.child.send(text + "\r")
 
+    def ask(self, text: str, until: str, timeout: float = 20.0) -> str:
+        """Type ``text`` and Enter, then ``wait_for(until)``: what was shown up to and including it."""
+        self.line(text)
+        return self.wait_for(until, timeout)
+
     def close(self) -> int:
         if self.child.isalive():
             self.line("/quit")  # typed ahead if the prompt is not up yet
@@ -96,20 +102,15 @@ def test_chat_then_decide_draws_bars_and_entropy(term_factory):
         t = term_factory("--attach", srv.url)
         t.wait_for("model fake-model")
         t.wait_for("›")
-        t.line("What about this PR?")
-        t.wait_for("The PR has no tests.")
+        t.ask("What about this PR?", "The PR has no tests.")
         # TAB completes the command; the rest is typed once the completion shows.
         t.child.send("/dec\t")
         t.wait_for("/decide")
-        t.line(" merge | request changes | close")
-        t.wait_for("✦ System One · 3 options")
+        t.ask(" merge | request changes | close", "✦ System One · 3 options")
         t.wait_for("◆ ›")
-        t.line("What should we do?")
-        shown = t.wait_for("nothing generated")
-        t.line("/decide")
-        t.wait_for("✦ chat")
-        t.line("/quit")
-        t.wait_for("bye")
+        shown = t.ask("What should we do?", "nothing generated")
+        t.ask("/decide", "✦ chat")
+        t.ask("/quit", "bye")
         assert t.close() == 0
 
         [(_, _, _, body)] = srv.posts("/v1/systemone")
@@ -151,10 +152,8 @@ def test_completion_of_colon_decide_and_an_unsure_answer(term_factory):
         t.wait_for("›")
         t.child.send(":d\t")
         t.wait_for(":decide")
-        t.line(" yes | no | maybe")
-        t.wait_for("◆ ›")
-        t.line("Is it raining?")
-        shown = t.wait_for("nothing generated")
+        t.ask(" yes | no | maybe", "◆ ›")
+        shown = t.ask("Is it raining?", "nothing generated")
         t.close()
         [(_, _, _, body)] = srv.posts("/v1/systemone")
     assert body["state"] == ""
@@ -176,21 +175,17 @@ def test_ctrl_c_cancels_a_request_and_the_client_stays(term_factory):
     with FakeServer(decide=slow_then_fast) as srv:
         t = term_factory("--attach", srv.url)
         t.wait_for("›")
-        t.line("/decide a | b")
-        t.wait_for("◆ ›")
-        t.line("slow question")
-        t.wait_for("scoring")
+        t.ask("/decide a | b", "◆ ›")
+        t.ask("slow question", "scoring")
         while not calls:
             time.sleep(0.05)
         t.child.sendintr()
         t.wait_for("✗ cancelled")
         release.set()
         t.wait_for("◆ ›")
-        t.line("fast question")
-        shown = t.wait_for("nothing generated")
+        shown = t.ask("fast question", "nothing generated")
         assert "→ a  entropy" in shown
-        t.line("/quit")
-        t.wait_for("bye")
+        t.ask("/quit", "bye")
         assert t.close() == 0
         # The cancelled question did not join the conversation.
         bodies = [b for (_, _, _, b) in srv.posts("/v1/systemone")]
@@ -202,14 +197,12 @@ def test_ctrl_c_cancels_a_streamed_chat_reply(term_factory):
     with FakeServer(chat=lambda body: (200, ["first part", None, "never shown"])) as srv:
         t = term_factory("--attach", srv.url)
         t.wait_for("›")
-        t.line("tell me a long story")
-        t.wait_for("first part")
+        t.ask("tell me a long story", "first part")
         t.child.sendintr()
         t.wait_for("✗ cancelled; this turn is not kept")
         t.wait_for("›")
         srv.hold.set()
-        t.line("/quit")
-        t.wait_for("bye")
+        t.ask("/quit", "bye")
         assert t.close() == 0
     assert "never shown" not in t.seen
 
@@ -219,12 +212,9 @@ def test_server_down_is_a_clear_line_not_a_traceback(term_factory):
     t = term_factory("--attach", url)
     t.wait_for(f"✗ no server at {url} (connection refused); is `serveproto serve` running there?")
     t.line("/decide a | b")
-    t.line("anything")
-    t.wait_for("✗ no server at")
-    t.line("hello")
-    t.wait_for("✗ no server at")
-    t.line("/quit")
-    t.wait_for("bye")
+    t.ask("anything", "✗ no server at")
+    t.ask("hello", "✗ no server at")
+    t.ask("/quit", "bye")
     assert t.close() == 0
     assert "Traceback" not in t.seen
 
@@ -239,18 +229,14 @@ def test_errors_from_the_server_are_one_line(term_factory):
         t = term_factory("--attach", srv.url, "--api-key", "wrong")
         t.wait_for("›")
         t.line("/decide a | b")
-        t.line("q")
-        t.wait_for("✗ HTTP 401: wrong or missing API key (pass --api-key or set SERVEPROTO_API_KEY)")
+        t.ask("q", "✗ HTTP 401: wrong or missing API key (pass --api-key or set SERVEPROTO_API_KEY)")
         t.close()
         t2 = term_factory("--attach", srv.url, "--api-key", "sekrit")
         t2.wait_for("›")
         t2.line("/decide a | b")
-        t2.line("q")
-        t2.wait_for("✗ HTTP 422: body.questions.decision.criteria: too many labels")
-        t2.line("/decide a | a")
-        t2.wait_for("✗ options: 'a' is given twice")
-        t2.line("/nonsense")
-        t2.wait_for("✗ unknown command /nonsense")
+        t2.ask("q", "✗ HTTP 422: body.questions.decision.criteria: too many labels")
+        t2.ask("/decide a | a", "✗ options: 'a' is given twice")
+        t2.ask("/nonsense", "✗ unknown command /nonsense")
         t2.close()
     assert "Traceback" not in t.seen + t2.seen
 
@@ -260,15 +246,11 @@ def test_help_clear_and_ctrl_d(term_factory):
         t = term_factory("--attach", srv.url.removeprefix("http://"))  # a bare host:port works too
         t.wait_for(f"attached to {srv.url}")
         t.wait_for("›")
-        t.line("/help")
-        shown = t.wait_for("/exit")
+        shown = t.ask("/help", "/exit")
         assert "/decide  System One: /decide a | b | c; alone, back to chat" in shown
-        t.line("first")
-        t.wait_for("ok")
-        t.line("/clear")
-        t.wait_for("✦ conversation cleared")
-        t.line("second")
-        t.wait_for("ok")
+        t.ask("first", "ok")
+        t.ask("/clear", "✦ conversation cleared")
+        t.ask("second", "ok")
         t.wait_for("›")
         t.child.sendeof()
         t.wait_for("bye")

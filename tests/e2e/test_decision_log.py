@@ -18,8 +18,9 @@ from gateway.decision import calibration as cal
 from gateway.decision.decision_log import DecisionLog
 from gateway.lab import calibration_fit as calfit
 from gateway.lab.logged_answers import DecisionLogError, read_answers
+from support import SERVEPROTO
 from test_calibration import _answers
-from test_routes_support import TICKET, FakeEngine, make_app, running
+from test_routes_support import TICKET, FakeEngine, make_app, running, serving
 
 SHA = "ab" * 32
 
@@ -175,18 +176,7 @@ def test_calibrate_fits_a_judged_log_without_a_model(tmp_path):
     _judged_log(tmp_path / "log", answers, config)
     out = tmp_path / "cal.json"
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gateway.cli",
-            "calibrate",
-            "--data",
-            str(tmp_path / "log"),
-            "--out",
-            str(out),
-            "--png",
-            "none",
-        ],
+        [*SERVEPROTO, "calibrate", "--data", str(tmp_path / "log"), "--out", str(out), "--png", "none"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -204,18 +194,8 @@ def test_calibrate_fits_a_judged_log_without_a_model(tmp_path):
 
 def test_serve_refuses_a_log_it_cannot_open(tmp_path, fixture_engine):
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gateway.cli",
-            "serve",
-            "--port",
-            "0",
-            "--log-decisions",
-            str(tmp_path / "no" / "such" / "dir.jsonl"),
-            "--engine",
-            str(fixture_engine),
-        ],
+        [*SERVEPROTO, "serve", "--port", "0", "--log-decisions", str(tmp_path / "no" / "such" / "dir.jsonl")]
+        + ["--engine", str(fixture_engine)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -228,21 +208,11 @@ def test_serve_refuses_a_log_it_cannot_open(tmp_path, fixture_engine):
 
 @pytest.mark.anyio
 async def test_serve_logs_to_the_file_it_is_given(tmp_path, fixture_engine):
-    import anyio
-
-    from gateway.cli import build_parser
-    from gateway.cli.serve import serve
-
     log = tmp_path / "d.jsonl"
     log.write_bytes(b'{"earlier": 1}\n')  # appended to, not truncated: an earlier line stays
-    args = build_parser().parse_args(
-        ["serve", "--port", "0", "--log-level", "WARNING", "--log-decisions", str(log), "--engine", str(fixture_engine)]
-    )
-    async with anyio.create_task_group() as tg:
-        port = await tg.start(lambda task_status: serve(args, task_status=task_status))
-        async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+    async with serving("--log-decisions", str(log), "--engine", str(fixture_engine)) as base:
+        async with httpx2.AsyncClient(base_url=base) as client:
             reply = (await client.post("/v1/systemone", json=TICKET)).json()
-        tg.cancel_scope.cancel()
     lines = log.read_bytes().splitlines()
     assert lines[0] == b'{"earlier": 1}'
     logged = [orjson.loads(x) for x in lines[1:]]
@@ -374,7 +344,7 @@ async def test_a_required_log_refuses_with_503_naming_it(tmp_path, monkeypatch):
 
 def test_serve_refuses_a_required_log_it_does_not_have(fixture_engine):
     r = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--log-decisions-required"],
+        [*SERVEPROTO, "serve", "--port", "0", "--log-decisions-required"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -8,13 +8,12 @@ now, and the server's RSS stays within a few copies of one request of where it w
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx2
 import pytest
 
-from gateway.paths import ROOT
+from support import serve_process
 
 #: The bound on the server's RSS growth over the 100 refused requests (bytes): one request's
 #: transient copies stay with the allocator (glibc keeps freed 15 MB blocks for reuse), its
@@ -34,15 +33,8 @@ def rss_bytes(pid: int) -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RSS from /proc")
 def test_100_refused_15_mb_states_do_not_keep_their_memory(fixture_engine):
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--log-level", "ERROR"]
-        + ["--engine", str(fixture_engine)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
+    argv = ["--port", "0", "--log-level", "ERROR", "--engine", str(fixture_engine)]
+    with serve_process(*argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
         line = proc.stdout.readline()
         assert line.startswith("serveproto: serving "), line
         base = line.split(" on ")[1].strip()
@@ -59,9 +51,6 @@ def test_100_refused_15_mb_states_do_not_keep_their_memory(fixture_engine):
                 statuses.append(r.status_code)
             last = r.json()
             after = rss_bytes(proc.pid)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
     assert statuses == [422] * 100
     assert last["detail"] == [
         {

@@ -17,7 +17,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import threading
 import time
 import urllib.parse
@@ -28,6 +27,7 @@ import pytest
 
 from gateway.cli.chat_client import Client
 from gateway.paths import engine_bin
+from support import SERVEPROTO
 from test_chat_client import STATIC, entropy_oracle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,9 +35,7 @@ FIXTURE = engine_bin("serveproto-fixture")
 
 
 def serve_is_implemented() -> bool:
-    out = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "serve", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+    out = subprocess.run([*SERVEPROTO, "serve", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     return out.returncode == 0 and "--engine" in out.stdout
 
 
@@ -52,18 +50,7 @@ class LiveServer:
 
     def __init__(self, *engine: str):
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gateway.cli",
-                "serve",
-                "--port",
-                "0",
-                "--log-level",
-                "WARNING",
-                "--engine",
-                *engine,
-            ],
+            [*SERVEPROTO, "serve", "--port", "0", "--log-level", "WARNING", "--engine", *engine],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -5,27 +5,19 @@ once it has, and a request before then gets 503 + ``Retry-After`` rather than a 
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 
 import httpx2
 import orjson
 
-from gateway.paths import ROOT
-from test_balancer import free_port
+from support import free_port, serve_process
 
 
 def test_ready_is_503_while_the_engine_loads_and_200_after(fixture_engine):
     port = free_port()
-    argv = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port), "--log-level", "WARNING"]
-    proc = subprocess.Popen(
-        [*argv, "--engine", str(fixture_engine), "--fault", "slow_start=4"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    argv = ["--port", str(port), "--log-level", "WARNING", "--engine", str(fixture_engine), "--fault", "slow_start=4"]
     seen: list[tuple[int, bytes]] = []
-    try:
+    with serve_process(*argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE):
         with httpx2.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as c:
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
@@ -43,9 +35,6 @@ def test_ready_is_503_while_the_engine_loads_and_200_after(fixture_engine):
                     break
                 time.sleep(0.05)
             after = c.get("/health")
-    finally:
-        proc.terminate()
-        proc.wait(10)
     assert [status for status, _ in seen] == [503, 200], seen
     assert orjson.loads(seen[0][1]) == {"status": "loading"}
     assert orjson.loads(seen[1][1]) == {"status": "ready", "model": "fixture"}

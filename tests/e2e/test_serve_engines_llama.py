@@ -8,19 +8,16 @@ import orjson
 import pytest
 
 from gateway.server.routing import HEADER, routing_key
+from support import INVOICE
 from test_serve_engines import serving
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
+#: the llama tests' ticket and a third question, a score
 REQUEST = {
-    "state": "The invoice was paid twice and the customer wants the money back before Friday.",
+    **INVOICE,
     "questions": {
-        "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
-        "team": {
-            "type": "choice",
-            "instructions": "Who handles it?",
-            "criteria": {"billing": "invoices and payments", "customer success": None, "legal": "contracts"},
-        },
+        **INVOICE["questions"],
         "urgency": {"type": "score", "instructions": "How urgent is it?", "criteria": ["not", "somewhat", "very"]},
     },
 }

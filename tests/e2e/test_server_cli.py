@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 
 from gateway.paths import ROOT
+from support import SERVEPROTO
+from test_serve_smaller import llama_argv
 
 
 def serve_cli(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "serve", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+    return subprocess.run([*SERVEPROTO, "serve", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
 def test_port_in_use_is_one_line_and_status_2_before_the_engine_starts(tmp_path):
@@ -33,29 +32,6 @@ def test_address_that_cannot_be_bound_is_one_line_and_status_2(tmp_path):
     r = serve_cli("--host", "192.0.2.1", "--port", "0", "--engine", str(tmp_path / "no-such-engine"))
     assert r.returncode == 2
     assert r.stderr.startswith("serveproto: cannot listen on 192.0.2.1:0: ") and r.stderr.count("\n") == 1, r.stderr
-
-
-def llama_argv(tmp_path, monkeypatch, *argv: str, env: str | None = None, cores: int = 2) -> list[str]:
-    """``engine_argv`` for the llama engine on a stand-in model and binary, with ``cores`` CPUs."""
-    import os as _os
-
-    from gateway.cli import build_parser
-    from gateway.cli import plan as cli_plan
-    from gateway.cli import serve as cli_serve
-
-    engine = tmp_path / "serveproto-llama"
-    engine.write_text("#!/bin/sh\n")
-    engine.chmod(0o755)
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF")
-    monkeypatch.setattr(cli_plan, "ensure_engine", lambda name: engine)
-    monkeypatch.setattr(_os, "cpu_count", lambda: cores)
-    if env is None:
-        monkeypatch.delenv("SERVEPROTO_THREADS", raising=False)
-    else:
-        monkeypatch.setenv("SERVEPROTO_THREADS", env)
-    args = build_parser().parse_args(["serve", "--model", str(model), *argv])
-    return cli_serve.engine_argv(args)[0]
 
 
 def threads_of(argv: list[str]) -> str:
@@ -160,20 +136,8 @@ def test_score_help_example_is_real_output(fixture_engine):
     from gateway.cli.drive import SCORE_HELP
 
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gateway.cli",
-            "score",
-            "--engine",
-            str(fixture_engine),
-            "--prefix",
-            "Q: is the sky blue? A:",
-            "--option",
-            " yes",
-            "--option",
-            " no",
-        ],
+        [*SERVEPROTO, "score", "--engine", str(fixture_engine), "--prefix", "Q: is the sky blue? A:"]
+        + ["--option", " yes", "--option", " no"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import os
 import subprocess
-import sys
 
 import anyio
 import httpx2
@@ -26,7 +25,7 @@ from gateway.cli.serve import serve
 from gateway.decision import record as decision_record
 from gateway.decision import schema
 from gateway.decision.prompts import PromptBuilder
-from gateway.paths import ROOT
+from support import serve_process
 from test_routes_support import TICKET
 from test_routes_support import serving as serve_in_process
 
@@ -177,15 +176,8 @@ async def test_openai_client_chat_and_completions(fixture_engine):
 
 def test_cli_prints_its_address_and_serves(fixture_engine):
     env = dict(os.environ, SERVEPROTO_API_KEY="k1")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--engine", str(fixture_engine)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
+    argv = ["--port", "0", "--engine", str(fixture_engine)]
+    with serve_process(*argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
         line = proc.stdout.readline()
         assert line.startswith("serveproto: serving fixture on http://127.0.0.1:"), line
         base = line.split(" on ")[1].strip()
@@ -194,10 +186,6 @@ def test_cli_prints_its_address_and_serves(fixture_engine):
         assert httpx2.get(base + "/v1/models", timeout=10).status_code == 401
         proc.terminate()  # SIGTERM: a clean shutdown, engine included
         assert proc.wait(timeout=20) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 async def test_engine_that_keeps_dying_is_restarted_then_the_server_fails_upward(fixture_engine):

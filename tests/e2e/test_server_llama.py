@@ -11,7 +11,6 @@ the longest common token prefix (spec 9.1), their logprobs from
 from __future__ import annotations
 
 import math
-import os
 
 import anyio
 import httpx2
@@ -19,14 +18,16 @@ import orjson
 import pytest
 from typesafe_sdk import TypeSafeClient
 
-from fixtures import oracle, tiny_gguf, vocab
+from fixtures import oracle, vocab
 from gateway.decision import debias, schema
 from gateway.decision.chat_template import ChatTemplate
 from gateway.decision.prompts import PromptBuilder
-from gateway.paths import default_model_path, engine_bin
+from gateway.paths import default_model_path
+from support import INVOICE
 from test_routes_support import serving as serve_in_process
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+# every test here runs the llama engine: it skips where the engine is not built
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.usefixtures("llama_bin")]
 
 #: logprob agreement with the oracle (fixtures/README.md: llama.cpp with F32 KV meets 1e-4)
 TOL = 1e-4
@@ -35,13 +36,6 @@ TOL = 1e-4
 @pytest.fixture
 def anyio_backend():
     return "asyncio"
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    if not os.access(engine_bin("serveproto-llama"), os.X_OK):
-        pytest.skip("engines/bin/serveproto-llama is not built yet (make -C engines all)")
-    return tiny_gguf.ensure()
 
 
 def serving(*argv):
@@ -53,19 +47,6 @@ async def post(client, path, body):
     r = await client.post(path, content=orjson.dumps(body), headers={"content-type": "application/json"})
     assert r.status_code == 200, r.text
     return r.json()
-
-
-REQUEST = {
-    "state": "The invoice was paid twice and the customer wants the money back before Friday.",
-    "questions": {
-        "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
-        "team": {
-            "type": "choice",
-            "instructions": "Who handles it?",
-            "criteria": {"billing": "invoices and payments", "customer success": None, "legal": "contracts"},
-        },
-    },
-}
 
 
 async def oracle_scores(c, tiny, text_context: str, options, check_top: bool = True) -> list[float]:
@@ -117,9 +98,9 @@ def softmax(scores) -> list[float]:
 async def test_tiny_gguf_systemone_and_echo_match_the_oracle(tiny):
     async with serving("--model", str(tiny), "--slots", "1", "--ctx", "1024") as base:
         async with httpx2.AsyncClient(base_url=base, timeout=60) as c:
-            reply = await post(c, "/v1/systemone", REQUEST)
+            reply = await post(c, "/v1/systemone", INVOICE)
             b = PromptBuilder(ChatTemplate.from_gguf(tiny))
-            parsed = schema.parse_request(REQUEST)
+            parsed = schema.parse_request(INVOICE)
             prefix = b.prefix(parsed.state)
             expected = {}
             for q in parsed.questions:
@@ -136,13 +117,13 @@ async def test_tiny_gguf_debias_matches_the_oracle(tiny):
     oracle, combined here with numpy (log-softmax per reading, means, difference, softmax)."""
     import numpy as np
 
-    request = {**REQUEST, "x_debias": ["cyclic", "content_free"]}
+    request = {**INVOICE, "x_debias": ["cyclic", "content_free"]}
     async with serving("--model", str(tiny), "--slots", "1", "--ctx", "1024") as base:
         async with httpx2.AsyncClient(base_url=base, timeout=60) as c:
             reply = await post(c, "/v1/systemone", request)
             again = await post(c, "/v1/systemone", request)
             b = PromptBuilder(ChatTemplate.from_gguf(tiny))
-            parsed = schema.parse_request(REQUEST)
+            parsed = schema.parse_request(INVOICE)
             expected = {}
             for q in parsed.questions:
 

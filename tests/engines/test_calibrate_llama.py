@@ -4,8 +4,6 @@ probabilities are the map applied to what the same server answers with ``--calib
 
 from __future__ import annotations
 
-import os
-
 import anyio
 import httpx2
 import orjson
@@ -14,20 +12,13 @@ import pytest
 from gateway.cli import main
 from gateway.decision import calibration
 from gateway.lab import evalset
-from gateway.paths import DEFAULT_MODEL_NAME, default_model_path, engine_bin
 from test_server_llama import serving
 
 pytestmark = pytest.mark.slow
 
 
-def test_calibrate_and_serve_on_the_default_model(tmp_path, monkeypatch, capsys):
-    model = default_model_path()
-    if not model.exists() or not os.access(engine_bin("serveproto-llama"), os.X_OK):
-        pytest.skip("the default model or the llama engine is missing (make engines model)")
-    cache = tmp_path / "cache"
-    (cache / "models").mkdir(parents=True)
-    (cache / "models" / DEFAULT_MODEL_NAME).symlink_to(model)
-    monkeypatch.setenv("SERVEPROTO_CACHE", str(cache))
+def test_calibrate_and_serve_on_the_default_model(tmp_path, capsys, model_path, model_cache):
+    model = model_path
     data = tmp_path / "labelled.jsonl"
     items = evalset.generate(sizes={"ticket": 2, "review": 2, "email": 2, "order": 2})
     evalset.write_jsonl(items, data)

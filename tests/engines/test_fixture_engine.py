@@ -536,27 +536,12 @@ def test_serveproto_gateway_accepts_every_reply():
     sp = pytest.importorskip("serveproto")
     conn = sp.GatewayConnection()
     score = json.dumps({"prefix": "Q: ", "groups": [{"stem": "ok?", "options": [" yes", " no"]}], "pin": True}).encode()
+    read = b"Read me out."  # pinned, then extended: the second SUBMIT starts from its snapshot
+    greedy = {"temperature": 0.0, "top_p": 1.0}
     reqs = [
+        sp.Submit(id=1, slot=0, prompt=read, max_tokens=0, logprobs=4, pin=True, counters=True, **greedy),
         sp.Submit(
-            id=1,
-            slot=0,
-            prompt=b"Read me out.",
-            max_tokens=0,
-            temperature=0.0,
-            top_p=1.0,
-            logprobs=4,
-            pin=True,
-            counters=True,
-        ),
-        sp.Submit(
-            id=2,
-            slot=0,
-            prompt=b"Read me out. Then",
-            max_tokens=6,
-            temperature=0.9,
-            top_p=0.8,
-            logprobs=2,
-            counters=True,
+            id=2, slot=0, prompt=read + b" Then", max_tokens=6, temperature=0.9, top_p=0.8, logprobs=2, counters=True
         ),
         sp.Submit(id=3, slot=1, prompt=b"x", max_tokens=3, temperature=0.0, top_p=1.0),
         sp.Score(id=4, slot=0, payload=score),

@@ -8,8 +8,6 @@ fitted numbers) applied to the hidden state the same server's engine reads for t
 
 from __future__ import annotations
 
-import os
-
 import anyio
 import httpx2
 import numpy as np
@@ -22,21 +20,14 @@ from gateway.decision.chat_template import read_gguf
 from gateway.decision.prompts import PromptBuilder
 from gateway.engine import Engine
 from gateway.lab import evalset, head_fit
-from gateway.paths import DEFAULT_MODEL_NAME, default_model_path, engine_bin
 from gateway.server.jev import protocol
 from test_server_llama import serving
 
 pytestmark = pytest.mark.slow
 
 
-def test_fit_and_serve_heads_on_the_default_model(tmp_path, monkeypatch, capsys):
-    model = default_model_path()
-    if not model.exists() or not os.access(engine_bin("serveproto-llama"), os.X_OK):
-        pytest.skip("the default model or the llama engine is missing (make engines model)")
-    cache = tmp_path / "cache"
-    (cache / "models").mkdir(parents=True)
-    (cache / "models" / DEFAULT_MODEL_NAME).symlink_to(model)
-    monkeypatch.setenv("SERVEPROTO_CACHE", str(cache))
+def test_fit_and_serve_heads_on_the_default_model(tmp_path, capsys, model_path, model_cache, llama_engine):
+    model = model_path
     data = tmp_path / "labelled.jsonl"
     items = evalset.generate(sizes={"review": 8})
     evalset.write_jsonl(items, data)
@@ -65,8 +56,7 @@ def test_fit_and_serve_heads_on_the_default_model(tmp_path, monkeypatch, capsys)
     parsed = schema.parse_request(body)
 
     async def hidden_of():
-        cmd = [str(engine_bin("serveproto-llama")), "--model", str(model), "--threads", "2"]
-        async with Engine.spawn(cmd, name="oracle") as eng:
+        async with Engine.spawn(llama_engine, name="oracle") as eng:
             template, _ = await anyio.to_thread.run_sync(read_gguf, model)
             settings = pipeline.Settings(PromptBuilder(template), hidden=(19,))
             return (await pipeline.decide(parsed, eng, settings, pipeline.Memory())).hidden

@@ -16,29 +16,19 @@ traffic.
 
 from __future__ import annotations
 
-import os
-
 import anyio
 import pytest
 
 from bench.digits import FILLER, GROUPS, STATE, differences, numbers, spawn, the_matrix
 from gateway.paths import engine_bin
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+# every test here runs the llama engine: it skips where the engine is not built
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.usefixtures("llama_bin")]
 
 
 @pytest.fixture
 def anyio_backend():
     return "asyncio"
-
-
-@pytest.fixture(scope="module")
-def tiny_path():
-    if not os.access(engine_bin("serveproto-llama"), os.X_OK):
-        pytest.skip("engines/bin/serveproto-llama is not built yet (make -C engines all)")
-    from fixtures import tiny_gguf
-
-    return tiny_gguf.ensure()
 
 
 def assert_all_equal(cells: dict[str, list[list[float]]]) -> None:
@@ -54,8 +44,8 @@ async def test_every_cell_is_bit_identical_on_the_default_model(model_path):
     assert len({x for row in cells["score"] for x in row}) == 11
 
 
-async def test_every_cell_is_bit_identical_on_the_tiny_fixture(tiny_path):
-    assert_all_equal(await the_matrix(tiny_path))
+async def test_every_cell_is_bit_identical_on_the_tiny_fixture(tiny):
+    assert_all_equal(await the_matrix(tiny))
 
 
 async def test_fast_numerics_differ_in_the_same_cells(model_path):

@@ -25,6 +25,7 @@ import pytest
 
 from bench.digits import GROUPS, STATE, numbers, spawn
 from gateway.engine import EngineError
+from support import INVOICE
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -73,6 +74,13 @@ async def fill(model_path, root: Path) -> list[list[float]]:
     return numbers(first)
 
 
+async def filled(model_path, root: Path) -> Path:
+    """``fill``'s one file under ``root``."""
+    await fill(model_path, root)
+    (path,) = files(root)
+    return path
+
+
 async def test_a_restart_answers_an_exact_repeat_from_disk_with_a_cold_engines_bits(model_path, cold, tmp_path):
     root = tmp_path / "cache"
     assert await fill(model_path, root) == cold
@@ -115,8 +123,7 @@ async def test_a_file_that_does_not_match_or_check_is_skipped_with_its_reason(
 ):
     caplog.set_level(logging.INFO)
     root = tmp_path / "cache"
-    await fill(model_path, root)
-    (path,) = files(root)
+    path = await filled(model_path, root)
     extra: list[str] = []
     if case == "build":
         reseal(path, build=b"0123456789abcdef")
@@ -263,28 +270,16 @@ async def test_the_disk_budget_keeps_the_most_recently_used_files(model_path, tm
 
 # ---- through serveproto serve -----------------------------------------------------------------
 
-TICKET = {
-    "state": "The invoice was paid twice and the customer wants the money back before Friday.",
-    "questions": {
-        "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
-        "team": {
-            "type": "choice",
-            "instructions": "Who handles it?",
-            "criteria": {"billing": "invoices and payments", "customer success": None, "legal": "contracts"},
-        },
-    },
-}
-
 
 async def ask(url: str, root: Path) -> tuple[dict, str]:
-    """One /v1/systemone of TICKET and the /metrics text after it; waits until the engine wrote
+    """One /v1/systemone of INVOICE and the /metrics text after it; waits until the engine wrote
     what it computed (it writes when idle), so that stopping the server cannot cut it."""
     import httpx2
     import orjson
 
     before = len(files(root))
     async with httpx2.AsyncClient(base_url=url, timeout=120) as c:
-        r = await c.post("/v1/systemone", content=orjson.dumps(TICKET), headers={"content-type": "application/json"})
+        r = await c.post("/v1/systemone", content=orjson.dumps(INVOICE), headers={"content-type": "application/json"})
         assert r.status_code == 200, r.text
         body = r.json()
         if body["x_positions"]["computed"] > 0:
@@ -448,8 +443,7 @@ async def test_a_sealed_scores_file_with_a_non_finite_logprob_is_never_served(
 ):
     caplog.set_level(logging.INFO)
     root = tmp_path / "cache"
-    await fill(model_path, root)
-    (path,) = files(root)
+    path = await filled(model_path, root)
     data = bytearray(path.read_bytes())
     data[256 + 32 : 256 + 40] = struct.pack("<d", value)  # the first record's first logprob
     reseal_payload(path, data, xxh3)
@@ -480,8 +474,7 @@ async def test_a_sealed_header_cannot_make_the_engine_allocate_past_what_its_kin
 ):
     caplog.set_level(logging.INFO)
     root = tmp_path / "cache"
-    await fill(model_path, root)
-    (path,) = files(root)
+    path = await filled(model_path, root)
     data = bytearray(path.read_bytes()[:256])
     data[PAYLOAD_BYTES : PAYLOAD_BYTES + 8] = struct.pack("<Q", 3 << 30)
     data[248:256] = hashlib.sha256(bytes(data[:248])).digest()[:8]

@@ -15,7 +15,6 @@ import os
 import subprocess
 from pathlib import Path
 
-import anyio
 import httpx2
 import orjson
 import pytest
@@ -24,9 +23,11 @@ from bench.digits import FILLER, GROUPS, STATE, numbers, read_out_scores, spawn
 from bench.rpc import rpc_servers
 from bench.servers import free_port
 from gateway.cli import build_parser
-from gateway.cli.serve import engine_argv, serve
+from gateway.cli.serve import engine_argv
 from gateway.engine import Engine
 from gateway.paths import engine_bin
+from support import INVOICE
+from test_routes_support import serving
 
 pytestmark = pytest.mark.slow
 
@@ -188,27 +189,12 @@ def test_bad_values_name_the_flag(flag, value):
 
 @pytest.mark.anyio
 async def test_serve_passes_rpc_through_and_answers_with_the_local_numbers(model_path, rpc_server_bin):
-    request = {
-        "state": "The invoice was paid twice and the customer wants the money back before Friday.",
-        "questions": {
-            "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
-            "team": {
-                "type": "choice",
-                "instructions": "Who handles it?",
-                "criteria": {"billing": None, "customer success": None, "legal": None},
-            },
-        },
-    }
-
     async def answers(*argv: str) -> dict:
-        args = build_parser().parse_args(["serve", "--port", "0", "--log-level", "WARNING", "--threads", "1", *argv])
-        async with anyio.create_task_group() as tg:
-            port = await tg.start(lambda task_status: serve(args, task_status=task_status))
-            async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as c:
+        async with serving("--threads", "1", *argv) as base:
+            async with httpx2.AsyncClient(base_url=base, timeout=120) as c:
                 r = await c.post(
-                    "/v1/systemone", content=orjson.dumps(request), headers={"content-type": "application/json"}
+                    "/v1/systemone", content=orjson.dumps(INVOICE), headers={"content-type": "application/json"}
                 )
-            tg.cancel_scope.cancel()
         assert r.status_code == 200, r.text
         return r.json()
 

@@ -5,6 +5,7 @@ nothing leaks (tasks, file descriptors, child processes)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -59,6 +60,16 @@ def quick(**kw) -> EngineOptions:
     return EngineOptions().updated(**base)
 
 
+@contextlib.asynccontextmanager
+async def faulty(fixture, tmp_path, faults: str, *args: str, **options):
+    """``Engine.spawn`` of the fixture with ``faults`` on its first start only (``first_start_only``) and
+    ``quick(**options)``, inside ``TEST_DEADLINE``; yields the engine."""
+    argv, env = first_start_only(fixture, tmp_path, faults, *args)
+    with anyio.fail_after(TEST_DEADLINE):
+        async with Engine.spawn(argv, options=quick(**options, env=env)) as eng:
+            yield eng
+
+
 async def test_crash_mid_request_fails_every_request_then_restarts(fixture_engine, tmp_path):
     # 3 requests of 12 frames each: the engine exits after its 5th frame.
     argv, env = first_start_only(fixture_engine, tmp_path, "exit_after=5", "--slots", "3")
@@ -85,56 +96,46 @@ async def test_crash_mid_request_fails_every_request_then_restarts(fixture_engin
 
 
 async def test_abort_is_reported_with_its_signal(fixture_engine, tmp_path):
-    argv, env = first_start_only(fixture_engine, tmp_path, "abort_after=1")
-    with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn(argv, options=quick(env=env)) as eng:
-            with pytest.raises(EngineCrashed) as info:
-                await eng.read_out(b"abc", logprobs=1)
-            assert info.value.returncode == -signal.SIGABRT
-            assert (await eng.read_out(b"abc", logprobs=1)).done.prompt_tokens == 3
+    async with faulty(fixture_engine, tmp_path, "abort_after=1") as eng:
+        with pytest.raises(EngineCrashed) as info:
+            await eng.read_out(b"abc", logprobs=1)
+        assert info.value.returncode == -signal.SIGABRT
+        assert (await eng.read_out(b"abc", logprobs=1)).done.prompt_tokens == 3
 
 
 async def test_hang_past_the_stall_deadline(fixture_engine, tmp_path):
-    argv, env = first_start_only(fixture_engine, tmp_path, "hang_after=2")
-    with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn(argv, options=quick(stall_timeout=0.3, env=env)) as eng:
-            with pytest.raises(EngineTimeout) as info:
-                await eng.read_out(b"a hanging request", logprobs=1)
-            assert info.value.what == "stall" and info.value.seconds == 0.3
-            assert (await eng.read_out(b"abc", logprobs=1)).done.prompt_tokens == 3
-            assert eng.restarts == 1
-        # The hung process ignored EOF and was terminated by the ladder's kill step.
-        assert eng.exit_statuses[0] in (-signal.SIGTERM, -signal.SIGKILL)
+    async with faulty(fixture_engine, tmp_path, "hang_after=2", stall_timeout=0.3) as eng:
+        with pytest.raises(EngineTimeout) as info:
+            await eng.read_out(b"a hanging request", logprobs=1)
+        assert info.value.what == "stall" and info.value.seconds == 0.3
+        assert (await eng.read_out(b"abc", logprobs=1)).done.prompt_tokens == 3
+        assert eng.restarts == 1
+    # The hung process ignored EOF and was terminated by the ladder's kill step.
+    assert eng.exit_statuses[0] in (-signal.SIGTERM, -signal.SIGKILL)
 
 
 async def test_partial_payload_is_a_hang(fixture_engine, tmp_path):
-    argv, env = first_start_only(fixture_engine, tmp_path, "partial_payload")
-    with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn(argv, options=quick(stall_timeout=0.3, env=env)) as eng:
-            with pytest.raises(EngineTimeout) as info:
-                await eng.read_out(b"abc", logprobs=1)
-            assert info.value.what == "stall"
-            assert (await eng.read_out(b"abc", logprobs=1)).done.prompt_tokens == 3
+    async with faulty(fixture_engine, tmp_path, "partial_payload", stall_timeout=0.3) as eng:
+        with pytest.raises(EngineTimeout) as info:
+            await eng.read_out(b"abc", logprobs=1)
+        assert info.value.what == "stall"
+        assert (await eng.read_out(b"abc", logprobs=1)).done.prompt_tokens == 3
 
 
 async def test_garbage_frame_is_a_protocol_error(fixture_engine, tmp_path):
-    argv, env = first_start_only(fixture_engine, tmp_path, "garbage_after=1")
-    with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn(argv, options=quick(env=env)) as eng:
-            with pytest.raises(EngineProtocolError) as info:
-                await eng.read_out(b"abcdef", logprobs=1)
-            assert info.value.code == "BAD_FRAME"
-            assert (await eng.read_out(b"abc", logprobs=1)).done.prompt_tokens == 3
-            assert eng.restarts == 1
+    async with faulty(fixture_engine, tmp_path, "garbage_after=1") as eng:
+        with pytest.raises(EngineProtocolError) as info:
+            await eng.read_out(b"abcdef", logprobs=1)
+        assert info.value.code == "BAD_FRAME"
+        assert (await eng.read_out(b"abc", logprobs=1)).done.prompt_tokens == 3
+        assert eng.restarts == 1
 
 
 async def test_truncated_frame_then_exit(fixture_engine, tmp_path):
-    argv, env = first_start_only(fixture_engine, tmp_path, "truncate_after=1")
-    with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn(argv, options=quick(env=env)) as eng:
-            with pytest.raises(EngineProtocolError, match="EOF inside a frame"):
-                await eng.read_out(b"abcdef", logprobs=1)
-            assert (await eng.read_out(b"abc", logprobs=1)).done.prompt_tokens == 3
+    async with faulty(fixture_engine, tmp_path, "truncate_after=1") as eng:
+        with pytest.raises(EngineProtocolError, match="EOF inside a frame"):
+            await eng.read_out(b"abcdef", logprobs=1)
+        assert (await eng.read_out(b"abc", logprobs=1)).done.prompt_tokens == 3
 
 
 @pytest.mark.parametrize("kind", ["nomem", "io", "format", "unsupported"])
@@ -390,25 +391,23 @@ async def test_max_waiting_refuses_at_once_when_the_queue_is_full(fixture_engine
 
 async def test_an_idle_hung_engine_is_found_by_the_heartbeat(fixture_engine, tmp_path):
     # Hangs right after its handshake; no request is sent: the PING finds it.
-    argv, env = first_start_only(fixture_engine, tmp_path, "hang_after=0")
-    with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn(argv, options=quick(health_interval=0.05, stall_timeout=0.2, env=env)) as eng:
-            first = eng.pid
-            while eng.restarts == 0:
-                await anyio.sleep(0.01)
-            await eng.wait_ready()
-            assert eng.pid != first and eng.healthy
-            assert isinstance(eng.last_error, EngineTimeout) and eng.last_error.what == "stall"
-            assert (await eng.ping())["active"] == "0"
+    async with faulty(fixture_engine, tmp_path, "hang_after=0", health_interval=0.05, stall_timeout=0.2) as eng:
+        first = eng.pid
+        while eng.restarts == 0:
+            await anyio.sleep(0.01)
+        await eng.wait_ready()
+        assert eng.pid != first and eng.healthy
+        assert isinstance(eng.last_error, EngineTimeout) and eng.last_error.what == "stall"
+        assert (await eng.ping())["active"] == "0"
 
 
 @pytest.mark.parametrize("mode", ["chat", "plain"])
 async def test_score_deadline_covers_the_whole_scoring(fixture_engine, tmp_path, mode):
     # The engine hangs after 3 frames: inside SCORE, or inside the fallback's SUBMITs.
-    argv, env = first_start_only(fixture_engine, tmp_path, "hang_after=3", "--mode", mode)
-    with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn(argv, options=quick(stall_timeout=30, drain_timeout=0.1, env=env)) as eng:
-            with pytest.raises(EngineTimeout) as info:
-                await eng.score(b"prefix", [(b" q1", [b" a", b" b"]), (b" q2", [b" c"])], timeout=0.3)
-            assert info.value.what == "request" and info.value.seconds == 0.3
-            assert eng.restarts == 0  # one request's deadline is not the engine's
+    async with faulty(
+        fixture_engine, tmp_path, "hang_after=3", "--mode", mode, stall_timeout=30, drain_timeout=0.1
+    ) as eng:
+        with pytest.raises(EngineTimeout) as info:
+            await eng.score(b"prefix", [(b" q1", [b" a", b" b"]), (b" q2", [b" c"])], timeout=0.3)
+        assert info.value.what == "request" and info.value.seconds == 0.3
+        assert eng.restarts == 0  # one request's deadline is not the engine's

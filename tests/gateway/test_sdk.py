@@ -19,24 +19,12 @@ from typesafe_sdk import (
     TypeSafeUnprocessableEntityError,
 )
 
-from test_routes_support import EngineCrashed, FakeCaps, FakeEngine, Recorder, make_app, running
+from test_routes_support import TICKET, EngineCrashed, FakeCaps, FakeEngine, Recorder, make_app, running
 
 pytestmark = pytest.mark.anyio
 
-QUESTIONS = {
-    "urgency": {"type": "noul", "instructions": "Does this message express urgency?"},
-    "department": {
-        "type": "choice",
-        "instructions": "Which team should handle this?",
-        "criteria": {"billing": "payments, invoices, Stripe payouts", "technical": "bugs, outages", "sales": None},
-    },
-    "severity": {
-        "type": "score",
-        "instructions": "How severe is the customer impact?",
-        "criteria": ["no impact", "minor inconvenience", "blocked on one task", "losing money", "business down"],
-    },
-}
-TICKET = "Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing."
+#: the route tests' ticket, as the SDK takes it: the state and the questions apart
+STATE, QUESTIONS = TICKET["state"], TICKET["questions"]
 
 
 def check_result(result):
@@ -56,7 +44,7 @@ async def test_sync_client_system_one_and_models():
 
         def call():
             with TypeSafeClient(api_key="k", base_url=base) as client:
-                return client.system_one(state=TICKET, questions=QUESTIONS), client.models.list()
+                return client.system_one(state=STATE, questions=QUESTIONS), client.models.list()
 
         result, models = await anyio.to_thread.run_sync(call)
     check_result(result)
@@ -69,7 +57,7 @@ async def test_sync_client_system_one_and_models():
 
 async def test_async_client_zstd_body_over_1kib():
     rec = Recorder(make_app(FakeEngine()))
-    long_state = {"ticket": TICKET, "history": [f"message {i}: the integration failed again" for i in range(60)]}
+    long_state = {"ticket": STATE, "history": [f"message {i}: the integration failed again" for i in range(60)]}
     async with running(rec) as base:
         async with AsyncTypeSafeClient(api_key="k", base_url=base) as client:
             result = await client.system_one(state=long_state, questions=QUESTIONS, model="jev-latest")

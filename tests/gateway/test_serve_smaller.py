@@ -6,6 +6,7 @@ fixture engine) is refused instead of applied unchecked."""
 from __future__ import annotations
 
 import argparse
+import os
 import random
 
 import httpx2
@@ -20,14 +21,20 @@ from gateway.lab import calibration_fit as calfit
 from test_routes_support import TICKET, FakeEngine, make_app, running
 
 
-def llama_argv(tmp_path, monkeypatch, *argv: str) -> list[str]:
-    """The llama engine's command line ``serve`` plans (a stand-in binary and model: nothing is started)."""
+def llama_argv(tmp_path, monkeypatch, *argv: str, env: str | None = None, cores: int = 2) -> list[str]:
+    """The llama engine's command line ``serve *argv`` plans (a stand-in binary and model: nothing is started),
+    on a machine of ``cores`` CPUs with ``$SERVEPROTO_THREADS`` set to ``env`` (None: unset)."""
     engine = tmp_path / "serveproto-llama"
     engine.write_text("#!/bin/sh\n")
     engine.chmod(0o755)
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     monkeypatch.setattr(cli_plan, "ensure_engine", lambda name: engine)
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    if env is None:
+        monkeypatch.delenv("SERVEPROTO_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("SERVEPROTO_THREADS", env)
     return cli_serve.engine_argv(build_parser().parse_args(["serve", "--model", str(model), *argv]))[0]
 
 

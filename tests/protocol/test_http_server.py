@@ -191,18 +191,9 @@ async def test_unknown_and_corrupt_encodings():
 
 
 async def test_head_timeout_is_408():
-    async def run(port):
-        async with await anyio.connect_tcp("127.0.0.1", port) as s:
-            await s.send(b"GET /echo HTTP/1.1\r\nHos")
-            data = b""
-            with anyio.fail_after(5):
-                while True:
-                    try:
-                        data += await s.receive()
-                    except anyio.EndOfStream:
-                        return data
-
-    data = await with_server(run, Limits(header_timeout=0.2))
+    data = await with_server(
+        lambda port: raw_until_close(port, b"GET /echo HTTP/1.1\r\nHos"), Limits(header_timeout=0.2)
+    )
     assert data.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
 
 
@@ -255,6 +246,7 @@ async def test_streamed_body_is_chunked():
 
 
 async def raw_until_close(port: int, raw: bytes) -> bytes:
+    """Send ``raw`` to ``port`` on loopback; every byte received until the server closes (5 s at most)."""
     async with await anyio.connect_tcp("127.0.0.1", port) as s:
         await s.send(raw)
         data = b""

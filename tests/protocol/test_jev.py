@@ -8,17 +8,13 @@ from gateway.decision import schema
 from gateway.decision.chat_template import ChatTemplate
 from gateway.decision.prompts import SYSTEM, PromptBuilder, question_text
 from gateway.server.jev import protocol
+from test_routes_support import TICKET as ROUTE_TICKET
 
+#: the route tests' ticket with a three-point severity
 TICKET = {
-    "state": "Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing.",
-    "model": "jev-latest",
+    **ROUTE_TICKET,
     "questions": {
-        "urgency": {"type": "noul", "instructions": "Does this message express urgency?"},
-        "department": {
-            "type": "choice",
-            "instructions": "Which team should handle this?",
-            "criteria": {"billing": "payments", "technical": "bugs", "sales": None},
-        },
+        **ROUTE_TICKET["questions"],
         "severity": {"type": "score", "instructions": "How severe?", "criteria": ["none", "minor", "down"]},
     },
 }

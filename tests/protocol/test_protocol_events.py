@@ -104,23 +104,17 @@ def test_other_events_refuse():
     _refused(sp.Caps, {"model": "a b"}, field="Caps.values['model']")
 
 
+def properties(caps: sp.Caps, names: str) -> tuple:
+    """The values of ``caps``' properties named in ``names`` (separated by spaces), in that order."""
+    return tuple(getattr(caps, name) for name in names.split())
+
+
 def test_caps_typed_properties_and_defaults():
     c = sp.Caps({})
-    assert (
-        c.chat,
-        c.decide,
-        c.vision,
-        c.slots,
-        c.n_ctx,
-        c.n_vocab,
-        c.model,
-        c.pin_slots,
-        c.max_logprobs,
-        c.x_score,
-        c.x_counters,
-        c.x_health,
-        c.decide_record,
-    ) == (True, False, False, 1, None, None, None, None, 32, False, False, False, None)
+    names = (
+        "chat decide vision slots n_ctx n_vocab model pin_slots max_logprobs x_score x_counters x_health decide_record"
+    )
+    assert properties(c, names) == (True, False, False, 1, None, None, None, None, 32, False, False, False, None)
     c = sp.Caps(
         {
             "chat": "0",
@@ -138,20 +132,8 @@ def test_caps_typed_properties_and_defaults():
             "future": "a=b",
         }
     )
-    assert (
-        c.chat,
-        c.decide,
-        c.decide_record,
-        c.slots,
-        c.n_ctx,
-        c.n_vocab,
-        c.model,
-        c.pin_slots,
-        c.max_logprobs,
-        c.x_score,
-        c.x_counters,
-        c.x_health,
-    ) == (False, True, "raw", 4, 512, 49152, "smol", 8, 5, True, True, True)
+    names = "chat decide decide_record slots n_ctx n_vocab model pin_slots max_logprobs x_score x_counters x_health"
+    assert properties(c, names) == (False, True, "raw", 4, 512, 49152, "smol", 8, 5, True, True, True)
     assert c.values["future"] == "a=b"
 
 
@@ -238,12 +220,17 @@ def test_limits_are_checked():
         sp.EngineConnection(max_payload=-1)
 
 
-def test_engine_discards_an_oversized_payload_across_chunks():
-    conn = engine(max_payload=10)
-    conn.receive_data(b"SUBMIT 3 0 100 1 0 1\n" + b"a" * 30)
+def refusal(conn, data: bytes) -> tuple[str, int]:
+    """Feed ``data`` to ``conn``: ``(code, request_id)`` of the RemoteProtocolError its next event raises."""
+    conn.receive_data(data)
     with pytest.raises(sp.RemoteProtocolError) as info:
         conn.next_event()
-    assert (info.value.code, info.value.request_id) == ("BAD_FRAME", 3)
+    return info.value.code, info.value.request_id
+
+
+def test_engine_discards_an_oversized_payload_across_chunks():
+    conn = engine(max_payload=10)
+    assert refusal(conn, b"SUBMIT 3 0 100 1 0 1\n" + b"a" * 30) == ("BAD_FRAME", 3)
     for _ in range(7):
         conn.receive_data(b"a" * 10)
         assert conn.next_event() is sp.NEED_DATA
@@ -253,10 +240,7 @@ def test_engine_discards_an_oversized_payload_across_chunks():
 
 def test_engine_discards_an_overlong_line_across_chunks():
     conn = engine(max_line=32)
-    conn.receive_data(b"SUBMIT " + b"9" * 40)
-    with pytest.raises(sp.RemoteProtocolError) as info:
-        conn.next_event()
-    assert (info.value.code, info.value.request_id) == ("BAD_FRAME", 0)
+    assert refusal(conn, b"SUBMIT " + b"9" * 40) == ("BAD_FRAME", 0)
     conn.receive_data(b"9" * 100)
     assert conn.next_event() is sp.NEED_DATA
     conn.receive_data(b"99\nCANCEL 5\n")
@@ -330,6 +314,17 @@ def counting_fast_path(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return taken
 
 
+def reading_out(logprobs: int) -> sp.GatewayConnection:
+    """A gateway past the handshake that has sent ``SUBMIT 1`` (slot 0, prompt ``x``): a read-out with
+    ``logprobs`` alternatives, waiting for its ECHO frames."""
+    gw = sp.GatewayConnection()
+    gw.receive_data(sp.EngineConnection().send_handshake())
+    while gw.next_event() is not sp.NEED_DATA:
+        pass
+    gw.send(sp.Submit(1, 0, b"x", 0, 0.0, 1.0, logprobs=logprobs))
+    return gw
+
+
 def test_echo_fast_path_agrees_with_the_general_reader(monkeypatch):
     """ECHO frames of a read-out under way take the fast path; every spelling
     must decode as the general reader (used with no request state) decodes it."""
@@ -353,11 +348,7 @@ def test_echo_fast_path_agrees_with_the_general_reader(monkeypatch):
         frames.append(b"ECHO 1 1 %d %s 1 %d %s\nb\n" % (pos, lp, 10**18 + pos, spellings[-pos]))
     frames.append(b"DONE 1 STAT 0 0 0 0.5 %d 0\n" % (len(spellings) + 1))
     stream = b"".join(frames)
-    gw = sp.GatewayConnection()
-    gw.receive_data(sp.EngineConnection().send_handshake())
-    while gw.next_event() is not sp.NEED_DATA:
-        pass
-    gw.send(sp.Submit(1, 0, b"x", 0, 0.0, 1.0, logprobs=1))
+    gw = reading_out(logprobs=1)
     codec = CodecGateway()
     fast, general = [], []
     taken = counting_fast_path(monkeypatch)
@@ -385,11 +376,7 @@ def test_echo_fast_path_with_several_alternatives_agrees_with_the_general_reader
     stream = b"ECHO 1 1 0 nan 0\na\n" + b"".join(
         b"ECHO 1 1 %d -0.25 %s\nb\n" % (pos, tail) for pos, tail in enumerate(tails, start=1)
     )
-    gw = sp.GatewayConnection()
-    gw.receive_data(sp.EngineConnection().send_handshake())
-    while gw.next_event() is not sp.NEED_DATA:
-        pass
-    gw.send(sp.Submit(1, 0, b"x", 0, 0.0, 1.0, logprobs=3))
+    gw = reading_out(logprobs=3)
     codec = CodecGateway()
     results = []
     taken = counting_fast_path(monkeypatch)
