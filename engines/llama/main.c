@@ -194,19 +194,16 @@ static int parse_options(int argc, char **argv, options *o)
 
 static char g_log_tail[4096];
 static int g_log_verbose;
-static int g_log_aborting; /* a decode is being aborted: its warnings are expected, not shown */
 
-void engine_log_aborting(int on)
-{
-    g_log_aborting = on;
-}
-
+/* ud: the engine; while a decode is being aborted (e->abort_decode, until the step after it ends) its
+ * warnings are expected, not shown. */
 static void log_cb(enum ggml_log_level level, const char *text, void *ud)
 {
     static int last_shown; /* whether the line a CONT continues was shown */
-    (void)ud;
+    const engine *e = ud;
     int important = level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN;
-    int shown = g_log_verbose || (important && !g_log_aborting) || (level == GGML_LOG_LEVEL_CONT && last_shown);
+    int aborting = e && e->abort_decode;
+    int shown = g_log_verbose || (important && !aborting) || (level == GGML_LOG_LEVEL_CONT && last_shown);
     if (level != GGML_LOG_LEVEL_CONT)
         last_shown = shown;
     if (shown)
@@ -720,9 +717,20 @@ static const sp_loop_ops engine_loop_ops = {
 };
 
 /* Non-blocking: takes whatever stdin has now (called between decode steps). */
-void engine_poll(engine *e)
+static void engine_poll(engine *e)
 {
     sp_loop_poll(&e->in);
+}
+
+/* The scheduler's input hook (engine.h: engine_input), over the frame loop: ctx is the engine's sp_loop. */
+static void input_poll(void *in)
+{
+    sp_loop_poll(in);
+}
+
+static void input_wait(void *in, int timeout_ms)
+{
+    sp_loop_wait(in, timeout_ms);
 }
 
 static uint64_t now_us(void)
@@ -753,7 +761,6 @@ bool engine_decode_abort(void *data)
         e->polled_us = t;
         engine_poll(e);
     }
-    g_log_aborting = e->abort_decode;
     return e->abort_decode != 0;
 }
 
@@ -780,8 +787,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "serveproto-llama: out of memory\n");
         return 1;
     }
+    e.input = (engine_input){ .poll = input_poll, .wait = input_wait, .ctx = &e.in };
     g_log_verbose = o.verbose;
-    llama_log_set(log_cb, NULL);
+    llama_log_set(log_cb, &e);
     llama_backend_init();
     if (load(&e, &o) != 0) {
         engine_free(&e);
@@ -815,7 +823,7 @@ int main(int argc, char **argv)
         sp_loop_read(&e.in);
         sp_loop_drain(&e.in);
     }
-    if (e.late.margin_us > 0 && e.pipeline) /* what the late fill learned (sched.c) */
+    if (e.late.margin_us > 0 && e.pipeline) /* what the late fill learned (late_fill.c) */
         fprintf(stderr, "serveproto-llama: late fill: %.2f us a row on the device, lead %.0f us\n", e.late.us_row,
                 e.late.lead_us);
     profile_free(&e.prof);
