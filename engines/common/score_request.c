@@ -2,21 +2,12 @@
 #include "score_request.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int refuse(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static int refuse(char *err, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, SP_SCORE_ERR_MAX, fmt, ap);
-    va_end(ap);
-    return -1;
-}
+/* "<field>: <reason>" into err; returns -1. */
+#define refuse(err, ...) spj_refuse((err), SP_SCORE_ERR_MAX, __VA_ARGS__)
 
 /* "groups[g]" or "groups.g" */
 static const char *group_field(const sp_score_rules *rules, size_t g, char *buf, size_t cap)

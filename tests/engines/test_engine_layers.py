@@ -14,6 +14,7 @@ A circle fails with its files and the functions that close it.
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -100,7 +101,7 @@ def test_calls_between_files_form_no_circle(folder: str):
     assert any(graph.values()), f"{folder}: no call between its files was found (the reader is broken)"
     found = circle(graph)
     if found:
-        steps = [f"{a} -> {b} ({', '.join(sorted(graph[a][b]))})" for a, b in zip(found, found[1:])]
+        steps = [f"{a} -> {b} ({', '.join(sorted(graph[a][b]))})" for a, b in itertools.pairwise(found)]
         pytest.fail(f"engines/{folder}: the files call in a circle:\n" + "\n".join(steps))
 
 
@@ -138,7 +139,7 @@ def test_the_checker_sees_a_circle():
     third, are found; a static function of the same name, a call in a comment or a string is no edge."""
     probe = {
         "a.c": "int a_one(int x)\n{\n    return b_two(x) + 1;\n}\n",
-        "b.c": "#include \"b.h\"\nint b_two(int x)\n{\n    return c_three(x); /* a_one(x) */\n}\n",
+        "b.c": '#include "b.h"\nint b_two(int x)\n{\n    return c_three(x); /* a_one(x) */\n}\n',
         "c.c": 'static int b_two(int x);\nvoid c_three(void)\n{\n    puts("a_one(");\n    a_one(1);\n}\n',
         "d.c": "static int lone(void)\n{\n    return a_one(2);\n}\n",
     }
