@@ -20,12 +20,12 @@ PIN_SLOTS ?=
 STRICT ?=
 export SERVEPROTO_CACHE ?= $(HOME)/.cache/serveproto
 
-.PHONY: serve test test-quick lint venv venv-test engines model browser nginx clean
+.PHONY: serve test test-quick lint venv venv-test engines engines-stock model browser nginx clean
 
 serve: venv engines model
 	$(VENV)/bin/serveproto serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL)) $(if $(THREADS),--threads $(THREADS)) $(if $(DEBIAS),--debias $(DEBIAS)) $(if $(PRECISION),--precision $(PRECISION)) $(if $(LOG_DECISIONS),--log-decisions $(LOG_DECISIONS)) $(if $(PIN_SLOTS),--pin-slots $(PIN_SLOTS)) $(if $(STRICT),--strict)
 
-test: lint engines model browser nginx
+test: lint engines engines-stock model browser nginx
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # Selected by folder, so a test that starts an engine cannot land here unmarked: tests/conftest.py fails any
@@ -58,6 +58,11 @@ $(VENV)/.installed-test: $(VENV)/.installed
 
 engines: venv
 	$(MAKE) -C engines all
+
+# The llama engine on stock llama.cpp, no patch applied (engines/bin/serveproto-llama-stock, its own llama.cpp
+# build in the cache; engines/llama/patches/README.md): tests/engines/test_llama_stock.py runs it.
+engines-stock: venv
+	$(MAKE) -C engines all LLAMA_PATCHES=none
 
 model: venv
 	$(PY) -m gateway.engine.default_model

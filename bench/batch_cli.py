@@ -6,7 +6,7 @@ same number of new states (``--rows``) three ways, each with states of its own (
 (JSONL in and out, its defaults: 4 requests in flight, 32 rows a request); and ``serveproto batch
 --concurrency 1`` (one request at a time, as the loop). Prints rows a second of each and the ratio to the loop.
 
-    .venv/bin/python bench/batch_cli.py [--rows 1000] [--serve-args '--slots 4 --threads 2']
+    .venv/bin/python -m bench.batch_cli [--rows 1000] [--serve-args '--slots 4 --threads 2']
 """
 
 from __future__ import annotations
@@ -22,12 +22,9 @@ from pathlib import Path
 import httpx2
 import orjson
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from batch_fair import DEFAULT_SERVE, QUESTIONS, state  # noqa: E402
-from decisions import Server  # noqa: E402
+from bench import ROOT
+from bench.batch_fair import DEFAULT_SERVE, QUESTIONS, state
+from bench.servers import Server
 
 
 def loop(base: str, n: int) -> float:

@@ -9,7 +9,7 @@ Every state is new (cold), long and different from its first bytes (two short ti
 prompt, and the slot router keeps such affine requests on one slot). Prints the p50 and the slowest of each,
 their ratio to alone, and the batch's and the flood's states a second.
 
-    .venv/bin/python bench/batch_fair.py [--states 1000] [--singles 20] [--no-flood] [--serve-args '--engine ... ']
+    .venv/bin/python -m bench.batch_fair [--states 1000] [--singles 20] [--no-flood] [--serve-args '--engine ... ']
 """
 
 from __future__ import annotations
@@ -17,19 +17,15 @@ from __future__ import annotations
 import argparse
 import random
 import shlex
-import sys
 import time
-from pathlib import Path
 
 import anyio
 import httpx2
 import orjson
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from decisions import Server, pct  # noqa: E402
+from bench import ROOT
+from bench.decisions import pct
+from bench.servers import Server
 
 QUESTIONS = {
     "urgent": {"type": "noul", "instructions": "Is it urgent?"},

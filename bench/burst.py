@@ -9,7 +9,7 @@ first round is where the state's snapshot is taken: until then its requests wait
 the state, and once it exists they take every free slot (``gateway.engine.slots``). Before that fix the
 queued ones kept waiting for that one slot and were answered one a decode.
 
-    .venv/bin/python bench/burst.py [--clients 32] [--rounds 3] [--serve-args '--model M --slots 32 ...']
+    .venv/bin/python -m bench.burst [--clients 32] [--rounds 3] [--serve-args '--model M --slots 32 ...']
 
 The server's environment is this process's (e.g. ``SERVEPROTO_TEST_DEVICE_US_ROW`` and the pipeline's
 variables, as ``bench/late_fill_cpu.sh`` sets them).
@@ -19,19 +19,14 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 import time
-from pathlib import Path
 
 import anyio
 import httpx2
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from decisions import Server, pct  # noqa: E402
-from load import Target, document_body, http_client  # noqa: E402
+from bench.decisions import pct
+from bench.load import Target, document_body, http_client
+from bench.servers import Server
 
 
 async def ask(target: Target, http: httpx2.AsyncClient, serial: int) -> tuple[float, int]:

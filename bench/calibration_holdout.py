@@ -7,25 +7,21 @@ before and after, per question type and overall. The default set is the generate
 of seed 14 (``bench/quality.py``'s, 400 questions); the shipped file was fitted on the set of seed 48
 (same generator, other states), so every answer measured here is held out.
 
-    .venv/bin/python bench/calibration_holdout.py [--calibration FILE] [--seed 14] [--threads 1]
+    .venv/bin/python -m bench.calibration_holdout [--calibration FILE] [--seed 14] [--threads 1]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import anyio
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from gateway.cli.calibrate import score_all  # noqa: E402
-from gateway.cli.config import DEFAULT_MODEL_DEBIAS  # noqa: E402
-from gateway.decision import calibration  # noqa: E402
-from gateway.lab import calibration_fit, evalset  # noqa: E402
-from gateway.paths import default_model_path  # noqa: E402
+from gateway.cli.calibrate import score_all
+from gateway.cli.config import DEFAULT_MODEL_DEBIAS
+from gateway.decision import calibration
+from gateway.lab import calibration_fit, evalset
+from gateway.paths import default_model_path
 
 
 def main() -> None:

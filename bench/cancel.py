@@ -10,7 +10,7 @@ load on a shared machine moves least), and the CANCEL latency: from writing
 CANCEL to reading its ERROR (``DONE`` in the last column: the request ran to
 its end first). Score cache off, so a repeat computes again.
 
-    .venv/bin/python bench/cancel.py [--ubatch 64,128,256,512] [--rounds 2] [--threads 1]
+    .venv/bin/python -m bench.cancel [--ubatch 64,128,256,512] [--rounds 2] [--threads 1]
                                      [--engine BIN[,BIN2]] [--model PATH] [--prefix-words 500]
                                      [--cancel-after 0.2] [--engine-args "--slots 1 --ctx 8192"]
 
@@ -22,20 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from engine import Engine
+from bench.timed_engine import TimedEngine
 from gateway.paths import default_model_path, engine_bin
-from serveproto import Accept, Cancel, Done, Error, Score, Submit
+from serveproto import Accept, Cancel, Score, Submit
 
-TICK = os.sysconf("SC_CLK_TCK")
 WORDS = "the quick brown fox jumps over the lazy dog while a customer writes about billing trouble".split()
 
 
@@ -53,26 +45,6 @@ GROUPS = [
 ]
 
 
-class Proc(Engine):
-    """One engine over pipes (bench/engine.py's :class:`Engine`); reply events through GatewayConnection."""
-
-    def next_event(self):
-        return self._event()
-
-    def send(self, ev) -> None:
-        self.proc.stdin.write(self.conn.send(ev))
-        self.proc.stdin.flush()
-
-    def until_end(self, rid: int):
-        while not (isinstance(ev := self.next_event(), (Done, Error)) and ev.id == rid):
-            pass
-        return ev
-
-    def cpu_s(self) -> float:
-        f = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(f[11]) + int(f[12])) / TICK
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ubatch", default="64,128,256,512")
@@ -87,7 +59,7 @@ def main() -> None:
     ticket = prefix(a.prefix_words)
     more = a.engine_args.split()
     engines = {
-        (b, u): Proc(
+        (b, u): TimedEngine(
             [b, "--model", a.model, "--threads", str(a.threads), "--score-cache-mb", "0", "--ubatch", u, *more]
         )
         for b in a.engine.split(",")
@@ -96,11 +68,11 @@ def main() -> None:
     got = {k: {"prefill": [], "score": [], "gen": [], "cancel": []} for k in engines}
     rid = 0
 
-    def timed(e: Proc, what: str, key, ev) -> None:
-        c, t = e.cpu_s(), time.perf_counter()
+    def timed(e: TimedEngine, what: str, key, ev) -> None:
+        c, t = e.cpu(), time.perf_counter()
         e.send(ev)
-        e.until_end(ev.id)
-        got[key][what].append((time.perf_counter() - t, e.cpu_s() - c))
+        e.until_end(ev.id, e.timeout)
+        got[key][what].append((time.perf_counter() - t, e.cpu() - c))
 
     for r in range(a.rounds):
         prompt = f"{r} {ticket}"  # a new prompt each round: cold
@@ -127,11 +99,11 @@ def main() -> None:
             e.send(
                 Submit(id=rid + 3, slot=0, prompt=("y " + ticket).encode(), max_tokens=1, temperature=0.0, top_p=1.0)
             )
-            assert isinstance(e.next_event(), Accept)
+            assert isinstance(e.next_event(e.timeout), Accept)
             time.sleep(a.cancel_after)
             t = time.perf_counter()
             e.send(Cancel(id=rid + 3))
-            end = e.until_end(rid + 3)
+            end = e.until_end(rid + 3, e.timeout)[-1]
             got[key]["cancel"].append((time.perf_counter() - t, getattr(end, "code", "DONE")))
     for e in engines.values():
         e.close()

@@ -3,7 +3,7 @@
 (HTTP/1.1 keep-alive, one client) against the same record sent to serveproto-sparrow alone as a
 DECIDE frame over its pipes, side by side in one run (alternating, after a warm-up).
 
-    .venv/bin/python bench/decision_gateway.py [--n 300] [--model sparrow-nano-general] [--port 8149]
+    .venv/bin/python -m bench.decision_gateway [--n 300] [--model sparrow-nano-general] [--port 8149]
 """
 
 from __future__ import annotations
@@ -14,16 +14,12 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from gateway.cli.plan import decision_engine_argv  # noqa: E402
-from gateway.decision import record  # noqa: E402
-from gateway.decision.schema import parse_request  # noqa: E402
+from bench import ROOT
+from gateway.cli.plan import decision_engine_argv
+from gateway.decision import record
+from gateway.decision.schema import parse_request
 
 BODY = {
     "state": "Subject: charged twice\n\nHi, my card was charged twice for the March invoice and I need the "

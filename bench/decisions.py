@@ -1,6 +1,6 @@
 """Benchmarks of the decision server, measured side by side in one run; prints ratios.
 
-    .venv/bin/python bench/decisions.py [--model PATH] [--threads N] [--questions 16] [--samples 20]
+    .venv/bin/python -m bench.decisions [--model PATH] [--threads N] [--questions 16] [--samples 20]
         [--sample-questions 4] [--gen-tokens 16] [--rounds 1] [--no-growth] [--share-n 2000]
         [--load 10000] [--concurrency 64] [--baseline-tree DIR] [--skip-llm | --fixture-only] [--skip-fixture]
 
@@ -38,13 +38,8 @@ import anyio
 import httpx2
 import orjson
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from gateway.paths import default_model_path, engine_bin  # noqa: E402
-
-# The servers this starts keep nothing on disk (serve --cache-dir): each run measures its own cold costs.
-os.environ.setdefault("SERVEPROTO_PERSIST", "off")
+from bench.servers import Server
+from gateway.paths import default_model_path, engine_bin
 
 TICKET = (
     "Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing. "
@@ -117,56 +112,11 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]  # noqa: RUF046  (kept as written)
 
 
-class Server:
-    """``python -m gateway.cli serve --port 0 ...`` as a child process; ``base`` is its URL."""
-
-    def __init__(self, *argv: str, tree: Path = ROOT, log_level: str = "WARNING") -> None:
-        """``tree``: the source tree whose ``gateway`` serves (another commit's, exported, for a before/after);
-        ``log_level``: INFO writes the access log (one JSON line a request, to /dev/null here). The server's
-        stderr (its log: an engine's crash and its last stderr lines among it) goes to /dev/null, or is
-        appended to the file the environment's ``BENCH_SERVER_LOG`` names."""
-        log = os.environ.get("BENCH_SERVER_LOG")
-        err = open(log, "ab") if log else subprocess.DEVNULL  # the child keeps its own copy
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--log-level", log_level, *argv],
-            cwd=tree,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-        )
-        if log:
-            err.close()
-        line = self.proc.stdout.readline()
-        if " on http://" not in line:
-            self.proc.kill()
-            raise SystemExit(f"the server did not start: {line!r}")
-        self.base = line.split(" on ")[1].strip()
-        self.port = int(self.base.rsplit(":", 1)[1])
-
-    def cpu_seconds(self) -> float:
-        """User + system CPU time the server process has used so far (``/proc/<pid>/stat``), seconds."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def rss_mb(self) -> float:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
 # ---------------------------------------------------------------- the default model
 
 
 #: The ``x_debias`` of the "debiased" rows: the default model's default until bench/quality.py chose
-#: canonical,content_free (gateway.cli.config.DEFAULT_MODEL_DEBIAS), kept so that the tables in bench/README.md
+#: canonical,content_free (gateway.cli.config.DEFAULT_MODEL_DEBIAS), kept so that the tables in bench/results/NOTEBOOK.md
 #: still say what they measured.
 DEBIASED = ["cyclic", "content_free"]
 

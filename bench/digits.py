@@ -8,7 +8,7 @@ unrelated requests; the state reached in three pieces. The engine prints every n
 ``tests/engines/test_llama_digits.py`` asserts every cell equal on the CPU; on a GPU build this prints
 which cells move and by how much::
 
-    python bench/digits.py [--model M.gguf] [--engine-arg=--flash-attn ...] [--threads 1]
+    python -m bench.digits [--model M.gguf] [--engine-arg=--flash-attn ...] [--threads 1]
 
 Output: one line per cell, its largest difference from the read-out (nats), and whether its
 bits are equal.
@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import anyio
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from gateway.engine import Engine
+from gateway.engine.options import EngineOptions
 from gateway.paths import default_model_path, engine_bin
 
 STATE = (
@@ -44,7 +42,7 @@ FILLER = [(f"\nQ: Filler question {i}? A:", [" a", " b c", " maybe not"]) for i 
 
 def spawn(model, *args: str, threads: int = 1, **kw):
     """The llama engine on ``model`` printing 17 digits; an async context manager (:class:`Engine`).
-    ``kw``: :meth:`Engine.spawn`'s (e.g. ``drain_timeout``)."""
+    ``kw``: engine options by their flat names (:meth:`EngineOptions.updated`, e.g. ``drain_timeout``)."""
     return Engine.spawn(
         [
             str(engine_bin("serveproto-llama")),
@@ -56,7 +54,7 @@ def spawn(model, *args: str, threads: int = 1, **kw):
             "17",
             *args,
         ],
-        **kw,
+        options=EngineOptions().updated(**kw),
     )
 
 

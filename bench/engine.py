@@ -26,9 +26,9 @@
 Times are the best of ``--reps`` runs (the machine is shared; the minimum is the
 least disturbed). Usage::
 
-    .venv/bin/python bench/engine.py [--model PATH] [--threads 2] [--tokens 512] [--reps 5]
-    .venv/bin/python bench/engine.py --long-state [--engine BIN ...] [--reps 5]
-    .venv/bin/python bench/engine.py --numerics [--engine BIN ...] [--threads 1] [--reps 5]
+    .venv/bin/python -m bench.engine [--model PATH] [--threads 2] [--tokens 512] [--reps 5]
+    .venv/bin/python -m bench.engine --long-state [--engine BIN ...] [--reps 5]
+    .venv/bin/python -m bench.engine --numerics [--engine BIN ...] [--threads 1] [--reps 5]
 
 4. ``--numerics``: the cost of invariant numerics (``--numerics invariant``, the default) against
    llama.cpp's own kernel choices (``--numerics fast``) and any ``--engine`` binary: prefill, SCORE
@@ -39,26 +39,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import selectors
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from bench.timed_engine import TimedEngine as Engine
+from bench.timed_engine import reference_reps
 from gateway.paths import default_model_path, engine_bin
-from serveproto import (
-    NEED_DATA,
-    Done,
-    Error,
-    GatewayConnection,
-    Score,
-    Stat,
-    Submit,
-)
+from serveproto import Score
 
 SENTENCE = "The quick brown fox jumps over the lazy dog while the farmer counts his sheep. "
 COLOURS = [" red", " blue", " green", " yellow", " black", " white", " purple", " orange"]
@@ -75,76 +63,12 @@ SHADES = [
 ]
 
 
-class Engine:
-    """A serveproto-llama process, driven synchronously through GatewayConnection."""
-
-    def __init__(self, argv: list[str]):
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        self.sel = selectors.DefaultSelector()
-        self.sel.register(self.proc.stdout, selectors.EVENT_READ)
-        self.conn = GatewayConnection()
-        self.next_id = 1
-        while not isinstance(self._event(), Stat):
-            pass
-
-    def _event(self):
-        while True:
-            ev = self.conn.next_event()
-            if ev is not NEED_DATA:
-                return ev
-            if not self.sel.select(600):
-                raise TimeoutError("engine silent for 600 s")
-            self.conn.receive_data(os.read(self.proc.stdout.fileno(), 1 << 16))
-
-    def run(self, make) -> tuple[float, list]:
-        """Sends ``make(id)``; returns (seconds from the write to DONE, its events)."""
-        rid, self.next_id = self.next_id, self.next_id + 1
-        wire = self.conn.send(make(rid))
-        t0 = time.perf_counter()
-        self.proc.stdin.write(wire)
-        self.proc.stdin.flush()
-        events = []
-        while True:
-            ev = self._event()
-            if getattr(ev, "id", None) != rid:
-                continue
-            events.append(ev)
-            if isinstance(ev, Error):
-                raise RuntimeError(f"engine answered {ev}")
-            if isinstance(ev, Done):
-                return time.perf_counter() - t0, events
-
-    def submit(self, prompt: bytes, **kw) -> tuple[float, list]:
-        args = dict(slot=0, max_tokens=1, temperature=0.0, top_p=1.0, counters=True)
-        args.update(kw)
-        return self.run(lambda rid: Submit(id=rid, prompt=prompt, **args))
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(60)
-
-
 def reference(
     model: Path, prompt_file: Path, ctx: int, threads: int, reps: int, all_logits: bool
 ) -> tuple[int, list[float]]:
-    argv = [
-        str(engine_bin("llama-prefill-ref")),
-        "--model",
-        str(model),
-        "--prompt-file",
-        str(prompt_file),
-        "--ctx",
-        str(ctx),
-        "--threads",
-        str(threads),
-        "--reps",
-        str(reps),
-    ]
-    out = subprocess.run(
-        argv + (["--all-logits"] if all_logits else []), check=True, capture_output=True, text=True
-    ).stdout
-    rows = [dict(kv.split("=") for kv in line.split()) for line in out.splitlines()]
-    return int(rows[0]["tokens"]), [float(r["seconds"]) for r in rows]
+    """llama.cpp's decode of the prompt file (``llama-prefill-ref``): (tokens, seconds of each decode)."""
+    more = ["--prompt-file", str(prompt_file), *(["--all-logits"] if all_logits else [])]
+    return reference_reps(engine_bin("llama-prefill-ref"), model, None, ctx, threads, reps, *more)
 
 
 def bench_prefill(args, eng: Engine) -> None:

@@ -19,7 +19,7 @@
 
 Usage::
 
-    .venv/bin/python bench/exactness.py [--model PATH] [--threads 2] [--reps 5] [--numerics fast]
+    .venv/bin/python -m bench.exactness [--model PATH] [--threads 2] [--reps 5] [--numerics fast]
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fixtures import oracle
 from fixtures.compare import read_out

@@ -9,7 +9,7 @@ requests still fit in the log's last allocated block (on tmpfs a 4 KiB page: 3 r
 after 5), the next gets a short write, the rest ``ENOSPC``. ``DIR`` must be a filesystem of
 its own (as root: ``mount -t tmpfs -o size=64k tmpfs DIR``); files in it are deleted first.
 
-    .venv/bin/python bench/full_disk.py DIR [--required] [--before 5] [--during 20] [--after 5] [--tree PATH]
+    .venv/bin/python -m bench.full_disk DIR [--required] [--before 5] [--during 20] [--after 5] [--tree PATH]
 
 ``--tree``: the checkout whose server runs (default this one; another, to compare a version before).
 """
@@ -27,13 +27,8 @@ from pathlib import Path
 
 import httpx2
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from test_routes_support import TICKET  # noqa: E402
-
-# The servers this starts keep nothing on disk (serve --cache-dir): each run measures its own cold costs.
-os.environ.setdefault("SERVEPROTO_PERSIST", "off")
+from bench import ROOT
+from fixtures.requests import TICKET
 
 
 def _fill(folder: Path, leave: int = 300) -> None:

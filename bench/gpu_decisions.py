@@ -1,6 +1,6 @@
 """Decision benchmarks of the llama engine on one model, measured side by side in one run (issue 8).
 
-    python bench/gpu_decisions.py --model M.gguf [--states 370,13500] [--questions 1,4,16]
+    python -m bench.gpu_decisions --model M.gguf [--states 370,13500] [--questions 1,4,16]
                                   [--ctx 16384] [--reps 3] [--gen-tokens 3] [--engine-flags "..."]
                                   [--only engine|server] [--out-dir DIR]
 
@@ -38,25 +38,16 @@ and every number (``<tag>.json``).
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
-import shlex
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from fixtures.sync_engine import SyncEngine  # noqa: E402
-from serveproto import Done, Echo, Score, Scored, Submit  # noqa: E402
-
-# The servers this starts keep nothing on disk (serve --cache-dir): each run measures its own cold costs.
-os.environ.setdefault("SERVEPROTO_PERSIST", "off")
+from bench.servers import Server
+from bench.timed_engine import TimedEngine, engine_options, llama_argv, reference_reps
+from serveproto import Echo
 
 TICKET = (
     "Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing. "
@@ -115,41 +106,7 @@ def state_text(tag: int, body: str) -> str:
 # ------------------------------------------------------------------ part 1: the engine alone
 
 
-class Engine(SyncEngine):
-    """A ``serveproto-llama`` with request helpers; every request goes to slot 0."""
-
-    def submit(self, prompt: str | bytes, timeout: float = 600.0, **kw) -> tuple[float, list]:
-        """(seconds from the write to DONE, the request's events)."""
-        args = dict(slot=0, max_tokens=1, temperature=0.0, top_p=1.0, counters=True)
-        args.update(kw)
-        data = prompt.encode() if isinstance(prompt, str) else prompt
-        t0 = time.perf_counter()
-        ev = self.request(Submit(id=self.new_id(), prompt=data, **args), timeout=timeout)
-        dt = time.perf_counter() - t0
-        if not isinstance(ev[-1], Done):
-            raise RuntimeError(f"SUBMIT answered {ev[-1]}")
-        return dt, ev
-
-    def score(
-        self, prefix: str, groups: list[tuple[str, list[str]]], pin: bool = False, timeout: float = 600.0
-    ) -> tuple[float, list, Done]:
-        """(seconds, SCORED events in order, DONE) of one SCORE."""
-        payload = json.dumps(
-            {"prefix": prefix, "groups": [{"stem": s, "options": o} for s, o in groups], "pin": pin}
-        ).encode()
-        t0 = time.perf_counter()
-        ev = self.request(Score(id=self.new_id(), slot=0, payload=payload), timeout=timeout)
-        dt = time.perf_counter() - t0
-        if not isinstance(ev[-1], Done):
-            raise RuntimeError(f"SCORE answered {ev[-1]}")
-        return dt, [e for e in ev if isinstance(e, Scored)], ev[-1]
-
-    def count(self, text: str) -> int:
-        """Tokens of ``text`` as the engine reads a prompt."""
-        return self.submit(text)[1][-1].prompt_tokens
-
-
-def sized_bodies(eng: Engine, targets: list[int]) -> dict[int, str]:
+def sized_bodies(eng: TimedEngine, targets: list[int]) -> dict[int, str]:
     """For each target N, a state body such that ``state_text(0, body)`` is N tokens (within 1%)."""
     out = {}
     for n in targets:
@@ -164,43 +121,13 @@ def sized_bodies(eng: Engine, targets: list[int]) -> dict[int, str]:
     return out
 
 
-def reference_reps(ref_bin: str, model: str, text: str, ctx: int, threads: int, reps: int) -> tuple[int, list[float]]:
-    """llama.cpp's own decode of ``text`` (last logit only, ``llama-prefill-ref``): (tokens, the
-    seconds of each of ``reps`` decodes, in order). Raises ``CalledProcessError`` when it fails."""
-    with tempfile.NamedTemporaryFile("wb", suffix=".txt", delete=False) as f:
-        f.write(text.encode())
-    try:
-        out = subprocess.run(
-            [
-                ref_bin,
-                "--model",
-                model,
-                "--prompt-file",
-                f.name,
-                "--ctx",
-                str(ctx),
-                "--threads",
-                str(threads),
-                "--reps",
-                str(reps),
-            ],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-    finally:
-        os.unlink(f.name)
-    rows = [dict(kv.split("=") for kv in line.split()) for line in out.splitlines() if line.startswith("tokens=")]
-    return int(rows[0]["tokens"]), [float(r["seconds"]) for r in rows]
-
-
 def reference(ref_bin: str, model: str, text: str, ctx: int, threads: int, reps: int) -> tuple[int, float]:
     """llama.cpp's own decode of ``text`` (last logit only): (tokens, best seconds of ``reps``)."""
     n, secs = reference_reps(ref_bin, model, text, ctx, threads, reps)
     return n, min(secs)
 
 
-def bench_engine(args, argv: list[str], prompts, bodies: dict[int, str], eng: Engine, res: dict, md: list) -> None:
+def bench_engine(args, argv: list[str], prompts, bodies: dict[int, str], eng: TimedEngine, res: dict, md: list) -> None:
     md.append(
         f"\n### Prefill: engine vs llama.cpp's own batched decode (best of {args.reps}, "
         "last logit, same context parameters)\n"
@@ -304,68 +231,15 @@ def bench_engine(args, argv: list[str], prompts, bodies: dict[int, str], eng: En
 # ------------------------------------------------------------------ part 2: System One through the server
 
 
-class Server:
-    """``python -m gateway.cli serve --port 0 --model M --engine ARGV`` as a child process."""
-
-    def __init__(self, model: str, engine_argv: list[str], log: Path, timeout: float = 600.0) -> None:
-        self.log = open(log, "wb")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gateway.cli",
-                "serve",
-                "--port",
-                "0",
-                "--log-level",
-                "INFO",
-                "--request-timeout",
-                str(timeout),
-                "--handshake-timeout",
-                "600",
-                "--model",
-                model,
-                "--engine",
-                *engine_argv,
-            ],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            text=True,
-        )
-        line = self.proc.stdout.readline()
-        if " on http://" not in line:
-            self.close()
-            raise SystemExit(f"the server did not start ({line!r}); its log: {log}")
-        self.port = int(line.rsplit(":", 1)[1])
-        self.http = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-
-    def post(self, path: str, body: dict) -> tuple[float, dict]:
-        """(seconds from the request's write to the whole response, its JSON). Raises on non-200."""
-        data = json.dumps(body).encode()
-        t0 = time.perf_counter()
-        self.http.request("POST", path, body=data, headers={"content-type": "application/json"})
-        r = self.http.getresponse()
-        payload = r.read()
-        dt = time.perf_counter() - t0
-        if r.status != 200:
-            raise RuntimeError(f"{path}: HTTP {r.status} {payload[:500]!r}")
-        return dt, json.loads(payload)
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
-
-
 def bench_server(args, argv: list[str], bodies: dict[int, str], res: dict, md: list) -> None:
     from gateway.decision.prompts import SYSTEM, question_text
 
-    srv = Server(args.model, argv, Path(args.out_dir or tempfile.gettempdir()) / f"{args.tag}-server.log")
+    log = Path(args.out_dir or tempfile.gettempdir()) / f"{args.tag}-server.log"
+    srv = Server(
+        *("--request-timeout", "600.0", "--handshake-timeout", "600", "--model", args.model, "--engine", *argv),
+        log_level="INFO",
+        log=log,
+    )
     tag = iter(range(100, 100000))
     try:
         srv.post("/v1/systemone", {"state": state_text(next(tag), "warm-up"), "questions": jev_questions(1)})
@@ -459,12 +333,7 @@ def bench_server(args, argv: list[str], bodies: dict[int, str], res: dict, md: l
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="the GGUF to serve")
-    ap.add_argument("--engine-bin", default=str(ROOT / "engines/bin/serveproto-llama"))
-    ap.add_argument(
-        "--ref-bin",
-        default=str(ROOT / "engines/bin/llama-prefill-ref"),
-        help="llama.cpp's prefill reference ('' to skip the comparison)",
-    )
+    engine_options(ap)
     ap.add_argument("--ctx", type=int, default=16384, help="context per slot, tokens (engine --ctx)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads (engine and reference)")
     ap.add_argument("--states", default="370,13500", help="state sizes in tokens, comma-separated")
@@ -492,20 +361,9 @@ def main(argv=None) -> int:
     if args.ref_bin and not Path(args.ref_bin).exists():
         ap.error(f"--ref-bin {args.ref_bin} does not exist (build it, or pass --ref-bin '')")
     # the score cache off: every timed SCORE computes (a repeat would otherwise compute nothing)
-    argv_eng = [
-        args.engine_bin,
-        "--model",
-        args.model,
-        "--ctx",
-        str(args.ctx),
-        "--slots",
-        "1",
-        "--threads",
-        str(args.threads),
-        "--score-cache-mb",
-        "0",
-        *shlex.split(args.engine_flags),
-    ]
+    argv_eng = llama_argv(
+        args.engine_bin, args.model, args.ctx, args.threads, "--score-cache-mb", "0", slots=1, flags=args.engine_flags
+    )
 
     from gateway.decision.chat_template import ChatTemplate
     from gateway.decision.prompts import PromptBuilder
@@ -522,7 +380,7 @@ def main(argv=None) -> int:
     err = Path(args.out_dir or tempfile.gettempdir()) / f"{args.tag}-engine.log"
     t0 = time.perf_counter()
     try:
-        with Engine(argv_eng, err, timeout=600) as eng:
+        with TimedEngine(argv_eng, err, timeout=600) as eng:
             res["caps"] = eng.caps.values
             bodies = sized_bodies(eng, args.states)
             res["state_tokens"] = {n: eng.count(state_text(0, b)) for n, b in bodies.items()}

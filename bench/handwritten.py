@@ -7,7 +7,7 @@ labelled by its writer with two questions whose answer the text states plainly:
 - ``money``: "Does the writer ask the reader to pay or send money?" (mostly no);
 - ``upset``: "Is the writer upset or angry?" (about half).
 
-    .venv/bin/python bench/handwritten.py OUT.jsonl      # the labelled file (calibrate --data format)
+    .venv/bin/python -m bench.handwritten OUT.jsonl      # the labelled file (calibrate --data format)
 """
 
 from __future__ import annotations

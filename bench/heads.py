@@ -17,20 +17,17 @@ head, the logprob reading and the default correction over the same held-out ques
 the nouls of mostly-"no" and mostly-"yes" tasks apart; ``--plot`` writes the reliability
 diagram of the largest size.
 
-    .venv/bin/python bench/heads.py collect --per-domain 400 --cache /tmp/heads.jsonl
-    .venv/bin/python bench/heads.py evaluate --cache /tmp/heads.jsonl --layer 19 --sizes 25,50,100,300
+    .venv/bin/python -m bench.heads collect --per-domain 400 --cache /tmp/heads.jsonl
+    .venv/bin/python -m bench.heads evaluate --cache /tmp/heads.jsonl --layer 19 --sizes 25,50,100,300
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import orjson
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway.decision import schema
 from gateway.lab import evalset

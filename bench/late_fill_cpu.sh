@@ -17,18 +17,18 @@ DIR=$(mktemp -d)
 trap 'rm -rf "$DIR"' EXIT
 MODEL=${MODEL:-$DIR/tiny-f16.gguf}
 if [ ! -f "$MODEL" ]; then
-  "$PY" bench/gpu/make_model.py tokenizer --out "$DIR/tokenizer.gguf" > /dev/null
-  "$PY" bench/gpu/make_model.py model --tokenizer "$DIR/tokenizer.gguf" --out "$MODEL" --geometry tiny \
+  "$PY" -m bench.gpu.make_model tokenizer --out "$DIR/tokenizer.gguf" > /dev/null
+  "$PY" -m bench.gpu.make_model model --tokenizer "$DIR/tokenizer.gguf" --out "$MODEL" --geometry tiny \
     --type f16 > /dev/null
 fi
 cell() {  # TAG ENV...
   local tag=$1; shift
   echo "== $tag: $*"
   env SERVEPROTO_PIPELINE=128 SERVEPROTO_OVERLAP=1 SERVEPROTO_TEST_DEVICE_US_ROW="$US" "$@" \
-    SERVEPROTO_PROFILE="$DIR/prof-$tag" "$PY" bench/load.py --no-llama-server --workloads "${WORKLOADS:-document}" \
+    SERVEPROTO_PROFILE="$DIR/prof-$tag" "$PY" -m bench.load --no-llama-server --workloads "${WORKLOADS:-document}" \
     --clients 32 --seconds "${SECONDS_CELL:-10}" --requests 100000 --debias none --engine engines/bin/serveproto-llama \
     --model "$MODEL" --slots 32 --threads 1 | grep "^| this"
-  "$PY" bench/gpu/profile_split.py "$DIR"/prof-"$tag".* | grep "^| prof-$tag"
+  "$PY" -m bench.gpu.profile_split "$DIR"/prof-"$tag".* | grep "^| prof-$tag"
 }
 for i in $(seq "${PAIRS:-2}"); do
   cell "without$i"

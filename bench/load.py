@@ -39,7 +39,7 @@ slowest up to 51 of them); errors are requests answered with another status or w
 one unmeasured request of it (the document's snapshot, the questions' content-free readings), and
 llama-server the document's once per slot (``id_slot``), each slot holding its own copy.
 
-    .venv/bin/python bench/load.py [--clients 1,4,16,64] [--seconds 5] [--requests 1000]
+    .venv/bin/python -m bench.load [--clients 1,4,16,64] [--seconds 5] [--requests 1000]
         [--workloads tickets,document] [--debias default,none] [--threads N|auto] [--peer-threads N] [--model PATH]
         [--baseline-tree DIR] [--np N] [--no-llama-server] [--json PATH] [--engine CMD ...]
 """
@@ -61,14 +61,11 @@ import attrs
 import httpx2
 import orjson
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from decisions import QUESTIONS_16, TICKET, Server, pct  # noqa: E402
-from gateway.lab import evalset  # noqa: E402
-from gateway.paths import default_model_path, engine_bin  # noqa: E402
-from repeat import LlamaServer  # noqa: E402
+from bench import ROOT
+from bench.decisions import QUESTIONS_16, TICKET, pct
+from bench.servers import LlamaServer, Server
+from gateway.lab import evalset
+from gateway.paths import default_model_path, engine_bin
 
 # The servers this starts keep nothing on disk (serve --cache-dir): each run measures its own cold costs.
 os.environ.setdefault("SERVEPROTO_PERSIST", "off")

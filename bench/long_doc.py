@@ -17,7 +17,7 @@ ticket-like sentences cut to the length by llama-server's ``/tokenize``; every d
 new to both servers. Prints seconds for each cell, ours / llama-server (below 1: ours faster) and the
 positions our engine computed (``x_positions.computed``) against llama-server's (``timings.prompt_n``).
 
-    .venv/bin/python bench/long_doc.py [--lengths 2000,7500] [--others 0,4] [--questions 1,3,8]
+    .venv/bin/python -m bench.long_doc [--lengths 2000,7500] [--others 0,4] [--questions 1,3,8]
         [--threads 2] [--json PATH]
 """
 
@@ -34,14 +34,9 @@ import anyio
 import httpx2
 import orjson
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from decisions import Server  # noqa: E402
-from gateway.paths import default_model_path, engine_bin  # noqa: E402
-from load import PeerPrompts  # noqa: E402
-from repeat import LlamaServer  # noqa: E402
+from bench.load import PeerPrompts
+from bench.servers import LlamaServer, Server
+from gateway.paths import default_model_path, engine_bin
 
 SUBJECTS = "The invoice|My order|The refund|Our account|The courier|The support agent|The new router|The app".split("|")
 EVENTS = (

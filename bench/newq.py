@@ -23,7 +23,7 @@ cache on). The table gives each cell's median seconds a request and positions co
 (ours: ``x_positions.computed``; llama-server: ``timings.prompt_n``), and the ratios the issue's goals
 are written in: default / none (time and positions) and each of ours against llama-server's time.
 
-    .venv/bin/python bench/newq.py [--reps 5] [--threads 2] [--sweeps questions,options]
+    .venv/bin/python -m bench.newq [--reps 5] [--threads 2] [--sweeps questions,options]
         [--kinds known,new] [--no-llama-server] [--json PATH]
 """
 
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -39,14 +38,10 @@ import anyio
 import httpx2
 import orjson
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from decisions import QUESTIONS_16, Server  # noqa: E402
-from gateway.paths import default_model_path, engine_bin  # noqa: E402
-from load import DOCUMENT, PeerPrompts  # noqa: E402
-from repeat import LlamaServer  # noqa: E402
+from bench.decisions import QUESTIONS_16
+from bench.load import DOCUMENT, PeerPrompts
+from bench.servers import LlamaServer, Server
+from gateway.paths import default_model_path, engine_bin
 
 QUESTION_COUNTS = (1, 3, 8, 16)
 OPTION_COUNTS = (2, 26, 128, 255)

@@ -5,7 +5,7 @@ questions) on each ticket and e-mail of bench/tickets_emails.py, asked once per 
 for its first reader (its persisted score cache off), so the readers that need it are timed cold on the
 state only when asked first: the order of the readers turns with each ticket.
 
-    .venv/bin/python bench/pair_latency.py [--port 8151] [--threads 1]
+    .venv/bin/python -m bench.pair_latency [--port 8151] [--threads 1]
 """
 
 from __future__ import annotations
@@ -16,18 +16,12 @@ import json
 import os
 import statistics
 import subprocess
-import sys
-from pathlib import Path
 from time import perf_counter
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import tickets_emails  # noqa: E402
-from decision_gateway import BODY  # noqa: E402
-from gateway.cli.config import DEFAULT_MODEL_DEBIAS  # noqa: E402
-from gateway.paths import default_model_path  # noqa: E402
+from bench import ROOT, tickets_emails
+from bench.decision_gateway import BODY
+from gateway.cli.config import DEFAULT_MODEL_DEBIAS
+from gateway.paths import default_model_path
 
 READERS = ("decider", "lm", "mean")
 

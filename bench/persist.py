@@ -6,7 +6,7 @@ the cache and a restarted one with it each answer one new question on that state
 the state file's size, both times, their ratio, the positions each computed, and whether the two
 answers are the same bits (``--float-digits 17``).
 
-    .venv/bin/python bench/persist.py [--tokens 300,2000,13500] [--threads 2]
+    .venv/bin/python -m bench.persist [--tokens 300,2000,13500] [--threads 2]
 """
 
 from __future__ import annotations
@@ -15,15 +15,13 @@ import argparse
 import logging
 import re
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import anyio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from digits import numbers, spawn
+from bench.digits import numbers, spawn
 from gateway.paths import default_model_path
 
 READ_MS: list[float] = []  # the engine's own "restored ... in X ms" lines (stderr, logged by the gateway)

@@ -15,7 +15,7 @@ debias setting (:mod:`gateway.decision.debias`), and prints per setting:
   request (content-free reads happen once per question set and are counted
   in the first request that needs them).
 
-    .venv/bin/python bench/position_bias.py [--model PATH] [--threads N] [--debias METHODS ...]
+    .venv/bin/python -m bench.position_bias [--model PATH] [--threads N] [--debias METHODS ...]
 
 ``--debias`` takes ``none``, ``cyclic``, ``content_free`` or
 ``cyclic,content_free`` (repeat to compare; default: all four).

@@ -9,24 +9,19 @@ after the first and their ratio (issue 48's goal: prefix / state at most 1.2). `
 adds a third server run from another source tree (e.g. ``git archive main | tar -x -C /tmp/main``)
 with the rules as ``prefix``: the same requests before the change.
 
-    .venv/bin/python bench/prefix.py [--requests 8] [--threads 2] [--debias none] [--before TREE]
+    .venv/bin/python -m bench.prefix [--requests 8] [--threads 2] [--debias none] [--before TREE]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import httpx2
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from decisions import Server  # noqa: E402
+from bench.servers import Server
 
 RULES = (
     "You triage support tickets for a payments company. Escalate anything that mentions lost money, "

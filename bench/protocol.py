@@ -6,7 +6,7 @@ beside a baseline measured in the same run on the same bytes: a line-by-line
 ``bytes.split`` (split the stream on newlines, split each line on spaces),
 which does no validation, builds no events and ignores payload framing.
 
-    .venv/bin/python bench/protocol.py [--requests 200] [--positions 256] [--k 1] [--chunk 65536]
+    .venv/bin/python -m bench.protocol [--requests 200] [--positions 256] [--k 1] [--chunk 65536]
 
 The transcript: per request, ``ACCEPT``, one ``ECHO`` per prompt position
 (position 0 cold: ``nan 0``, then ``k`` alternatives) and ``DONE`` with

@@ -45,7 +45,7 @@ test batch); PriDe estimates its place prior on a task's first
 ``ceil(0.1 n)`` requests (at least 2) read under every rotation (answered by
 those rotations) and divides it out of the others' single read.
 
-    .venv/bin/python bench/quality.py [--subset N] [--data FILE] [--cache FILE] [--readme]
+    .venv/bin/python -m bench.quality [--subset N] [--data FILE] [--cache FILE] [--readme]
 
 Positions are exact; seconds move with the machine's load.
 """
@@ -58,15 +58,12 @@ import math
 import os
 import random
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import anyio
 import attrs
 import orjson
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway.decision import debias, pipeline, readings, schema, scoring
 from gateway.decision.arithmetic import softmax
@@ -116,7 +113,7 @@ CONFIGS = [
 
 CONFIGS_ALL = list(CONFIGS)
 
-#: The rows of bench/README.md's table (``--configs readme``): the peer's read-out, raw, the default
+#: The rows of bench/results/NOTEBOOK.md's table (``--configs readme``): the peer's read-out, raw, the default
 #: before and after issue 23, and the corrections that compute nothing extra, alone and with content-free.
 README_ROWS = [
     "letters (peer baseline)",
@@ -889,7 +886,7 @@ def main() -> None:
     parser.add_argument("--cache", help="a file keeping the reads between runs of the same model")
     parser.add_argument(
         "--configs",
-        help="only these rows, by name, separated by ';', in that order; 'readme': bench/README's (default: all)",
+        help="only these rows, by name, separated by ';', in that order; 'readme': the notebook's (default: all)",
     )
     parser.add_argument("--json", help="write the rows as JSON here")
     parser.add_argument(
@@ -897,7 +894,7 @@ def main() -> None:
         help="an earlier run's --json: take its cost and question-order columns "
         "(with --cache, the rest is recomputed from the reads without the engine)",
     )
-    parser.add_argument("--readme", action="store_true", help="write the table into bench/README.md")
+    parser.add_argument("--readme", action="store_true", help="write the table into bench/results/NOTEBOOK.md")
     parser.add_argument(
         "--nouls", action="store_true", help="also read every noul each way (listing, spellings, correction)"
     )
@@ -924,7 +921,7 @@ def main() -> None:
     if args.json:
         Path(args.json).write_bytes(orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY))
     if args.readme:
-        write_readme(text, Path(__file__).parent / "README.md")
+        write_readme(text, Path(__file__).parent / "results" / "NOTEBOOK.md")
 
 
 if __name__ == "__main__":

@@ -5,26 +5,21 @@
 requests/s, then each request's start (seconds from the first) and latency in start order. On a fair
 server, once the first round has queued, every latency is about clients / requests/s; a router that
 holds some requests for one busy slot while others idle shows as latencies from a second to several
-times that (bench/README.md, "Load").
+times that (bench/results/NOTEBOOK.md, "Load").
 
     .venv/bin/serveproto serve --port 8790 &
-    .venv/bin/python bench/queue_probe.py --url http://127.0.0.1:8790 [--clients 16] [--rounds 3]
+    .venv/bin/python -m bench.queue_probe --url http://127.0.0.1:8790 [--clients 16] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import load
+from bench import load
 
 
 def main(argv=None) -> int:

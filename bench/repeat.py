@@ -16,15 +16,13 @@ repeats, the servers taking turns request by request so that they share the mach
 Prints the median and p90 of the repeats (ms), ours / llama-server, and the positions our
 engine computed on a repeat (``x_positions``). Usage::
 
-    .venv/bin/python bench/repeat.py [--threads 1] [--reps 30] [--baseline-tree DIR]
+    .venv/bin/python -m bench.repeat [--threads 1] [--reps 30] [--baseline-tree DIR]
 """
 
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,72 +30,17 @@ from pathlib import Path
 import httpx2
 import orjson
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from decisions import Server  # noqa: E402
-from gateway.decision.chat_template import ChatTemplate  # noqa: E402
-from gateway.decision.prompts import PromptBuilder  # noqa: E402
-from gateway.paths import default_model_path, engine_bin  # noqa: E402
+from bench import ROOT
+from bench.servers import LlamaServer, Server
+from gateway.decision.chat_template import ChatTemplate
+from gateway.decision.prompts import PromptBuilder
+from gateway.paths import default_model_path, engine_bin
 
 STATE = (
     "I have been trying to connect my Stripe account for 3 days and the integration keeps failing. "
     "I am losing sales and my manager is asking when this will be fixed."
 )
 QUESTION = {"type": "noul", "instructions": "Does this message express urgency?"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LlamaServer(Server):
-    """``engines/bin/llama-server`` on the model, loopback; ``base`` is its URL (``close`` as
-    :class:`decisions.Server`'s).
-
-    ``slots``: its ``-np`` (continuous batching is llama-server's default); ``ctx``: its ``-c``, the
-    context of all slots together (each slot gets ``ctx / slots`` cells: its KV is not unified);
-    ``extra``: more of its flags. ``argv`` is the command line it was started with.
-    """
-
-    def __init__(
-        self, binary: Path, model: Path, threads: int, slots: int = 1, ctx: int = 4096, extra: tuple[str, ...] = ()
-    ) -> None:
-        port = free_port()
-        self.argv = [
-            str(binary),
-            "-m",
-            str(model),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "-t",
-            str(threads),
-            "-tb",
-            str(threads),
-            "-c",
-            str(ctx),
-            "-np",
-            str(slots),
-            "--no-webui",
-            *extra,
-        ]
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx2.get(self.base + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx2.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.close()
-        raise SystemExit("llama-server did not become healthy within 120 s")
 
 
 def main(argv=None) -> int:

@@ -29,7 +29,7 @@ The document-first requests carry the same words in the other order
 (:data:`gateway.decision.rerank.DOCUMENT_FIRST_STATE`), so their scores differ; both orders'
 quality is printed.
 
-    PYTHONPATH=. .venv/bin/python bench/rerank.py [--queries N] [--cost N] [--threads T]
+    .venv/bin/python -m bench.rerank [--queries N] [--cost N] [--threads T]
 
 Positions are exact; seconds move with the machine's load (measured side by side in one run).
 """

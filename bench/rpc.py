@@ -7,7 +7,7 @@ from the local read-out and whether the bits are equal; then the time of the sam
 (best of ``--reps``; the servers share this machine's cores, so the ratio is the RPC backend's own
 cost: graph and tensor transfers over loopback, one round trip per device and decode)::
 
-    .venv/bin/python bench/rpc.py [--model M.gguf] [--servers 2] [--no-ref] [--reps 3]
+    .venv/bin/python -m bench.rpc [--model M.gguf] [--servers 2] [--no-ref] [--reps 3]
 
 ``rpc_servers`` is the context manager the tests use to start the servers.
 """
@@ -18,7 +18,6 @@ import argparse
 import os
 import socket
 import subprocess
-import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,21 +25,12 @@ from pathlib import Path
 
 import anyio
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from digits import GROUPS, STATE, differences, spawn, the_matrix
+from bench.digits import GROUPS, STATE, differences, spawn, the_matrix
+from bench.servers import free_port
 from gateway.paths import default_model_path, engine_bin
 
 #: Seconds a started ggml-rpc-server may take to listen.
 LISTEN_TIMEOUT = 20.0
-
-
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 nothing listens on now (the kernel's pick for port 0)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_listening(proc: subprocess.Popen, port: int) -> None:

@@ -17,7 +17,7 @@ the engine's own cost).
 
 Usage::
 
-    .venv/bin/python bench/sched.py [--model PATH] [--threads 1] [--clients 16] [--slots 1,0]
+    .venv/bin/python -m bench.sched [--model PATH] [--threads 1] [--clients 16] [--slots 1,0]
                                     [--engine BIN ...] [--rounds 3] [--workload score,generate]
 
 ``--workload behind``: a SCORE of 16 questions x 3 options, and right after
@@ -31,15 +31,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from engine import Engine
+from bench.timed_engine import TimedEngine
 from gateway.paths import default_model_path, engine_bin
 from serveproto import Done, Error, Score, Submit
 
@@ -81,18 +75,8 @@ WORKLOADS = {
 }
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (/proc/<pid>/stat, fields 14 and 15)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-class Driver(Engine):
-    """bench/engine.py's Engine, plus many requests in flight at once."""
-
-    def cpu(self) -> float:
-        return cpu_seconds(self.proc.pid)
+class Driver(TimedEngine):
+    """The benchmarks' engine client (bench/timed_engine.py), plus many requests in flight at once."""
 
     def burst(self, make, tickets: list[int], n_slots: int) -> float:
         """Seconds from the first write to the last DONE of ``make(id, slot, ticket)`` for every
@@ -101,8 +85,8 @@ class Driver(Engine):
         running: dict[int, int] = {}  # id -> slot
 
         def send(slot: int) -> None:
-            rid, self.next_id = self.next_id, self.next_id + 1
-            self.proc.stdin.write(self.conn.send(make(rid, slot, queues[slot].pop(0))))
+            rid = self.new_id()
+            self.send(make(rid, slot, queues[slot].pop(0)), flush=False)
             running[rid] = slot
 
         t0 = time.perf_counter()
@@ -111,7 +95,7 @@ class Driver(Engine):
                 send(s)
         self.proc.stdin.flush()
         while running:
-            ev = self._event()
+            ev = self.next_event(self.timeout)
             if isinstance(ev, Error):
                 raise RuntimeError(f"engine answered {ev}")
             if isinstance(ev, Done):
@@ -140,24 +124,21 @@ def big_score(n: int) -> bytes:
 def behind(eng: Driver, slots: int, n: int) -> tuple[float, float]:
     """A big SCORE, then at once a small one: seconds from each write to its DONE (small, big).
     With one slot the small one queues behind the big one, as the gateway's slot FIFO does."""
-    big_id, small_id = eng.next_id, eng.next_id + 1
-    eng.next_id += 2
+    big_id, small_id = eng.new_id(), eng.new_id()
     small = Score(id=small_id, slot=1 % slots, payload=ticket(n + 1))
     t0 = time.perf_counter()
-    eng.proc.stdin.write(eng.conn.send(Score(id=big_id, slot=0, payload=big_score(n))))
+    eng.send(Score(id=big_id, slot=0, payload=big_score(n)), flush=slots == 1)
     if slots > 1:
-        eng.proc.stdin.write(eng.conn.send(small))
-    eng.proc.stdin.flush()
+        eng.send(small)
     done = {}
     while len(done) < 2:
-        ev = eng._event()
+        ev = eng.next_event(eng.timeout)
         if isinstance(ev, Error):
             raise RuntimeError(f"engine answered {ev}")
         if isinstance(ev, Done):
             done[ev.id] = time.perf_counter() - t0
             if ev.id == big_id and slots == 1:
-                eng.proc.stdin.write(eng.conn.send(small))
-                eng.proc.stdin.flush()
+                eng.send(small)
     return done[small_id], done[big_id]
 
 
@@ -188,7 +169,7 @@ def main(argv=None) -> int:
         if s:
             argv_ += ["--slots", str(s)]
         eng = Driver(argv_)
-        engines.append((label, eng, int(eng.conn.caps.values.get("slots", "1"))))
+        engines.append((label, eng, int(eng.caps.values.get("slots", "1"))))
     workloads = args.workload.split(",")
     if "behind" in workloads:
         return main_behind(args, engines)

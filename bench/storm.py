@@ -10,26 +10,21 @@ issue's goal: at most 5x). Until the content-free reading moved into the questio
 stopped being shielded from cancellation), departed clients' readings kept the engine busy for
 minutes: a 0.17 s request waited 103 s.
 
-    .venv/bin/python bench/storm.py [--leavers 16] [--leave-after 0.1] [--seconds 20] [--threads 2]
+    .venv/bin/python -m bench.storm [--leavers 16] [--leave-after 0.1] [--seconds 20] [--threads 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import anyio
 import httpx2
 import orjson
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from decisions import QUESTIONS_16, TICKET, Server  # noqa: E402
+from bench.decisions import QUESTIONS_16, TICKET
+from bench.servers import Server
 
 
 def body(state: str, serial: int, n: int) -> bytes:

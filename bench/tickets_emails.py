@@ -29,7 +29,7 @@ E-mails (``email-*``):
 - ``genuine`` (noul, mostly yes): "Is this a genuine e-mail from who it claims to be?": no exactly when
   ``kind`` is ``phishing``.
 
-    .venv/bin/python bench/tickets_emails.py OUT.jsonl      # the labelled file (calibrate --data format)
+    .venv/bin/python -m bench.tickets_emails OUT.jsonl      # the labelled file (calibrate --data format)
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ word's tokens kept). Texts:
 
 The three ways run in turn ``--rounds`` times, and each cell is the median of its rounds.
 
-    .venv/bin/python bench/tokenizing.py [--model PATH] [--reps 500] [--tickets 300] [--rounds 5]
+    .venv/bin/python -m bench.tokenizing [--model PATH] [--reps 500] [--tickets 300] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -29,13 +29,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from decisions import QUESTIONS_16  # noqa: E402
-from gateway.paths import default_model_path, engine_bin  # noqa: E402
-from load import DOCUMENT, ticket_body  # noqa: E402
+from bench.decisions import QUESTIONS_16
+from bench.load import DOCUMENT, ticket_body
+from gateway.paths import default_model_path, engine_bin
 
 #: The three ways, by the environment that selects them.
 WAYS = {

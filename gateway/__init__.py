@@ -20,7 +20,7 @@ Imports run one way (``tests/gateway/test_layers.py`` fails otherwise)::
   the decision log read back. Imported by the CLI and ``bench/`` only.
 - :mod:`gateway.http`: the HTTP/1.1 server (h11 + anyio). Knows nothing above it.
 - :mod:`gateway.server`: the application: routes (Jev in ``server/jev/``, OpenAI in
-  ``server/openai/``, rerank, health and metrics, the page), each parse -> decision -> reply; the
+  ``server/openai/``, rerank in ``server/rerank/``, health and metrics, the page), each parse -> decision -> reply; the
   errors as HTTP, authentication, metrics.
 - :mod:`gateway.cli`: the ``serveproto`` command and its sub-commands.
 

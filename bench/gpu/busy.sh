@@ -31,4 +31,4 @@ nvidia-smi dmon -s u -d 1 -o T > $RES/dmon-busy.log 2>&1 &
 D=$!
 ref --reps ${REPS:-300} --ubatch 512 --tokens 512 | best
 kill $D
-python3 -c "import sys; sys.path.insert(0, 'bench/gpu'); from profile_split import dmon_mean; print(dmon_mean(__import__('pathlib').Path(sys.argv[1])))" $RES/dmon-busy.log
+python3 -c "import sys; from pathlib import Path; from bench.gpu.profile_split import dmon_mean; print(dmon_mean(Path(sys.argv[1])))" $RES/dmon-busy.log

@@ -27,7 +27,7 @@ F16_PID=
 NEED_F16=1  # LOADS whose lines name no f16 model write none
 [ -n "${LOADS:-}" ] && ! grep -q "^ *[^ ]* f16" <<< "$LOADS" && NEED_F16=0
 if [ $NEED_F16 = 1 ] && [ ! -f $F16 ] && ! pgrep -f "make_model.py model .*--type f16" > /dev/null; then
-  ( python3 bench/gpu/make_model.py model --tokenizer $C/tokenizer.gguf --out $F16.part --type f16 \
+  ( python3 -m bench.gpu.make_model model --tokenizer $C/tokenizer.gguf --out $F16.part --type f16 \
     > $RES/model-f16.log 2>&1 && mv $F16.part $F16; echo "F16 model: exit $? $(tail -1 $RES/model-f16.log)" ) &
   F16_PID=$!
 fi
@@ -58,7 +58,7 @@ load() {  # TAG MODEL [NAME=VALUE...] ENGINE_FLAGS...: the NAME=VALUE words go t
   rm -f /tmp/prof-$tag.*
   nvidia-smi dmon -s u -d 1 -o T > $RES/dmon-$tag.log 2>&1 &
   local dm=$!
-  env "${envs[@]}" SERVEPROTO_PROFILE=/tmp/prof-$tag BENCH_SERVER_LOG=$RES/$tag-server.log timeout $(( $(left) - 15 )) python3 bench/load.py --no-llama-server \
+  env "${envs[@]}" SERVEPROTO_PROFILE=/tmp/prof-$tag BENCH_SERVER_LOG=$RES/$tag-server.log timeout $(( $(left) - 15 )) python3 -m bench.load --no-llama-server \
     --model $model --workloads ${WORKLOADS:-document,tickets} --clients ${CLIENTS:-32} --seconds ${SECONDS_CELL:-5} --requests ${REQUESTS:-1000} \
     --debias "$debias" --json $RES/load-$tag.json --engine engines/bin/serveproto-llama --model $model "$@" \
     > $RES/load-$tag.log 2>&1
@@ -72,7 +72,7 @@ load() {  # TAG MODEL [NAME=VALUE...] ENGINE_FLAGS...: the NAME=VALUE words go t
   kill $dm 2>/dev/null
   grep "^|" $RES/load-$tag.log | grep -v "^|---" | cut -d'|' -f2-8
   cp /tmp/prof-$tag.* $RES/ 2>/dev/null
-  python3 bench/gpu/profile_split.py --tag "$tag" --dmon $RES/dmon-$tag.log /tmp/prof-$tag.* 2>&1
+  python3 -m bench.gpu.profile_split --tag "$tag" --dmon $RES/dmon-$tag.log /tmp/prof-$tag.* 2>&1
 }
 
 if [ -n "${LOADS:-}" ]; then

@@ -1,6 +1,6 @@
 """Where the llama engine's fixed per-request cost goes on a short prompt (issue 6, item 5b).
 
-    python bench/gpu/fixed_cost.py --model M.gguf [--tokens 371] [--reps 7] [--ctx 16384]
+    python -m bench.gpu.fixed_cost --model M.gguf [--tokens 371] [--reps 7] [--ctx 16384]
                                    [--threads N] [--engine-flags "..."] [--ref-bin PATH|'']
 
 ``bench/gpu_decisions.py``'s prefill table times a SUBMIT (max_tokens=1) of an
@@ -33,18 +33,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from bench.gpu_decisions import Engine, reference_reps, sized_bodies, state_text  # noqa: E402
-from serveproto import Ping, Pong  # noqa: E402
+from bench.gpu_decisions import sized_bodies, state_text
+from bench.timed_engine import TimedEngine, engine_options, llama_argv, reference_reps
+from serveproto import Ping, Pong
 
 
 def ids_payload(ids: list[int]) -> bytes:
@@ -52,19 +48,18 @@ def ids_payload(ids: list[int]) -> bytes:
     return " ".join(map(str, ids)).encode()
 
 
-def ping_s(eng: Engine) -> float:
+def ping_s(eng: TimedEngine) -> float:
     """Seconds from a PING's write to its PONG."""
     ev = Ping(id=eng.new_id())
     t0 = time.perf_counter()
-    eng.proc.stdin.write(eng.conn.send(ev))
-    eng.proc.stdin.flush()
+    eng.send(ev)
     while True:
-        got = eng._next_event(60.0)
+        got = eng.next_event(60.0)
         if isinstance(got, Pong) and got.id == ev.id:
             return time.perf_counter() - t0
 
 
-def measure(eng: Engine, text: str, n_vocab: int, reps: int) -> tuple[int, dict[str, list[float]]]:
+def measure(eng: TimedEngine, text: str, n_vocab: int, reps: int) -> tuple[int, dict[str, list[float]]]:
     """(tokens of ``text``, variant name -> seconds of each rep), variants as in the module doc."""
     n = eng.count(text)
     a = [(1000 + 7 * i) % n_vocab for i in range(n)]
@@ -101,12 +96,7 @@ def measure(eng: Engine, text: str, n_vocab: int, reps: int) -> tuple[int, dict[
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="the GGUF to load")
-    ap.add_argument("--engine-bin", default=str(ROOT / "engines/bin/serveproto-llama"))
-    ap.add_argument(
-        "--ref-bin",
-        default=str(ROOT / "engines/bin/llama-prefill-ref"),
-        help="llama.cpp's prefill reference ('' to skip)",
-    )
+    engine_options(ap)
     ap.add_argument("--tokens", type=int, default=371, help="prompt length in tokens (default 371)")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--ctx", type=int, default=16384, help="context per slot, tokens (engine --ctx)")
@@ -115,20 +105,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.tokens < 2 or args.reps < 1:
         ap.error("--tokens must be >= 2 and --reps >= 1")
-    argv_eng = [
-        args.engine_bin,
-        "--model",
-        args.model,
-        "--ctx",
-        str(args.ctx),
-        "--slots",
-        "1",
-        "--threads",
-        str(args.threads),
-        *shlex.split(args.engine_flags),
-    ]
+    argv_eng = llama_argv(args.engine_bin, args.model, args.ctx, args.threads, slots=1, flags=args.engine_flags)
     err = Path(tempfile.gettempdir()) / "fixed_cost-engine.log"
-    with Engine(argv_eng, err, timeout=600) as eng:
+    with TimedEngine(argv_eng, err, timeout=600) as eng:
         body = sized_bodies(eng, [args.tokens])[args.tokens]
         text = state_text(0, body)
         n, out = measure(eng, text, eng.caps.n_vocab, args.reps)

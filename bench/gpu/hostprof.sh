@@ -5,7 +5,7 @@
 # SERVEPROTO_PROFILE); in its middle `perf record -g` samples the engine for PERF_S seconds; then the
 # flat profile and the callers of llama_decode's host work. perf travels in carry/perf (this machine's
 # /usr/bin/perf and its libraries, without the C library's own: `bench/gpu/prepare.sh` does not add it;
-# copy it by hand, see bench/README.md).
+# copy it by hand, see bench/results/NOTEBOOK.md).
 set -u
 TAG=$1 MODEL=$2
 shift 2
@@ -14,7 +14,7 @@ C=${CARRY:-bench/gpu/carry}
 PERF="env LD_LIBRARY_PATH=$C/perf $C/perf/perf"
 $PERF --version || { echo "hostprof: no usable perf in $C/perf"; exit 1; }
 rm -f /tmp/prof-$TAG.*
-SERVEPROTO_PROFILE=/tmp/prof-$TAG python3 bench/load.py --no-llama-server --model $MODEL --workloads document \
+SERVEPROTO_PROFILE=/tmp/prof-$TAG python3 -m bench.load --no-llama-server --model $MODEL --workloads document \
   --clients 32 --seconds ${LOAD_S:-20} --requests 999999 --debias none --engine engines/bin/serveproto-llama --model $MODEL "$@" \
   > $RES/hostprof-load-$TAG.log 2>&1 &
 LOAD=$!
@@ -29,7 +29,7 @@ echo "hostprof $TAG: engine pid $PID, perf for ${PERF_S:-6} s"
 $PERF record -F 1999 -g -p "$PID" -o /tmp/perf-$TAG.data -- sleep ${PERF_S:-6} 2>&1 | tail -1
 wait $LOAD
 grep "^|" $RES/hostprof-load-$TAG.log | grep -v "^|---" | cut -d'|' -f2-8
-python3 bench/gpu/profile_split.py --tag "$TAG" /tmp/prof-$TAG.*
+python3 -m bench.gpu.profile_split --tag "$TAG" /tmp/prof-$TAG.*
 cp /tmp/prof-$TAG.* $RES/ 2>/dev/null
 echo "== $TAG: flat (self), the engine's main thread and the rest"
 $PERF report -i /tmp/perf-$TAG.data --stdio --no-children --sort comm,symbol -g none --percent-limit 0.4 2>/dev/null \

@@ -26,8 +26,8 @@ has() { [[ " $PARTS " == *" $1 "* ]]; }
 Q4_4=/tmp/llama3-8b-random-4l.Q4_K.gguf
 F16_4=/tmp/llama3-8b-random-4l.F16.gguf
 if has small || has refuse; then
-  ( python3 bench/gpu/make_model.py model --tokenizer $C/tokenizer.gguf --out $Q4_4 --type q4_k --layers 4 > $RES/model-4l.log 2>&1
-    python3 bench/gpu/make_model.py model --tokenizer $C/tokenizer.gguf --out $F16_4 --type f16 --layers 4 >> $RES/model-4l.log 2>&1 ) &
+  ( python3 -m bench.gpu.make_model model --tokenizer $C/tokenizer.gguf --out $Q4_4 --type q4_k --layers 4 > $RES/model-4l.log 2>&1
+    python3 -m bench.gpu.make_model model --tokenizer $C/tokenizer.gguf --out $F16_4 --type f16 --layers 4 >> $RES/model-4l.log 2>&1 ) &
   SMALL_PID=$!
 fi
 digits() {  # TAG [NAME=VALUE...] DIGITS_ARGS...
@@ -40,20 +40,20 @@ digits() {  # TAG [NAME=VALUE...] DIGITS_ARGS...
 }
 INV="--engine-arg=--numerics --engine-arg=invariant"
 if has digits; then
-  digits fast python3 bench/digits.py --model $Q4
-  digits inv python3 bench/digits.py --model $Q4 $INV --against $RES/digits-fast.json ${INV_AGAINST:-}
-  grep -q DIFFERENT $RES/digits-inv.log && digits inv-j128 GGML_CUDA_INVARIANT_MMQ_J=128 python3 bench/digits.py --model $Q4 $INV
+  digits fast python3 -m bench.digits --model $Q4
+  digits inv python3 -m bench.digits --model $Q4 $INV --against $RES/digits-fast.json ${INV_AGAINST:-}
+  grep -q DIFFERENT $RES/digits-inv.log && digits inv-j128 GGML_CUDA_INVARIANT_MMQ_J=128 python3 -m bench.digits --model $Q4 $INV
 fi
 # the attention kernel with one query head a warp (GGML_CUDA_INVARIANT_FA_GQA=0): the same bits
-has gqa && digits inv-g1 GGML_CUDA_INVARIANT_FA_GQA=0 python3 bench/digits.py --model $Q4 $INV --against $RES/digits-inv.json
+has gqa && digits inv-g1 GGML_CUDA_INVARIANT_FA_GQA=0 python3 -m bench.digits --model $Q4 $INV --against $RES/digits-inv.json
 if has small || has refuse; then
   wait $SMALL_PID
   tail -2 $RES/model-4l.log
 fi
 if has small; then
-  digits cpu4 CUDA_VISIBLE_DEVICES= python3 bench/digits.py --model $Q4_4 --threads $(nproc)
-  digits inv4 python3 bench/digits.py --model $Q4_4 $INV --against $RES/digits-cpu4.json
-  digits fast4 python3 bench/digits.py --model $Q4_4 --against $RES/digits-cpu4.json --against $RES/digits-inv4.json
+  digits cpu4 CUDA_VISIBLE_DEVICES= python3 -m bench.digits --model $Q4_4 --threads $(nproc)
+  digits inv4 python3 -m bench.digits --model $Q4_4 $INV --against $RES/digits-cpu4.json
+  digits fast4 python3 -m bench.digits --model $Q4_4 --against $RES/digits-cpu4.json --against $RES/digits-inv4.json
 fi
 if has refuse; then
   echo "== refuse: F16 weights under --numerics invariant"

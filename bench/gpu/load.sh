@@ -43,4 +43,4 @@ fi
 json=()
 [ -d /tmp/gpu-res ] && json=(--json /tmp/gpu-res/load.json)
 # "$@" last: load.py's --engine takes the rest of the line
-exec python3 bench/load.py "${extra[@]}" "${json[@]}" "$@"
+exec python3 -m bench.load "${extra[@]}" "${json[@]}" "$@"

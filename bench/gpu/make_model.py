@@ -6,13 +6,13 @@ Two jobs, both written with the ``gguf`` package:
 (no tensors; about 2 MB for SmolLM2's 49,152-token vocabulary), small enough to
 carry to a machine without network in place of the 98 MB default model::
 
-    python bench/gpu/make_model.py tokenizer --source MODEL.gguf --out tok.gguf
+    python -m bench.gpu.make_model tokenizer --source MODEL.gguf --out tok.gguf
 
 ``model``: a llama-architecture GGUF of a named geometry (``GEOMETRIES``) whose
 tokenizer, and so vocabulary size, is copied from such a file (through
 ``fixtures.tiny_gguf``'s tokenizer copy, byte for byte)::
 
-    python bench/gpu/make_model.py model --tokenizer tok.gguf --out m.gguf [--geometry llama3-8b]
+    python -m bench.gpu.make_model model --tokenizer tok.gguf --out m.gguf [--geometry llama3-8b]
                                          [--type q4_k|q8_0|f16] [--layers N]
 
 The matrices are stored in ``--type``: Q4_K (ggml's 256-weight super-blocks of
@@ -29,14 +29,10 @@ is one tensor plus a 64 MiB pool of random bytes).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 #: Geometries under llama.cpp's GGUF key names (``llama.<key>``). ``llama3-8b``
 #: is Meta-Llama-3-8B's (config.json: 32 layers, hidden 4096, 32 heads, 8 KV

@@ -19,7 +19,7 @@ make -s -C engines llama-src DEST="$tmp/src"
 INC=$CUDA/nvidia/cu13/include
 # the .cu files the patches touch, and for a touched header (.cuh) the .cu of the same name, where there is one
 files=$(sed -n 's|^+++ b/\(ggml/src/ggml-cuda/[^[:space:]]*\.cuh\{0,1\}\)\([[:space:]].*\)\{0,1\}$|\1|p' \
-  engines/llama/patches/*.patch | sed 's|\.cuh$|.cu|' | sort -u)
+  engines/llama/patches/*/*.patch | sed 's|\.cuh$|.cu|' | sort -u)
 # ggml-cuda's CMake flags (ggml/src/ggml-cuda/CMakeLists.txt, ggml/cmake/common.cmake): flash attention's
 # vector kernels for F16 K and V only, the default
 defs="-DGGML_CUDA_USE_GRAPHS -DGGML_USE_CUDA -DGGML_SCHED_MAX_COPIES=4 -DGGML_CUDA_FA_QUANTS=\"f16-f16\""

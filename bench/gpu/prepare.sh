@@ -16,7 +16,7 @@ mkdir -p $C/whl
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 make -s -C engines llama-src DEST="$tmp/src"
 tar -czf $C/llama-src.tgz -C "$tmp/src" .
-$PY bench/gpu/make_model.py tokenizer --out $C/tokenizer.gguf
+$PY -m bench.gpu.make_model tokenizer --out $C/tokenizer.gguf
 rm -f $C/llama-full.tgz $C/baseline.tgz  # a carry of an earlier preparation must not outlive it
 if [ "${LLAMA_SERVER:-1}" = 1 ]; then
   make -s -C engines llama-server-src DEST="$tmp/full"

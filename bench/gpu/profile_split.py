@@ -1,6 +1,6 @@
 """Where a decode step's time goes, from the engine's SERVEPROTO_PROFILE files (engines/llama/profile.c).
 
-    python3 bench/gpu/profile_split.py [--dmon FILE] [--tag NAME] PROFILE_FILE...
+    python3 -m bench.gpu.profile_split [--dmon FILE] [--tag NAME] PROFILE_FILE...
 
 Each file holds one line a second of running sums (decodes, rows, outputs, and milliseconds of gap, start,
 fill, decode, early, sync, read; files written before the overlap have no early column). The busy part of a run is the longest stretch of one-second intervals whose rows per

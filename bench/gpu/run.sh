@@ -40,12 +40,12 @@ export SERVEPROTO_CACHE=${SERVEPROTO_CACHE:-/tmp/sp-cache}
 python3 -c "import gateway.server.app, gateway.engine, serveproto, fixtures.sync_engine, gguf, orjson, zstandard" \
   || { log "python imports failed"; exit 1; }
 
-( python3 bench/gpu/make_model.py model --tokenizer $C/tokenizer.gguf --out $MODEL --type q4_k ${MODEL_ARGS:-} > $RES/model.log 2>&1
+( python3 -m bench.gpu.make_model model --tokenizer $C/tokenizer.gguf --out $MODEL --type q4_k ${MODEL_ARGS:-} > $RES/model.log 2>&1
   echo $? > /tmp/model.rc ) &
 MODEL_PID=$!
 # F16_EARLY=1: the F16 model too (bench/gpu/ceiling.sh waits for it), beside the build rather than after it
 if [ "${F16_EARLY:-0}" = 1 ]; then
-  ( python3 bench/gpu/make_model.py model --tokenizer $C/tokenizer.gguf --out /tmp/llama3-8b-random.F16.gguf.part \
+  ( python3 -m bench.gpu.make_model model --tokenizer $C/tokenizer.gguf --out /tmp/llama3-8b-random.F16.gguf.part \
       --type f16 > $RES/model-f16.log 2>&1 && mv /tmp/llama3-8b-random.F16.gguf.part /tmp/llama3-8b-random.F16.gguf ) &
 fi
 
@@ -139,7 +139,7 @@ bench() {
   local tag=$1; shift
   log "bench $tag: $*, $(left) s left"
   [ "$(left)" -gt 30 ] || return 1
-  timeout $(( $(left) - 15 )) python3 bench/gpu_decisions.py --model $MODEL --out-dir $RES --tag "$tag" "$@" \
+  timeout $(( $(left) - 15 )) python3 -m bench.gpu_decisions --model $MODEL --out-dir $RES --tag "$tag" "$@" \
     ${BENCH_ARGS:-} > $RES/$tag.log 2>&1
   log "bench $tag: exit $?"
   grep -v "^|" $RES/$tag.log | tail -4
@@ -158,7 +158,7 @@ extra() {
 }
 if [ -n "${BENCHES:-}" ]; then
   # one command a line, instead of the two below: "[VAR=VALUE ...] bench TAG ARGS..." or
-  # "extra TAG COMMAND..." (e.g. extra digits python3 bench/digits.py --model $MODEL, or
+  # "extra TAG COMMAND..." (e.g. extra digits python3 -m bench.digits --model $MODEL, or
   # extra load bash bench/gpu/load.sh --model $MODEL --clients 1,8,32,64: bench/load.py, see load.sh)
   while IFS= read -r line; do
     [ -n "$line" ] && eval "$line"
@@ -178,10 +178,10 @@ done
 
 if [ "${EXTRAS:-1}" = 1 ]; then
   # the committed bench/decisions.py (prepare.sh), run from beside the working tree's copy
-  D=bench/decisions.py
-  [ -f $C/decisions.py ] && cp -f $C/decisions.py bench/_decisions_committed.py && D=bench/_decisions_committed.py
-  extra decisions_fixture python3 $D --skip-llm
+  D=bench.decisions
+  [ -f $C/decisions.py ] && cp -f $C/decisions.py bench/_decisions_committed.py && D=bench._decisions_committed
+  extra decisions_fixture python3 -m $D --skip-llm
   rm -f bench/_decisions_committed.py
-  extra fixed_cost python3 bench/gpu/fixed_cost.py --model $MODEL --threads $(nproc)
+  extra fixed_cost python3 -m bench.gpu.fixed_cost --model $MODEL --threads $(nproc)
 fi
 true

@@ -1,6 +1,6 @@
 """SCORE against the read-out of each whole text, option by option (spec 9.1: equal up to float32 rounding).
 
-    python bench/gpu/score_check.py --model M.gguf --chars 48000 --questions 1 [--fresh] [--engine-flags "..."]
+    python -m bench.gpu.score_check --model M.gguf --chars 48000 --questions 1 [--fresh] [--engine-flags "..."]
 
 The state is ``bench/gpu_decisions.py``'s support thread cut to ``--chars``
 characters (case 00001), the questions its ``QUESTIONS`` by index. One engine
@@ -15,19 +15,15 @@ when any does.
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from bench.gpu_decisions import QUESTIONS, Engine, state_body, state_text  # noqa: E402
-from serveproto import Echo  # noqa: E402
+from bench.gpu_decisions import QUESTIONS, state_body, state_text
+from bench.timed_engine import TimedEngine, engine_options, llama_argv
+from serveproto import Echo
 
 
-def read_out(eng: Engine, text: str, n: int) -> list[float]:
+def read_out(eng: TimedEngine, text: str, n: int) -> list[float]:
     """The logprobs of the last ``n`` tokens of ``text`` as ECHO reports them."""
     _, ev = eng.submit(text, max_tokens=0, logprobs=1)
     return [e.logprob for e in ev if isinstance(e, Echo)][-n:]
@@ -36,7 +32,7 @@ def read_out(eng: Engine, text: str, n: int) -> list[float]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
-    ap.add_argument("--engine-bin", default=str(ROOT / "engines/bin/serveproto-llama"))
+    engine_options(ap, reference=False)
     ap.add_argument("--engine-flags", default="")
     ap.add_argument("--ctx", type=int, default=16384)
     ap.add_argument("--threads", type=int, default=2)
@@ -56,19 +52,10 @@ def main(argv=None) -> int:
         q = pb.question("choice", items[i][0], {lab: None for lab in items[i][1]})
         groups.append((q.stem, list(q.options)))
     prefix = pb.prefix(state_text(1, state_body(args.chars)))
-    argv_eng = [
-        args.engine_bin,
-        "--model",
-        args.model,
-        "--ctx",
-        str(args.ctx),
-        "--threads",
-        str(args.threads),
-        *shlex.split(args.engine_flags),
-    ]
+    argv_eng = llama_argv(args.engine_bin, args.model, args.ctx, args.threads, flags=args.engine_flags)
     log = Path(tempfile.gettempdir()) / "score_check-engine.log"
     bad = []
-    with Engine(argv_eng, log, timeout=900) as eng:
+    with TimedEngine(argv_eng, log, timeout=900) as eng:
         _, scored, done = eng.score(prefix, groups, pin=True)
         print(f"state {done.prompt_tokens} tokens (longest option text), SCORE computed {done.computed}")
         k = 0
@@ -82,7 +69,7 @@ def main(argv=None) -> int:
                 k += 1
     if bad and args.fresh:
         diff, stem, opt, sc, lps = max(bad, key=lambda b: b[0])
-        with Engine(argv_eng, log, timeout=900) as fresh:
+        with TimedEngine(argv_eng, log, timeout=900) as fresh:
             print(f"option {opt!r}, a fresh engine's cold read-out: {read_out(fresh, prefix + stem + opt, len(sc))}")
     print(f"{len(bad)} of {k} options differ by more than {args.tol:g}")
     return 1 if bad else 0

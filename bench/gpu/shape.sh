@@ -3,7 +3,7 @@
 # (flash attention, F16 KV: the GPU defaults), by llama-prefill-ref, best of 3 a line.
 #   1. one sequence, 64 to 512 rows at ubatch 512 and 512 to 1024 at ubatch 1024: is a decode's time its rows,
 #      or its rows rounded up to a tile?
-#   2. mixed decodes shaped like the engine's at 32 clients (bench/README.md, "Inside llama_decode": 400 rows
+#   2. mixed decodes shaped like the engine's at 32 clients (bench/results/NOTEBOOK.md, "Inside llama_decode": 400 rows
 #      over 1,681 cells on 16 slots, 775 over 3,170 on 32): the rows split over S sequences on one shared
 #      prefix, beside other sequences' cells; against one sequence over the same cells, and alone.
 # As one of bench/gpu/run.sh's BENCHES, after something wrote the F16 model (bench/gpu/ceiling.sh does):

@@ -21,11 +21,12 @@
 #include "loop.h"
 #include "score_request.h"
 #include "llama.h"
+#include "llamax.h" /* what our llama.cpp patches add: only through it */
 
 #define ENGINE_MAX_LOGPROBS   SP_MAX_LOGPROBS /* CAPS max_logprobs */
 #define ENGINE_AUTO_SLOTS_MAX 4               /* --slots unset: at most this many, sized from memory (main.c) */
 #define ENGINE_AUTO_SLOTS_GPU 32              /* the same on a GPU, where a decode of many requests' rows costs
-                                                 little more than one of a few: batching pays (bench/README.md,
+                                                 little more than one of a few: batching pays (bench/results/NOTEBOOK.md,
                                                  "Whole ubatches": 32 slots against the earlier 16 at 32
                                                  clients) */
 #define ENGINE_AUTO_KV_SHARE  8               /* --slots unset: the KV cache takes at most 1/this of free memory */
@@ -198,14 +199,12 @@ typedef struct engine_profile {
     uint64_t late, late_us;       /* the late fill's waits (gpu_pipe.c) and their microseconds */
     uint64_t us[ENGINE_PROFILE_PARTS];
 } engine_profile;
-/* llama_decode's own split (llama/patches/0007, on with SERVEPROTO_PROFILE):
+/* llama_decode's own split (llama/patches/0007, on with SERVEPROTO_PROFILE; llamax_decode_profile):
  * microseconds of batch checked, memory (ubatches split, cells found),
  * output buffer, cells applied, graph built, graph allocated, inputs set,
  * graph computed or queued, outputs queued; then ubatches, graphs reused,
- * KV cells attended (n_kv) and tokens, summed over ubatches. Copies up to n
- * counters to out and returns how many. */
+ * KV cells attended (n_kv) and tokens, summed over ubatches. */
 #define SERVEPROTO_DECODE_PARTS 9
-int serveproto_decode_profile(uint64_t *out, int n);
 
 /* The late fill (late_fill.c; SERVEPROTO_PIPELINE_LATE=US, with the pipeline): what it has measured of the
  * device and the host, to fill the next decode just before the device needs it. Microseconds of

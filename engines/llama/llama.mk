@@ -2,6 +2,8 @@
 #
 #   make -C engines all                    the CPU engine (fetches + builds llama.cpp the first time)
 #   make -C engines all CUDA=1             the CUDA backend (GPU machine; needs nvcc, cuBLAS)
+#   make -C engines all LLAMA_PATCHES=none the engine on stock llama.cpp, no patch applied:
+#                                          bin/serveproto-llama-stock, its own llama.cpp build
 #   make -C engines llama-src DEST=DIR     copy the llama.cpp source subset to DIR (to carry it to a
 #                                          machine without network, then build there with
 #                                          LLAMA_SRC=DIR)
@@ -17,16 +19,29 @@ SERVEPROTO_CACHE ?= $(HOME)/.cache/serveproto
 LLAMA_CACHE  := $(SERVEPROTO_CACHE)/llama.cpp/$(LLAMA_PY_VERSION)
 LLAMA_SDIST  := $(LLAMA_CACHE)/sdist/llama_cpp_python-$(LLAMA_PY_VERSION).tar.gz
 LLAMA_SUBSET := CMakeLists.txt cmake ggml src include vendor LICENSE
-# Our patches to llama.cpp and ggml (llama/patches/, see spec/llama-engine.md "Reproducible digits"), applied to a
-# copy of the pristine subset named after their hash, so a changed patch gets its own source and build.
-LLAMA_PATCHES  := $(sort $(wildcard llama/patches/*.patch))
-LLAMA_PATCH_ID := $(shell cat $(LLAMA_PATCHES) /dev/null | sha256sum | cut -c1-10)
+# Our patches to llama.cpp and ggml (llama/patches/README.md; spec/llama-engine.md "Reproducible digits"), by
+# group, in this order, applied to a copy of the pristine subset named after their hash, so a changed patch gets
+# its own source and build. LLAMA_PATCHES=none: none of them (the stock build, bin/serveproto-llama-stock).
+LLAMA_PATCHES       ?= all
+LLAMA_PATCH_GROUPS  := numerics speed api profile
+ifeq ($(LLAMA_PATCHES),all)
+LLAMA_PATCH_FILES   := $(foreach g,$(LLAMA_PATCH_GROUPS),$(sort $(wildcard llama/patches/$(g)/*.patch)))
+LLAMA_STOCK         :=
+else ifeq ($(LLAMA_PATCHES),none)
+LLAMA_PATCH_FILES   :=
+LLAMA_STOCK         := -stock
+else
+$(error LLAMA_PATCHES=$(LLAMA_PATCHES): all (the default) or none)
+endif
+LLAMA_PATCH_ID := $(shell cat $(LLAMA_PATCH_FILES) /dev/null | sha256sum | cut -c1-10)
 LLAMA_PRISTINE := $(LLAMA_CACHE)/src
 LLAMA_PATCHED  := $(LLAMA_CACHE)/src-$(LLAMA_PATCH_ID)
 # llama.cpp's RPC server source (tools/rpc), extracted beside the subset (ggml-rpc-server, below)
 LLAMA_RPC_TOOL := $(LLAMA_CACHE)/tools-rpc
-# The patched source; override with a carried copy (LLAMA_SRC=.llama-src) where there is no network.
-LLAMA_SRC    ?= $(LLAMA_PATCHED)
+# The patched source (the pristine one for the stock build); override with a carried copy
+# (LLAMA_SRC=.llama-src) where there is no network.
+LLAMA_SRC_OWN := $(if $(LLAMA_STOCK),$(LLAMA_PRISTINE),$(LLAMA_PATCHED))
+LLAMA_SRC    ?= $(LLAMA_SRC_OWN)
 LLAMA_JOBS   ?= 2
 # Python with pip, to fetch the sdist (the project venv when it exists).
 LLAMA_PIP_PY ?= $(shell test -x ../.venv/bin/python && echo ../.venv/bin/python || echo python3)
@@ -40,7 +55,7 @@ LLAMA_CMAKE_FLAGS := -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_
   -DGGML_RPC=ON -DGGML_RPC_RDMA=OFF
 
 ifeq ($(CUDA),1)
-LLAMA_VARIANT     := cuda
+LLAMA_VARIANT     := cuda$(LLAMA_STOCK)
 # one GPU per engine: no NCCL (it would add a link dependency)
 LLAMA_CMAKE_FLAGS += -DGGML_CUDA=ON -DGGML_CUDA_NCCL=OFF -DCMAKE_CUDA_ARCHITECTURES=$(or $(CUDA_ARCH),90)
 # ggml-cuda's archive, relative to the build directory (also a ninja target's name there)
@@ -51,14 +66,14 @@ LLAMA_CUDA_HOME   := $(or $(CUDA_HOME),/usr/local/cuda)
 LLAMA_SYS_LIBS    := -L$(LLAMA_CUDA_HOME)/lib64 -L$(LLAMA_CUDA_HOME)/lib64/stubs \
   -lcudart -lcublas -lcublasLt -lcuda -ldl -lrt
 else
-LLAMA_VARIANT     := cpu
+LLAMA_VARIANT     := cpu$(LLAMA_STOCK)
 LLAMA_EXTRA_LIBS  :=
 LLAMA_SYS_LIBS    :=
 endif
 
 # A build is named after the patches and the CMake flags: a changed flag gets its own directory, so
 # checkouts sharing the cache never link one another's builds.
-LLAMA_BUILD_ID := $(shell { cat $(LLAMA_PATCHES) /dev/null; echo '$(LLAMA_CMAKE_FLAGS)'; } | sha256sum | cut -c1-10)
+LLAMA_BUILD_ID := $(shell { cat $(LLAMA_PATCH_FILES) /dev/null; echo '$(LLAMA_CMAKE_FLAGS)'; } | sha256sum | cut -c1-10)
 LLAMA_BUILD := $(LLAMA_CACHE)/build-$(LLAMA_VARIANT)-$(LLAMA_BUILD_ID)
 # Link order: llama, ggml (the backend registry), the backends, ggml-base.
 LLAMA_GGML_LIBS := $(LLAMA_BUILD)/ggml/src/libggml.a $(LLAMA_BUILD)/ggml/src/ggml-rpc/libggml-rpc.a \
@@ -72,7 +87,11 @@ LLAMA_ENGINE_SRCS := $(wildcard llama/*.c)
 LLAMA_ENGINE_HDRS := $(wildcard llama/*.h)
 
 .PHONY: llama-libs llama-src
+ifeq ($(LLAMA_STOCK),)
 all: $(BIN)/serveproto-llama $(BIN)/llama-prefill-ref $(BIN)/llama-tokenize-ref $(BIN)/llama-logit-hash $(BIN)/ggml-rpc-server
+else
+all: $(BIN)/serveproto-llama-stock
+endif
 
 llama-libs: $(LLAMA_STAMP)
 
@@ -89,11 +108,18 @@ $(LLAMA_PRISTINE)/.extracted: | $(LLAMA_SDIST)
 	  touch $$t/.extracted && { mv -T $$t $(LLAMA_PRISTINE) 2>/dev/null || rm -rf $$t; }
 
 # Named after the patches' content: once made it never changes, so a checkout's newer patch file
-# mtimes do not remake it (several checkouts share the cache).
+# mtimes do not remake it (several checkouts share the cache). Each patch must apply exactly where it says
+# (--fuzz=0, and a hunk found at an offset fails too): a patch that no longer fits is regenerated, not guessed.
+ifeq ($(LLAMA_STOCK),)
 $(LLAMA_PATCHED)/.extracted: | $(LLAMA_PRISTINE)/.extracted
 	t=$$(mktemp -d $(LLAMA_PATCHED).tmp.XXXXXX) && cp -a $(LLAMA_PRISTINE)/. $$t/ && \
-	  for p in $(abspath $(LLAMA_PATCHES)); do patch -s -p1 -d $$t < $$p || exit 1; done && \
+	  for p in $(abspath $(LLAMA_PATCH_FILES)); do \
+	    out=$$(patch --fuzz=0 --no-backup-if-mismatch -p1 -d $$t < $$p 2>&1) && \
+	    ! printf '%s\n' "$$out" | grep -E 'offset|fuzz' || { printf '%s\n' "$$out" >&2; \
+	      echo "$$p does not apply exactly (llama/patches/README.md: regenerate it)" >&2; rm -rf $$t; exit 1; }; \
+	  done && \
 	  touch $$t/.extracted && { mv -T $$t $(LLAMA_PATCHED) 2>/dev/null || rm -rf $$t; }
+endif
 
 # LLAMA_CUDA_PREBUILT=FILE (CUDA=1, Ninja): a libggml-cuda.a compiled elsewhere from the same patches and
 # flags (bench/gpu/prebuild_cuda.sh: PyPI's nvcc on a machine without a GPU; FILE.id holds the
@@ -120,7 +146,7 @@ llama-build-id: ; @echo $(LLAMA_BUILD_ID)
 llama-cmake-flags: ; @echo $(LLAMA_CMAKE_FLAGS)
 
 # A carried copy (LLAMA_SRC=DIR) counts as extracted once its files are there.
-ifneq ($(LLAMA_SRC),$(LLAMA_PATCHED))
+ifneq ($(LLAMA_SRC),$(LLAMA_SRC_OWN))
 $(LLAMA_SRC)/.extracted:
 	test -f $(LLAMA_SRC)/CMakeLists.txt || { echo "LLAMA_SRC=$(LLAMA_SRC) has no llama.cpp source" >&2; exit 1; }
 	touch $@
@@ -137,7 +163,7 @@ LLAMA_LDLIBS := $(LLAMA_LIBS) $(LLAMA_SYS_LIBS) -lstdc++ -lm -fopenmp -lpthread
 # Which variant the binaries in $(BIN) were linked against: switching CPU <-> CUDA relinks.
 LLAMA_VARIANT_FILE := $(BIN)/.llama-$(LLAMA_VARIANT)
 $(LLAMA_VARIANT_FILE): | $(BIN)
-	rm -f $(BIN)/.llama-cpu $(BIN)/.llama-cuda
+	rm -f $(BIN)/.llama-cpu$(LLAMA_STOCK) $(BIN)/.llama-cuda$(LLAMA_STOCK)
 	touch $@
 
 # The build id a file kept on disk must match (persist.c): the engine's sources, llama.cpp's version,
@@ -146,8 +172,9 @@ LLAMA_VENDOR_HASH := $(LLAMA_SRC)/vendor/hash
 SP_BUILD_ID := $(shell { cat $(sort $(LLAMA_ENGINE_SRCS) $(LLAMA_ENGINE_HDRS)) $(sort $(wildcard common/*.c common/*.h)) /dev/null; \
   echo '$(LLAMA_PY_VERSION) $(LLAMA_BUILD_ID) $(LLAMA_VARIANT) $(LLAMA_CFLAGS)'; } | sha256sum | cut -c1-16)
 
-# The frame codec and JSON reader come from engines/common ($(COMMON_LIB)).
-$(BIN)/serveproto-llama: $(LLAMA_ENGINE_SRCS) $(LLAMA_ENGINE_HDRS) $(COMMON_LIB) $(COMMON_HDR) $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
+# The frame codec and JSON reader come from engines/common ($(COMMON_LIB)). The stock build's engine is
+# bin/serveproto-llama-stock (llama/llamax.c turns off what needs a patch).
+$(BIN)/serveproto-llama$(LLAMA_STOCK): $(LLAMA_ENGINE_SRCS) $(LLAMA_ENGINE_HDRS) $(COMMON_LIB) $(COMMON_HDR) $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
 	$(CC) $(LLAMA_CFLAGS) -I$(LLAMA_VENDOR_HASH) -DSP_BUILD_ID='"$(SP_BUILD_ID)"' -o $@ $(LLAMA_ENGINE_SRCS) \
 	  $(LLAMA_VENDOR_HASH)/sha256/sha256.c $(COMMON_LIB) $(COMMON_LDFLAGS) $(LLAMA_LDLIBS)
 
@@ -218,7 +245,7 @@ $(LLAMA_RPC_TOOL)/.extracted: | $(LLAMA_SDIST)
 	t=$$(mktemp -d $(LLAMA_RPC_TOOL).tmp.XXXXXX) && tar -xzf $(LLAMA_SDIST) -C $$t --strip-components=5 \
 	  llama_cpp_python-$(LLAMA_PY_VERSION)/vendor/llama.cpp/tools/rpc && \
 	  touch $$t/.extracted && { mv -T $$t $(LLAMA_RPC_TOOL) 2>/dev/null || rm -rf $$t; }
-ifeq ($(LLAMA_SRC),$(LLAMA_PATCHED))
+ifeq ($(LLAMA_SRC),$(LLAMA_SRC_OWN))
 LLAMA_RPC_DIR := $(LLAMA_RPC_TOOL)
 else
 LLAMA_RPC_DIR := $(LLAMA_SRC)/tools/rpc

@@ -304,7 +304,7 @@ static int auto_slots(engine *e, const options *o)
  * matmul and attention of the model once; an op that ggml-cuda has no
  * batch-invariant kernel for (float weights through cuBLAS, a mixture of
  * experts, an unsupported head size...) logs "batch-dependent kernel" there
- * (llama/patches/0006), and the load is refused rather than serve digits
+ * (llama/patches/numerics/0006), and the load is refused rather than serve digits
  * that move with the batch. */
 static int gpu_invariant_check(engine *e)
 {
@@ -330,9 +330,11 @@ static int gpu_invariant_check(engine *e)
     return 0;
 }
 
-static int load(engine *e, options *o)
+/* ---- load, by concern: the file, numerics, the model, sizes, the context, scheduling, buffers ---- */
+
+/* io / format are told apart before llama.cpp sees the file. */
+static int check_model_file(engine *e, const options *o)
 {
-    /* io / format are told apart before llama.cpp sees the file. */
     int fd = open(o->model, O_RDONLY);
     if (fd < 0)
         return load_fail(e, "io", "%s: %s", o->model, strerror(errno));
@@ -344,15 +346,20 @@ static int load(engine *e, options *o)
         return load_fail(e, "io", "%s: %s", o->model, strerror(rerr));
     if (got < 4 || memcmp(magic, "GGUF", 4) != 0)
         return load_fail(e, "format", "%s: not a GGUF file (bad magic)", o->model);
+    return 0;
+}
 
-    /* A GPU build defaults to llama.cpp's own kernels (spec/llama-engine.md):
-     * flash attention on an F16 KV cache (1.12x the document's requests/s of
-     * F32 KV without it on an H200, and CUDA graphs on), and the weights read
-     * into memory rather than mapped, so that the input embedding, which stays
-     * on the host, never takes a page fault of the file in the middle of a
-     * decode. --numerics invariant there runs ggml-cuda's batch-invariant
-     * kernels (llama/patches/0006), checked at the end of load. */
-    int gpu = devices_local_gpu();
+/* The options' defaults that depend on the device, and the numerics asked of llama.cpp (*cfg, applied
+ * by llamax_configure before the model loads).
+ *
+ * A GPU build defaults to llama.cpp's own kernels (spec/llama-engine.md): flash attention on an F16 KV
+ * cache (1.12x the document's requests/s of F32 KV without it on an H200, and CUDA graphs on), and the
+ * weights read into memory rather than mapped (load_model). --numerics invariant there runs ggml-cuda's
+ * batch-invariant kernels (llama/patches/numerics/0006), checked at the end of load. A build on stock
+ * llama.cpp (LLAMA_PATCHES=none) has no invariant kernels: fast unless --numerics says otherwise, and
+ * then llamax_configure refuses the load. */
+static int numerics_config(engine *e, options *o, int gpu, llamax_config *cfg)
+{
     if (gpu) {
         if (!o->numerics_set)
             o->fast = 1;
@@ -365,30 +372,46 @@ static int load(engine *e, options *o)
          * the servers being this build's ggml-rpc-server with GGML_CPU_USE_REF=1 (devices.c). */
         o->fast = 1;
     }
+    llamax_kernels invariant_kernels = gpu ? LLAMAX_KERNELS_CUDA_INVARIANT : LLAMAX_KERNELS_CPU_REF;
+    if (!o->numerics_set && !llamax_has_kernels(invariant_kernels))
+        o->fast = 1;
     if (o->no_flash_attn && !o->fast)
         return load_fail(e, "unsupported", "--no-flash-attn: invariant numerics need flash attention (use --numerics fast)");
+    memset(cfg, 0, sizeof *cfg);
+    /* the reference kernels keep flash attention on its row-by-row path and every matmul on the per-row
+     * vec_dot path, whatever the batch shape; a sequence's new cells go above its old ones (patch 0003),
+     * so its cells lie in position order whatever other slots freed */
+    cfg->kernels = o->fast ? LLAMAX_KERNELS_STOCK : invariant_kernels;
+    cfg->kv_cells_in_order = !o->fast;
+    /* CUDA graphs off with that pair (F32 KV, no flash attention): on an H200 with llama.cpp 0c1e57098bba
+     * it aborted in cudaGraphLaunch ("an illegal instruction was encountered") on a warm SCORE after a
+     * 13.5K-token state, every time; F16 KV, flash attention or no graphs each avoided it (bench/results/NOTEBOOK.md,
+     * "Known"). No effect on the CPU. */
+    cfg->cuda_graphs_off = !o->kv_f16 && !(o->flash_attn || !o->fast);
+    return 0;
+}
+
+/* The devices, the numerics' switches, then the model itself (LOAD_FAIL by what llama.cpp logged). */
+static int load_model(engine *e, options *o, int gpu, const llamax_config *cfg)
+{
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 999;
+    /* read, not mapped: the input embedding, which stays on the host, never takes a page fault of the
+     * file in the middle of a decode */
     if (gpu)
-        mp.load_mode = LLAMA_LOAD_MODE_NONE; /* read, not mapped */
-    char dev_err[512];
-    const char *dev_fail = devices_apply(&o->dev, &mp, dev_err, sizeof dev_err);
-    if (dev_fail)
-        return load_fail(e, dev_fail, "%s", dev_err);
+        mp.load_mode = LLAMA_LOAD_MODE_NONE;
+    char err[512];
+    const char *fail = devices_apply(&o->dev, &mp, err, sizeof err);
+    if (fail)
+        return load_fail(e, fail, "%s", err);
     devices_caps(&o->dev, e->devices_caps, sizeof e->devices_caps);
     /* Repacked weights (Q4_0, Q4_K, IQ4_NL... interleaved for AVX2/AMX) switch
      * between a GEMV and a GEMM kernel by batch rows: off for invariant digits. */
-    if (!o->fast) {
+    if (!o->fast)
         mp.use_extra_bufts = false;
-        /* read when llama.cpp creates the CPU backend (llama/patches/0001); on a GPU
-         * build the CUDA backend's switch instead (0006), whose flash attention takes
-         * the F16 K and V that 0002 would keep in F32 under the CPU's */
-        setenv(gpu ? "GGML_CUDA_INVARIANT" : "GGML_CPU_USE_REF", "1", 1);
-        /* a sequence's new cells above its old ones (llama/patches/0003), so
-         * its cells lie in position order whatever other slots freed; a value
-         * the user set is kept (LLAMA_KV_CELLS_IN_ORDER=0 shows what it buys) */
-        setenv("LLAMA_KV_CELLS_IN_ORDER", "1", 0);
-    }
+    fail = llamax_configure(cfg, err, sizeof err);
+    if (fail)
+        return load_fail(e, fail, "%s", err);
     g_log_tail[0] = '\0';
     e->model = llama_model_load_from_file(o->model, mp);
     if (!e->model) {
@@ -400,6 +423,12 @@ static int load(engine *e, options *o)
     }
     e->vocab = llama_model_get_vocab(e->model);
     e->n_vocab = llama_vocab_n_tokens(e->vocab);
+    return 0;
+}
+
+/* Contexts, slots, sequence ids and batches, from the options and the model's trained context. */
+static void size_engine(engine *e, const options *o)
+{
     int train = llama_model_n_ctx_train(e->model);
     e->n_ctx = o->ctx ? o->ctx : (train > 0 && train < ENGINE_DEFAULT_CTX ? train : ENGINE_DEFAULT_CTX);
     /* The longest prompt: the model's trained context (at most ENGINE_DEFAULT_CTX_MAX unless --ctx-max
@@ -433,7 +462,11 @@ static int load(engine *e, options *o)
     e->seed = o->seed;
     e->splice_check = o->splice_check;
     model_name(o->model, e->model_name, sizeof e->model_name);
+}
 
+/* llama.cpp's context for those sizes: one unified KV cache for every slot. */
+static struct llama_context_params context_params(engine *e, const options *o)
+{
     struct llama_context_params cp = llama_context_default_params();
     /* the slots + SCORE scratch + the long prompt's cells past its slot */
     cp.n_ctx = (uint32_t)e->n_ctx * (uint32_t)(e->n_slots + 1) + (uint32_t)(e->n_ctx_max - e->n_ctx);
@@ -454,16 +487,26 @@ static int load(engine *e, options *o)
      * so a row's attention depends on its own context only, not on the other
      * rows of the batch, the masked cells between or the cells' indices;
      * without it the KQ softmax and the KQV product sum cells lane by lane
-     * by cell index. The reference kernels (our ggml patch, GGML_CPU_USE_REF)
+     * by cell index. The reference kernels (llamax_config's kernels)
      * keep flash attention on its row-by-row path and every matmul on the
      * per-row vec_dot path, whatever the batch shape. */
     cp.flash_attn_type = o->flash_attn || !o->fast ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    /* What the engine promises (CAPS x_numerics, the score cache, its files). GGML_CUDA_INVARIANT_SKIP
-     * (patch 0006) leaves parts of the GPU's invariant kernels out to price them: their digits move, so
-     * then it promises nothing. */
+    /* SCORE's hidden states (hidden.c); asks for nothing without them. SERVEPROTO_NO_EVAL_CALLBACK=1
+     * leaves the callback out (CAPS x_hidden=0): the benchmark of what it costs (bench/results/NOTEBOOK.md) */
+    e->no_hidden = env_is("SERVEPROTO_NO_EVAL_CALLBACK", "1");
+    cp.cb_eval = e->no_hidden ? NULL : hidden_eval;
+    cp.cb_eval_user_data = e;
+    return cp;
+}
+
+/* What the engine promises (CAPS x_numerics, the score cache, its files): 1 for invariant digits.
+ * GGML_CUDA_INVARIANT_SKIP (patch 0006, llamax_invariant_skip) leaves parts of the GPU's invariant
+ * kernels out to price them: their digits move, so then it promises nothing. */
+static int numerics_promise(engine *e, const options *o, int gpu)
+{
     int invariant = !o->fast;
-    const char *skip = getenv("GGML_CUDA_INVARIANT_SKIP");
-    if (gpu && invariant && skip && *skip) {
+    const char *skip = llamax_invariant_skip();
+    if (gpu && invariant && skip) {
         invariant = 0;
         fprintf(stderr, "serveproto-llama: GGML_CUDA_INVARIANT_SKIP=%s: digits move without those parts: "
                         "CAPS x_numerics=fast, no score cache, no cache files\n", skip);
@@ -471,25 +514,13 @@ static int load(engine *e, options *o)
     e->numerics = invariant ? "invariant" : "fast";
     if (gpu)
         snprintf(e->gpu_name, sizeof e->gpu_name, "%s", devices_local_gpu_name());
-    /* CUDA graphs off with that pair (F32 KV, no flash attention): on an H200
-     * with llama.cpp 0c1e57098bba it aborted in cudaGraphLaunch ("an illegal
-     * instruction was encountered") on a warm SCORE after a 13.5K-token state,
-     * every time; F16 KV, flash attention or no graphs each avoided it
-     * (bench/README.md, "Known"). ggml-cuda reads the variable at the first
-     * graph it computes; a value the user set is kept. No effect on the CPU. */
-    if (!o->kv_f16 && cp.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_DISABLED)
-        setenv("GGML_CUDA_DISABLE_GRAPHS", "1", 0);
-    /* SCORE's hidden states (hidden.c); asks for nothing without them. SERVEPROTO_NO_EVAL_CALLBACK=1
-     * leaves the callback out (CAPS x_hidden=0): the benchmark of what it costs (bench/README.md) */
-    e->no_hidden = env_is("SERVEPROTO_NO_EVAL_CALLBACK", "1");
-    cp.cb_eval = e->no_hidden ? NULL : hidden_eval;
-    cp.cb_eval_user_data = e;
-    g_log_tail[0] = '\0';
-    e->ctx = llama_init_from_model(e->model, cp);
-    if (!e->ctx)
-        return load_fail(e, "nomem", "creating the context of %u tokens failed: %s", cp.n_ctx, log_detail());
-    if (gpu && !o->fast && gpu_invariant_check(e) != 0)
-        return -1;
+    return invariant;
+}
+
+/* How the scheduler (sched.c) runs decodes: the abort callback, the overlap, the pipeline and the late
+ * fill; the test switches of those paths on the CPU. */
+static int schedule_config(engine *e, const options *o, int gpu)
+{
     /* SERVEPROTO_NO_ABORT_CALLBACK=1: as on a GPU build, whose backend never calls it: a CANCEL
      * is read between decodes only (the tests of that path run on the CPU) */
     if (!env_is("SERVEPROTO_NO_ABORT_CALLBACK", "1"))
@@ -499,11 +530,13 @@ static int load(engine *e, options *o)
     const char *overlap = getenv("SERVEPROTO_OVERLAP");
     e->overlap = overlap && *overlap ? strcmp(overlap, "0") != 0 : gpu || o->dev.n_rpc > 0;
     /* the pipeline (sched.c): a decode's rows may be read after the next decode is queued, from
-     * llama.cpp's output ring (llama/patches/0010), N the rows the other tasks must want for it
+     * llama.cpp's output ring (llama/patches/api/0010), N the rows the other tasks must want for it
      * (SERVEPROTO_PIPELINE=N; 0: off). On by default on a local GPU (a quarter of the ubatch; on the
-     * H200 it gave 1.09x / 1.24x requests/s, bench/README.md "The pipeline"); off on the CPU, which
-     * computes inside llama_decode and gains nothing (its tests turn it on), and with --rpc servers */
-    e->pipeline = env_int("SERVEPROTO_PIPELINE", gpu && o->dev.n_rpc == 0 ? e->n_ubatch / 4 : 0);
+     * H200 it gave 1.09x / 1.24x requests/s, bench/results/NOTEBOOK.md "The pipeline"); off on the CPU, which
+     * computes inside llama_decode and gains nothing (its tests turn it on), with --rpc servers and
+     * on stock llama.cpp (no ring) */
+    int ring = llamax_has_output_ring();
+    e->pipeline = env_int("SERVEPROTO_PIPELINE", ring && gpu && o->dev.n_rpc == 0 ? e->n_ubatch / 4 : 0);
     if (e->pipeline < 0)
         e->pipeline = 0;
     e->pipe_wait_ms = env_int("SERVEPROTO_PIPELINE_WAIT_MS", 2);
@@ -515,8 +548,16 @@ static int load(engine *e, options *o)
         e->late.margin_us = 0;
     /* a pretend device for the tests of the late fill on the CPU (sched.c: test_device_wait) */
     e->test_device.us_row = env_int("SERVEPROTO_TEST_DEVICE_US_ROW", 0);
-    llama_set_output_ring(e->ctx, e->pipeline > 0);
+    if (llamax_output_ring(e->ctx, e->pipeline > 0) != 0)
+        return load_fail(e, "unsupported", "SERVEPROTO_PIPELINE=%d: this engine is built on llama.cpp without "
+                         "the output ring (engines/llama/patches/api/0010; x_patches=%s); unset it or set 0",
+                         e->pipeline, llamax_patches());
+    return 0;
+}
 
+/* The slots, snapshots, read-out rows and batches; the threads. */
+static int alloc_buffers(engine *e, const options *o, int gpu)
+{
     e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
     e->snaps = calloc((size_t)e->n_pins, sizeof *e->snaps);
     e->cand = malloc((size_t)e->n_vocab * sizeof *e->cand);
@@ -540,7 +581,13 @@ static int load(engine *e, options *o)
         return load_fail(e, "nomem", "allocating the read-out buffers failed");
     e->batch = llama_batch_init(e->n_batch, 0, e->n_score_seqs + 1); /* a stem's node: its options and the carry */
     e->batch_pend = llama_batch_init(e->n_batch, 0, e->n_score_seqs + 1);
-    /* kept numbers equal fresh ones only when the arithmetic is invariant */
+    return 0;
+}
+
+/* The score cache, and its directory on disk (persist.c): kept numbers equal fresh ones only when the
+ * arithmetic is invariant. */
+static int open_score_cache(engine *e, const options *o, int invariant)
+{
     if (score_cache_init(&e->scores, invariant ? (size_t)o->score_cache_mb << 20 : 0) != 0)
         return load_fail(e, "nomem", "allocating the score cache failed");
     if (o->cache_dir && !invariant)
@@ -554,6 +601,29 @@ static int load(engine *e, options *o)
         e->scores.disk = persist_open(&po, e);
     }
     return 0;
+}
+
+/* The model and everything the engine serves it with; LOAD_FAIL (kind and detail) on the first failure. */
+static int load(engine *e, options *o)
+{
+    if (check_model_file(e, o) != 0)
+        return -1;
+    int gpu = devices_local_gpu();
+    llamax_config cfg;
+    if (numerics_config(e, o, gpu, &cfg) != 0 || load_model(e, o, gpu, &cfg) != 0)
+        return -1;
+    size_engine(e, o);
+    struct llama_context_params cp = context_params(e, o);
+    int invariant = numerics_promise(e, o, gpu);
+    g_log_tail[0] = '\0';
+    e->ctx = llama_init_from_model(e->model, cp);
+    if (!e->ctx)
+        return load_fail(e, "nomem", "creating the context of %u tokens failed: %s", cp.n_ctx, log_detail());
+    if (gpu && !o->fast && gpu_invariant_check(e) != 0)
+        return -1;
+    if (schedule_config(e, o, gpu) != 0 || alloc_buffers(e, o, gpu) != 0)
+        return -1;
+    return open_score_cache(e, o, invariant);
 }
 
 static void engine_free(engine *e)
@@ -607,11 +677,12 @@ static void handshake(engine *e)
     char caps[2048];
     snprintf(caps, sizeof caps,
              "chat=1 slots=%d n_ctx=%d x_max_prompt=%d n_vocab=%d model=%s pin_slots=%d max_logprobs=%d x_score=1 x_score_base=1 "
-             "x_hidden=%d x_hidden_dim=%d x_counters=1 x_health=1 x_numerics=%s x_batched=1 n_ubatch=%d n_chunk=%d x_threads=%s%d%s%s " SP_STACK_CAPS,
+             "x_hidden=%d x_hidden_dim=%d x_counters=1 x_health=1 x_numerics=%s x_batched=1 n_ubatch=%d n_chunk=%d x_threads=%s%d%s%s " SP_STACK_CAPS
+             " x_patches=%s",
              e->n_slots, e->n_ctx, e->n_ctx_max, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS, e->no_hidden ? 0 : hidden_layers(e),
              hidden_dim(e), e->numerics, e->n_ubatch,
              e->n_chunk, e->threads_auto ? "auto:" : "", e->threads_max, e->devices_caps,
-             e->scores.disk ? " x_persist=1" : "");
+             e->scores.disk ? " x_persist=1" : "", llamax_patches());
     sp_write_ready(&e->w);
     sp_write_caps(&e->w, caps);
     double stat[4] = { 0.0, 0.0, 0.0, rss_gb() };

@@ -5,7 +5,7 @@
 /* Pads the batch being built (SERVEPROTO_PAD_ROWS=M, e->pad_rows) up to a multiple of M rows, at most a
  * ubatch, with rows of the padding's own sequence (e->pad_seq: positions from 0, no logits), whose cells
  * from the decode before are dropped first. A GPU computes some row counts slower than larger ones
- * (bench/README.md: 448 rows take longer than 512) and queues the same graph again only for the same
+ * (bench/results/NOTEBOOK.md: 448 rows take longer than 512) and queues the same graph again only for the same
  * shape; the padding's rows attend only each other, so no other row's number moves (under invariant
  * numerics, bit for bit: tests/engines/test_llama_sched.py). Not after a decode that found no KV room
  * (e->solo). Sets e->padded. */

@@ -1,5 +1,5 @@
 /* profile.c: where a decode step's time goes (SERVEPROTO_PROFILE=PATH;
- * bench/README.md, "Where a decode's time goes").
+ * bench/results/NOTEBOOK.md, "Where a decode's time goes").
  *
  * With SERVEPROTO_PROFILE set, every decode step is cut into seven parts on
  * the engine's one thread, CLOCK_MONOTONIC:
@@ -62,7 +62,7 @@ uint64_t profile_now_us(void)
 
 void profile_init(engine_profile *p)
 {
-    const char *path = getenv("SERVEPROTO_PROFILE");
+    const char *path = llamax_profile_path();
     if (!path || !*path)
         return;
     char name[4096];
@@ -91,7 +91,7 @@ static void report(engine_profile *p, uint64_t now)
     fprintf(p->f, " %llu %d", (unsigned long long)p->early, p->max_rows);
     /* llama_decode's own parts (llama/patches/0007), summed since the start */
     uint64_t in[SERVEPROTO_DECODE_PARTS + 4] = {0};
-    serveproto_decode_profile(in, SERVEPROTO_DECODE_PARTS + 4);
+    llamax_decode_profile(in, SERVEPROTO_DECODE_PARTS + 4);
     for (int i = 0; i < SERVEPROTO_DECODE_PARTS; i++)
         fprintf(p->f, " %.1f", (double)in[i] * 1e-3);
     for (int i = SERVEPROTO_DECODE_PARTS; i < SERVEPROTO_DECODE_PARTS + 4; i++)

@@ -41,7 +41,7 @@ static void rows_lse(engine *e, task *const *in, int n_in)
  * restarts it and answers the requests that were in it). */
 const float *engine_logits(const engine *e, int row)
 {
-    const float *l = e->read_prev ? llama_get_logits_prev_ith(e->ctx, row) : llama_get_logits_ith(e->ctx, row);
+    const float *l = e->read_prev ? llamax_logits_prev_ith(e->ctx, row) : llama_get_logits_ith(e->ctx, row);
     if (!l) { /* a row the fill marked for logits always has them: llama.cpp's log above says why not */
         fprintf(stderr, "serveproto-llama: no logits for batch row %d (%s decode); stopping\n", row,
                 e->read_prev ? "the previous" : "the last");

@@ -3,7 +3,7 @@
  * Spec 9.1 defines an option's tokens as the whole-text tokenization of
  * prefix + stem + option. llama.cpp's tokenizer runs at about 1.4 MB/s, so
  * tokenizing a 13.5K-token prefix again for every stem and option cost
- * 17-35 ms each (bench/README.md). Here the prefix is tokenized once (and
+ * 17-35 ms each (bench/results/NOTEBOOK.md). Here the prefix is tokenized once (and
  * kept, keyed by its bytes, for the SCOREs that repeat it); a continuation
  * is the prefix's tokens before a cut plus the tokenization of the text from
  * the cut's byte offset on.

@@ -8,7 +8,7 @@
 
 /* After llama_decode returns, the decode of `rows` rows holds the pretend device from when it is free for
  * us_row a row, its rows rounded up to whole ubatches (queued in order, as a GPU's stream runs them; a GPU
- * computes 400 rows in about the time of 512, bench/README.md). now: when llama_decode returned
+ * computes 400 rows in about the time of 512, bench/results/NOTEBOOK.md). now: when llama_decode returned
  * (profile_now_us). */
 void test_device_queued(engine *e, uint64_t now, int rows)
 {

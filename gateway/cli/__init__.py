@@ -17,6 +17,16 @@ import argparse
 import sys
 
 
+def sub_command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help: str, description: str
+) -> argparse.ArgumentParser:
+    """The sub-command ``name`` on ``sub``: ``help`` its line in ``serveproto --help``, ``description`` what its
+    own ``--help`` prints, as written (its line breaks kept: ``argparse.RawDescriptionHelpFormatter``)."""
+    return sub.add_parser(
+        name, help=help, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from gateway.cli import batch as cli_batch
     from gateway.cli import calibrate as cli_calibrate

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gateway.cli import sub_command
 from gateway.paths import default_model_path
 
 if TYPE_CHECKING:
@@ -45,12 +46,7 @@ HELP = __doc__.split("\n\n", 1)[1]
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "calibrate",
-        help="fit a calibration on labelled requests (serve applies it to that model)",
-        description=HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = sub_command(sub, "calibrate", "fit a calibration on labelled requests (serve applies it to that model)", HELP)
     p.add_argument(
         "--data",
         help='labelled JSONL: {"request": <System One body>, "gold": {qid: answer}} per line, '

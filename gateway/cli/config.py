@@ -14,11 +14,12 @@ tree is built.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
-from gateway.engine.options import EngineOptions
+from gateway.engine.options import EngineOptions, ProcessOptions, RestartPolicy
 
 if TYPE_CHECKING:  # read when built: the CLI parses its flags without importing the server and numpy
     from gateway.http import Limits
@@ -27,7 +28,7 @@ if TYPE_CHECKING:  # read when built: the CLI parses its flags without importing
 #: The cap of the restart backoff with ``--keep-restarting`` (seconds): a broken engine is retried this often.
 KEEP_RESTARTING_BACKOFF_MAX = 30.0
 
-#: ``--debias`` on the default model when not given. ``bench/quality.py`` (400 labelled questions, bench/README.md):
+#: ``--debias`` on the default model when not given. ``bench/quality.py`` (400 questions, bench/results/NOTEBOOK.md):
 #: accuracy 0.472 against 0.439 raw, 0.440 with the earlier default (canonical,content_free) and 0.406 for the
 #: letter read-out of llama-server-based peers; ECE 0.094 (0.178 the peers'); no answer changes with the order
 #: of a choice's labels (the prompt is the same); a new question on a known state and known options reads the
@@ -174,14 +175,13 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
     PING interval), ``--ping-timeout``, ``--max-restarts`` within ``--restart-period`` (no limit, and
     the backoff capped at :data:`KEEP_RESTARTING_BACKOFF_MAX`, with ``--keep-restarting``)."""
     keep = bool(args.keep_restarting)
-    return EngineOptions().updated(
-        handshake_timeout=args.handshake_timeout,
-        health_interval=args.ping_interval,
-        ping_timeout=args.ping_timeout,
-        restart_period=args.restart_period,
-        max_restarts=None if keep else args.max_restarts,
-        **({"backoff_max": KEEP_RESTARTING_BACKOFF_MAX} if keep else {}),
+    process = ProcessOptions(
+        handshake_timeout=args.handshake_timeout, health_interval=args.ping_interval, ping_timeout=args.ping_timeout
     )
+    restart = RestartPolicy(max_restarts=None if keep else args.max_restarts, period=args.restart_period)
+    if keep:
+        restart = dataclasses.replace(restart, backoff_max=KEEP_RESTARTING_BACKOFF_MAX)
+    return EngineOptions(process, restart)
 
 
 def engines_config(args: argparse.Namespace) -> EnginesConfig:

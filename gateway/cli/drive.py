@@ -22,10 +22,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import anyio
 import attrs
 
+from gateway.cli import sub_command
 from gateway.decision.arithmetic import NORMALIZE, probabilities
 
 if TYPE_CHECKING:
-    from gateway.engine.api import Engine, RequestStream, ScoreResult
+    from gateway.engine.api import Engine, ScoreResult
+    from gateway.engine.request import RequestStream
 
 #: A drive command, ready to run (in the foreground or in the background).
 Run = Callable[[], Awaitable[None]]
@@ -418,6 +420,7 @@ def _slot_and_text(words: list[str], prog: str) -> tuple[int | None, str]:
 
 async def _drive(args: argparse.Namespace) -> int:
     from gateway.engine import Engine, EngineError
+    from gateway.engine.options import EngineOptions
 
     def out(text: str) -> None:
         print(text, flush=True)
@@ -426,14 +429,13 @@ async def _drive(args: argparse.Namespace) -> int:
         return await anyio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
 
     try:
-        async with Engine.spawn(
-            args.cmd,
-            name=args.name,
+        options = EngineOptions().updated(
             handshake_timeout=args.handshake_timeout,
             request_timeout=args.timeout,
             stall_timeout=args.stall_timeout,
             max_restarts=args.max_restarts,
-        ) as eng:
+        )
+        async with Engine.spawn(args.cmd, name=args.name, options=options) as eng:
             out(f"engine {eng.name} pid {eng.pid}: " + " ".join(f"{k}={v}" for k, v in eng.caps.values.items()))
             interactive = sys.stdin.isatty()
             async with anyio.create_task_group() as tg:
@@ -477,12 +479,14 @@ def _engine_cmd(args: argparse.Namespace) -> list[str]:
 
 async def _score(args: argparse.Namespace) -> int:
     from gateway.engine import Engine, EngineError, RequestError
+    from gateway.engine.options import EngineOptions
 
     cmd = _engine_cmd(args)
     try:
-        async with Engine.spawn(
-            cmd, handshake_timeout=args.handshake_timeout, request_timeout=args.timeout, max_restarts=0
-        ) as eng:
+        options = EngineOptions().updated(
+            handshake_timeout=args.handshake_timeout, request_timeout=args.timeout, max_restarts=0
+        )
+        async with Engine.spawn(cmd, options=options) as eng:
             result = await eng.score(
                 args.prefix, [(args.stem, args.option)], pin=False, fast=False if args.fallback else None
             )
@@ -556,11 +560,11 @@ example:
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``drive`` and ``score`` on the ``serveproto`` sub-command parser."""
-    p = sub.add_parser(
+    p = sub_command(
+        sub,
         "drive",
-        help="drive an engine by hand (frames or short commands)",
-        description=__doc__.split("\n\n")[1] + "\n\n" + DRIVE_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "drive an engine by hand (frames or short commands)",
+        __doc__.split("\n\n")[1] + "\n\n" + DRIVE_HELP,
     )
     p.add_argument("--name", default=None, help="engine name in logs (default: the command)")
     p.add_argument(
@@ -586,12 +590,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.set_defaults(func=_run_drive)
 
-    s = sub.add_parser(
-        "score",
-        help="score options after a prefix: logprob + softmax",
-        description=SCORE_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    s = sub_command(sub, "score", "score options after a prefix: logprob + softmax", SCORE_HELP)
     src = s.add_mutually_exclusive_group()
     src.add_argument("--model", help="GGUF for serveproto-llama (default: the default model)")
     src.add_argument("--engine", help="any engine command line (shell-quoted)")

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from gateway.cli import sub_command
 from gateway.paths import default_model_path
 
 if TYPE_CHECKING:
@@ -54,19 +55,9 @@ against the logprob reading under --debias (default none). A fit that gets no he
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "heads",
-        help="trained heads: one per recurring question (fit them on labelled requests)",
-        description=HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = sub_command(sub, "heads", "trained heads: one per recurring question (fit them on labelled requests)", HELP)
     hs = p.add_subparsers(dest="heads_cmd", required=True)
-    f = hs.add_parser(
-        "fit",
-        help="fit a head per question signature on labelled requests",
-        description=HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    f = sub_command(hs, "fit", "fit a head per question signature on labelled requests", HELP)
     f.add_argument("--data", help="labelled JSONL (as calibrate --data; default: the generated evaluation set)")
     f.add_argument("--model", help="GGUF model (default: the fetched SmolLM2-135M-Instruct)")
     f.add_argument("--threads", type=int, default=1, help="CPU threads of the llama engine (default 1)")

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
 
-from gateway.cli import config, plan
+from gateway.cli import config, plan, sub_command
 from gateway.cli.config import KEEP_RESTARTING_BACKOFF_MAX, int_at_least
 from gateway.cli.plan import THREADS_ENV
 from gateway.engine.build import ENGINES
@@ -130,12 +130,7 @@ def _pin_slots(text: str) -> int:
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The ``serve`` sub-command and its flags, in the order ``--help`` lists them."""
-    p = sub.add_parser(
-        "serve",
-        help="start the decision server (POST /v1/systemone and the OpenAI routes)",
-        description=SERVE_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = sub_command(sub, "serve", "start the decision server (POST /v1/systemone and the OpenAI routes)", SERVE_HELP)
     p.add_argument(
         "--model",
         action=_ModelArg,
@@ -203,7 +198,7 @@ def _add_llama_flags(p: argparse.ArgumentParser) -> None:
         help="rows of one llama_decode, shared by the requests in flight, 1 to 2048 (default 512; the engine "
         "caps it at --ctx, CAPS n_ubatch says what it took): larger "
         "decodes keep a GPU busier (an H200 with F16 weights at 32 clients: --slots 32 --ubatch 1024 "
-        "answered 1.05-1.14x the requests/s of the defaults, bench/README.md), and a CANCEL waits up to "
+        "answered 1.05-1.14x the requests/s of the defaults, bench/results/NOTEBOOK.md), and a CANCEL waits up to "
         "one of them",
     )
     p.add_argument(
@@ -242,7 +237,7 @@ def _add_llama_flags(p: argparse.ArgumentParser) -> None:
         "transcoded once to F32 by llama.cpp's quantizer into the cache, then reused: logprobs "
         "within 1e-4 of the float64 oracle instead of ~0.15 nats off on average on a quantized "
         "model, for about 5.5 times the file size), or f16 / bf16 (16-bit matrices, the same way: "
-        "on a GPU the fast weights, 2.3x the prefill of Q4_K on an H200; see bench/README.md)",
+        "on a GPU the fast weights, 2.3x the prefill of Q4_K on an H200; see bench/results/NOTEBOOK.md)",
     )
     p.add_argument(
         "--numerics",
@@ -813,12 +808,9 @@ async def serve_config(cfg: config.ServeConfig, *, task_status: TaskStatus[Any] 
     async with listener, anyio.create_task_group() as outer:
         port = await outer.start(answer)
         async with Pool.spawn(specs, cfg.engine) as pool:
-            served = await _served(pool, plans, cfg.decision)
+            served = await _served(pool, plans, cfg.decision, cfg.app.request_timeout, logged=decisions is not None)
             app = App(pool, served, config=cfg.app)
-            if decisions is not None:
-                app.decision_log = decisions
-                for p, s in zip(plans, served.values()):
-                    s.model_sha256 = await anyio.to_thread.run_sync(_model_sha256, p.path)
+            app.decision_log = decisions
             async with anyio.create_task_group() as tg:  # until a signal, or every engine of a model gave up
                 tg.start_soon(_stop_on_signal, tg.cancel_scope)
                 handler.app = app
@@ -849,10 +841,13 @@ def _open_decision_log(decision: config.DecisionConfig) -> DecisionLog | None:
         ) from None
 
 
-async def _served(pool: Pool, plans: list[plan.Planned], decision: config.DecisionConfig) -> dict[str, Served]:
-    """Each model as the app serves it (``gateway.server.fleet.Served``), by the name requests pick it by:
-    its description (from its first engine's CAPS and its GGUF), its default ``x_debias``, calibration
-    and heads. Raises ``SystemExit`` for two models under one name."""
+async def _served(
+    pool: Pool, plans: list[plan.Planned], decision: config.DecisionConfig, timeout: float, *, logged: bool
+) -> dict[str, Served]:
+    """Each model as the app serves it (``gateway.server.fleet.Served``, built once), by the name requests
+    pick it by: its description (from its first engine's CAPS and its GGUF), its default ``x_debias``,
+    calibration, heads and decision ``timeout`` (seconds), and with ``logged`` (``--log-decisions``) its
+    GGUF's sha256 for the log's lines. Raises ``SystemExit`` for two models under one name."""
     import anyio
 
     from gateway.server.app import ModelInfo
@@ -869,12 +864,15 @@ async def _served(pool: Pool, plans: list[plan.Planned], decision: config.Decisi
             info = attrs.evolve(info, name=name, description=info.description.replace(info.name, name, 1))
         if name in served:
             raise SystemExit(f"serveproto serve: two models are served as {name!r}: name them, --model NAME=PATH")
-        served[name] = Served(info, decision.debias, cal)
         caps = pool.first_caps[first.name]
         # checked against what the engine reads: a head of another layer or size fails every question
         # it matches (an engine that reads no hidden states answers none with a head anyway)
         hidden = (caps.x_hidden, caps.x_hidden_dim) if caps.x_hidden else None
-        served[name].heads = await anyio.to_thread.run_sync(load_heads, decision.heads, p.path, hidden)
+        heads = await anyio.to_thread.run_sync(load_heads, decision.heads, p.path, hidden)
+        sha = await anyio.to_thread.run_sync(_model_sha256, p.path) if logged else None
+        served[name] = Served.of(
+            info, debias=decision.debias, calibration=cal, heads=heads, timeout=timeout, model_sha256=sha
+        )
     return _with_pair(served, pool, decision)
 
 
@@ -920,22 +918,23 @@ def _say_serving(app: App, pool: Pool, host: str, port: int) -> None:
             engines = [e.name for e in pool.engines if pool.model_of(e) == name]
             print(f"serveproto: model {name}: {len(engines)} engine(s) ({', '.join(engines)})", flush=True)
     print(f"serveproto: serving {app.model.name} on http://{host}:{port}", flush=True)
-    debias = served[app.default].debias
+    debias = app.settings.debias
     if debias:
         print(f"serveproto: x_debias defaults to {','.join(debias)} (--debias none to turn it off)", flush=True)
-    for s in served.values():
-        if s.calibration is not None:
+    for name, model in served.items():
+        settings = model.settings
+        if settings.calibration is not None:
             print(
-                f"serveproto: calibration {s.calibration.id} on answers read under x_debias "
-                f"{','.join(s.calibration.debias) or 'none'}{f' ({s.name})' if len(served) > 1 else ''} "
+                f"serveproto: calibration {settings.calibration.id} on answers read under x_debias "
+                f"{','.join(settings.calibration.debias) or 'none'}{f' ({name})' if len(served) > 1 else ''} "
                 "(--calibration none to turn it off)",
                 flush=True,
             )
-        if s.heads is not None:
-            names = [printable(n) for n in s.heads.names]  # a name cannot forge a log line
+        if settings.heads is not None:
+            names = [printable(n) for n in settings.heads.names]  # a name cannot forge a log line
             print(
                 f"serveproto: {len(names)} trained head(s) answer the questions they were fitted on"
-                f"{f' ({s.name})' if len(served) > 1 else ''}: {', '.join(names) or 'none'} "
+                f"{f' ({name})' if len(served) > 1 else ''}: {', '.join(names) or 'none'} "
                 "(--heads none to turn them off)",
                 flush=True,
             )

@@ -214,7 +214,7 @@ def load_document(doc: Any, path: str = "calibration") -> Calibration:
 
 #: The calibrations shipped with the package (issue 48, item 5): ``<model sha256>.json``, as ``calibrate``
 #: writes them; ``serve`` loads one when the cache holds none for the model (the default model's,
-#: fitted on the generated evaluation set of seed 48: ``bench/README.md``, "A calibration shipped").
+#: fitted on the generated evaluation set of seed 48: ``bench/results/NOTEBOOK.md``, "A calibration shipped").
 SHIPPED = Path(__file__).resolve().parent / "calibrations"
 
 

@@ -96,9 +96,9 @@ class DecisionEngine(Protocol):
     async def decide(self, record: bytes, *, slot: int = ...) -> tuple[dict[str, Any], Done]: ...
 
 
-@attrs.define
+@attrs.frozen
 class Settings:
-    """What the server decides for every request.
+    """What the server decides for every request of one model, built once (frozen: replaced whole, never changed).
 
     ``prompts``: the model's :class:`PromptBuilder`; ``debias``: the
     :mod:`gateway.decision.debias` methods of a request that sends no ``x_debias``;
@@ -639,7 +639,7 @@ class _FreeReading:
 
     def finish(self, mem: Memory, scored: list[list[OptionScore]], normalize: str, out: Decided) -> list[list[float]]:
         """Remember the readings of ``missing`` from their groups' results (``scored``: one list of
-        :class:`gateway.engine.api.OptionScore` per group of :meth:`groups`); return each question's
+        :class:`gateway.engine.score.OptionScore` per group of :meth:`groups`); return each question's
         mean content-free log-probabilities, one list of ``n_options`` floats per question."""
         g = 0
         for key in self.missing:

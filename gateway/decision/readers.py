@@ -18,7 +18,7 @@ its ``x_debias`` and calibration) and give a new distribution of the same shape:
   model's where it is above (the decider first, the language model where the decider is unsure).
 
 Which one a pair serves by default was chosen by ``bench/readers.py`` on the project's labelled
-sets (bench/README.md, "Two readers"). Pure arithmetic: no I/O.
+sets (bench/results/NOTEBOOK.md, "Two readers"). Pure arithmetic: no I/O.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ The parts of a method (``x_debias`` names, :mod:`gateway.decision.debias`):
 - ``spellings``: a listed noul's answer read in every spelling of each word, summed (``yes``,
   `` yes``, ``Yes``, `` Yes`` against the same of ``no``; :func:`gateway.decision.prompts.spellings`),
   as the letter format reads it: the toy model puts its "no" on ``No`` and its "yes" on ``yes``, so
-  the one spelling the listed format scores answers yes to almost every noul (``bench/README.md``).
+  the one spelling the listed format scores answers yes to almost every noul (``bench/results/NOTEBOOK.md``).
   Each spelling is one token, read from the logits the prompt's last position already holds;
 - ``cyclic``: one read per rotation of that order, log-probabilities averaged
   (Zheng et al. 2024, ICLR, arXiv:2309.03882: the cyclic permutation their

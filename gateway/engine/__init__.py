@@ -1,8 +1,8 @@
 """The engine room: engine processes, supervised, behind one API (no HTTP, no questions).
 
 The public names (:class:`Engine`, its results and its typed errors) are read
-from :mod:`gateway.engine.api` on first use, so ``gateway.engine.errors`` can be
-imported (to catch an error by type) without importing anyio.
+from the module that defines each on first use (:data:`HOME`), so an error can be
+imported (to catch it by type) without importing anyio.
 
 Modules: ``api`` (``Engine``: spawn, submit, read_out, score, decide, ping),
 ``process`` (one engine process and its pipe), ``supervisor`` (restarts,
@@ -16,29 +16,36 @@ option logprobs, no probabilities), ``errors``,
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-__all__ = [
-    "Engine",
-    "ReadOut",
-    "ScoreResult",
-    "OptionScore",
-    "RequestStream",
-    "RestartPolicy",
-    "EngineError",
-    "EngineLoadError",
-    "EngineCrashed",
-    "EngineProtocolError",
-    "EngineBusy",
-    "EngineTimeout",
-    "EngineUnavailable",
-    "RequestError",
-]
+#: The public names, by the module that defines each: read on first use, so that ``gateway.engine.errors``
+#: (an error to catch by type) and the options are imported without anyio.
+HOME = {
+    "Engine": "api",
+    "ReadOut": "api",
+    "ScoreResult": "api",
+    "OptionScore": "score",
+    "RequestStream": "request",
+    "RestartPolicy": "options",
+    **{
+        name: "errors"
+        for name in (
+            "EngineError",
+            "EngineLoadError",
+            "EngineCrashed",
+            "EngineProtocolError",
+            "EngineBusy",
+            "EngineTimeout",
+            "EngineUnavailable",
+            "RequestError",
+        )
+    },
+}
+__all__ = list(HOME)
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from gateway.engine import api
-
-        return getattr(api, name)
+    if name in HOME:
+        return getattr(importlib.import_module(f"gateway.engine.{HOME[name]}"), name)
     raise AttributeError(f"module 'gateway.engine' has no attribute {name!r}")

@@ -24,38 +24,18 @@ import orjson
 
 from gateway.engine.errors import (
     EngineBusy,
-    EngineCrashed,
-    EngineError,
-    EngineLoadError,
     EngineProtocolError,
     EngineTimeout,
     EngineUnavailable,
     RequestError,
 )
 from gateway.engine.options import EngineOptions
-from gateway.engine.process import EngineProcess, Inflight, unwrap_group
+from gateway.engine.process import EngineProcess, Inflight, unwrapped
 from gateway.engine.request import RequestStream
 from gateway.engine.score import OptionScore, option_tokens
 from gateway.engine.slots import SlotLease
-from gateway.engine.supervisor import RestartPolicy, Supervisor
+from gateway.engine.supervisor import Supervisor
 from serveproto import Accept, Caps, Decide, Decision, Done, Echo, Event, Hidden, Ping, Pong, Score, Scored, Submit
-
-__all__ = [
-    "Engine",
-    "ReadOut",
-    "ScoreResult",
-    "OptionScore",
-    "RequestStream",
-    "RestartPolicy",
-    "EngineError",
-    "EngineLoadError",
-    "EngineCrashed",
-    "EngineProtocolError",
-    "EngineBusy",
-    "EngineTimeout",
-    "EngineUnavailable",
-    "RequestError",
-]
 
 Text = Union[str, bytes]  # noqa: UP007  (a runtime alias: keep the typing.Union object)
 #: ``score()`` groups: ``[(stem, [option, ...]), ...]``, or a flat ``[option, ...]``
@@ -196,14 +176,13 @@ class Engine:
         *,
         name: str | None = None,
         options: EngineOptions | None = None,
-        **changes: Any,
     ) -> AsyncIterator[Engine]:
         """Start ``argv`` (a list, no shell), wait for its handshake, yield the :class:`Engine`.
 
         ``options``: :class:`gateway.engine.options.EngineOptions` (default: its defaults), passed
-        whole to the supervisor and each process; ``changes`` override single fields by their flat
-        names (``handshake_timeout=10, max_restarts=0``; :meth:`EngineOptions.updated`, TypeError
-        for another name). Seconds: ``handshake_timeout`` (READY..STAT), ``health_interval`` (an
+        whole to the supervisor and each process (one field changed: ``dataclasses.replace``, or
+        :meth:`EngineOptions.updated` by its flat name, ``handshake_timeout=10, max_restarts=0``).
+        Its fields, in seconds: ``handshake_timeout`` (READY..STAT), ``health_interval`` (an
         engine with ``x_health`` is PINGed this often, busy or idle; ``None``: never) and
         ``ping_timeout`` (a PING unanswered this long: the engine is stalled, asked for its stack
         when it advertises ``x_stack`` (spec 9.3, up to 1 s), killed and restarted, its requests
@@ -229,17 +208,15 @@ class Engine:
         if not argv:
             raise ValueError("argv: the engine command is empty")
         name = name or os.path.basename(os.fspath(argv[0]))
-        options = (options or EngineOptions()).updated(**changes)
+        options = options or EngineOptions()
         sup = Supervisor(argv, name=name, options=options)
-        try:
+        with unwrapped():
             async with anyio.create_task_group() as tg:
                 await tg.start(sup.run)
                 try:
                     yield cls(sup, request_timeout=options.request_timeout, max_waiting=options.max_waiting)
                 finally:
                     sup.close()
-        except BaseExceptionGroup as group:
-            raise unwrap_group(group) from None
 
     # ------------------------------------------------------------ state
 

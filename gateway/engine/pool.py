@@ -20,10 +20,11 @@ import anyio
 import attrs
 from anyio.abc import TaskGroup, TaskStatus
 
-from gateway.engine.api import Engine, Groups, ReadOut, RequestStream, ScoreResult, Text
+from gateway.engine.api import Engine, Groups, ReadOut, ScoreResult, Text
 from gateway.engine.errors import EngineUnavailable
 from gateway.engine.options import EngineOptions
-from gateway.engine.process import unwrap_group
+from gateway.engine.process import unwrapped
+from gateway.engine.request import RequestStream
 from serveproto import Caps, Done
 
 #: Routing keys remembered for engine affinity (least recently used first out).
@@ -44,8 +45,8 @@ def _argv(words: Iterable[str]) -> tuple[str, ...]:
 @attrs.frozen
 class EngineSpec:
     """One engine of a pool: its ``name``, its command ``argv``, ``options`` (this engine's own
-    changes to the pool's :class:`gateway.engine.options.EngineOptions`, by :meth:`Engine.spawn`'s
-    keyword names: timeouts, restarts, ``env`` such as ``CUDA_VISIBLE_DEVICES`` to pin one GPU)
+    changes to the pool's :class:`gateway.engine.options.EngineOptions`, by the flat names of
+    :meth:`EngineOptions.updated`: timeouts, restarts, ``env`` such as ``CUDA_VISIBLE_DEVICES`` to pin one GPU)
     and the ``model`` name it serves (None: its CAPS ``model``)."""
 
     name: str
@@ -84,7 +85,8 @@ class Pool:
         stop = anyio.Event()
 
         async def hold(spec: EngineSpec, *, task_status: TaskStatus[Engine] = anyio.TASK_STATUS_IGNORED) -> None:
-            async with Engine.spawn(spec.argv, name=spec.name, options=options, **spec.options) as eng:
+            own = (options or EngineOptions()).updated(**spec.options)
+            async with Engine.spawn(spec.argv, name=spec.name, options=own) as eng:
                 caps[spec.name] = eng.caps  # read at its handshake: the process may be gone by the time we yield
                 task_status.started(eng)
                 await stop.wait()
@@ -92,7 +94,7 @@ class Pool:
         async def start_one(i: int, tg: TaskGroup) -> None:
             engines[i] = await tg.start(hold, specs[i])
 
-        try:
+        with unwrapped():
             async with anyio.create_task_group() as tg:
                 try:
                     async with anyio.create_task_group() as starters:
@@ -106,8 +108,6 @@ class Pool:
                     yield pool
                 finally:
                     stop.set()
-        except BaseExceptionGroup as group:
-            raise unwrap_group(group) from None
 
     @property
     def healthy(self) -> bool:

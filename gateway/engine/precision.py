@@ -2,7 +2,7 @@
 
 On a quantized GGUF, ggml rounds activations to Q8 before each quantized matmul, so
 the served logprobs sit about 0.15 nats on average from the model's exact ones
-(reproducible under the engine's invariant numerics, but not exact; ``bench/README.md``,
+(reproducible under the engine's invariant numerics, but not exact; ``bench/results/NOTEBOOK.md``,
 "Exactness"). On an F32
 transcode of the same weights (every 2-D tensor dequantized by ggml's own
 ``to_float``, ``engines/bin/serveproto-quantize``) they match the float64 oracle
@@ -11,7 +11,7 @@ MiB for the default model).
 
 On a GPU the reason is speed, not exactness: ggml-cuda multiplies F16 and BF16 weights with
 cuBLAS on the tensor cores, and on an H200 llama.cpp's own prefill of a random Llama-3-8B runs
-2.3x faster in F16 than in Q4_K (bench/README.md, "The ceiling"). ``f16`` and ``bf16`` round the
+2.3x faster in F16 than in Q4_K (bench/results/NOTEBOOK.md, "The ceiling"). ``f16`` and ``bf16`` round the
 dequantized weights to 16 bits (1-D tensors stay F32); the logprobs then move by that rounding.
 """
 

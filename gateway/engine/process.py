@@ -16,16 +16,14 @@ hung the same way. It never restarts anything: that is
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
 import signal
 import subprocess
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -91,6 +89,16 @@ def unwrap_group(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc
+
+
+@contextmanager
+def unwrapped() -> Iterator[None]:
+    """Around a task group: what it raises as a group, raised as :func:`unwrap_group` leaves it (the typed
+    error itself when it is the only one)."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        raise unwrap_group(group) from None
 
 
 class Inflight:
@@ -235,12 +243,11 @@ class EngineProcess:
         options: ProcessOptions | None = None,
         on_exit: Callable[[], None] | None = None,
         will_restart: Callable[[], bool] | None = None,
-        **changes: Any,
     ) -> AsyncIterator[EngineProcess]:
         """Start ``argv``, complete the handshake, yield the process; shut it down on exit.
 
-        ``options``: :class:`gateway.engine.options.ProcessOptions` (default: its defaults), with
-        ``changes`` by field name on top (``handshake_timeout=10``; TypeError for another name).
+        ``options``: :class:`gateway.engine.options.ProcessOptions` (default: its defaults; one field
+        changed: ``dataclasses.replace(ProcessOptions(), handshake_timeout=10)``).
         ``will_restart``: asked when the process dies on its own, whether its owner will start
         another (the error then says ``"; restarting"``).
 
@@ -250,7 +257,7 @@ class EngineProcess:
         """
         if not argv:
             raise ValueError("argv: the engine command is empty")
-        options = dataclasses.replace(options or ProcessOptions(), **changes)
+        options = options or ProcessOptions()
         self = cls(
             argv,
             name=name or os.path.basename(os.fspath(argv[0])),

@@ -2,7 +2,7 @@
 
 :class:`App` is the HTTP handler (``await app(request) -> Response``) over one
 engine (the supervisor's ``gateway.engine.Engine``, or anything with its
-interface). Route modules (``routes_jev``, ``routes_openai``, ``routes_rerank``, ``routes_ops``)
+interface). Route modules (``jev/``, ``openai/`` and ``rerank/``'s ``routes``, ``routes_ops``)
 register their handlers on the app's router; what they raise becomes the
 HTTP error :func:`gateway.server.errors.http_error` says (validation and
 refusals 422, the engine's per-request errors by their protocol code, an
@@ -26,14 +26,14 @@ from gateway.decision import pipeline
 from gateway.decision.calibration import Calibration
 from gateway.decision.chat_template import ChatTemplate, read_gguf
 from gateway.decision.decision_log import DecisionLog
-from gateway.decision.prompts import PromptBuilder
 from gateway.http import HTTPError, Request, Response, Router, access_line
-from gateway.server import auth, routes_ops, routes_rerank, routing
+from gateway.server import auth, routes_ops, routing
 from gateway.server.errors import RETRY_AFTER, http_error, log_note
 from gateway.server.fleet import Backend, PairBackend, Served
 from gateway.server.jev import routes as routes_jev
 from gateway.server.metrics import Metrics
 from gateway.server.openai import routes as routes_openai
+from gateway.server.rerank import routes as routes_rerank
 from serveproto import Caps
 
 log = logging.getLogger("serveproto.access")
@@ -57,6 +57,13 @@ def _add_route_key(response: Response, request: Request, field: str) -> None:
         return
     if key is not None:
         response.headers.append((routing.HEADER, key))
+
+
+def _timed(served: Served, timeout: float) -> Served:
+    """``served`` with ``timeout`` as its decision timeout (``served`` itself when it has it already)."""
+    if served.settings.timeout == timeout:
+        return served
+    return attrs.evolve(served, settings=attrs.evolve(served.settings, timeout=timeout))
 
 
 @attrs.frozen
@@ -133,18 +140,18 @@ class App:
     ``model_of`` names each engine's model). ``config``: :class:`AppConfig`
     (the bearer key, the engine call's timeout, the POST requests served at
     once: one more is answered 503 + ``Retry-After`` at once rather than
-    queued past the client's timeout, the SDK giving up after 10 s), with
-    ``changes`` by field name on top (``api_key=...``, ``request_timeout=5``;
-    TypeError for another name).
-    ``debias``: the :mod:`gateway.decision.debias` methods applied when a
-    request does not say (``x_debias``); none by default (with a dict of
-    models, each :class:`Served` has its own).
+    queued past the client's timeout, the SDK giving up after 10 s); its
+    ``request_timeout`` is every model's decision timeout (a served model built
+    with another is served with this one).
+    ``debias``: with a :class:`ModelInfo`, the :mod:`gateway.decision.debias`
+    methods applied when a request does not say (``x_debias``); none by default
+    (a :class:`Served` model carries its own, in its one ``settings``).
 
-    Set after construction by ``serve``: ``calibration`` and ``model_sha256``
-    (the default model's: a :class:`gateway.decision.calibration.Calibration`
-    or None, the model file's sha256 for the decision log's lines; with a dict
-    of models each :class:`Served` has its own) and ``decision_log`` (a
-    :class:`gateway.decision.decision_log.DecisionLog` or None, the server's).
+    ``decision_log`` (a :class:`gateway.decision.decision_log.DecisionLog` or
+    None, the server's) is set after construction by ``serve``; so may the
+    default model's ``settings``, ``calibration`` and ``model_sha256`` be, in a
+    test (each replaces the default :class:`Served` whole, every engine of it
+    reading it from its next request on).
     """
 
     def __init__(
@@ -154,9 +161,8 @@ class App:
         *,
         config: AppConfig | None = None,
         debias: tuple[str, ...] = (),
-        **changes: Any,
     ) -> None:
-        self.config = dataclasses.replace(config or AppConfig(), **changes)
+        self.config = config or AppConfig()
         self.inflight = 0
         self.metrics = Metrics(
             engine_restarts=lambda: float(sum(b.status()["restarts"] for b in self.backends)),
@@ -167,7 +173,8 @@ class App:
         if isinstance(model, dict):
             if not model:
                 raise ValueError("model: at least one model")
-            self.served: dict[str, Served] = dict(model)
+            timeout = self.config.request_timeout
+            self.served: dict[str, Served] = {name: _timed(s, timeout) for name, s in model.items()}
             self.pool = engine
             for name, s in self.served.items():
                 if s.pair is not None and any(m not in self.served or self.served[m].pair for m in s.pair):
@@ -177,13 +184,11 @@ class App:
             if unknown:
                 raise ValueError(f"model: the pool's engines serve {unknown}, not in {list(self.served)}")
         else:
-            served = Served(model, debias)
+            served = Served.of(model, debias=debias, timeout=self.config.request_timeout)
             self.served = {served.name: served}
             self.pool = None
             engines = [engine]
         self.default = next(iter(self.served))
-        for s in self.served.values():
-            s.settings.timeout = self.config.request_timeout
         self.backends = [
             Backend(
                 e,
@@ -199,9 +204,9 @@ class App:
         self.started = time.time()
 
         routes_ops.register(self)
-        routes_jev.register(self)
-        routes_openai.register(self)
-        routes_rerank.register(self)
+        for api in (routes_jev, routes_openai, routes_rerank):  # each API package's ROUTES
+            for path, method, handler in api.ROUTES:
+                self.router.route(path, method, functools.partial(handler, self))
 
     # The default model's first engine, as the routes of a one-engine server see it.
     @property
@@ -213,32 +218,28 @@ class App:
         return self.served[self.default].info
 
     @property
-    def prompts(self) -> PromptBuilder:
-        return self.served[self.default].prompts
-
-    @property
     def caps(self) -> Caps:
         return self.backends[0].caps
 
     @property
     def settings(self) -> pipeline.Settings:
-        """The default model's decision settings (``gateway.decision.pipeline.Settings``)."""
+        """The default model's decision settings (``gateway.decision.pipeline.Settings``). Settable, as its
+        ``calibration`` and ``model_sha256`` are (a test's): the default model is then served with them, in
+        place of the one it was, by every engine of it from its next request on."""
         return self.served[self.default].settings
 
-    @property
-    def memory(self) -> pipeline.Memory:
-        """The first engine's decision memory (``gateway.decision.pipeline.Memory``)."""
-        return self.backends[0].memory
+    @settings.setter
+    def settings(self, value: pipeline.Settings) -> None:
+        self._set_default(attrs.evolve(self.served[self.default], settings=value))
 
     @property
     def calibration(self) -> Calibration | None:
         """The default model's calibration (``gateway.decision.calibration.Calibration`` or None)."""
-        return self.served[self.default].calibration
+        return self.settings.calibration
 
     @calibration.setter
     def calibration(self, value: Calibration | None) -> None:
-        """Set the default model's calibration (``serve`` does, after construction)."""
-        self.served[self.default].calibration = value
+        self.settings = attrs.evolve(self.settings, calibration=value)
 
     @property
     def model_sha256(self) -> str | None:
@@ -246,8 +247,16 @@ class App:
         return self.served[self.default].model_sha256
 
     @model_sha256.setter
-    def model_sha256(self, value: str | None) -> None:
-        self.served[self.default].model_sha256 = value
+    def model_sha256(self, sha256: str | None) -> None:
+        served = attrs.evolve(self.served[self.default], model_sha256=sha256)
+        self._set_default(served)
+
+    def _set_default(self, served: Served) -> None:
+        old = self.served[self.default]
+        self.served[self.default] = served
+        for b in self.backends:
+            if b.served is old:
+                b.served = served
 
     @property
     def decision_log(self) -> DecisionLog | None:

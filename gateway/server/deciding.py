@@ -38,10 +38,10 @@ async def decide(app: Backend, parsed: SystemOneRequest) -> Decided:
     decider = app.decider
     if decider is None:
         _check_reader(app, parsed)
-        decided = await pipeline.decide(parsed, app.engine, app.settings, app.memory)
+        decided = await pipeline.decide(parsed, app.engine, app.served.settings, app.memory)
     else:
         decided = await pipeline.decide(
-            parsed, app.engine, app.settings, app.memory, decider=decider.engine, reader=app.served.reader
+            parsed, app.engine, app.served.settings, app.memory, decider=decider.engine, reader=app.served.reader
         )
     metrics = app.metrics
     for q in parsed.questions:
@@ -97,7 +97,7 @@ def log_decisions(app: Backend, request_id: str, parsed: SystemOneRequest, decid
         return
     config = {
         "model": app.model.name,
-        "model_sha256": app.model_sha256,
+        "model_sha256": app.served.model_sha256,
         "x_debias": list(decided.debias),
         "normalize": parsed.normalize,
     }

@@ -8,11 +8,11 @@ own :class:`HTTPError`; every 422 body has Jev's shape (:func:`gateway.server.je
 from __future__ import annotations
 
 from gateway.decision.errors import DecisionTimeout, UnusableDecision, UnusableScores
-from gateway.decision.rerank import RerankInvalid
 from gateway.decision.schema import JevValidationError
 from gateway.engine.errors import EngineError, RequestError
 from gateway.http import HTTPError
 from gateway.server.jev.protocol import error_body, validation_body
+from gateway.server.rerank.protocol import RerankInvalid
 
 #: Seconds a client is told to wait when the engine is down or busy.
 RETRY_AFTER = "1"

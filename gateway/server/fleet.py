@@ -1,11 +1,12 @@
 """The engines and models behind one server, and what a request routed to one of them sees.
 
-A :class:`Served` model is what the server knows of one model (its
-description, chat template, prompts, default ``x_debias``, calibration, heads); a
+A :class:`Served` model is what the server knows of one model, built once (its
+description and its one :class:`gateway.decision.pipeline.Settings`: prompts, default
+``x_debias``, calibration, heads, timeout); a
 :class:`Backend` is one engine with its model: the object the routes answer
-through (``engine``, ``caps``, ``model``, ``prompts``, ``debias``,
-``calibration``, ``request_timeout``, ``metrics``) and the engine's own
-scoring memory (which states and fixed prefixes it holds as snapshots).
+through (``engine``, ``caps``, ``served``: its model and that model's one
+``settings``, ``metrics``) and the engine's own scoring memory (which states
+and fixed prefixes it holds as snapshots).
 :meth:`gateway.server.app.App.backend` picks one per request.
 """
 
@@ -34,85 +35,68 @@ if TYPE_CHECKING:
 log = logging.getLogger("serveproto.serve")
 
 
-class Served:
-    """One model as the server serves it: ``info`` (``gateway.server.app.ModelInfo``: the reply's
-    ``model`` name, description, template, GGUF path and pieces), ``debias`` (the methods applied
-    when a request sends no ``x_debias``), ``calibration`` (a ``gateway.decision.calibration.Calibration``
-    or None), ``heads`` (a ``gateway.decision.heads.HeadSet`` or None), ``model_sha256`` (the GGUF's, for
-    the decision log; None when unknown) and the
-    :class:`PromptBuilder` of its chat template (ChatML when the template is unusable)."""
+def prompts_of(info: ModelInfo) -> PromptBuilder:
+    """The :class:`PromptBuilder` of ``info``'s chat template; ChatML (with a warning naming the model) when
+    the template is unusable."""
+    try:
+        return PromptBuilder(info.template)
+    except TemplateError as exc:
+        log.warning("the chat template of %s is unusable (%s): prompts use ChatML", info.name, exc)
+        return PromptBuilder(ChatTemplate.chatml())
 
-    def __init__(
-        self,
+
+@attrs.frozen
+class Served:
+    """One model as the server serves it, built once (``serve``: from its configuration) and passed whole.
+
+    ``info``: ``gateway.server.app.ModelInfo`` (the reply's ``model`` name, description, template, GGUF
+    path and pieces). ``settings``: its one :class:`gateway.decision.pipeline.Settings` (the prompts of its
+    chat template, the ``x_debias`` of a request that sends none, calibration, heads, the decision
+    timeout; default: the prompts alone, :func:`prompts_of`). ``model_sha256``: the GGUF's, for the
+    decision log (None when unknown). ``pair``: a served pair's two models, ``(language model, decision
+    model)`` (:meth:`pair_of`; None for one model); ``reader``: a pair's default reader
+    (:data:`gateway.decision.readers.READERS`).
+    """
+
+    info: ModelInfo
+    settings: pipeline.Settings = attrs.field(
+        default=attrs.Factory(lambda self: pipeline.Settings(prompts_of(self.info)), takes_self=True)
+    )
+    model_sha256: str | None = None
+    pair: tuple[str, str] | None = None
+    reader: str = "lm"
+
+    @classmethod
+    def of(
+        cls,
         info: ModelInfo,
+        *,
         debias: tuple[str, ...] = (),
         calibration: Calibration | None = None,
+        heads: HeadSet | None = None,
+        timeout: float = 120.0,
         model_sha256: str | None = None,
-    ) -> None:
-        self.info = info
-        self.model_sha256 = model_sha256
-        try:
-            prompts = PromptBuilder(info.template)
-        except TemplateError as exc:
-            log.warning("the chat template of %s is unusable (%s): prompts use ChatML", info.name, exc)
-            prompts = PromptBuilder(ChatTemplate.chatml())
-        #: The decision pipeline's settings for this model (its ``timeout`` set by the app).
-        self.settings = pipeline.Settings(prompts, debias=tuple(debias), calibration=calibration)
-        #: A served pair's two models (:meth:`pair_of`): ``(language model, decision model)``; None for one model.
-        self.pair: tuple[str, str] | None = None
-        #: A pair's default reader (:data:`gateway.decision.readers.READERS`).
-        self.reader = "lm"
+    ) -> Served:
+        """``info`` served with its settings built once: :func:`prompts_of` its template, ``debias`` (the
+        methods of a request that sends no ``x_debias``), ``calibration``, ``heads`` and ``timeout`` (seconds
+        one decision's engine calls may take)."""
+        settings = pipeline.Settings(
+            prompts_of(info), debias=tuple(debias), calibration=calibration, timeout=timeout, heads=heads
+        )
+        return cls(info, settings, model_sha256)
 
     @classmethod
     def pair_of(cls, name: str, lm: Served, decider: Served, reader: str) -> Served:
         """A served pair named ``name``: ``lm``'s language model and ``decider``'s decision engine, each
         question read by ``reader`` unless the request says (``x_reader``). It shares ``lm``'s settings
-        (prompts, ``x_debias``, calibration, heads): the language model reads as it does alone."""
+        (prompts, ``x_debias``, calibration, heads) and model sha256: the language model reads as it does alone."""
         info = attrs.evolve(
             lm.info,
             name=name,
             description=f"{name} served by serveproto: the language model {lm.name} and the decision engine "
             f"{decider.name}, each question read by {reader} unless the request says (x_reader)",
         )
-        pair = cls(info)
-        pair.settings = lm.settings
-        pair.model_sha256 = lm.model_sha256
-        pair.pair = (lm.name, decider.name)
-        pair.reader = reader
-        return pair
-
-    @property
-    def prompts(self) -> PromptBuilder:
-        """The prompts of the model's chat template (ChatML when it is unusable)."""
-        return self.settings.prompts
-
-    @property
-    def debias(self) -> tuple[str, ...]:
-        """The ``x_debias`` methods of a request that sends none (settable)."""
-        return self.settings.debias
-
-    @debias.setter
-    def debias(self, methods: tuple[str, ...]) -> None:
-        self.settings.debias = tuple(methods)
-
-    @property
-    def calibration(self) -> Calibration | None:
-        """The model's calibration, or None (settable: ``serve`` sets it after construction)."""
-        return self.settings.calibration
-
-    @calibration.setter
-    def calibration(self, value: Calibration | None) -> None:
-        self.settings.calibration = value
-
-    @property
-    def heads(self) -> HeadSet | None:
-        """The model's trained heads (a :class:`gateway.decision.heads.HeadSet`), or None (settable:
-        ``serve`` sets them after construction)."""
-        return self.settings.heads
-
-    @heads.setter
-    def heads(self, value: HeadSet | None) -> None:
-        self.settings.heads = value
+        return attrs.evolve(lm, info=info, pair=(lm.name, decider.name), reader=reader)
 
     @property
     def name(self) -> str:
@@ -124,7 +108,7 @@ class Backend:
     """One engine and its :class:`Served` model, as the routes see the server for one request.
 
     ``engine``: the supervisor's ``gateway.engine.Engine`` (or anything with its
-    interface); ``served``: its model (``settings``, ``request_timeout``);
+    interface); ``served``: its :class:`Served` model (``served.settings``: the pipeline's);
     ``metrics`` and ``decision_log`` are the server's. ``memory`` is the
     pipeline's ``gateway.decision.pipeline.Memory``: what this engine holds is its own.
     """
@@ -153,36 +137,6 @@ class Backend:
     def model(self) -> ModelInfo:
         """The model's :class:`gateway.server.app.ModelInfo` (the reply's ``model`` name, its template)."""
         return self.served.info
-
-    @property
-    def settings(self) -> pipeline.Settings:
-        """The model's decision settings (prompts, default ``x_debias``, calibration, heads, timeout)."""
-        return self.served.settings
-
-    @property
-    def request_timeout(self) -> float:
-        """Seconds one engine call may take before the client gets a 503."""
-        return self.served.settings.timeout
-
-    @property
-    def prompts(self) -> PromptBuilder:
-        """The model's prompts (its chat template's)."""
-        return self.served.prompts
-
-    @property
-    def debias(self) -> tuple[str, ...]:
-        """The ``x_debias`` methods of a request that sends none."""
-        return self.served.debias
-
-    @property
-    def calibration(self) -> Calibration | None:
-        """The model's calibration, or None."""
-        return self.served.calibration
-
-    @property
-    def model_sha256(self) -> str | None:
-        """The model file's sha256 (the decision log's lines), or None when unknown."""
-        return self.served.model_sha256
 
     @property
     def decider(self) -> Backend | None:

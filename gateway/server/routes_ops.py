@@ -46,7 +46,8 @@ def served_settings(app: App) -> list[dict[str, Any]]:
     ``{"model", "x_debias" (the default methods, [] for none), "calibration" (the file's id, or None),
     "heads" (the names of its trained heads, [] for none)}``."""
     out = []
-    for name, s in app.served.items():
+    for name, served in app.served.items():
+        s = served.settings
         out.append(
             {
                 "model": name,

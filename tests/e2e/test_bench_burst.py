@@ -2,31 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 from gateway.paths import engine_bin
-
-ROOT = Path(__file__).resolve().parents[2]
+from test_bench_support import run_bench
 
 
 def test_bursts_on_the_fixture_engine():
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "burst.py"),
-            "--clients",
-            "4",
-            "--rounds",
-            "2",
-            "--serve-args",
-            f"--engine {engine_bin('serveproto-fixture')} --slots 4",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    serve_args = f"--engine {engine_bin('serveproto-fixture')} --slots 4"
+    out = run_bench("burst", "--clients", "4", "--rounds", "2", "--serve-args", serve_args, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     rows = [line.split("|")[1:-1] for line in out.stdout.splitlines() if line.startswith("| ") and "---" not in line]
     assert [r[0].strip() for r in rows] == ["round", "1", "2"]

@@ -5,17 +5,11 @@ No timing is asserted; the fixture run only checks that every table is printed.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import decisions  # noqa: E402
-from gateway.paths import engine_bin  # noqa: E402
+from bench import decisions
+from gateway.paths import engine_bin
+from test_bench_support import run_bench
 
 
 @pytest.mark.parametrize(
@@ -63,23 +57,8 @@ def test_systemone_probabilities_in_option_order():
     not engine_bin("serveproto-fixture").exists(), reason="the fixture engine is not built (make engines)"
 )
 def test_fixture_part_runs_without_a_model():
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "decisions.py"),
-            "--fixture-only",
-            "--share-n",
-            "100",
-            "--load",
-            "40",
-            "--concurrency",
-            "4",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=240,
-    ).stdout
+    sizes = ("--share-n", "100", "--load", "40", "--concurrency", "4")
+    out = run_bench("decisions", "--fixture-only", *sizes, check=True, timeout=240).stdout
     assert "## the gateway's own share per request" in out
     assert "| HTTP request at the client, this tree |" in out
     assert "| HTTP request at the client, this tree, access log on (--log-level INFO) |" in out

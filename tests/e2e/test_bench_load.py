@@ -6,18 +6,14 @@ No timing is asserted: the run checks the tables' shape and that every request w
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
 import orjson
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import load  # noqa: E402
-from gateway.decision import schema  # noqa: E402
-from gateway.paths import engine_bin  # noqa: E402
+from bench import load
+from gateway.decision import schema
+from gateway.paths import engine_bin
+from test_bench_support import ROOT, bench_argv, run_bench
 
 
 def test_tickets_are_new_valid_and_reproducible():
@@ -70,25 +66,10 @@ def test_client_counts_are_checked():
     not engine_bin("serveproto-fixture").exists(), reason="the fixture engine is not built (make engines)"
 )
 def test_a_short_run_on_the_fixture_engine(tmp_path):
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "load.py"),
-            "--clients",
-            "1,16",
-            "--seconds",
-            "0.3",
-            "--debias",
-            "default,cyclic",
-            "--baseline-tree",
-            str(ROOT),
-            "--json",
-            str(tmp_path / "cells.json"),
-            "--engine",
-            str(engine_bin("serveproto-fixture")),
-        ],
-        capture_output=True,
-        text=True,
+    out = run_bench(
+        "load",
+        *("--clients", "1,16", "--seconds", "0.3", "--debias", "default,cyclic", "--baseline-tree", str(ROOT)),
+        *("--json", str(tmp_path / "cells.json"), "--engine", str(engine_bin("serveproto-fixture"))),
         timeout=240,
     )
     assert out.returncode == 0, out.stdout + out.stderr
@@ -133,25 +114,14 @@ def test_a_short_run_on_the_fixture_engine(tmp_path):
 )
 def test_sigterm_prints_the_cells_so_far():
     """bench/gpu/run.sh ends an over-long bench with `timeout` (SIGTERM): the cells measured so far are printed."""
+    argv = bench_argv(
+        "load",
+        *("--clients", "1,2", "--seconds", "0.3", "--workloads", "tickets", "--debias", "none", "--requests", "5"),
+        *("--engine", str(engine_bin("serveproto-fixture")), "--score-delay-ms", "1000"),
+    )
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "load.py"),
-            "--clients",
-            "1,2",
-            "--seconds",
-            "0.3",
-            "--workloads",
-            "tickets",
-            "--debias",
-            "none",
-            "--requests",
-            "5",
-            "--engine",
-            str(engine_bin("serveproto-fixture")),
-            "--score-delay-ms",
-            "1000",
-        ],
+        argv,
+        cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

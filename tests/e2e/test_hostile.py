@@ -12,6 +12,7 @@ import anyio
 import orjson
 import pytest
 
+from gateway.engine.options import EngineOptions
 from gateway.http import HTTPServer, Request, Response
 from test_routes_support import TICKET, FakeEngine, make_app, serving
 
@@ -542,7 +543,9 @@ async def test_a_stopped_llama_engine_is_found_and_replaced(llama_engine):
 
     states = []
     with anyio.fail_after(120):
-        async with Engine.spawn(llama_engine, health_interval=0.2, ping_timeout=3.0, handshake_timeout=100) as eng:
+        async with Engine.spawn(
+            llama_engine, options=EngineOptions().updated(health_interval=0.2, ping_timeout=3.0, handshake_timeout=100)
+        ) as eng:
             first = eng.pid
             states.append(eng.state)
             os.kill(first, signal.SIGSTOP)

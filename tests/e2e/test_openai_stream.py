@@ -22,8 +22,9 @@ import pytest
 from fixtures import oracle, tiny_gguf, toy_model
 from gateway.decision.prompts import PromptBuilder
 from gateway.engine import Engine
+from gateway.engine.options import EngineOptions
 from gateway.paths import engine_bin
-from gateway.server.app import App, ModelInfo
+from gateway.server.app import App, AppConfig, ModelInfo
 from test_routes_support import EngineCrashed, FakeEngine, RequestError, char_logprob, make_app, running
 from test_server_disconnect import raw_post, wait_until
 from test_server_disconnect import serving as serving_slow
@@ -421,7 +422,9 @@ async def test_echo_after_a_snapshot_is_stitched_whole_and_streamed(fixture_engi
     stitches: the streamed and the whole prompt parts both equal the toy's read-out of every position."""
     head = "The state of the ticket, photographed. "
     prompt = head + "Then a question"
-    async with Engine.spawn([str(fixture_engine), "--slots", "1"], handshake_timeout=30) as engine:
+    async with Engine.spawn(
+        [str(fixture_engine), "--slots", "1"], options=EngineOptions().updated(handshake_timeout=30)
+    ) as engine:
         await engine.read_out(head, logprobs=1, pin=True)
         heads = []
         read_out = engine.read_out
@@ -431,7 +434,7 @@ async def test_echo_after_a_snapshot_is_stitched_whole_and_streamed(fixture_engi
             return await read_out(text, **kw)
 
         engine.read_out = recording_read_out
-        app = App(engine, ModelInfo.load(engine.caps.model), request_timeout=60)
+        app = App(engine, ModelInfo.load(engine.caps.model), config=AppConfig(request_timeout=60))
         async with running(app) as base:
             body = {"prompt": prompt, "max_tokens": 4, "echo": True, "logprobs": 1}
             _, raw = await stream(base, "/v1/completions", {**body, "stream": True})

@@ -110,7 +110,7 @@ def test_wheel_holds_the_packages_and_engine_sources_only(wheel: Path):
         "llama/llama.mk",
         "llama/main.c",
         "llama/tools/quantize.c",
-        "llama/patches/0001-ggml-cpu-use-ref.patch",
+        "llama/patches/numerics/0001-ggml-cpu-use-ref.patch",
     ):
         assert engines + need in names, need
     assert not [n for n in names if n.startswith(engines) and (n.endswith((".o", ".a")) or "/bin/" in n)]

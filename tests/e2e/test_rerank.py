@@ -17,6 +17,7 @@ import pytest
 from gateway.decision import rerank
 from gateway.decision.prompts import SYSTEM
 from gateway.engine.errors import RequestError
+from gateway.server.rerank import protocol
 from gateway.server.routing import routing_key
 from test_routes_support import FakeEngine, char_logprob, make_app, running
 from test_server_disconnect import raw_post, serving, wait_until
@@ -40,10 +41,10 @@ async def post(base: str, body, path: str = "/v1/rerank"):
 
 def invalid(loc: list, msg: str, type_: str) -> dict:
     """The exact 422 body of one error at ``loc`` (from ``"body"``)."""
-    message = f"{rerank.param(['body', *loc])}: {msg}"
+    message = f"{protocol.param(['body', *loc])}: {msg}"
     return {
         "detail": [{"loc": ["body", *loc], "msg": msg, "type": type_}],
-        "error": {"type": "invalid_request_error", "message": message, "param": rerank.param(["body", *loc])},
+        "error": {"type": "invalid_request_error", "message": message, "param": protocol.param(["body", *loc])},
         "message": message,
     }
 
@@ -96,18 +97,18 @@ async def test_positions_from_disk_are_reported_as_on_systemone():
 
 
 async def test_scores_sorted_top_n_cut_documents_left_out_by_default():
-    r = rerank.parse({"query": "q", "documents": ["a", "b", "c", "d"], "top_n": 2})
-    assert rerank.results(r, [0.1, 0.7, 0.7, 0.9]) == [
+    r = protocol.parse({"query": "q", "documents": ["a", "b", "c", "d"], "top_n": 2})
+    assert protocol.results(r, [0.1, 0.7, 0.7, 0.9]) == [
         {"index": 3, "relevance_score": 0.9},
         {"index": 1, "relevance_score": 0.7},
     ]
-    everything = rerank.parse({"query": "q", "texts": ["a", "b"], "top_n": 5})  # llama.cpp's name; top_n clamps
+    everything = protocol.parse({"query": "q", "texts": ["a", "b"], "top_n": 5})  # llama.cpp's name; top_n clamps
     assert everything.texts == ("a", "b")
-    assert [x["index"] for x in rerank.results(everything, [0.2, 0.3])] == [1, 0]
+    assert [x["index"] for x in protocol.results(everything, [0.2, 0.3])] == [1, 0]
 
 
 async def test_rank_fields_read_as_field_lines():
-    r = rerank.parse({"query": "q", "documents": [{"title": "T", "text": "body"}], "rank_fields": ["title", "text"]})
+    r = protocol.parse({"query": "q", "documents": [{"title": "T", "text": "body"}], "rank_fields": ["title", "text"]})
     assert r.texts == ("title: T\ntext: body",)
 
 
@@ -233,15 +234,15 @@ async def test_an_engine_refusal_of_a_long_document_names_documents_i_text():
 
 
 async def test_field_of_maps_the_decision_fields():
-    r = rerank.parse({"query": "q", "documents": ["a", {"text": "b"}]})
-    assert rerank.field_of(r, ["body", "state"]) == ["body", "query"]
-    assert rerank.field_of(r, ["body", "questions", "0"]) == ["body", "documents", 0]
-    assert rerank.field_of(r, ["body", "questions", "1", "criteria", "true"]) == ["body", "documents", 1, "text"]
-    assert rerank.field_of(r, ["body", "cache_slot"]) == ["body", "cache_slot"]
+    r = protocol.parse({"query": "q", "documents": ["a", {"text": "b"}]})
+    assert protocol.field_of(r, ["body", "state"]) == ["body", "query"]
+    assert protocol.field_of(r, ["body", "questions", "0"]) == ["body", "documents", 0]
+    assert protocol.field_of(r, ["body", "questions", "1", "criteria", "true"]) == ["body", "documents", 1, "text"]
+    assert protocol.field_of(r, ["body", "cache_slot"]) == ["body", "cache_slot"]
 
 
 async def test_document_first_asks_one_request_per_document():
-    r = rerank.parse({"query": "q?", "documents": ["a", "b"]})
+    r = protocol.parse({"query": "q?", "documents": ["a", "b"]})
     reqs = rerank.questions_request(r, rerank.DOCUMENT_FIRST)
     assert [x.state for x in reqs] == ["Document: a", "Document: b"]
     assert {x.questions[0].instructions for x in reqs} == {

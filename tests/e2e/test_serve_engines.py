@@ -19,7 +19,7 @@ from gateway.cli import build_parser
 from gateway.cli.serve import parse_model_arg, plan_engines
 from gateway.engine.pool import EngineSpec, Pool
 from gateway.http import HTTPServer
-from gateway.server.app import App, ModelInfo
+from gateway.server.app import App, AppConfig, ModelInfo
 from gateway.server.fleet import Served
 from gateway.server.routing import HEADER, routing_key
 from test_routes_support import TICKET, serving
@@ -207,7 +207,7 @@ async def test_a_request_picks_its_model(fixture_engine):
     ]
     async with Pool.spawn(specs) as pool:
         served = {n: Served(ModelInfo.load(n)) for n in ("alpha", "beta")}
-        app = App(pool, served, request_timeout=10)
+        app = App(pool, served, config=AppConfig(request_timeout=10))
         async with anyio.create_task_group() as tg:
             listener = await HTTPServer.bind("127.0.0.1", 0)
             port = await HTTPServer(app).start(tg, listener=listener)

@@ -18,9 +18,10 @@ import orjson
 import pytest
 
 from gateway.engine import Engine
+from gateway.engine.options import EngineOptions
 from gateway.engine.process import EngineProcess
 from gateway.http import HTTPServer
-from gateway.server.app import App, ModelInfo
+from gateway.server.app import App, AppConfig, ModelInfo
 from serveproto import Accept, Done, Error
 
 pytestmark = pytest.mark.anyio
@@ -46,8 +47,8 @@ LONG_TICKET = {
 async def serving(fixture_engine, *extra: str):
     """The app over a one-slot fixture engine with a 100 ms token delay; yields (engine, port)."""
     argv = [str(fixture_engine), "--slots", "1", "--ctx", "1024", "--token-delay-ms", "100", *extra]
-    async with Engine.spawn(argv, handshake_timeout=30) as engine:
-        app = App(engine, ModelInfo.load(engine.caps.model), request_timeout=120)
+    async with Engine.spawn(argv, options=EngineOptions().updated(handshake_timeout=30)) as engine:
+        app = App(engine, ModelInfo.load(engine.caps.model), config=AppConfig(request_timeout=120))
         async with anyio.create_task_group() as tg:
             port = await HTTPServer(app).start(tg)
             try:

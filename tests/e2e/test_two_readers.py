@@ -13,7 +13,7 @@ import pytest
 from gateway.decision import readers
 from gateway.engine.pool import EngineSpec, Pool
 from gateway.http import HTTPServer
-from gateway.server.app import App, ModelInfo
+from gateway.server.app import App, AppConfig, ModelInfo
 from gateway.server.fleet import Served
 from test_readers import millionths, numpy_combine, probs_of
 from test_routes_support import TICKET
@@ -29,7 +29,7 @@ async def test_a_pair_of_fixture_engines(fixture_engine):
     async with Pool.spawn(specs) as pool:
         served = {n: Served(ModelInfo.load(n)) for n in ("lm", "dec")}
         both = Served.pair_of("both", served["lm"], served["dec"], readers.DEFAULT)
-        app = App(pool, {"both": both, **served}, request_timeout=10)
+        app = App(pool, {"both": both, **served}, config=AppConfig(request_timeout=10))
         async with anyio.create_task_group() as tg:
             listener = await HTTPServer.bind("127.0.0.1", 0)
             port = await HTTPServer(app).start(tg, listener=listener)

@@ -12,6 +12,7 @@ import pytest
 
 from gateway.decision.arithmetic import probabilities
 from gateway.engine import Engine, EngineCrashed
+from gateway.engine.options import EngineOptions
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -20,7 +21,7 @@ OPTIONS = [" Paris", " London", " the city of"]
 
 
 async def test_read_out_score_and_fallback_agree(llama_engine):
-    async with Engine.spawn(llama_engine, name="llama", handshake_timeout=120) as eng:
+    async with Engine.spawn(llama_engine, name="llama", options=EngineOptions().updated(handshake_timeout=120)) as eng:
         assert eng.caps.n_vocab == 49152 and eng.caps.x_score
         fast = await eng.score(PREFIX, OPTIONS)
         slow = await eng.score(PREFIX, OPTIONS, fast=False)
@@ -42,7 +43,9 @@ async def test_read_out_score_and_fallback_agree(llama_engine):
 
 
 async def test_killed_engine_is_restarted(llama_engine):
-    async with Engine.spawn(llama_engine, name="llama", handshake_timeout=120, backoff_initial=0.01) as eng:
+    async with Engine.spawn(
+        llama_engine, name="llama", options=EngineOptions().updated(handshake_timeout=120, backoff_initial=0.01)
+    ) as eng:
         first = await eng.read_out(PREFIX, logprobs=1)
         os.kill(eng.pid, signal.SIGKILL)
         try:

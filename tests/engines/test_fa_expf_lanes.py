@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-PATCH = Path(__file__).resolve().parents[2] / "engines" / "llama" / "patches" / "0014-ggml-cpu-fa-row-blocks.patch"
+PATCH = Path(__file__).resolve().parents[2] / "engines/llama/patches/speed/0014-ggml-cpu-fa-row-blocks.patch"
 
 CHECKER = r"""
 #include <immintrin.h>

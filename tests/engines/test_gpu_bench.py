@@ -5,19 +5,15 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from bench.gpu import make_model  # noqa: E402
-from fixtures.gguf_read import GGUFFile  # noqa: E402
-from gateway.paths import default_model_path, engine_bin  # noqa: E402
+from bench.gpu import make_model
+from fixtures.gguf_read import GGUFFile
+from gateway.paths import default_model_path, engine_bin
+from test_bench_support import run_bench
 
 
 @pytest.mark.parametrize("kind", ["q4_k", "q8_0", "f16"])
@@ -121,32 +117,9 @@ def test_gpu_decisions_runs_on_the_cpu(tiny_random, tmp_path):
     for name in ("serveproto-llama", "llama-prefill-ref"):
         if not Path(engine_bin(name)).exists():
             pytest.skip(f"{engine_bin(name)} is not built yet (make -C engines all)")
-    subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "gpu_decisions.py"),
-            "--model",
-            str(tiny_random),
-            "--states",
-            "40",
-            "--questions",
-            "1,2",
-            "--reps",
-            "1",
-            "--ctx",
-            "512",
-            "--threads",
-            "2",
-            "--out-dir",
-            str(tmp_path),
-            "--tag",
-            "t",
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    sizes = ("--states", "40", "--questions", "1,2", "--reps", "1", "--ctx", "512", "--threads", "2")
+    dest = ("--out-dir", str(tmp_path), "--tag", "t")
+    run_bench("gpu_decisions", "--model", str(tiny_random), *sizes, *dest, check=True, timeout=600)
     res = json.loads((tmp_path / "t.json").read_text())
     assert "| state tokens |" in (tmp_path / "t.md").read_text()
     (pre,) = res["prefill"]
@@ -167,19 +140,7 @@ def test_gpu_decisions_runs_on_the_cpu(tiny_random, tmp_path):
 
 
 def test_gpu_decisions_refuses_an_unknown_server_part():
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "gpu_decisions.py"),
-            "--model",
-            "unused.gguf",
-            "--server-parts",
-            "systemone,speed",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = run_bench("gpu_decisions", "--model", "unused.gguf", "--server-parts", "systemone,speed", timeout=60)
     assert r.returncode == 2
     assert "--server-parts: systemone and/or generation, not systemone,speed" in r.stderr
 
@@ -197,26 +158,8 @@ def test_fixed_cost_runs_on_the_cpu(tiny_random):
     for name in ("serveproto-llama", "llama-prefill-ref"):
         if not Path(engine_bin(name)).exists():
             pytest.skip(f"{engine_bin(name)} is not built yet (make -C engines all)")
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "gpu" / "fixed_cost.py"),
-            "--model",
-            str(tiny_random),
-            "--tokens",
-            "40",
-            "--reps",
-            "2",
-            "--ctx",
-            "512",
-            "--threads",
-            "2",
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    ).stdout
+    sizes = ("--tokens", "40", "--reps", "2", "--ctx", "512", "--threads", "2")
+    out = run_bench("gpu.fixed_cost", "--model", str(tiny_random), *sizes, check=True, timeout=600).stdout
     head = out.splitlines()[0]
     n = int(head.split(", ")[1].split("-token")[0])
     assert abs(n - 40) <= 1

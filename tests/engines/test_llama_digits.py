@@ -17,16 +17,12 @@ traffic.
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import anyio
 import pytest
 
+from bench.digits import FILLER, GROUPS, STATE, differences, numbers, spawn, the_matrix
 from gateway.paths import engine_bin
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from digits import FILLER, GROUPS, STATE, differences, numbers, spawn, the_matrix
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

@@ -23,10 +23,8 @@ from pathlib import Path
 import anyio
 import pytest
 
+from bench.digits import GROUPS, STATE, numbers, spawn
 from gateway.engine import EngineError
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from digits import GROUPS, STATE, numbers, spawn
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -536,7 +534,7 @@ def fsize_limited(nbytes: int) -> list[str]:
 async def test_a_file_size_limit_fails_the_big_write_and_not_the_engine_nor_the_small_writes(
     model_path, tmp_path, caplog
 ):
-    from digits import engine_bin
+    from gateway.paths import engine_bin
 
     caplog.set_level(logging.INFO)
     root = tmp_path / "cache"

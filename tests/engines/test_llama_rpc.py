@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import anyio
@@ -21,14 +20,13 @@ import httpx2
 import orjson
 import pytest
 
+from bench.digits import FILLER, GROUPS, STATE, numbers, read_out_scores, spawn
+from bench.rpc import rpc_servers
+from bench.servers import free_port
 from gateway.cli import build_parser
 from gateway.cli.serve import engine_argv, serve
 from gateway.engine import Engine
 from gateway.paths import engine_bin
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from digits import FILLER, GROUPS, STATE, numbers, read_out_scores, spawn
-from rpc import free_port, rpc_servers
 
 pytestmark = pytest.mark.slow
 

@@ -15,6 +15,7 @@ import anyio
 import pytest
 
 from gateway.engine import Engine
+from gateway.engine.options import EngineOptions
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -51,7 +52,7 @@ def spawn(llama_engine):
     return Engine.spawn(
         [*llama_engine, "--slots", "4", "--float-digits", "17", "--score-cache-mb", "0"],
         name="llama",
-        handshake_timeout=120,
+        options=EngineOptions().updated(handshake_timeout=120),
     )
 
 

@@ -22,6 +22,7 @@ from gateway.engine import (
     EngineUnavailable,
     RequestError,
 )
+from gateway.engine.options import EngineOptions, ProcessOptions
 from gateway.engine.process import EngineProcess
 from serveproto import Data
 
@@ -44,7 +45,7 @@ def first_start_only(fixture, tmp_path, faults: str, *args: str) -> tuple[list[s
     return argv, env
 
 
-def quick(**kw) -> dict:
+def quick(**kw) -> EngineOptions:
     """Engine.spawn options for fault tests: short deadlines and backoff."""
     base = dict(
         handshake_timeout=10,
@@ -55,7 +56,7 @@ def quick(**kw) -> dict:
         term_timeout=1.0,
     )
     base.update(kw)
-    return base
+    return EngineOptions().updated(**base)
 
 
 async def test_crash_mid_request_fails_every_request_then_restarts(fixture_engine, tmp_path):
@@ -63,7 +64,7 @@ async def test_crash_mid_request_fails_every_request_then_restarts(fixture_engin
     argv, env = first_start_only(fixture_engine, tmp_path, "exit_after=5", "--slots", "3")
     errors = []
     with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn(argv, name="crashy", env=env, **quick()) as eng:
+        async with Engine.spawn(argv, name="crashy", options=quick(env=env)) as eng:
             first_pid = eng.pid
             async with anyio.create_task_group() as tg:
                 for i in range(3):
@@ -86,7 +87,7 @@ async def test_crash_mid_request_fails_every_request_then_restarts(fixture_engin
 async def test_abort_is_reported_with_its_signal(fixture_engine, tmp_path):
     argv, env = first_start_only(fixture_engine, tmp_path, "abort_after=1")
     with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn(argv, env=env, **quick()) as eng:
+        async with Engine.spawn(argv, options=quick(env=env)) as eng:
             with pytest.raises(EngineCrashed) as info:
                 await eng.read_out(b"abc", logprobs=1)
             assert info.value.returncode == -signal.SIGABRT
@@ -96,7 +97,7 @@ async def test_abort_is_reported_with_its_signal(fixture_engine, tmp_path):
 async def test_hang_past_the_stall_deadline(fixture_engine, tmp_path):
     argv, env = first_start_only(fixture_engine, tmp_path, "hang_after=2")
     with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn(argv, env=env, **quick(stall_timeout=0.3)) as eng:
+        async with Engine.spawn(argv, options=quick(stall_timeout=0.3, env=env)) as eng:
             with pytest.raises(EngineTimeout) as info:
                 await eng.read_out(b"a hanging request", logprobs=1)
             assert info.value.what == "stall" and info.value.seconds == 0.3
@@ -109,7 +110,7 @@ async def test_hang_past_the_stall_deadline(fixture_engine, tmp_path):
 async def test_partial_payload_is_a_hang(fixture_engine, tmp_path):
     argv, env = first_start_only(fixture_engine, tmp_path, "partial_payload")
     with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn(argv, env=env, **quick(stall_timeout=0.3)) as eng:
+        async with Engine.spawn(argv, options=quick(stall_timeout=0.3, env=env)) as eng:
             with pytest.raises(EngineTimeout) as info:
                 await eng.read_out(b"abc", logprobs=1)
             assert info.value.what == "stall"
@@ -119,7 +120,7 @@ async def test_partial_payload_is_a_hang(fixture_engine, tmp_path):
 async def test_garbage_frame_is_a_protocol_error(fixture_engine, tmp_path):
     argv, env = first_start_only(fixture_engine, tmp_path, "garbage_after=1")
     with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn(argv, env=env, **quick()) as eng:
+        async with Engine.spawn(argv, options=quick(env=env)) as eng:
             with pytest.raises(EngineProtocolError) as info:
                 await eng.read_out(b"abcdef", logprobs=1)
             assert info.value.code == "BAD_FRAME"
@@ -130,7 +131,7 @@ async def test_garbage_frame_is_a_protocol_error(fixture_engine, tmp_path):
 async def test_truncated_frame_then_exit(fixture_engine, tmp_path):
     argv, env = first_start_only(fixture_engine, tmp_path, "truncate_after=1")
     with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn(argv, env=env, **quick()) as eng:
+        async with Engine.spawn(argv, options=quick(env=env)) as eng:
             with pytest.raises(EngineProtocolError, match="EOF inside a frame"):
                 await eng.read_out(b"abcdef", logprobs=1)
             assert (await eng.read_out(b"abc", logprobs=1)).done.prompt_tokens == 3
@@ -140,7 +141,7 @@ async def test_truncated_frame_then_exit(fixture_engine, tmp_path):
 async def test_load_fail_is_a_typed_load_error(fixture_engine, kind, probes):
     before = probes.child_pids()
     with pytest.raises(EngineLoadError) as info:
-        async with Engine.spawn([fixture_engine, "--fault", f"load_fail={kind}"], **quick()):
+        async with Engine.spawn([fixture_engine, "--fault", f"load_fail={kind}"], options=quick()):
             pass
     assert info.value.kind == kind
     assert info.value.detail == f"fixture: injected {kind} failure"
@@ -156,19 +157,19 @@ async def test_missing_binary_is_an_io_load_error(tmp_path):
 
 async def test_bad_arguments_exit_before_ready(fixture_engine):
     with pytest.raises(EngineCrashed) as info:
-        async with Engine.spawn([fixture_engine, "--no-such-flag"], **quick()):
+        async with Engine.spawn([fixture_engine, "--no-such-flag"], options=quick()):
             pass
     assert info.value.returncode == 2
     assert any("usage" in line for line in info.value.stderr_tail)
 
 
 async def test_slow_start_within_and_past_the_handshake_deadline(fixture_engine, probes):
-    async with Engine.spawn([fixture_engine, "--fault", "slow_start=0.3"], **quick(handshake_timeout=10)) as eng:
+    async with Engine.spawn([fixture_engine, "--fault", "slow_start=0.3"], options=quick(handshake_timeout=10)) as eng:
         assert eng.healthy
     before = probes.child_pids()
     with anyio.fail_after(TEST_DEADLINE):
         with pytest.raises(EngineTimeout) as info:
-            async with Engine.spawn([fixture_engine, "--fault", "slow_start=30"], **quick(handshake_timeout=0.3)):
+            async with Engine.spawn([fixture_engine, "--fault", "slow_start=30"], options=quick(handshake_timeout=0.3)):
                 pass
     assert info.value.what == "handshake" and info.value.seconds == 0.3
     assert probes.child_pids() == before  # killed and reaped
@@ -178,7 +179,7 @@ async def test_stderr_flood_is_drained_and_logged_by_name(fixture_engine, caplog
     caplog.set_level(logging.INFO, logger="gateway.engine.flood")
     with anyio.fail_after(TEST_DEADLINE):
         async with Engine.spawn(
-            [fixture_engine, "--fault", "stderr_flood=20000"], name="flood", stderr_lines_per_s=50, **quick()
+            [fixture_engine, "--fault", "stderr_flood=20000"], name="flood", options=quick(stderr_lines_per_s=50)
         ) as eng:
             r = await eng.read_out(b"still serving", logprobs=1)
     assert r.done.prompt_tokens == len(b"still serving")
@@ -191,7 +192,7 @@ async def test_stderr_flood_is_drained_and_logged_by_name(fixture_engine, caplog
 
 async def test_cancelling_a_request_sends_cancel_and_frees_the_slot(fixture_engine):
     with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn([fixture_engine, "--token-delay-ms", "5"], **quick()) as eng:
+        async with Engine.spawn([fixture_engine, "--token-delay-ms", "5"], options=quick()) as eng:
             got = []
             with anyio.CancelScope() as scope:
                 async for ev in eng.submit(b"a long story", max_tokens=1000, slot=0):
@@ -207,7 +208,7 @@ async def test_cancelling_a_request_sends_cancel_and_frees_the_slot(fixture_engi
 
 async def test_leaving_the_loop_early_cancels_through_the_context(fixture_engine):
     with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn([fixture_engine, "--token-delay-ms", "5"], **quick()) as eng:
+        async with Engine.spawn([fixture_engine, "--token-delay-ms", "5"], options=quick()) as eng:
             stream = eng.submit(b"a long story", max_tokens=1000)
             async with stream:
                 async for ev in stream:
@@ -221,7 +222,7 @@ async def test_leaving_the_loop_early_cancels_through_the_context(fixture_engine
 async def test_an_engine_that_ignores_cancel_keeps_the_slot_until_done(fixture_engine):
     with anyio.fail_after(TEST_DEADLINE):
         async with Engine.spawn(
-            [fixture_engine, "--token-delay-ms", "2", "--fault", "ignore_cancel"], **quick()
+            [fixture_engine, "--token-delay-ms", "2", "--fault", "ignore_cancel"], options=quick()
         ) as eng:
             with anyio.move_on_after(0.05):
                 async for _ in eng.submit(b"x", max_tokens=40, slot=0):
@@ -233,7 +234,7 @@ async def test_an_engine_that_ignores_cancel_keeps_the_slot_until_done(fixture_e
 
 async def test_request_deadline_cancels_only_that_request(fixture_engine):
     with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn([fixture_engine, "--token-delay-ms", "10"], **quick(stall_timeout=5)) as eng:
+        async with Engine.spawn([fixture_engine, "--token-delay-ms", "10"], options=quick(stall_timeout=5)) as eng:
             with pytest.raises(EngineTimeout) as info:
                 async for _ in eng.submit(b"slow", max_tokens=1000, timeout=0.2):
                     pass
@@ -247,7 +248,7 @@ async def test_restart_intensity_exceeded_fails_health(fixture_engine):
     # Every start exits right after its handshake.
     with anyio.fail_after(TEST_DEADLINE):
         async with Engine.spawn(
-            [fixture_engine, "--fault", "exit_after=0"], **quick(max_restarts=2, restart_period=60)
+            [fixture_engine, "--fault", "exit_after=0"], options=quick(max_restarts=2, restart_period=60)
         ) as eng:
             with pytest.raises(EngineUnavailable) as info:
                 for _ in range(10):
@@ -275,7 +276,7 @@ async def test_closing_cancels_a_backoff_or_a_restart_in_progress(fixture_engine
     before = probes.child_pids()
     with anyio.fail_after(TEST_DEADLINE):
         async with Engine.spawn(
-            argv, env=env, **quick(handshake_timeout=60, backoff_initial=backoff, backoff_max=backoff)
+            argv, options=quick(handshake_timeout=60, backoff_initial=backoff, backoff_max=backoff, env=env)
         ) as eng:
             while not isinstance(eng.last_error, EngineCrashed) or (phase == "restart" and eng.restarts < 1):
                 await anyio.sleep(0.01)
@@ -302,7 +303,9 @@ async def test_a_start_cancelled_while_it_spawns_leaves_no_child(fixture_engine,
     before = probes.child_pids()
     with anyio.fail_after(TEST_DEADLINE):
         with anyio.CancelScope() as scope:
-            async with EngineProcess.start([fixture_engine, "--fault", "slow_start=30"], handshake_timeout=60):
+            async with EngineProcess.start(
+                [fixture_engine, "--fault", "slow_start=30"], options=ProcessOptions(handshake_timeout=60)
+            ):
                 pytest.fail("the start was cancelled: nothing to serve")
     assert scope.cancelled_caught
     assert probes.child_pids() == before
@@ -310,14 +313,14 @@ async def test_a_start_cancelled_while_it_spawns_leaves_no_child(fixture_engine,
 
 async def test_shutdown_ladder_eof_then_term_then_kill(fixture_engine):
     with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn([fixture_engine], **quick()):
+        async with Engine.spawn([fixture_engine], options=quick()):
             pass
         # hang_after=0: alive and silent, EOF unnoticed: SIGTERM ends it.
-        async with Engine.spawn([fixture_engine, "--fault", "hang_after=0"], **quick(drain_timeout=0.1)) as hung:
+        async with Engine.spawn([fixture_engine, "--fault", "hang_after=0"], options=quick(drain_timeout=0.1)) as hung:
             pass
         # The same, with SIGTERM ignored (kept across exec): SIGKILL ends it.
         argv = ["sh", "-c", "trap '' TERM; exec \"$@\"", "sh", str(fixture_engine), "--fault", "hang_after=0"]
-        async with Engine.spawn(argv, **quick(drain_timeout=0.1, term_timeout=0.1)) as stubborn:
+        async with Engine.spawn(argv, options=quick(drain_timeout=0.1, term_timeout=0.1)) as stubborn:
             pass
     assert hung.exit_statuses == (-signal.SIGTERM,)
     assert stubborn.exit_statuses == (-signal.SIGKILL,)
@@ -331,7 +334,7 @@ async def test_no_task_fd_or_process_leaks(fixture_engine, tmp_path, probes):
             folder = tmp_path / str(next(runs))
             folder.mkdir()
             argv, env = first_start_only(fixture_engine, folder, fault)
-            async with Engine.spawn(argv, env=env, **quick(stall_timeout=0.2)) as eng:
+            async with Engine.spawn(argv, options=quick(stall_timeout=0.2, env=env)) as eng:
                 with pytest.raises((EngineCrashed, EngineProtocolError, EngineTimeout)):
                     await eng.read_out(b"abcdef", logprobs=1)
                 await eng.read_out(b"abc", logprobs=1)
@@ -353,7 +356,7 @@ async def test_no_task_fd_or_process_leaks(fixture_engine, tmp_path, probes):
 
 
 async def test_errors_are_typed_at_the_request_level(fixture_engine):
-    async with Engine.spawn([fixture_engine], **quick()) as eng:
+    async with Engine.spawn([fixture_engine], options=quick()) as eng:
         with pytest.raises(RequestError) as info:
             await eng.read_out(b"", logprobs=1)
     assert info.value.code == "EMPTY_PROMPT"
@@ -363,7 +366,7 @@ async def test_errors_are_typed_at_the_request_level(fixture_engine):
 
 
 async def test_max_waiting_refuses_at_once_when_the_queue_is_full(fixture_engine):
-    async with Engine.spawn([fixture_engine, "--token-delay-ms", "5"], max_waiting=1, **quick()) as eng:
+    async with Engine.spawn([fixture_engine, "--token-delay-ms", "5"], options=quick(max_waiting=1)) as eng:
         async with anyio.create_task_group() as tg:
 
             async def gen(n: int):
@@ -389,7 +392,7 @@ async def test_an_idle_hung_engine_is_found_by_the_heartbeat(fixture_engine, tmp
     # Hangs right after its handshake; no request is sent: the PING finds it.
     argv, env = first_start_only(fixture_engine, tmp_path, "hang_after=0")
     with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn(argv, env=env, **quick(health_interval=0.05, stall_timeout=0.2)) as eng:
+        async with Engine.spawn(argv, options=quick(health_interval=0.05, stall_timeout=0.2, env=env)) as eng:
             first = eng.pid
             while eng.restarts == 0:
                 await anyio.sleep(0.01)
@@ -404,7 +407,7 @@ async def test_score_deadline_covers_the_whole_scoring(fixture_engine, tmp_path,
     # The engine hangs after 3 frames: inside SCORE, or inside the fallback's SUBMITs.
     argv, env = first_start_only(fixture_engine, tmp_path, "hang_after=3", "--mode", mode)
     with anyio.fail_after(TEST_DEADLINE):
-        async with Engine.spawn(argv, env=env, **quick(stall_timeout=30, drain_timeout=0.1)) as eng:
+        async with Engine.spawn(argv, options=quick(stall_timeout=30, drain_timeout=0.1, env=env)) as eng:
             with pytest.raises(EngineTimeout) as info:
                 await eng.score(b"prefix", [(b" q1", [b" a", b" b"]), (b" q2", [b" c"])], timeout=0.3)
             assert info.value.what == "request" and info.value.seconds == 0.3

@@ -52,7 +52,7 @@ def department_head() -> heads.Head:
 def app_with_head():
     app = make_app(HiddenEngine(HiddenCaps()), debias=DEFAULT_MODEL_DEBIAS)
     head = department_head()
-    app.served[app.default].heads = heads.HeadSet("00" * 32, {head.signature: head})
+    app.settings = attrs.evolve(app.settings, heads=heads.HeadSet("00" * 32, {head.signature: head}))
     return app
 
 
@@ -141,7 +141,7 @@ def test_serve_names_its_heads_at_start_up(capsys):
         "serveproto: x_debias defaults to canonical,spellings,content_free_listing (--debias none to turn it off)",
         "serveproto: 1 trained head(s) answer the questions they were fitted on: head-dept (--heads none to turn them off)",
     ]
-    app.served[app.default].heads = None
+    app.settings = attrs.evolve(app.settings, heads=None)
     serve_cli._say_serving(app, OnePool(app), "127.0.0.1", 8000)
     assert "head" not in capsys.readouterr().out
 
@@ -150,7 +150,7 @@ def test_serve_escapes_head_names_in_its_start_up_line(capsys):
     # issue 46, item 6: a name with a newline and ANSI escapes forged a line of the server's log
     app = app_with_head()
     head = attrs.evolve(department_head(), name="dept\n\x1b[31mserveproto: giving up")
-    app.served[app.default].heads = heads.HeadSet("00" * 32, {head.signature: head})
+    app.settings = attrs.evolve(app.settings, heads=heads.HeadSet("00" * 32, {head.signature: head}))
     serve_cli._say_serving(app, OnePool(app), "127.0.0.1", 8000)
     assert capsys.readouterr().out.splitlines()[-1] == (
         "serveproto: 1 trained head(s) answer the questions they were fitted on: "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -152,7 +153,7 @@ def api_wrong(path: Path, found: list[tuple[int, str]]) -> list[str]:
 
 
 def test_the_server_has_per_api_packages():
-    assert {"jev", "openai"} <= set(API_PACKAGES)
+    assert {"jev", "openai", "rerank"} <= set(API_PACKAGES)
     for name in API_PACKAGES:
         assert {p.stem for p in (GATEWAY / "server" / name).glob("*.py")} <= {"__init__", *API_KINDS}, name
 
@@ -223,3 +224,153 @@ def test_the_configuration_is_read_without_the_server(rel: str):
         elif top != "gateway" and top not in sys.stdlib_module_names and (rel.startswith("engine/") or top != "attrs"):
             wrong.append(f"{rel}:{line} imports {module} at module level (not the standard library)")
     assert not wrong, "\n".join(wrong)
+
+
+# --- the quick tier and bench/ (issue 49): no test of tests/protocol or tests/gateway reaches a benchmark ------
+
+QUICK_TIER = [GATEWAY.parent / "tests" / "protocol", GATEWAY.parent / "tests" / "gateway"]
+#: A benchmark named as a module (``-m bench.load``) or as a file (``bench/load.py``, ``bench/gpu/run.sh``).
+BENCH_NAME = re.compile(r"bench(\.\w+)+|(.*/)?bench/[\w/]+\.(py|sh)")
+#: ``bench`` and its modules' bare names (imported bare, they came from a ``sys.path`` reaching into ``bench/``).
+BENCH_TOPS = {"bench"} | {p.stem for p in (GATEWAY.parent / "bench").glob("*.py")} - {"__init__"}
+
+
+def bench_uses(source: str, name: str = "<probe>") -> list[tuple[int, str, bool]]:
+    """(line, what, through the package) of each reach into ``bench/`` in a test's source, in line order: an
+    import of ``bench`` (through the package) or of a benchmark by its bare name (any depth, in functions too),
+    a path joined onto ``"bench"`` (``ROOT / "bench"``), or a string naming a benchmark to run (``bench.load``,
+    through the package; ``bench/load.py``, not)."""
+    out = []
+    for node in ast.walk(ast.parse(source, name)):
+        if isinstance(node, ast.Import):
+            out += [
+                (node.lineno, f"import {a.name}", a.name.split(".")[0] == "bench")
+                for a in node.names
+                if a.name.split(".")[0] in BENCH_TOPS
+            ]
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] in BENCH_TOPS:
+            out.append((node.lineno, f"from {node.module} import ...", node.module.split(".")[0] == "bench"))
+        elif (
+            isinstance(node, ast.BinOp)
+            and isinstance(node.op, ast.Div)
+            and isinstance(node.right, ast.Constant)
+            and node.right.value == "bench"
+        ):
+            out.append((node.lineno, ast.unparse(node), False))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and BENCH_NAME.fullmatch(node.value):
+            out.append((node.lineno, repr(node.value), node.value.startswith("bench.")))
+    return sorted(out)
+
+
+#: Every test module but this one (it names bench/ to look for it).
+TEST_FILES = sorted(p for p in (GATEWAY.parent / "tests").rglob("*.py") if p != Path(__file__).resolve())
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in TEST_FILES if any(tier in p.parents for tier in QUICK_TIER)],
+    ids=lambda p: str(p.relative_to(GATEWAY.parent / "tests")),
+)
+def test_the_quick_tier_imports_no_benchmark(path: Path):
+    """The benchmarks' own tests live in tests/e2e and tests/engines (test_bench_*.py, test_gpu_bench.py)."""
+    uses = bench_uses(path.read_text(), str(path))
+    wrong = [f"{path.name}:{line} reaches bench/: {what}" for line, what, _ in uses]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("path", TEST_FILES, ids=lambda p: str(p.relative_to(GATEWAY.parent / "tests")))
+def test_a_test_reaches_a_benchmark_only_through_the_package(path: Path):
+    """``from bench import load``, ``python -m bench.load``: no ``sys.path`` into bench/, no script by its file."""
+    uses = bench_uses(path.read_text(), str(path))
+    wrong = [f"{path.name}:{line} reaches bench/ by a path: {what}" for line, what, package in uses if not package]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_bench_checker_sees_every_spelling():
+    """The checker itself: each way a test reached bench/ before issue 49 is caught, a README path is not."""
+    probe = (
+        "import bench.load\nfrom bench import quality\n"
+        "def f():\n    from bench.gpu import make_model\n    run([sys.executable, '-m', 'bench.protocol'])\n"
+        "x = ROOT / 'bench/protocol.py'\ny = 'see bench/README.md'\nsys.path.insert(0, str(ROOT / 'bench'))\n"
+        "import quality\nimport json\n"
+    )
+    got = [(line, package) for line, _, package in bench_uses(probe)]
+    assert got == [(1, True), (2, True), (4, True), (5, True), (6, False), (8, False), (9, False)]
+
+
+# ---- the engine's seam with llama.cpp (engines/llama/llamax.c; engines/llama/patches/README.md) ----
+
+ENGINES = GATEWAY.parent / "engines"
+LLAMA_PATCHES = ENGINES / "llama" / "patches"
+LLAMAX = Path("llama", "llamax.c")
+
+
+def patch_seams() -> tuple[set[str], set[str]]:
+    """(symbols, switches) our llama.cpp patches add: the functions and macros their ``+`` lines declare in
+    llama.cpp's public headers (``include/``, ``ggml/include/``), and the environment variables their ``+``
+    lines read with ``getenv``."""
+    import re
+
+    symbols: set[str] = set()
+    switches: set[str] = set()
+    for patch in sorted(LLAMA_PATCHES.rglob("*.patch")):
+        target = ""
+        for line in patch.read_text().splitlines():
+            if line.startswith("+++ "):
+                target = line[4:].split("\t")[0].removeprefix("b/")
+            elif line.startswith("+"):
+                switches.update(re.findall(r'getenv\("(\w+)"\)', line))
+                if target.startswith(("include/", "ggml/include/")):
+                    symbols.update(re.findall(r"^\+\s*#\s*define\s+(\w+)", line))
+                    symbols.update(re.findall(r"\b(?:LLAMA_API|GGML_API|GGML_BACKEND_API)\b[^(;]*?\b(\w+)\s*\(", line))
+    return symbols, switches
+
+
+def c_code(source: str) -> str:
+    """``source`` with its comments blanked, their line breaks kept (string and character literals kept)."""
+    import re
+
+    token = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*', re.S)
+    return token.sub(lambda m: m.group() if m.group()[0] in "\"'" else " " + "\n" * m.group().count("\n"), source)
+
+
+def seam_wrong(rel: str, source: str, symbols: set[str], switches: set[str]) -> list[str]:
+    """``rel:line`` of each use, in C ``source``, of a patched symbol or a string literal naming a patch's switch."""
+    import re
+
+    wrong = []
+    for n, line in enumerate(c_code(source).splitlines(), 1):
+        for name in sorted(set(re.findall(r"\b\w+\b", line)) & symbols):
+            wrong.append(f"{rel}:{n} calls or names {name}, which a llama.cpp patch adds: only {LLAMAX} may")
+        for name in sorted(set(re.findall(r'"(\w+)"', line)) & switches):
+            wrong.append(f"{rel}:{n} names the patch switch {name}: only {LLAMAX} sets or reads it")
+    return wrong
+
+
+def test_only_the_adapter_reaches_what_the_llama_patches_add():
+    symbols, switches = patch_seams()
+    # what the engine uses today, so the derivation cannot come back empty unnoticed
+    assert {"llama_set_output_ring", "llama_get_logits_prev_ith", "serveproto_decode_profile"} <= symbols
+    assert {"SERVEPROTO_PATCH_OUTPUT_RING", "SERVEPROTO_PATCH_CPU_USE_REF"} <= symbols
+    assert {"GGML_CPU_USE_REF", "LLAMA_KV_CELLS_IN_ORDER", "GGML_CUDA_INVARIANT", "SERVEPROTO_PROFILE"} <= switches
+    wrong = []
+    sources = sorted([*ENGINES.rglob("*.c"), *ENGINES.rglob("*.h")])
+    assert ENGINES / LLAMAX in sources
+    for path in sources:
+        rel = path.relative_to(ENGINES)
+        if rel != LLAMAX and "bin" not in rel.parts:
+            wrong += seam_wrong(str(rel), path.read_text(errors="replace"), symbols, switches)
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_seam_checker_sees_a_patched_call_and_a_switch():
+    symbols, switches = patch_seams()
+    source = (
+        "/* llama_set_output_ring in a comment is fine */\n"
+        "static void f(struct llama_context *c) { llama_set_output_ring(c, 1); }\n"
+        'static void g(void) { setenv("LLAMA_KV_CELLS_IN_ORDER", "1", 0); puts("LLAMA_KV_CELLS_IN_ORDER=1 asked"); }\n'
+    )
+    assert seam_wrong("x.c", source, symbols, switches) == [
+        f"x.c:2 calls or names llama_set_output_ring, which a llama.cpp patch adds: only {LLAMAX} may",
+        f"x.c:3 names the patch switch LLAMA_KV_CELLS_IN_ORDER: only {LLAMAX} sets or reads it",
+    ]

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.decision import readers
 from gateway.engine.pool import Pool
-from gateway.server.app import App, ModelInfo
+from gateway.server.app import App, AppConfig, ModelInfo
 from gateway.server.fleet import Served
 from test_routes_support import TICKET, FakeCaps, FakeEngine, running
 
@@ -36,7 +36,7 @@ def pair_app(reader: str = "lm", pieces: list[bytes] | None = None) -> tuple[App
     pool = Pool([lm, dec], {"lm-0": "lm", "dec-0": "dec"})
     served = {n: Served(attrs.evolve(ModelInfo.load(n), pieces=pieces if n == "lm" else None)) for n in ("lm", "dec")}
     both = Served.pair_of("both", served["lm"], served["dec"], reader)
-    return App(pool, {"both": both, **served}, request_timeout=5.0), lm, dec
+    return App(pool, {"both": both, **served}, config=AppConfig(request_timeout=5.0)), lm, dec
 
 
 async def post(base: str, body: dict) -> httpx2.Response:

@@ -13,6 +13,7 @@ import json
 import anyio
 import attrs
 
+from fixtures.requests import TICKET  # noqa: F401  (re-exported: the route and end-to-end tests import it from here)
 from gateway.decision.chat_template import ChatTemplate
 from gateway.engine import (
     EngineCrashed,  # noqa: F401  (re-exported: test_routes, test_sdk, test_openai_stream import it from here)
@@ -22,27 +23,8 @@ from gateway.engine import (
     ScoreResult,
 )
 from gateway.http import HTTPServer
-from gateway.server.app import App, ModelInfo
+from gateway.server.app import App, AppConfig, ModelInfo
 from serveproto import Accept, Data, Done, Echo
-
-#: The support-ticket request the route and end-to-end tests ask.
-TICKET = {
-    "state": "Hi, I have been trying to connect my Stripe account for 3 days and the integration keeps failing.",
-    "model": "jev-latest",
-    "questions": {
-        "urgency": {"type": "noul", "instructions": "Does this message express urgency?"},
-        "department": {
-            "type": "choice",
-            "instructions": "Which team should handle this?",
-            "criteria": {"billing": "payments, invoices", "technical": "bugs, integration errors", "sales": None},
-        },
-        "severity": {
-            "type": "score",
-            "instructions": "How severe is the customer impact?",
-            "criteria": ["no impact", "minor", "blocked", "losing money", "business down"],
-        },
-    },
-}
 
 
 def char_logprob(c: str) -> float:
@@ -153,10 +135,10 @@ class FakeEngine:
         return ReadOut(echoes, Done(1, 0, 0.0, 0.0, 0.1, len(echoes), False))
 
 
-def make_app(engine=None, *, api_key=None, template=None, **kw) -> App:
+def make_app(engine=None, *, api_key=None, template=None, debias=(), **config) -> App:
     engine = engine or FakeEngine()
     model = ModelInfo(engine.caps.model, "2026-11-30", "a fake model", template or ChatTemplate.chatml())
-    return App(engine, model, api_key=api_key, request_timeout=5.0, **kw)
+    return App(engine, model, config=AppConfig(api_key=api_key, request_timeout=5.0, **config), debias=debias)
 
 
 @contextlib.asynccontextmanager

@@ -57,21 +57,13 @@ int main(int argc, char **argv)
 {
     const char *model_path = NULL, *prompt_path = NULL;
     int threads = 2, ntok = 700, bg = 300;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--model") && i + 1 < argc)
-            model_path = argv[++i];
-        else if (!strcmp(argv[i], "--prompt-file") && i + 1 < argc)
-            prompt_path = argv[++i];
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
-            threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc)
-            ntok = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--background") && i + 1 < argc)
-            bg = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "llama-logit-hash: bad argument %s\n", argv[i]);
-            return 2;
-        }
+    const ref_opt opts[] = { { "--model", &model_path, NULL, NULL }, { "--prompt-file", &prompt_path, NULL, NULL },
+                             { "--threads", NULL, &threads, NULL }, { "--tokens", NULL, &ntok, NULL },
+                             { "--background", NULL, &bg, NULL }, { NULL, NULL, NULL, NULL } };
+    int bad = ref_args(argc, argv, opts);
+    if (bad) {
+        fprintf(stderr, "llama-logit-hash: bad argument %s\n", argv[bad]);
+        return 2;
     }
     if (!model_path || !prompt_path || threads < 1 || ntok < 1 || ntok > 6000 || bg < 0 || bg > 6000) {
         fprintf(stderr, "usage: llama-logit-hash --model PATH --prompt-file FILE [--threads N] [--tokens 1..6000] "
@@ -84,13 +76,9 @@ int main(int argc, char **argv)
         return 1;
     size_t len = (size_t)got;
 
-    llama_log_set(quiet, NULL);
-    llama_backend_init();
-    struct llama_model *model = llama_model_load_from_file(model_path, llama_model_default_params());
-    if (!model) {
-        fprintf(stderr, "llama-logit-hash: cannot load %s\n", model_path);
+    struct llama_model *model = ref_load_model("llama-logit-hash", model_path, llama_model_default_params());
+    if (!model)
         return 1;
-    }
     const struct llama_vocab *vocab = llama_model_get_vocab(model);
     const int n_vocab = llama_vocab_n_tokens(vocab);
     llama_token *toks = malloc((len + 8) * sizeof *toks);

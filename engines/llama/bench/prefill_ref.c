@@ -1,6 +1,6 @@
 /* llama-prefill-ref: llama.cpp's own batched decode of one prompt, nothing
  * else: the reference that bench/engine.py and the GPU ceiling table
- * (bench/README.md) set our engine's prefill against.
+ * (bench/results/NOTEBOOK.md) set our engine's prefill against.
  *
  * usage: llama-prefill-ref --model PATH --prompt-file FILE [--ctx N] [--threads N]
  *                          [--reps N] [--all-logits] [--ubatch N]
@@ -113,35 +113,17 @@ int main(int argc, char **argv)
     const char *tokens_arg = NULL, *modes_arg = NULL;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int threads = ncpu > 0 ? (int)ncpu : 1;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--all-logits"))
-            all = 1;
-        else if (i + 1 < argc && !strcmp(argv[i], "--model"))
-            model_path = argv[++i];
-        else if (i + 1 < argc && !strcmp(argv[i], "--prompt-file"))
-            prompt_path = argv[++i];
-        else if (i + 1 < argc && !strcmp(argv[i], "--ctx"))
-            ctx = atoi(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "--threads"))
-            threads = atoi(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "--reps"))
-            reps = atoi(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "--ubatch"))
-            ubatch = atoi(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "--tokens"))
-            tokens_arg = argv[++i];
-        else if (i + 1 < argc && !strcmp(argv[i], "--modes"))
-            modes_arg = argv[++i];
-        else if (i + 1 < argc && !strcmp(argv[i], "--seqs"))
-            seqs = atoi(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "--shared"))
-            shared = atoi(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "--background"))
-            background = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "llama-prefill-ref: bad argument %s\n", argv[i]);
-            return 2;
-        }
+    const ref_opt opts[] = { { "--all-logits", NULL, NULL, &all }, { "--model", &model_path, NULL, NULL },
+                             { "--prompt-file", &prompt_path, NULL, NULL }, { "--ctx", NULL, &ctx, NULL },
+                             { "--threads", NULL, &threads, NULL }, { "--reps", NULL, &reps, NULL },
+                             { "--ubatch", NULL, &ubatch, NULL }, { "--tokens", &tokens_arg, NULL, NULL },
+                             { "--modes", &modes_arg, NULL, NULL }, { "--seqs", NULL, &seqs, NULL },
+                             { "--shared", NULL, &shared, NULL }, { "--background", NULL, &background, NULL },
+                             { NULL, NULL, NULL, NULL } };
+    int bad = ref_args(argc, argv, opts);
+    if (bad) {
+        fprintf(stderr, "llama-prefill-ref: bad argument %s\n", argv[bad]);
+        return 2;
     }
     int mixed = seqs > 0 || shared > 0 || background > 0;
     if (seqs < 1)
@@ -184,15 +166,11 @@ int main(int argc, char **argv)
         return 1;
     size_t len = (size_t)got;
 
-    llama_log_set(quiet, NULL);
-    llama_backend_init();
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 999;
-    struct llama_model *model = llama_model_load_from_file(model_path, mp);
-    if (!model) {
-        fprintf(stderr, "llama-prefill-ref: cannot load %s\n", model_path);
+    struct llama_model *model = ref_load_model("llama-prefill-ref", model_path, mp);
+    if (!model)
         return 1;
-    }
     const struct llama_vocab *vocab = llama_model_get_vocab(model);
     int n_batch = ctx < 2048 ? ctx : 2048;
     llama_token *toks = malloc((len + 8) * sizeof *toks);

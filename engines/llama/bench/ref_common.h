@@ -1,9 +1,11 @@
-/* ref_common.h: what llama-prefill-ref and llama-tokenize-ref share, a
- * monotonic clock and a log callback that prints llama.cpp's errors only. */
+/* ref_common.h: what llama-prefill-ref, llama-logit-hash and llama-tokenize-ref share: a monotonic
+ * clock, their command lines, the prompt file, and the model loaded with llama.cpp's errors only. */
 #ifndef SERVEPROTO_REF_COMMON_H
 #define SERVEPROTO_REF_COMMON_H
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "llama.h"
@@ -36,6 +38,46 @@ static inline long read_prompt(const char *path, char *buf, size_t cap)
     size_t len = fread(buf, 1, cap - 1, f);
     fclose(f);
     return (long)len;
+}
+
+/* One option of these programs' command lines: `name`, then a value into *str or *num (atoi); or a
+ * flag, *flag = 1. */
+typedef struct ref_opt {
+    const char *name;
+    const char **str;
+    int *num;
+    int *flag;
+} ref_opt;
+
+/* Reads argv[1..] against opts (ended by a NULL name). Returns 0, or the index of the first argument
+ * that is none of them or lacks its value. */
+static inline int ref_args(int argc, char **argv, const ref_opt *opts)
+{
+    for (int i = 1; i < argc; i++) {
+        const ref_opt *o = opts;
+        while (o->name && strcmp(o->name, argv[i]))
+            o++;
+        if (o->name && o->flag)
+            *o->flag = 1;
+        else if (o->name && o->str && i + 1 < argc)
+            *o->str = argv[++i];
+        else if (o->name && o->num && i + 1 < argc)
+            *o->num = atoi(argv[++i]);
+        else
+            return i;
+    }
+    return 0;
+}
+
+/* The model at `path`, llama.cpp logging its errors only; NULL after "`prog`: cannot load" on stderr. */
+static inline struct llama_model *ref_load_model(const char *prog, const char *path, struct llama_model_params mp)
+{
+    llama_log_set(quiet, NULL);
+    llama_backend_init();
+    struct llama_model *model = llama_model_load_from_file(path, mp);
+    if (!model)
+        fprintf(stderr, "%s: cannot load %s\n", prog, path);
+    return model;
 }
 
 #endif

@@ -1,5 +1,5 @@
 /* llama-tokenize-ref: llama.cpp's own llama_tokenize of texts, timed: what
- * a SCORE's start pays per stem and option (bench/README.md, "Tokenizing").
+ * a SCORE's start pays per stem and option (bench/results/NOTEBOOK.md, "Tokenizing").
  *
  * usage: llama-tokenize-ref --model PATH --texts FILE [--reps N] [--ids]
  * FILE holds the texts separated by NUL bytes. Each is tokenized as the
@@ -7,7 +7,7 @@
  * parsed) --reps times (default 100); one line per text on stdout:
  * "bytes=<n> tokens=<n> us=<mean microseconds a call>", and with --ids a
  * second line of its token ids. Only the vocabulary is loaded.
- * LLAMA_UNICODE_STD_REGEX=1 (llama/patches/0008) takes llama.cpp's stock
+ * LLAMA_UNICODE_STD_REGEX=1 (llama/patches/speed/0008) takes llama.cpp's stock
  * std::regex split of \p{N} instead of the patch's, LLAMA_BPE_NO_WORD_CACHE=1
  * (0009) merges every word again instead of keeping each word's tokens: both
  * for comparing the patched tokenizer with the stock one. */
@@ -50,33 +50,17 @@ int main(int argc, char **argv)
 {
     const char *model = NULL, *texts = NULL;
     int reps = 100, ids = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--model") && i + 1 < argc)
-            model = argv[++i];
-        else if (!strcmp(argv[i], "--texts") && i + 1 < argc)
-            texts = argv[++i];
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--ids"))
-            ids = 1;
-        else {
-            fprintf(stderr, "usage: llama-tokenize-ref --model PATH --texts FILE [--reps N] [--ids]\n");
-            return 2;
-        }
-    }
-    if (!model || !texts || reps < 1) {
+    const ref_opt opts[] = { { "--model", &model, NULL, NULL }, { "--texts", &texts, NULL, NULL },
+                             { "--reps", NULL, &reps, NULL }, { "--ids", NULL, NULL, &ids }, { NULL, NULL, NULL, NULL } };
+    if (ref_args(argc, argv, opts) || !model || !texts || reps < 1) {
         fprintf(stderr, "usage: llama-tokenize-ref --model PATH --texts FILE [--reps N] [--ids]\n");
         return 2;
     }
-    llama_log_set(quiet, NULL);
-    llama_backend_init();
     struct llama_model_params mp = llama_model_default_params();
     mp.vocab_only = true;
-    struct llama_model *m = llama_model_load_from_file(model, mp);
-    if (!m) {
-        fprintf(stderr, "llama-tokenize-ref: cannot load %s\n", model);
+    struct llama_model *m = ref_load_model("llama-tokenize-ref", model, mp);
+    if (!m)
         return 1;
-    }
     const struct llama_vocab *v = llama_model_get_vocab(m);
     size_t len = 0;
     char *buf = read_all(texts, &len);

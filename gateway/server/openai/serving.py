@@ -321,7 +321,7 @@ def _chat_generate(
     """The generation of a chat reply: ``turns`` through the model's chat template (a template's refusal and
     a prompt over the engine's are 400s naming ``messages``), then :func:`_generate`."""
     try:
-        prompt = app.prompts.chat(turns)
+        prompt = app.served.settings.prompts.chat(turns)
     except TemplateError as exc:
         raise openai_error(f"the model's chat template refuses these messages: {exc}", "messages") from None
     _check_prompt_bytes(app, prompt, "messages")
@@ -397,7 +397,7 @@ async def _chat_decision(server: App, request: Request, body: dict[str, Any]) ->
         i = chat_jev.chosen(decided.probs[question.id])
         note = chat_jev.then_note(question, i)
         jev["then"] = {"question": question.id, "option": chat_jev.answer_words(question, i), "note": note}
-        turns = chat_jev.conditioned(messages, note, system_in_user=app.prompts.system_in_user)
+        turns = chat_jev.conditioned(messages, note, system_in_user=app.served.settings.prompts.system_in_user)
     jev |= deciding.extras(asked.request, decided)
     tally = Tally()
     items = _chat_generate(app, turns, params, stops, top_n, tally) if generating else _nothing()

@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import rerank as bench  # noqa: E402
+from bench import rerank as bench
 
 
 def test_each_query_has_one_answer_three_on_topic_six_others_and_the_answer_names_its_town():

@@ -4,16 +4,11 @@ README table's markers (no engine, no timing)."""
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import quality  # noqa: E402
-from gateway.lab import evalset  # noqa: E402
+from bench import quality
+from gateway.lab import evalset
 
 
 def test_rotations_are_recognised():

@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import exactness  # noqa: E402
-from fixtures import oracle, tiny_gguf  # noqa: E402
+from bench import exactness
+from fixtures import oracle, tiny_gguf
 
 
 def test_q8_blocks_round_each_block_of_32_to_its_own_scale():
