@@ -1,7 +1,7 @@
 /* gpu_pipe.c: the GPU pipeline (spec/llama-engine.md, "Many requests at once"). e->pipeline,
  * SERVEPROTO_PIPELINE=N; on by default on a
  * local GPU, whose llama_decode returns with the decode queued, off on the
- * CPU; it reads from llama.cpp's output ring, llama/patches/0010: a decode's rows may be
+ * CPU; it reads from llama.cpp's output ring, llama/patches/api/0010: a decode's rows may be
  * left unread (its tasks pending) while the next decode is filled from the
  * other tasks and queued; the rows are read once it is, from the ring, while
  * the device computes (readout.c). So the device goes from one decode to the next without

@@ -446,7 +446,7 @@ static void size_engine(engine *e, const options *o)
      * several. Each slot has one more sequence, its SCORE's carry: the stem of a question cut
      * between two chunks, kept for the next one (score.c) */
     int seqs_left = ENGINE_MAX_SEQ - 2 * e->n_slots;
-    /* SERVEPROTO_PAD_ROWS=M (sched.c, opt-in): a decode of fewer rows than a ubatch is padded up to a
+    /* SERVEPROTO_PAD_ROWS=M (pad.c, opt-in): a decode of fewer rows than a ubatch is padded up to a
      * multiple of M in a sequence of its own, the last id */
     e->pad_rows = env_int("SERVEPROTO_PAD_ROWS", 0);
     if (e->pad_rows < 0)
@@ -517,7 +517,7 @@ static int numerics_promise(engine *e, const options *o, int gpu)
     return invariant;
 }
 
-/* How the scheduler (sched.c) runs decodes: the abort callback, the overlap, the pipeline and the late
+/* How the scheduler (sched.c; tasks.c, gpu_pipe.c, late_fill.c) runs decodes: the abort callback, the overlap, the pipeline and the late
  * fill; the test switches of those paths on the CPU. */
 static int schedule_config(engine *e, const options *o, int gpu)
 {
@@ -525,11 +525,11 @@ static int schedule_config(engine *e, const options *o, int gpu)
      * is read between decodes only (the tests of that path run on the CPU) */
     if (!env_is("SERVEPROTO_NO_ABORT_CALLBACK", "1"))
         llama_set_abort_callback(e->ctx, engine_decode_abort, e);
-    /* overlap (sched.c): on where llama_decode returns before the device is done, a GPU or rpc
+    /* overlap (tasks.c): on where llama_decode returns before the device is done, a GPU or rpc
      * servers; SERVEPROTO_OVERLAP=1 runs that path on the CPU too (its tests), =0 turns it off */
     const char *overlap = getenv("SERVEPROTO_OVERLAP");
     e->overlap = overlap && *overlap ? strcmp(overlap, "0") != 0 : gpu || o->dev.n_rpc > 0;
-    /* the pipeline (sched.c): a decode's rows may be read after the next decode is queued, from
+    /* the pipeline (gpu_pipe.c): a decode's rows may be read after the next decode is queued, from
      * llama.cpp's output ring (llama/patches/api/0010), N the rows the other tasks must want for it
      * (SERVEPROTO_PIPELINE=N; 0: off). On by default on a local GPU (a quarter of the ubatch; on the
      * H200 it gave 1.09x / 1.24x requests/s, bench/results/NOTEBOOK.md "The pipeline"); off on the CPU, which
@@ -541,12 +541,12 @@ static int schedule_config(engine *e, const options *o, int gpu)
         e->pipeline = 0;
     e->pipe_wait_ms = env_int("SERVEPROTO_PIPELINE_WAIT_MS", 2);
     e->pipe_fill = env_int("SERVEPROTO_PIPELINE_FILL", e->pipeline);
-    /* the late fill (sched.c): with the pipeline, the next decode filled this many microseconds before
+    /* the late fill (late_fill.c): with the pipeline, the next decode filled this many microseconds before
      * the host's measured lead on the device's predicted end (SERVEPROTO_PIPELINE_LATE=US; unset: off) */
     e->late.margin_us = env_int("SERVEPROTO_PIPELINE_LATE", 0);
     if (e->late.margin_us < 0)
         e->late.margin_us = 0;
-    /* a pretend device for the tests of the late fill on the CPU (sched.c: test_device_wait) */
+    /* a pretend device for the tests of the late fill on the CPU (test_device.c) */
     e->test_device.us_row = env_int("SERVEPROTO_TEST_DEVICE_US_ROW", 0);
     if (llamax_output_ring(e->ctx, e->pipeline > 0) != 0)
         return load_fail(e, "unsupported", "SERVEPROTO_PIPELINE=%d: this engine is built on llama.cpp without "

@@ -1,7 +1,7 @@
 /* readout.c: the rows of a decode read (spec/llama-engine.md, "Many requests at once"): each task's own
  * through its kind's decoded, the SCOREs' logsumexps computed first over the engine's threads. The decode read
  * is the last llama_decode, or, with the GPU pipeline (gpu_pipe.c), the one before it, whose rows come from
- * llama.cpp's output ring (llama/patches/0010) while the device computes the next. */
+ * llama.cpp's output ring (llama/patches/api/0010) while the device computes the next. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
