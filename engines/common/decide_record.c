@@ -64,16 +64,8 @@ void decide_buf_num(decide_buf *b, double x)
     decide_buf_printf(b, "%.17g", x);
 }
 
-static int invalid(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static int invalid(char *err, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, DECIDE_ERR_MAX, fmt, ap);
-    va_end(ap);
-    return -1;
-}
+/* "<field>: <reason>" into err; returns -1. */
+#define invalid(err, ...) spj_refuse((err), DECIDE_ERR_MAX, __VA_ARGS__)
 
 /* Refuses a key of o not in allowed (NULL-terminated). */
 static int only_keys(const spj_value *o, const char *const *allowed, const char *path, char *err)

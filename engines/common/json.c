@@ -442,3 +442,12 @@ const char *spj_type_name(spj_type t)
     }
     return "?";
 }
+
+int spj_refuse(char *err, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, cap, fmt, ap);
+    va_end(ap);
+    return -1;
+}

@@ -51,4 +51,8 @@ const spj_value *spj_get(const spj_value *v, const char *key);
 /* Name of a type: "null", "boolean", "number", "string", "array", "object". */
 const char *spj_type_name(spj_type t);
 
+/* A checker's refusal of a parsed text: the message ("<field>: <reason>") formatted into err, at most cap
+ * bytes. Returns -1, the checker's answer. */
+int spj_refuse(char *err, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 #endif

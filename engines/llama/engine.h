@@ -19,6 +19,7 @@
 
 #include "frame.h"
 #include "loop.h"
+#include "score_request.h"
 #include "llama.h"
 #include "llamax.h" /* what our llama.cpp patches add: only through it */
 
@@ -36,7 +37,7 @@
 #define ENGINE_DEFAULT_PINS   4               /* snapshots kept (CAPS pin_slots) */
 #define ENGINE_MAX_SEQ        256             /* llama.cpp's sequence ids (LLAMA_MAX_SEQ): slots + SCORE scratch */
 #define ENGINE_MAX_SLOTS      120             /* slots and their SCORE carries, 2 ids each, leave 16 for scratch */
-#define ENGINE_MAX_SCORED     200             /* scored tokens per SCORE option (spec 9.1) */
+#define ENGINE_MAX_SCORED     SP_SCORE_MAX_SCORED /* scored tokens per SCORE option (spec 9.1) */
 #define ENGINE_QUEUE_MAX      256             /* requests in flight */
 #define ENGINE_UBATCH         512             /* llama.cpp's physical batch (--ubatch): a CANCEL waits at most one */
 #define ENGINE_CHUNK          128             /* rows a request takes from a decode that others share (--chunk) */
@@ -63,7 +64,7 @@ typedef struct device_options {
  * every transition written down:
  *   FREE -> QUEUED        a SUBMIT or SCORE taken from stdin (main.c: on_request)
  *   QUEUED -> FREE        CANCEL before it started: answered CANCELLED at once (main.c: on_cancel)
- *   QUEUED -> RUNNING     its start runs, between decodes, in arrival order (sched.c: start_new);
+ *   QUEUED -> RUNNING     its start runs, between decodes, in arrival order (tasks.c: tasks_start_new);
  *                         a start that answers it whole (-1) ends it: -> FREE
  *   RUNNING -> CANCELLED  CANCEL arrived; a decode holding its rows aborts (main.c: on_cancel)
  *   RUNNING -> FREE       its DONE or ERROR is written (task_end), from want, fill, decoded, fail
@@ -94,7 +95,7 @@ typedef struct task {
     uint64_t served;   /* the decode that last took rows from it */
     int stop;       /* STOP arrived: generate nothing more */
     int row0, rows; /* its rows in the batch being decoded (rows 0: none) */
-    int pending;    /* its rows are in the decode left in flight, not read yet (sched.c, the pipeline) */
+    int pending;    /* its rows are in the decode left in flight, not read yet (gpu_pipe.c, the pipeline) */
     uint64_t in_us; /* SERVEPROTO_PROFILE: when it was taken from stdin (profile_now_us), for its answer's time */
     void *st;       /* its kind's state (submit.c's or score.c's) */
 } task;
@@ -170,8 +171,8 @@ typedef struct score_cache {
     struct score_entry *lru_head, *lru_tail;
     size_t bytes, budget;
     uint64_t entries, hits, misses;
-    struct persist *disk;   /* --cache-dir: loaded at the first lookup, new results noted (persist.c) */
-    int last_from_disk;     /* the last hit of score_cache_get was an entry read from disk */
+    struct persist *disk;   /* --cache-dir: the files behind it, loaded at the first lookup, new results noted
+                               (persist.c: persist_scores_get, persist_scores_put; score_cache.c never reads it) */
 } score_cache;
 
 /* profile.c: SERVEPROTO_PROFILE, a decode step's time by part (microseconds) */
@@ -190,12 +191,12 @@ typedef struct engine_profile {
     uint64_t starved;   /* decodes of fewer rows because the runnable tasks wanted fewer */
     uint64_t answered, answer_us; /* requests answered after they started, and their microseconds from
                                      being read off stdin to the answer */
-    uint64_t readout_us, lse_us;  /* the decodes' rows read (sched.c: read_pending), and of that the
+    uint64_t readout_us, lse_us;  /* the decodes' rows read (readout.c: readout_pending), and of that the
                                      logsumexps (rows_lse) */
     uint64_t alone, alone_us;     /* llama_decode calls with no decode in flight, and their microseconds:
                                      on a GPU, llama_decode's own host work with the device idle */
     uint64_t padded;              /* rows of padding decoded (SERVEPROTO_PAD_ROWS; not in rows) */
-    uint64_t late, late_us;       /* the late fill's waits (sched.c) and their microseconds */
+    uint64_t late, late_us;       /* the late fill's waits (gpu_pipe.c) and their microseconds */
     uint64_t us[ENGINE_PROFILE_PARTS];
 } engine_profile;
 /* llama_decode's own split (llama/patches/0007, on with SERVEPROTO_PROFILE; llamax_decode_profile):
@@ -205,7 +206,7 @@ typedef struct engine_profile {
  * KV cells attended (n_kv) and tokens, summed over ubatches. */
 #define SERVEPROTO_DECODE_PARTS 9
 
-/* The late fill (sched.c; SERVEPROTO_PIPELINE_LATE=US, with the pipeline): what it has measured of the
+/* The late fill (late_fill.c; SERVEPROTO_PIPELINE_LATE=US, with the pipeline): what it has measured of the
  * device and the host, to fill the next decode just before the device needs it. Microseconds of
  * CLOCK_MONOTONIC (profile_now_us). */
 typedef struct late_fill {
@@ -218,6 +219,15 @@ typedef struct late_fill {
     uint64_t queued_last_us, queued_prev_us; /* when the last llama_decode returned, and the one before */
     int after_late;    /* the decode in flight was filled after a late wait */
 } late_fill;
+
+/* How the scheduler reads stdin while it waits on the device (tasks.c, gpu_pipe.c): a hook that main.c
+ * sets, so no call climbs back from the scheduler to main.c. Each frame read is taken by the frame loop's
+ * hooks as it comes (a task queued, a CANCEL recorded, a PING answered). */
+typedef struct engine_input {
+    void (*poll)(void *ctx);                 /* takes what stdin holds now, without blocking */
+    void (*wait)(void *ctx, int timeout_ms); /* waits at most timeout_ms for stdin, then takes what came */
+    void *ctx;
+} engine_input;
 
 typedef struct engine {
     struct llama_model *model;
@@ -248,19 +258,19 @@ typedef struct engine {
     task *pend[ENGINE_QUEUE_MAX]; /* that decode's tasks */
     int n_pend;
     int pipeline;               /* the next decode may be queued before the last one's rows are read: the
-                                 * rows of others at least this many (0: never; sched.c, the pipeline) */
+                                 * rows of others at least this many (0: never; gpu_pipe.c) */
     int read_prev;              /* the rows being read are the decode before the last one (engine_logits) */
     int pipe_wait_ms;           /* after a read from the ring ended requests, wait this long at most for
-                                 * the next ones (SERVEPROTO_PIPELINE_WAIT_MS; sched.c) */
+                                 * the next ones (SERVEPROTO_PIPELINE_WAIT_MS; gpu_pipe.c) */
     int pipe_fill;              /* ... until the other tasks want this many rows (SERVEPROTO_PIPELINE_FILL,
                                  * default e->pipeline) */
-    late_fill late;             /* the late fill (sched.c): with the pipeline, the next decode filled just
+    late_fill late;             /* the late fill (late_fill.c): with the pipeline, the next decode filled just
                                  * before the device needs it */
     struct {
         int us_row;             /* SERVEPROTO_TEST_DEVICE_US_ROW (tests only, 0: off): on the CPU, each decode
                                  * also holds a pretend device this long a row (whole ubatches) after
                                  * llama_decode returns, in the order queued, and its read waits for it
-                                 * (sched.c: test_device_wait) */
+                                 * (test_device.c) */
         uint64_t busy_until, end_last, end_prev; /* when that device is free; when the last decode and the
                                  * one before end on it (microseconds, profile_now_us) */
     } test_device;
@@ -279,7 +289,7 @@ typedef struct engine {
     double *echo_lse;           /* n_batch */
     int *echo_k;                /* n_batch */
     sp_alt *echo_top;           /* n_batch * ENGINE_MAX_LOGPROBS */
-    double *row_lse;            /* n_batch: a SCORE row's logsumexp after its decode (sched.c), else NAN */
+    double *row_lse;            /* n_batch: a SCORE row's logsumexp after its decode (readout.c), else NAN */
     const float **row_logits;   /* n_batch: those rows' logits, in turn */
     int *row_index;             /* n_batch: and their batch rows */
     uint32_t seed;              /* sampling seed (--seed), mixed with the request id */
@@ -289,6 +299,7 @@ typedef struct engine {
     int splice_check;           /* --splice-check: tokenize whole too and compare */
 
     sp_loop in;                 /* stdin's frames (engines/common/loop.h; in.eof: stdin ended) */
+    engine_input input;         /* stdin read while the scheduler waits on the device (main.c sets it) */
     sp_writer w;
     int out_failed;             /* stdout is gone */
 
@@ -301,10 +312,10 @@ typedef struct engine {
     int solo;                   /* the last decode found no KV room: the next one takes one task */
     int no_hidden;              /* SERVEPROTO_NO_EVAL_CALLBACK=1: no graph callback, no hidden states */
     int overlap;                /* the backend computes a decode after llama_decode returns (a GPU):
-                                 * stdin is read and arriving tasks started meanwhile (sched.c) */
+                                 * stdin is read and arriving tasks started meanwhile (tasks.c) */
     int scratch_used;           /* scratch sequences given to the batch being built */
     int pad_rows;               /* SERVEPROTO_PAD_ROWS=M: a decode of fewer rows than a ubatch is padded up to
-                                 * a multiple of M (0: never; sched.c, pad) */
+                                 * a multiple of M (0: never; pad.c) */
     int pad_seq;                /* the padding's sequence, above the carries */
     int padded;                 /* rows of padding in the decode being built */
     uint64_t polled_us;         /* when the abort callback last read stdin (CLOCK_MONOTONIC) */
@@ -360,24 +371,19 @@ void prefix_tokens_free(engine *e);
 void score_key_init(score_key *k);
 void score_key_add(score_key *k, const llama_token *toks, int n);
 int score_cache_init(score_cache *c, size_t budget);
-int score_cache_get(score_cache *c, const score_key *k, int ctx, double *lps, int cap);
-void score_cache_put(score_cache *c, const score_key *k, int ctx, const double *lps, int n_lps);
-void score_cache_insert(score_cache *c, const score_key *k, int ctx, const double *lps, int n_lps, int file);
+int score_cache_get(score_cache *c, const score_key *k, int ctx, double *lps, int cap, int *file);
+void score_cache_put(score_cache *c, const score_key *k, int ctx, const double *lps, int n_lps, int file);
 void score_cache_free(score_cache *c);
 
 /* hidden.c: layer outputs read during a decode (SCORE's `hidden`, spec 9.1) */
-#define ENGINE_MAX_HIDDEN 4 /* layers a SCORE may ask for */
+#define ENGINE_MAX_HIDDEN SP_SCORE_MAX_HIDDEN /* layers a SCORE may ask for */
 int hidden_layers(const engine *e);
 int hidden_dim(const engine *e);
 int hidden_want(engine *e, int row, int layer, float *dst);
 bool hidden_eval(struct ggml_tensor *t, bool ask, void *user_data);
 
-/* main.c: frames in */
-void engine_poll(engine *e);
-double sched_row_lse(const engine *e, int row, const float *logits);
-const float *engine_logits(const engine *e, int row);
+/* main.c: llama.cpp's abort callback (the frames read while a decode runs on the CPU) */
 bool engine_decode_abort(void *data);
-void engine_log_aborting(int on);
 
 /* profile.c: SERVEPROTO_PROFILE */
 uint64_t profile_now_us(void);
@@ -391,10 +397,35 @@ int threads_cores(void);
 void threads_before(engine *e);
 void threads_after(engine *e);
 
-/* sched.c: tasks and the decode loop */
+/* sched.c: the decode loop, one step at a time */
 int sched_step(engine *e);
-void task_end(engine *e, task *t);
 int sched_lease(engine *e, int slot);
+
+/* tasks.c: tasks started and ended */
+void task_end(engine *e, task *t);
+int tasks_start_new(engine *e);
+void tasks_start_early(engine *e);
+
+/* pad.c: SERVEPROTO_PAD_ROWS */
+void pad_batch(engine *e);
+
+/* readout.c: a decode's rows read */
+const float *engine_logits(const engine *e, int row);
+double readout_row_lse(const engine *e, int row, const float *logits);
+void readout_pending(engine *e, int prev);
+
+/* gpu_pipe.c: the GPU pipeline, a decode left in flight while the next is filled */
+void pipe_queued(engine *e, task *const *in, int n_in);
+uint64_t pipe_keep_or_read(engine *e, int ended, int late);
+
+/* late_fill.c: SERVEPROTO_PIPELINE_LATE, what the device and the host are measured to take */
+void late_learn(engine *e, uint64_t t0, uint64_t t1);
+void late_queued(late_fill *l, uint64_t queued_us, int rc);
+int late_due(const late_fill *l, int rows, uint64_t *due);
+
+/* test_device.c: SERVEPROTO_TEST_DEVICE_US_ROW, the tests' pretend device */
+void test_device_queued(engine *e, uint64_t now, int rows);
+void test_device_wait(engine *e, int prev);
 
 /* submit.c / score.c: a request as a task, one table of operations per kind,
  * which the scheduler calls without knowing the kind. start: tokenize, reuse,
@@ -408,8 +439,8 @@ int sched_lease(engine *e, int slot);
  * task after). free: frees its state (task_end). */
 typedef struct task_ops {
     int scratch; /* it takes scratch sequences (SCORE's trie rows): they are shared among such tasks */
-    int row_lse; /* its decoded reads every logits row's logsumexp (SCORE): sched.c's rows_lse computes
-                    them first, spread over threads (sched_row_lse) */
+    int row_lse; /* its decoded reads every logits row's logsumexp (SCORE): readout.c's rows_lse computes
+                    them first, spread over threads (readout_row_lse) */
     int (*start)(struct engine *e, struct task *t);
     int (*unit)(struct engine *e, struct task *t);
     int (*want)(struct engine *e, struct task *t);

@@ -194,19 +194,16 @@ static int parse_options(int argc, char **argv, options *o)
 
 static char g_log_tail[4096];
 static int g_log_verbose;
-static int g_log_aborting; /* a decode is being aborted: its warnings are expected, not shown */
 
-void engine_log_aborting(int on)
-{
-    g_log_aborting = on;
-}
-
+/* ud: the engine; while a decode is being aborted (e->abort_decode, until the step after it ends) its
+ * warnings are expected, not shown. */
 static void log_cb(enum ggml_log_level level, const char *text, void *ud)
 {
     static int last_shown; /* whether the line a CONT continues was shown */
-    (void)ud;
+    const engine *e = ud;
     int important = level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN;
-    int shown = g_log_verbose || (important && !g_log_aborting) || (level == GGML_LOG_LEVEL_CONT && last_shown);
+    int aborting = e && e->abort_decode;
+    int shown = g_log_verbose || (important && !aborting) || (level == GGML_LOG_LEVEL_CONT && last_shown);
     if (level != GGML_LOG_LEVEL_CONT)
         last_shown = shown;
     if (shown)
@@ -449,7 +446,7 @@ static void size_engine(engine *e, const options *o)
      * several. Each slot has one more sequence, its SCORE's carry: the stem of a question cut
      * between two chunks, kept for the next one (score.c) */
     int seqs_left = ENGINE_MAX_SEQ - 2 * e->n_slots;
-    /* SERVEPROTO_PAD_ROWS=M (sched.c, opt-in): a decode of fewer rows than a ubatch is padded up to a
+    /* SERVEPROTO_PAD_ROWS=M (pad.c, opt-in): a decode of fewer rows than a ubatch is padded up to a
      * multiple of M in a sequence of its own, the last id */
     e->pad_rows = env_int("SERVEPROTO_PAD_ROWS", 0);
     if (e->pad_rows < 0)
@@ -520,7 +517,7 @@ static int numerics_promise(engine *e, const options *o, int gpu)
     return invariant;
 }
 
-/* How the scheduler (sched.c) runs decodes: the abort callback, the overlap, the pipeline and the late
+/* How the scheduler (sched.c; tasks.c, gpu_pipe.c, late_fill.c) runs decodes: the abort callback, the overlap, the pipeline and the late
  * fill; the test switches of those paths on the CPU. */
 static int schedule_config(engine *e, const options *o, int gpu)
 {
@@ -528,11 +525,11 @@ static int schedule_config(engine *e, const options *o, int gpu)
      * is read between decodes only (the tests of that path run on the CPU) */
     if (!env_is("SERVEPROTO_NO_ABORT_CALLBACK", "1"))
         llama_set_abort_callback(e->ctx, engine_decode_abort, e);
-    /* overlap (sched.c): on where llama_decode returns before the device is done, a GPU or rpc
+    /* overlap (tasks.c): on where llama_decode returns before the device is done, a GPU or rpc
      * servers; SERVEPROTO_OVERLAP=1 runs that path on the CPU too (its tests), =0 turns it off */
     const char *overlap = getenv("SERVEPROTO_OVERLAP");
     e->overlap = overlap && *overlap ? strcmp(overlap, "0") != 0 : gpu || o->dev.n_rpc > 0;
-    /* the pipeline (sched.c): a decode's rows may be read after the next decode is queued, from
+    /* the pipeline (gpu_pipe.c): a decode's rows may be read after the next decode is queued, from
      * llama.cpp's output ring (llama/patches/api/0010), N the rows the other tasks must want for it
      * (SERVEPROTO_PIPELINE=N; 0: off). On by default on a local GPU (a quarter of the ubatch; on the
      * H200 it gave 1.09x / 1.24x requests/s, bench/results/NOTEBOOK.md "The pipeline"); off on the CPU, which
@@ -544,12 +541,12 @@ static int schedule_config(engine *e, const options *o, int gpu)
         e->pipeline = 0;
     e->pipe_wait_ms = env_int("SERVEPROTO_PIPELINE_WAIT_MS", 2);
     e->pipe_fill = env_int("SERVEPROTO_PIPELINE_FILL", e->pipeline);
-    /* the late fill (sched.c): with the pipeline, the next decode filled this many microseconds before
+    /* the late fill (late_fill.c): with the pipeline, the next decode filled this many microseconds before
      * the host's measured lead on the device's predicted end (SERVEPROTO_PIPELINE_LATE=US; unset: off) */
     e->late.margin_us = env_int("SERVEPROTO_PIPELINE_LATE", 0);
     if (e->late.margin_us < 0)
         e->late.margin_us = 0;
-    /* a pretend device for the tests of the late fill on the CPU (sched.c: test_device_wait) */
+    /* a pretend device for the tests of the late fill on the CPU (test_device.c) */
     e->test_device.us_row = env_int("SERVEPROTO_TEST_DEVICE_US_ROW", 0);
     if (llamax_output_ring(e->ctx, e->pipeline > 0) != 0)
         return load_fail(e, "unsupported", "SERVEPROTO_PIPELINE=%d: this engine is built on llama.cpp without "
@@ -791,9 +788,20 @@ static const sp_loop_ops engine_loop_ops = {
 };
 
 /* Non-blocking: takes whatever stdin has now (called between decode steps). */
-void engine_poll(engine *e)
+static void engine_poll(engine *e)
 {
     sp_loop_poll(&e->in);
+}
+
+/* The scheduler's input hook (engine.h: engine_input), over the frame loop: ctx is the engine's sp_loop. */
+static void input_poll(void *in)
+{
+    sp_loop_poll(in);
+}
+
+static void input_wait(void *in, int timeout_ms)
+{
+    sp_loop_wait(in, timeout_ms);
 }
 
 static uint64_t now_us(void)
@@ -824,7 +832,6 @@ bool engine_decode_abort(void *data)
         e->polled_us = t;
         engine_poll(e);
     }
-    g_log_aborting = e->abort_decode;
     return e->abort_decode != 0;
 }
 
@@ -851,8 +858,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "serveproto-llama: out of memory\n");
         return 1;
     }
+    e.input = (engine_input){ .poll = input_poll, .wait = input_wait, .ctx = &e.in };
     g_log_verbose = o.verbose;
-    llama_log_set(log_cb, NULL);
+    llama_log_set(log_cb, &e);
     llama_backend_init();
     if (load(&e, &o) != 0) {
         engine_free(&e);
@@ -886,7 +894,7 @@ int main(int argc, char **argv)
         sp_loop_read(&e.in);
         sp_loop_drain(&e.in);
     }
-    if (e.late.margin_us > 0 && e.pipeline) /* what the late fill learned (sched.c) */
+    if (e.late.margin_us > 0 && e.pipeline) /* what the late fill learned (late_fill.c) */
         fprintf(stderr, "serveproto-llama: late fill: %.2f us a row on the device, lead %.0f us\n", e.late.us_row,
                 e.late.lead_us);
     profile_free(&e.prof);

@@ -438,22 +438,22 @@ static const char *header_mismatch(const persist *p, const file_header *h, uint3
         snprintf(why, cap, "kind %u, expected %u", h->kind, kind);
         return why;
     }
-    if (memcmp(h->model, p->id.model, sizeof h->model) != 0) {
-        snprintf(why, cap, "another model (sha256 %.12s..., this model %.12s...)", h->model, p->id.model);
-        return why;
-    }
-    if (memcmp(h->build, p->id.build, sizeof h->build) != 0) {
-        snprintf(why, cap, "another engine build (%.32s, this engine %.32s)", h->build, p->id.build);
-        return why;
-    }
-    if (memcmp(h->numerics, p->id.numerics, sizeof h->numerics) != 0) {
-        snprintf(why, cap, "other numerics (%.32s, this engine %.32s)", h->numerics, p->id.numerics);
-        return why;
-    }
-    if (memcmp(h->tmpl, p->id.tmpl, sizeof h->tmpl) != 0) {
-        snprintf(why, cap, "another chat template (sha256 %.12s..., this model's %.12s...)", h->tmpl, p->id.tmpl);
-        return why;
-    }
+    /* the identity fields, each with its reason: the file's value, then this engine's */
+    const struct {
+        const char *file, *mine;
+        size_t n;
+        const char *reason;
+    } ids[] = {
+        { h->model, p->id.model, sizeof h->model, "another model (sha256 %.12s..., this model %.12s...)" },
+        { h->build, p->id.build, sizeof h->build, "another engine build (%.32s, this engine %.32s)" },
+        { h->numerics, p->id.numerics, sizeof h->numerics, "other numerics (%.32s, this engine %.32s)" },
+        { h->tmpl, p->id.tmpl, sizeof h->tmpl, "another chat template (sha256 %.12s..., this model's %.12s...)" },
+    };
+    for (size_t i = 0; i < sizeof ids / sizeof *ids; i++)
+        if (memcmp(ids[i].file, ids[i].mine, ids[i].n) != 0) {
+            snprintf(why, cap, ids[i].reason, ids[i].file, ids[i].mine);
+            return why;
+        }
     return NULL;
 }
 
@@ -841,7 +841,7 @@ static void evict(persist *p)
 
 /* ---- the score cache ---- */
 
-void persist_scores_load(persist *p, score_cache *c)
+static void persist_scores_load(persist *p, score_cache *c)
 {
     if (p->scores_loaded)
         return;
@@ -918,7 +918,7 @@ void persist_scores_load(persist *p, score_cache *c)
             score_key k = { r.h1, r.h2, r.n };
             double lps[ENGINE_MAX_SCORED];
             memcpy(lps, buf + off + sizeof r, (size_t)r.n_lps * sizeof(double));
-            score_cache_insert(c, &k, r.ctx, lps, r.n_lps, idx);
+            score_cache_put(c, &k, r.ctx, lps, r.n_lps, idx);
             off += sizeof r + (size_t)r.n_lps * sizeof(double);
         }
         p->stats.entries_loaded += recs;
@@ -929,7 +929,7 @@ void persist_scores_load(persist *p, score_cache *c)
     unlock_dir(fd);
 }
 
-void persist_scores_note(persist *p, const score_key *k, int ctx, const double *lps, int n_lps)
+static void persist_scores_note(persist *p, const score_key *k, int ctx, const double *lps, int n_lps)
 {
     if (p->read_only || p->off)
         return;
@@ -951,11 +951,32 @@ void persist_scores_note(persist *p, const score_key *k, int ctx, const double *
     p->pending_records++;
 }
 
-void persist_scores_touch(persist *p, int file)
+static void persist_scores_touch(persist *p, int file)
 {
     if (file >= 0 && file < p->n_files)
         p->files[file].touched = 1;
     p->stats.disk_hits++;
+}
+
+int persist_scores_get(persist *p, score_cache *c, const score_key *k, int ctx, double *lps, int cap, int *from_disk)
+{
+    *from_disk = 0;
+    if (p && c->buckets)
+        persist_scores_load(p, c); /* once: the files of earlier runs */
+    int file = -1;
+    const int n = score_cache_get(c, k, ctx, lps, cap, &file);
+    if (n >= 0 && file >= 0 && p) {
+        persist_scores_touch(p, file);
+        *from_disk = 1;
+    }
+    return n;
+}
+
+void persist_scores_put(persist *p, score_cache *c, const score_key *k, int ctx, const double *lps, int n_lps)
+{
+    if (p && c->buckets)
+        persist_scores_note(p, k, ctx, lps, n_lps);
+    score_cache_put(c, k, ctx, lps, n_lps, -1);
 }
 
 int persist_pending(const persist *p)

@@ -30,9 +30,13 @@ typedef struct persist_stats {
 typedef struct persist persist;
 
 persist *persist_open(const persist_options *o, struct engine *e);
-void persist_scores_load(persist *p, struct score_cache *c);
-void persist_scores_note(persist *p, const struct score_key *k, int ctx, const double *lps, int n_lps);
-void persist_scores_touch(persist *p, int file);
+/* The score cache c with the files of p behind it (p NULL: memory only; score_cache.c knows no disk).
+ * get: score_cache_get, the files of earlier runs loaded into c at the first lookup; *from_disk set when
+ * the logprobs came from such a file. put: score_cache_put, the logprobs noted to be written. */
+int persist_scores_get(persist *p, struct score_cache *c, const struct score_key *k, int ctx, double *lps, int cap,
+                       int *from_disk);
+void persist_scores_put(persist *p, struct score_cache *c, const struct score_key *k, int ctx, const double *lps,
+                        int n_lps);
 int persist_pending(const persist *p);
 int persist_flush(persist *p);
 /* The engine is idle (no task): snapshots not yet on disk are written, then the scores. */

@@ -10,7 +10,7 @@
  *   fill   the rest of the step before llama_decode: the batch built;
  *   decode llama_decode itself (on the CPU the whole forward pass; on a GPU
  *          the graph built and queued, the kernels mostly still running);
- *   early  with overlap (sched.c: a GPU): stdin read and the tasks that
+ *   early  with overlap (tasks.c: a GPU): stdin read and the tasks that
  *          arrived started while the device computes (0 without it);
  *   sync   llama_synchronize after it: the wait for the device to finish
  *          (about 0 on the CPU);
@@ -22,7 +22,7 @@
  * and the outputs; and counts the ubatches, the graphs reused, the KV cells
  * attended (n_kv) and the tokens, summed over ubatches; then the decodes
  * whose rows were read after the next one was queued and the waits for the
- * next requests meanwhile (sched.c, the pipeline); last, each decode once as
+ * next requests meanwhile (gpu_pipe.c, the pipeline); last, each decode once as
  * whole (a ubatch of rows), cut (fewer, although the runnable tasks wanted a
  * ubatch: their units and n_chunk left rows unused) or starved (fewer,
  * because the tasks wanted fewer). Then the requests answered and their
@@ -33,7 +33,7 @@
  * and the llama_decode calls made with no decode in flight and their
  * milliseconds (on a GPU: llama_decode's own host work, the graph built and
  * its kernels queued, with nothing to wait for); last, the rows of padding
- * decoded (SERVEPROTO_PAD_ROWS, sched.c; the rows above leave them out),
+ * decoded (SERVEPROTO_PAD_ROWS, pad.c; the rows above leave them out),
  * and the late fill's waits and their milliseconds (SERVEPROTO_PIPELINE_LATE).
  * Every ENGINE_PROFILE_US the running sums go to PATH.<pid> as one line
  * under a header of column names (milliseconds, the rows and outputs per

@@ -43,7 +43,7 @@
 
 #include "engine.h"
 #include "persist.h"
-#include "json.h"
+#include "score_request.h"
 
 typedef struct option_tokens {
     llama_token *toks; /* prefix + stem + option, owned */
@@ -93,83 +93,30 @@ static void job_free(score_job *j)
     memset(j, 0, sizeof *j);
 }
 
-/* Reads the payload into a job. Returns 0, or -1 with the reason in msg
+/* Reads the payload into a job: its grammar (engines/common/score_request.h, with base and this engine's
+ * hidden layers), then each text tokenized and its tokens checked. Returns 0, or -1 with the reason in msg
  * (answered as BAD_REQUEST, the field path first). */
 static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, char *msg, size_t cap)
 {
-    spj_value root;
-    char jerr[SPJ_ERR_MAX];
+    const sp_score_rules rules = { .base = 1, .hidden_layers = e->no_hidden ? 0 : hidden_layers(e) };
+    sp_score_request sr;
+    char err[SP_SCORE_ERR_MAX], f[96];
     memset(job, 0, sizeof *job);
-    if (spj_parse((const char *)rq->payload, rq->payload_len, &root, jerr) != 0) {
-        snprintf(msg, cap, "payload: not JSON (%s)", jerr);
+    if (sp_score_parse(rq->payload, rq->payload_len, &rules, &sr, err) != 0) {
+        snprintf(msg, cap, "%s", err);
         return -1;
     }
     int rc = -1;
     const llama_token *ptoks = NULL;
     int np = 0;
-    const spj_value *prefix = spj_get(&root, "prefix"), *groups = spj_get(&root, "groups"), *pv = spj_get(&root, "pin");
-    const spj_value *hv = spj_get(&root, "hidden");
-    if (root.type != SPJ_OBJECT) {
-        snprintf(msg, cap, "payload: expected an object, got %s", spj_type_name(root.type));
-        goto out;
-    }
-    if (!prefix || prefix->type != SPJ_STRING) {
-        snprintf(msg, cap, "prefix: expected a string");
-        goto out;
-    }
-    if (!groups || groups->type != SPJ_ARRAY || groups->n == 0) {
-        snprintf(msg, cap, "groups: expected a non-empty array");
-        goto out;
-    }
-    if (pv && pv->type != SPJ_BOOL) {
-        snprintf(msg, cap, "pin: expected a boolean");
-        goto out;
-    }
-    *pin = pv ? pv->boolean : 0;
-    if (hv && e->no_hidden) {
-        snprintf(msg, cap, "hidden: this engine reads no hidden states (x_hidden=0)");
-        goto out;
-    }
-    if (hv) {
-        const int n_layer = hidden_layers(e);
-        if (hv->type != SPJ_ARRAY || hv->n < 1 || hv->n > ENGINE_MAX_HIDDEN) {
-            snprintf(msg, cap, "hidden: expected an array of 1 to %d layers", ENGINE_MAX_HIDDEN);
-            goto out;
-        }
-        for (size_t k = 0; k < hv->n; k++) {
-            const spj_value *lv = &hv->items[k];
-            if (lv->type != SPJ_NUMBER || !(lv->number >= 0) || lv->number != floor(lv->number) ||
-                lv->number >= n_layer) {
-                snprintf(msg, cap, "hidden[%zu]: expected a layer from 0 to %d", k, n_layer - 1);
-                goto out;
-            }
-            job->hidden[job->n_hidden++] = (int)lv->number;
-        }
-    }
-    size_t total = 0;
-    for (size_t g = 0; g < groups->n; g++) {
-        const spj_value *gr = &groups->items[g], *stem = spj_get(gr, "stem"), *os = spj_get(gr, "options");
-        if (gr->type != SPJ_OBJECT || !stem || stem->type != SPJ_STRING) {
-            snprintf(msg, cap, "groups[%zu].stem: expected a string", g);
-            goto out;
-        }
-        if (!os || os->type != SPJ_ARRAY || os->n == 0) {
-            snprintf(msg, cap, "groups[%zu].options: expected a non-empty array", g);
-            goto out;
-        }
-        const spj_value *bv = spj_get(gr, "base");
-        if (bv && (bv->type != SPJ_NUMBER || !(bv->number >= 0) || bv->number != floor(bv->number) ||
-                   bv->number > (double)prefix->len)) {
-            snprintf(msg, cap, "groups[%zu].base: expected a whole number of bytes from 0 to the prefix's %zu", g,
-                     prefix->len);
-            goto out;
-        }
-        total += os->n;
-    }
-    job->opts = calloc(total, sizeof *job->opts);
-    job->n_groups = (int)groups->n;
+    const spj_value *prefix = sr.prefix;
+    *pin = sr.pin;
+    job->n_hidden = sr.n_hidden;
+    memcpy(job->hidden, sr.hidden, sizeof sr.hidden);
+    job->opts = calloc(sr.n_options, sizeof *job->opts);
+    job->n_groups = (int)sr.n_groups;
     if (job->n_hidden) {
-        size_t nh = groups->n * (size_t)job->n_hidden * (size_t)hidden_dim(e);
+        size_t nh = sr.n_groups * (size_t)job->n_hidden * (size_t)hidden_dim(e);
         job->hid = malloc(nh * sizeof(float));
         for (size_t i = 0; job->hid && i < nh; i++)
             job->hid[i] = NAN;
@@ -187,10 +134,9 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
     np = pt->n;
     job->trunk = np;
     int n_plain = 0; /* options of groups on the whole prefix: they alone set the trunk */
-    for (size_t g = 0; g < groups->n; g++) {
-        const spj_value *gr = &groups->items[g], *stem = spj_get(gr, "stem"), *os = spj_get(gr, "options");
-        const spj_value *bv = spj_get(gr, "base");
-        const size_t base = bv ? (size_t)bv->number : prefix->len;
+    for (size_t g = 0; g < sr.n_groups; g++) {
+        const spj_value *stem = sr.groups[g].stem, *os = sr.groups[g].options;
+        const size_t base = sr.groups[g].base;
         const prefix_tokens *gp = pt;
         if (base < prefix->len) {
             gp = prefix_tokens_get(e, prefix->str, base);
@@ -215,12 +161,6 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
         }
         for (size_t o = 0; o < os->n; o++) {
             const spj_value *ov = &os->items[o];
-            if (ov->type != SPJ_STRING) {
-                free(gt);
-                stem_tokens_free(&stt);
-                snprintf(msg, cap, "groups[%zu].options[%zu]: expected a string", g, o);
-                goto out;
-            }
             option_tokens *ot = &job->opts[job->n_opts++];
             ot->group = (int)g;
             ot->index = (int)o;
@@ -229,7 +169,7 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
             if (splice_option(e, gp, &stt, stem->str, stem->len, ov->str, ov->len, &ot->toks, &ot->n) != 0) {
                 free(gt);
                 stem_tokens_free(&stt);
-                snprintf(msg, cap, "groups[%zu].options[%zu]: could not be tokenized", g, o);
+                snprintf(msg, cap, "%s: could not be tokenized", sp_score_field(&rules, g, o, f, sizeof f));
                 goto out;
             }
             ot->ctx = lcp(gt, ng, ot->toks, ot->n);
@@ -246,7 +186,7 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
             if (why) {
                 free(gt);
                 stem_tokens_free(&stt);
-                snprintf(msg, cap, "groups[%zu].options[%zu]: the text %s", g, o, why);
+                snprintf(msg, cap, "%s: the text %s", sp_score_field(&rules, g, o, f, sizeof f), why);
                 goto out;
             }
             /* how far it runs along the prefix's tokens, no further than its context */
@@ -284,7 +224,7 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
     }
     rc = 0;
 out:
-    spj_free(&root);
+    sp_score_free(&sr);
     if (rc)
         job_free(job);
     return rc;
@@ -479,10 +419,11 @@ static int score_start(engine *e, task *t)
             score_key_add(&ot->key, ot->toks, ot->n);
         }
         /* an anchor is computed: its context end's hidden states are not kept */
-        ot->n_lps = ot->anchor ? -1 : score_cache_get(&e->scores, &ot->key, ot->ctx, ot->lps, ENGINE_MAX_SCORED);
+        ot->n_lps = ot->anchor ? -1
+                               : persist_scores_get(e->scores.disk, &e->scores, &ot->key, ot->ctx, ot->lps,
+                                                    ENGINE_MAX_SCORED, &ot->disk);
         if (ot->n_lps >= 0) {
             st->cached[st->n_cached++] = j;
-            ot->disk = e->scores.last_from_disk;
             st->n_disk += ot->disk;
         } else
             st->todo[st->n_todo++] = j;
@@ -766,7 +707,7 @@ static void score_decoded(engine *e, task *t)
             const int row = t->row0 + trunk - 1 - st->trunk_a;
             const float *pred = engine_logits(e, row);
             memcpy(st->pred, pred, (size_t)e->n_vocab * sizeof(float));
-            trunk_loaded(e, t, sched_row_lse(e, row, pred), NULL);
+            trunk_loaded(e, t, readout_row_lse(e, row, pred), NULL);
             if (st->n_todo == 0)
                 finish(e, t);
         } else {
@@ -790,13 +731,13 @@ static void score_decoded(engine *e, task *t)
                 int node = ot->path[prev - ot->from];
                 logits = engine_logits(e, t->row0 + node);
                 if (isnan(trie[node].lse))
-                    trie[node].lse = sched_row_lse(e, t->row0 + node, logits);
+                    trie[node].lse = readout_row_lse(e, t->row0 + node, logits);
                 lse = trie[node].lse;
             }
             lps[n++] = (double)logits[ot->toks[p]] - lse;
         }
         ot->n_lps = n;
-        score_cache_put(&e->scores, &ot->key, ot->ctx, lps, n);
+        persist_scores_put(e->scores.disk, &e->scores, &ot->key, ot->ctx, lps, n);
     }
     drop_scratch(e, st);
     if (st->carry_next >= 0) {

@@ -16,7 +16,6 @@
 #include <string.h>
 
 #include "engine.h"
-#include "persist.h"
 
 struct score_entry {
     score_key key;
@@ -120,23 +119,20 @@ static void evict(score_cache *c, struct score_entry *x)
     free(x);
 }
 
-int score_cache_get(score_cache *c, const score_key *k, int ctx, double *lps, int cap)
+/* The logprobs kept for the tokens of key k at context ctx, at most cap of them, into lps: returns how
+ * many (-1: none kept, or the cache is off), and in *file the one its entry was read from (persist.c's
+ * index; -1: computed in this process). The cache's disk (persist.c) wraps this: persist_scores_get. */
+int score_cache_get(score_cache *c, const score_key *k, int ctx, double *lps, int cap, int *file)
 {
     if (!c->buckets)
         return -1;
-    if (c->disk)
-        persist_scores_load(c->disk, c); /* once: the files of earlier runs */
-    c->last_from_disk = 0;
     for (struct score_entry *x = *bucket_of(c, k, ctx); x; x = x->next) {
         if (x->ctx == ctx && key_eq(&x->key, k) && x->n_lps <= cap) {
             memcpy(lps, x->lps, (size_t)x->n_lps * sizeof *lps);
             lru_unlink(c, x);
             lru_push(c, x);
             c->hits++;
-            if (x->file >= 0 && c->disk) {
-                persist_scores_touch(c->disk, x->file);
-                c->last_from_disk = 1;
-            }
+            *file = x->file;
             return x->n_lps;
         }
     }
@@ -144,15 +140,10 @@ int score_cache_get(score_cache *c, const score_key *k, int ctx, double *lps, in
     return -1;
 }
 
-void score_cache_put(score_cache *c, const score_key *k, int ctx, const double *lps, int n_lps)
-{
-    if (c->buckets && c->disk)
-        persist_scores_note(c->disk, k, ctx, lps, n_lps);
-    score_cache_insert(c, k, ctx, lps, n_lps, -1);
-}
-
-/* put without noting it for the disk: `file` >= 0 names the persist.c file it was read from. */
-void score_cache_insert(score_cache *c, const score_key *k, int ctx, const double *lps, int n_lps, int file)
+/* Keeps n_lps logprobs for the tokens of key k at context ctx (the least recently used go past the
+ * budget; nothing when the cache is off or already holds them). file >= 0 names the persist.c file they
+ * were read from, -1: computed here (persist_scores_put notes those for the disk). */
+void score_cache_put(score_cache *c, const score_key *k, int ctx, const double *lps, int n_lps, int file)
 {
     size_t need = entry_bytes(n_lps);
     if (!c->buckets || need > c->budget)

@@ -161,25 +161,16 @@ static void on_decide(const sp_request *rq)
     free(b.p);
 }
 
+/* A work request: DECIDE is answered, SUBMIT, SCORE and IMAGE refused (STOP, CANCEL, PING: the loop's). */
 static void on_request(void *eng, sp_request *rq)
 {
     (void)eng;
-    switch (rq->kind) {
-    case SP_DECIDE:
+    if (rq->kind == SP_DECIDE)
         on_decide(rq);
-        break;
-    case SP_SUBMIT:
+    else if (rq->kind == SP_SUBMIT || rq->kind == SP_SCORE)
         check(sp_write_error(&W, rq->id, "NOT_SUPPORTED", "this engine only decides (chat=0)"));
-        break;
-    case SP_SCORE:
-        check(sp_write_error(&W, rq->id, "NOT_SUPPORTED", "this engine only decides (chat=0)"));
-        break;
-    case SP_IMAGE:
+    else if (rq->kind == SP_IMAGE)
         check(sp_write_error(&W, rq->id, "NOT_SUPPORTED", "no vision tower (vision=0)"));
-        break;
-    default: /* STOP, CANCEL, PING: the loop's */
-        break;
-    }
 }
 
 /* Nothing is ever in flight between frames: every DECIDE is answered before the next frame is read. */
