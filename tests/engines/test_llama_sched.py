@@ -194,7 +194,7 @@ def test_with_the_pipeline_rows_read_after_the_next_decode_is_queued_keep_their_
         assert (last["waited"] >= 1) == (wait != "0"), last
 
 
-@pytest.mark.parametrize("device_us_row", ["0", "10000"])
+@pytest.mark.parametrize("device_us_row", ["0", "30000"])
 def test_the_late_fill_keeps_every_number_and_waits_only_for_a_device(
     model_path, alone_numbers, tmp_path, monkeypatch, device_us_row
 ):
@@ -204,8 +204,9 @@ def test_the_late_fill_keeps_every_number_and_waits_only_for_a_device(
     wait. With the tests' pretend device (SERVEPROTO_TEST_DEVICE_US_ROW: each decode also holds a device
     for that many microseconds a row after llama_decode returns, in order, and its read waits for it), the
     reads wait, it learns the device's time a row and the host's lead, and waits late before the fills that
-    would be short of a ubatch (three requests at --ubatch 8: 10 ms a row, 80 ms a decode, longer than this
-    CPU's own decode of 8 rows, about 60 ms). Either way the requests keep every number they have alone, bit
+    would be short of a ubatch (three requests at --ubatch 8: 30 ms a row, 240 ms a decode, four times this
+    CPU's own decode of 8 rows, about 60 ms quiet; at 10 ms a row a loaded machine's decode outlasted the
+    device and the test failed). Either way the requests keep every number they have alone, bit
     for bit; the read first fetches one row apart (to time the wait), which must not move any."""
     monkeypatch.setenv("SERVEPROTO_OVERLAP", "1")
     monkeypatch.setenv("SERVEPROTO_PIPELINE", "1")
