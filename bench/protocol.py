@@ -130,7 +130,7 @@ def main() -> None:
     print(f"ratio serveproto / baseline : {t_base / t_sp:.3f} (time ratio {t_sp / t_base:.1f}x)")
     print(
         f"per frame: {t_sp / frames * 1e6:.2f} us parsed (a read-out position on the default "
-        f"model costs about 2400 us: notes/llama-cpp.md, 410 tok/s)"
+        f"model costs about 2400 us: the team notes llama-cpp.md, 410 tok/s)"
     )
     goal = 250_000
     print(f"goal {goal:,} ECHO frames/s: {'met' if echoes / t_sp >= goal else 'NOT met'}")

@@ -230,8 +230,11 @@ llama-server-src: $(LLAMA_FULL)/.extracted
 
 # serveproto-quantize: llama.cpp's own quantizer (llama_model_quantize, already in libllama.a) to F32,
 # for `serveproto serve --precision f32` (gateway/engine/precision.py). Its source is outside llama/*.c, the
-# engine's sources.
+# engine's sources. Not in the stock build, which would relink it under the same name against stock
+# llama.cpp (and a later patched make, finding it newer than its stamp, would keep that one).
+ifeq ($(LLAMA_STOCK),)
 all: $(BIN)/serveproto-quantize
+endif
 $(BIN)/serveproto-quantize: llama/tools/quantize.c $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
 	$(CC) $(LLAMA_CFLAGS) -o $@ $< $(LLAMA_LDLIBS)
 

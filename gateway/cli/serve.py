@@ -188,7 +188,7 @@ def _add_llama_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="KV slots of the llama engine: requests served at once, each llama_decode shared by "
         "all of them (default: the engine sizes them from the context and the memory free at "
-        "start, 1 to 4, on a GPU 1 to 16; spec/llama-engine.md)",
+        "start, 1 to 4, on a GPU 1 to 32; spec/llama-engine.md)",
     )
     p.add_argument(
         "--ubatch",
