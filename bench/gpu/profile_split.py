@@ -9,7 +9,7 @@ table gives, over that stretch, the rows and outputs a decode, each part's milli
 share of the wall time. ``--dmon``: an ``nvidia-smi dmon -s u`` log of the same run; its mean SM
 utilisation over its busy stretch (the same rule, dmon_mean) is printed beside.
 
-Files written with llama/patches/0007 carry 13 more sums after ``max_rows``: llama_decode's own host time
+Files written with llama/patches/profile/0007 carry 13 more sums after ``max_rows``: llama_decode's own host time
 (batch checked, memory: ubatches split and cells found, output buffer, cells applied, graph built, graph
 allocated, inputs set, graph computed or queued, outputs), then ubatches, graphs reused, KV cells attended
 (n_kv) and tokens. For those a second table gives each inner part's milliseconds a decode over the same

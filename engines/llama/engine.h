@@ -199,7 +199,7 @@ typedef struct engine_profile {
     uint64_t late, late_us;       /* the late fill's waits (gpu_pipe.c) and their microseconds */
     uint64_t us[ENGINE_PROFILE_PARTS];
 } engine_profile;
-/* llama_decode's own split (llama/patches/0007, on with SERVEPROTO_PROFILE; llamax_decode_profile):
+/* llama_decode's own split (llama/patches/profile/0007, on with SERVEPROTO_PROFILE; llamax_decode_profile):
  * microseconds of batch checked, memory (ubatches split, cells found),
  * output buffer, cells applied, graph built, graph allocated, inputs set,
  * graph computed or queued, outputs queued; then ubatches, graphs reused,

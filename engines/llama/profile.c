@@ -15,7 +15,7 @@
  *   sync   llama_synchronize after it: the wait for the device to finish
  *          (about 0 on the CPU);
  *   read   the rows read out: logsumexp, option logprobs, frames written.
- * Inside llama_decode, llama/patches/0007 times llama.cpp's own host work
+ * Inside llama_decode, llama/patches/profile/0007 times llama.cpp's own host work
  * (the same switch): the batch checked, memory (ubatches split, KV cells
  * found), the output buffer, cells applied, graph built, graph allocated,
  * inputs set (the KQ mask among them), graph computed (CPU) or queued (GPU),
@@ -89,7 +89,7 @@ static void report(engine_profile *p, uint64_t now)
     for (int i = 0; i < ENGINE_PROFILE_PARTS; i++)
         fprintf(p->f, " %.1f", (double)p->us[i] * 1e-3);
     fprintf(p->f, " %llu %d", (unsigned long long)p->early, p->max_rows);
-    /* llama_decode's own parts (llama/patches/0007), summed since the start */
+    /* llama_decode's own parts (llama/patches/profile/0007), summed since the start */
     uint64_t in[SERVEPROTO_DECODE_PARTS + 4] = {0};
     llamax_decode_profile(in, SERVEPROTO_DECODE_PARTS + 4);
     for (int i = 0; i < SERVEPROTO_DECODE_PARTS; i++)

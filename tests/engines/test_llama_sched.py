@@ -361,7 +361,7 @@ def test_no_decode_holds_more_than_one_ubatch(model_path, tmp_path, monkeypatch)
     last = profile_last(tmp_path)
     decodes, rows, max_rows = last["decodes"], last["rows"], last["max_rows"]
     assert rows > 3 * 32 and decodes >= 4 and max_rows <= 32, (decodes, rows, max_rows)
-    # llama_decode's own split (llama/patches/0007): each decode is one ubatch of its rows, each
+    # llama_decode's own split (llama/patches/profile/0007): each decode is one ubatch of its rows, each
     # attending at least its own cells, and the inner parts are inside the decode part
     assert (last["ubatches"], last["tokens"]) == (decodes, rows), last
     assert last["n_kv"] >= rows and last["reused"] <= last["ubatches"], last
