@@ -171,8 +171,6 @@ typedef struct score_cache {
     struct score_entry *lru_head, *lru_tail;
     size_t bytes, budget;
     uint64_t entries, hits, misses;
-    struct persist *disk;   /* --cache-dir: the files behind it, loaded at the first lookup, new results noted
-                               (persist.c: persist_scores_get, persist_scores_put; score_cache.c never reads it) */
 } score_cache;
 
 /* profile.c: SERVEPROTO_PROFILE, a decode step's time by part (microseconds) */
@@ -296,6 +294,8 @@ typedef struct engine {
     prefix_tokens prefixes[ENGINE_PREFIXES];
     splice_stats splice;
     score_cache scores;         /* --score-cache-mb; only with invariant numerics */
+    struct persist *disk;       /* --cache-dir: the files behind the score cache (loaded at its first lookup, new
+                                 * results noted: persist_scores_get, persist_scores_put) and the pinned snapshots */
     int splice_check;           /* --splice-check: tokenize whole too and compare */
 
     sp_loop in;                 /* stdin's frames (engines/common/loop.h; in.eof: stdin ended) */

@@ -598,7 +598,7 @@ static int open_score_cache(engine *e, const options *o, int invariant)
         persist_options po = { .dir = o->cache_dir, .model_path = o->model, .model_sha256 = o->model_sha256,
                                .kv_type = o->kv_f16 ? "f16" : "f32", .disk_budget = (size_t)o->cache_disk_mb << 20,
                                .read_only = o->cache_read_only };
-        e->scores.disk = persist_open(&po, e);
+        e->disk = persist_open(&po, e);
     }
     return 0;
 }
@@ -647,9 +647,9 @@ static void engine_free(engine *e)
     free(e->row_logits);
     free(e->row_index);
     prefix_tokens_free(e);
-    if (e->scores.disk) {
-        persist_close(e->scores.disk); /* the results not yet written go now */
-        e->scores.disk = NULL;
+    if (e->disk) {
+        persist_close(e->disk); /* the results not yet written go now */
+        e->disk = NULL;
     }
     score_cache_free(&e->scores);
     if (e->splice_check)
@@ -682,7 +682,7 @@ static void handshake(engine *e)
              e->n_slots, e->n_ctx, e->n_ctx_max, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS, e->no_hidden ? 0 : hidden_layers(e),
              hidden_dim(e), e->numerics, e->n_ubatch,
              e->n_chunk, e->threads_auto ? "auto:" : "", e->threads_max, e->devices_caps,
-             e->scores.disk ? " x_persist=1" : "", llamax_patches());
+             e->disk ? " x_persist=1" : "", llamax_patches());
     sp_write_ready(&e->w);
     sp_write_caps(&e->w, caps);
     double stat[4] = { 0.0, 0.0, 0.0, rss_gb() };
@@ -887,8 +887,8 @@ int main(int argc, char **argv)
         /* idle: what was computed since the last write goes to disk before waiting for more, and
          * before the end (engine_free frees the pinned snapshots before persist_close writes the
          * last scores) */
-        if (e.scores.disk && persist_idle_pending(e.scores.disk, &e))
-            persist_idle(e.scores.disk, &e);
+        if (e.disk && persist_idle_pending(e.disk, &e))
+            persist_idle(e.disk, &e);
         if (e.in.eof)
             break;
         sp_loop_read(&e.in);

@@ -332,7 +332,7 @@ static void finish(engine *e, task *t)
     d.computed = (uint64_t)st->computed;
     d.reused = (uint64_t)(st->ri.reused + st->reused_nodes);
     d.snapshot = st->ri.snapshot;
-    d.has_disk = e->scores.disk != NULL;
+    d.has_disk = e->disk != NULL;
     d.disk = (uint64_t)(st->disk_nodes + st->disk_trunk);
     sp_write_done(&e->w, t->rq.id, &d);
     task_end(e, t);
@@ -420,7 +420,7 @@ static int score_start(engine *e, task *t)
         }
         /* an anchor is computed: its context end's hidden states are not kept */
         ot->n_lps = ot->anchor ? -1
-                               : persist_scores_get(e->scores.disk, &e->scores, &ot->key, ot->ctx, ot->lps,
+                               : persist_scores_get(e->disk, &e->scores, &ot->key, ot->ctx, ot->lps,
                                                     ENGINE_MAX_SCORED, &ot->disk);
         if (ot->n_lps >= 0) {
             st->cached[st->n_cached++] = j;
@@ -460,9 +460,9 @@ static int score_start(engine *e, task *t)
         trunk_loaded(e, t, NAN, NULL);
     } else {
         snapshot *snap = snapshot_find(e, job->opts[job->src].toks, trunk, trunk, &stale);
-        if (e->scores.disk && !(snap && snap->n == trunk)) {
+        if (e->disk && !(snap && snap->n == trunk)) {
             /* a state an earlier process kept on disk, deeper than what is here (persist.c) */
-            snapshot *kept = persist_state_restore(e->scores.disk, e, slot, job->opts[job->src].toks, trunk,
+            snapshot *kept = persist_state_restore(e->disk, e, slot, job->opts[job->src].toks, trunk,
                                                    snap ? snap->n : 0);
             if (kept) {
                 snap = kept;
@@ -737,7 +737,7 @@ static void score_decoded(engine *e, task *t)
             lps[n++] = (double)logits[ot->toks[p]] - lse;
         }
         ot->n_lps = n;
-        persist_scores_put(e->scores.disk, &e->scores, &ot->key, ot->ctx, lps, n);
+        persist_scores_put(e->disk, &e->scores, &ot->key, ot->ctx, lps, n);
     }
     drop_scratch(e, st);
     if (st->carry_next >= 0) {
