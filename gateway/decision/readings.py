@@ -167,6 +167,10 @@ def plan(
     return reads
 
 
+#: ``content_free_listing`` reads a choice of more labels than this over its labels alone (:func:`content_free_plan`).
+LISTING_DESCRIBED_MAX = 64
+
+
 def content_free_plan(
     qtype: str, instructions: Any, criteria: Any, n_options: int, method: Method, order: Sequence[int] | None = None
 ) -> list[Read]:
@@ -179,8 +183,15 @@ def content_free_plan(
     rotations and scored texts, with the type's :data:`gateway.decision.prompts.DEFAULT_INSTRUCTIONS`
     in place of the question's instructions, so the reading depends on the options alone: questions
     that list the same options share it, and a new question on known options reads nothing extra.
-    Raises ``ValueError`` as :func:`plan`.
+    A choice of more than :data:`LISTING_DESCRIBED_MAX` labels is listed there without its labels'
+    descriptions (the same labels, order and scored texts): reading the whole listing a second time
+    would double the cost of a long question the first time its labels are seen (255 labels with a
+    sentence each: 37 s against 19, ``bench/many_options.py``), while what the correction removes, the
+    model's lean to a place in the list and to a label, is in the labels. Raises ``ValueError`` as
+    :func:`plan`.
     """
+    if method.listing_only and qtype == "choice" and n_options > LISTING_DESCRIBED_MAX:
+        criteria = dict.fromkeys(criteria)
     return plan(qtype, None if method.listing_only else instructions, criteria, n_options, method, order)
 
 

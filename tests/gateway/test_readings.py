@@ -162,6 +162,31 @@ def test_the_content_free_side_of_content_free_listing_reads_the_listing_alone()
     ]
 
 
+def test_a_long_choice_is_read_content_free_over_its_labels_alone():
+    method = Method(canonical=True, content_free=True, listing_only=True)
+
+    def described(n: int) -> dict:
+        return {f"q{i:03d}": f"tickets of queue {i}" for i in reversed(range(n))}
+
+    # 64 labels: listed with their descriptions, as the question lists them
+    (at_max,) = readings.content_free_plan("choice", "Which queue?", described(64), 64, method)
+    assert at_max.text.splitlines()[1:3] == ["q000: tickets of queue 0", "q001: tickets of queue 1"]
+    # 65: the same labels in the same order, scored the same, without their descriptions
+    (free,) = readings.content_free_plan("choice", "Which queue?", described(65), 65, method)
+    (real,) = readings.plan("choice", "Which queue?", described(65), 65, method)
+    assert free.text == "\n".join(
+        ["Which of these fits the text best?", *(f"q{i:03d}" for i in range(65)), "Answer with one label."]
+    )
+    assert real.text.splitlines()[1] == "q000: tickets of queue 0"
+    assert (free.scored, free.owner, free.places) == (real.scored, real.owner, real.places)
+    assert free.owner[:2] == (64, 63)  # reply order is the request's (q064 first), the listing sorted
+    # the same labels with other descriptions share the reading; content_free (not listing) keeps them
+    other = {k: "x" for k in described(65)}
+    assert readings.content_free_plan("choice", "Which queue?", other, 65, method) == [free]
+    asked = Method(canonical=True, content_free=True)
+    assert readings.content_free_plan("choice", "Which queue?", described(65), 65, asked) == [real]
+
+
 def test_spellings_read_a_nouls_words_in_every_spelling():
     method = Method(canonical=True, spellings=True)
     (read,) = readings.plan("noul", "Urgent?", None, 2, method)
