@@ -90,7 +90,8 @@ LLAMA_ENGINE_HDRS := $(wildcard llama/*.h)
 
 .PHONY: llama-libs llama-src
 ifeq ($(LLAMA_STOCK),)
-all: $(BIN)/serveproto-llama $(BIN)/llama-prefill-ref $(BIN)/llama-tokenize-ref $(BIN)/llama-logit-hash $(BIN)/ggml-rpc-server
+all: $(BIN)/serveproto-llama $(BIN)/llama-prefill-ref $(BIN)/llama-tokenize-ref $(BIN)/llama-logit-hash $(BIN)/ggml-rpc-server \
+  $(BIN)/llama-mtmd-ref
 else
 all: $(BIN)/serveproto-llama-stock
 endif
@@ -190,6 +191,12 @@ $(BIN)/llama-prefill-ref: llama/bench/prefill_ref.c llama/bench/ref_common.h $(L
 # Every logit of a few decodes hashed: two builds' kernels compared bit for bit (bench/README.md, "Long documents").
 $(BIN)/llama-logit-hash: llama/bench/logit_hash.c llama/bench/ref_common.h $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
 	$(CC) $(LLAMA_CFLAGS) -o $@ $< $(LLAMA_LDLIBS)
+
+# llama.cpp's own multimodal path (mtmd_tokenize, mtmd_helper_eval_chunk_single) on a prompt with pictures: the
+# reference of the engine's pictures (tests/engines/test_llama_pictures.py). Its logprobs are written over the
+# engine's logsumexp (llama/lse.h) and number format (engines/common).
+$(BIN)/llama-mtmd-ref: llama/bench/mtmd_ref.c llama/bench/ref_common.h llama/lse.h $(COMMON_LIB) $(LLAMA_STAMP) $(LLAMA_MTMD_LIB) $(LLAMA_VARIANT_FILE) | $(BIN)
+	$(CC) $(LLAMA_CFLAGS) $(LLAMA_MTMD_INC) -Illama -o $@ $< $(COMMON_LIB) $(LLAMA_MTMD_LDLIBS)
 
 # llama.cpp's llama_tokenize of texts, timed (bench/README.md, "Tokenizing"; tests/engines/test_llama_tokenize.py).
 $(BIN)/llama-tokenize-ref: llama/bench/tokenize_ref.c llama/bench/ref_common.h $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
