@@ -138,7 +138,7 @@ int picture_eval(engine *e, const picture_prelude *pp, int slot, char *msg, size
     const mtmd_input_chunks *chunks = pp->chunks;
     llama_pos n_past = 0;
     for (size_t i = 0; i < mtmd_input_chunks_size(chunks); i++) {
-        llama_pos next = 0;
+        llama_pos next = n_past; /* a text chunk adds to it, a picture chunk sets it */
         /* no logits: llama.cpp's path keeps none at a picture's positions, the text after it is read
          * by the request's own decodes */
         if (mtmd_helper_eval_chunk_single(e->mtmd, e->ctx, mtmd_input_chunks_get(chunks, i), n_past, slot, e->n_ubatch,

@@ -93,25 +93,12 @@ static void job_free(score_job *j)
     memset(j, 0, sizeof *j);
 }
 
-/* With pictures (picture.h): what a SCORE with them cannot carry, or 0. Only the prefix holds markers; its
- * groups continue the whole of it, with no hidden layers and no pin (no snapshot of a picture). */
-static int pictures_refused(const sp_score_request *sr, const sp_score_rules *rules, char *msg, size_t cap)
+/* With a projector: a picture marker in a stem or an option (only the prefix's are read), or 0. */
+static int markers_outside_prefix(const sp_score_request *sr, const sp_score_rules *rules, char *msg, size_t cap)
 {
     char f[96];
-    if (sr->pin) {
-        snprintf(msg, cap, "pin: a prefix with pictures takes no snapshot");
-        return -1;
-    }
-    if (sr->n_hidden) {
-        snprintf(msg, cap, "hidden: not read with pictures");
-        return -1;
-    }
     for (size_t g = 0; g < sr->n_groups; g++) {
         const spj_value *stem = sr->groups[g].stem, *os = sr->groups[g].options;
-        if (sr->groups[g].base < sr->prefix->len) {
-            snprintf(msg, cap, "groups[%zu].base: not served with pictures (the group continues the whole prefix)", g);
-            return -1;
-        }
         if (picture_markers(stem->str, stem->len)) {
             snprintf(msg, cap, "groups[%zu].stem: the picture marker %s is only read in the prefix", g, picture_marker());
             return -1;
@@ -123,6 +110,26 @@ static int pictures_refused(const sp_score_request *sr, const sp_score_rules *ru
                 return -1;
             }
     }
+    return 0;
+}
+
+/* With pictures (picture.h): what a SCORE with them cannot carry, or 0. Its groups continue the whole
+ * prefix, with no hidden layers and no pin (no snapshot of a picture). */
+static int pictures_refused(const sp_score_request *sr, char *msg, size_t cap)
+{
+    if (sr->pin) {
+        snprintf(msg, cap, "pin: a prefix with pictures takes no snapshot");
+        return -1;
+    }
+    if (sr->n_hidden) {
+        snprintf(msg, cap, "hidden: not read with pictures");
+        return -1;
+    }
+    for (size_t g = 0; g < sr->n_groups; g++)
+        if (sr->groups[g].base < sr->prefix->len) {
+            snprintf(msg, cap, "groups[%zu].base: not served with pictures (the group continues the whole prefix)", g);
+            return -1;
+        }
     return 0;
 }
 
@@ -185,8 +192,16 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
     const spj_value *prefix = sr.prefix;
     const char *ptext = prefix->str; /* the text the options continue: after the last picture, if any */
     size_t plen = prefix->len;
+    if (e->mtmd && markers_outside_prefix(&sr, &rules, msg, cap) != 0)
+        goto out;
+    if (e->mtmd && !pics && picture_markers(prefix->str, prefix->len) > 0) {
+        snprintf(msg, cap, "prefix: %d picture marker%s %s for 0 pictures (IMAGE frames)",
+                 picture_markers(prefix->str, prefix->len), picture_markers(prefix->str, prefix->len) == 1 ? "" : "s",
+                 picture_marker());
+        goto out;
+    }
     if (pics) {
-        if (pictures_refused(&sr, &rules, msg, cap) != 0 ||
+        if (pictures_refused(&sr, msg, cap) != 0 ||
             picture_prepare(e, pics, "prefix", prefix->str, prefix->len, pp, msg, cap) != 0)
             goto out;
         ptext += pp->tail_off;

@@ -112,7 +112,7 @@ int main(int argc, char **argv)
             last_pic = i;
     llama_pos n_past = 0;
     for (size_t i = 0; i <= last_pic; i++) {
-        llama_pos next = 0;
+        llama_pos next = n_past; /* a text chunk adds to it, a picture chunk sets it */
         if (mtmd_helper_eval_chunk_single(mctx, ctx, mtmd_input_chunks_get(chunks, i), n_past, 0, (int32_t)cp.n_batch,
                                           false, &next) != 0) {
             fprintf(stderr, "llama-mtmd-ref: evaluating chunk %zu failed\n", i);
