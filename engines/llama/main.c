@@ -689,11 +689,11 @@ static void handshake(engine *e)
 {
     char caps[2048];
     snprintf(caps, sizeof caps,
-             "chat=1 slots=%d n_ctx=%d x_max_prompt=%d n_vocab=%d model=%s pin_slots=%d max_logprobs=%d x_score=1 x_score_base=1 "
-             "vision=%d x_hidden=%d x_hidden_dim=%d x_counters=1 x_health=1 x_numerics=%s x_batched=1 n_ubatch=%d n_chunk=%d x_threads=%s%d%s%s " SP_STACK_CAPS
+             "chat=1 slots=%d n_ctx=%d x_max_prompt=%d n_vocab=%d model=%s pin_slots=%d max_logprobs=%d x_score=1 x_score_base=1%s "
+             "x_hidden=%d x_hidden_dim=%d x_counters=1 x_health=1 x_numerics=%s x_batched=1 n_ubatch=%d n_chunk=%d x_threads=%s%d%s%s " SP_STACK_CAPS
              " x_patches=%s",
              e->n_slots, e->n_ctx, e->n_ctx_max, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS,
-             e->mtmd != NULL, e->no_hidden ? 0 : hidden_layers(e),
+             e->mtmd ? " vision=1" : "", e->no_hidden ? 0 : hidden_layers(e),
              hidden_dim(e), e->numerics, e->n_ubatch,
              e->n_chunk, e->threads_auto ? "auto:" : "", e->threads_max, e->devices_caps,
              e->disk ? " x_persist=1" : "", llamax_patches());
