@@ -331,7 +331,9 @@ class GatewayConnection(_Connection):
         i = getattr(e, "id", 0)
         if self._image_id is not None and not (cls in (ev.Submit, ev.Score, ev.Image) and i == self._image_id):
             raise LocalProtocolError(
-                f"IMAGE {self._image_id} must be followed by its SUBMIT or SCORE (or another IMAGE of it)", "BAD_SEQUENCE", i
+                f"IMAGE {self._image_id} must be followed by its SUBMIT or SCORE (or another IMAGE of it)",
+                "BAD_SEQUENCE",
+                i,
             )
         if cls in st.KIND_REPLIES or cls is ev.Ping or cls is ev.Image:
             need = _NEEDS.get(cls)

@@ -71,7 +71,9 @@ def reference(files, prompt: str, *seeds: int) -> tuple[int, list[tuple[int, int
     argv = [str(REF), "--model", str(files["model"]), "--mmproj", str(files["mmproj"]), "--prompt-file", str(pf)]
     for s in seeds:
         argv += ["--image", str(files["pics"][s][2])]
-    out = subprocess.run(argv + ["--threads", "1"], env=REF_ENV, capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        argv + ["--threads", "1"], env=REF_ENV, capture_output=True, text=True, timeout=120, check=True
+    )
     lines = out.stdout.split("\n")
     assert lines[0].startswith("positions ")
     rows = [line.split() for line in lines[1:] if line]
@@ -104,7 +106,9 @@ def test_caps_say_vision_only_with_a_projector(files, engine):
     from fixtures.sync_engine import SyncEngine
 
     assert engine.caps.vision is True
-    with SyncEngine([str(ENGINE), "--model", str(files["model"]), "--threads", "1"], files["dir"] / "plain.stderr") as e:
+    with SyncEngine(
+        [str(ENGINE), "--model", str(files["model"]), "--threads", "1"], files["dir"] / "plain.stderr"
+    ) as e:
         assert e.caps.vision is False
 
 
@@ -147,7 +151,10 @@ def test_two_pictures_in_order(files, engine):
     prompt = HEAD + MARKER + " and " + MARKER + TAIL + "Yes."
     n_pos, ref = reference(files, prompt, 1, 2)
     evs = submit(engine, prompt, [files["pics"][1][1], files["pics"][2][1]])
-    assert [(e.position, e.logprob) for e in evs if isinstance(e, Echo)] == [(p, lp) for p, _, lp in ref]
+    echoes = [(e.position, e.logprob) for e in evs if isinstance(e, Echo)]
+    assert echoes == [(p, lp) for p, _, lp in ref]
+    assert echoes[0][0] == n_pos + 1  # read-out from the second token after the last picture
+    assert evs[0].prompt_tokens == n_pos + len(ref) + 1
     swapped = submit(engine, prompt, [files["pics"][2][1], files["pics"][1][1]])
     assert [e.logprob for e in swapped if isinstance(e, Echo)] != [lp for _, _, lp in ref]
 
