@@ -65,7 +65,7 @@ def engine(files):
 
 def reference(files, prompt: str, *seeds: int) -> tuple[int, list[tuple[int, int, float]]]:
     """llama-mtmd-ref on ``prompt`` with the pictures of ``seeds``: (positions before the text after the
-    last picture, [(position, token id, logprob) for that text's tokens but its first])."""
+    last picture, [(position, token id, logprob) for that text's tokens but its first, which has none])."""
     pf = files["dir"] / "prompt.txt"
     pf.write_text(prompt)
     argv = [str(REF), "--model", str(files["model"]), "--mmproj", str(files["mmproj"]), "--prompt-file", str(pf)]
@@ -77,7 +77,8 @@ def reference(files, prompt: str, *seeds: int) -> tuple[int, list[tuple[int, int
     lines = out.stdout.split("\n")
     assert lines[0].startswith("positions ")
     rows = [line.split() for line in lines[1:] if line]
-    return int(lines[0].split()[1]), [(int(p), int(t), float(lp)) for p, t, lp in rows]
+    assert rows[0][2] == "nan"  # the first token after the picture: no logits at a picture's position
+    return int(lines[0].split()[1]), [(int(p), int(t), float(lp)) for p, t, lp in rows[1:]]
 
 
 def submit(eng, prompt: str, pictures, **kw) -> list:

@@ -9,9 +9,10 @@
  * last picture is evaluated by mtmd_helper_eval_chunk_single (text chunks decoded, picture chunks
  * encoded by the projector and their embeddings decoded; no logits: llama.cpp keeps none at a picture's
  * positions); the text after the last picture is then one llama_decode with every position's logits.
- * Prints "positions P" (the positions before that text), then per token of that text but its first
- * "<position> <token id> <logprob>", the logprob given the positions before it, written as the engine
- * writes numbers (sp_format_float) over the same logsumexp (llama/lse.h): equal lines mean equal bits.
+ * Prints "positions P" (the positions before that text), then per token of that text
+ * "<position> <token id> <logprob>", the logprob given the positions before it (nan for the first: no
+ * logits at a picture's position), written as the engine writes numbers (sp_format_float) over the same
+ * logsumexp (llama/lse.h): equal lines mean equal bits.
  *
  * The context takes the engine's CPU settings (F32 keys and values, flash attention, one unified KV
  * cache); run it with the engine's environment (GGML_CPU_USE_REF=1 LLAMA_KV_CELLS_IN_ORDER=1). */
@@ -138,10 +139,10 @@ int main(int argc, char **argv)
             fprintf(stderr, "llama-mtmd-ref: decoding the text after the last picture failed\n");
             return 1;
         }
-        for (size_t i = 1; i < nt; i++) {
-            const float *row = llama_get_logits_ith(ctx, (int32_t)i - 1);
+        for (size_t i = 0; i < nt; i++) {
+            const float *row = i > 0 ? llama_get_logits_ith(ctx, (int32_t)i - 1) : NULL;
             char num[SP_FLOAT_MAX];
-            sp_format_float(num, (double)row[toks[i]] - lse_logsumexp(row, n_vocab));
+            sp_format_float(num, row ? (double)row[toks[i]] - lse_logsumexp(row, n_vocab) : NAN);
             printf("%d %d %s\n", (int)(n_past + (llama_pos)i), toks[i], num);
         }
         llama_batch_free(b);
