@@ -57,7 +57,7 @@ def test_mmproj_reaches_the_default_models_engine_only(tmp_path, monkeypatch):
     args = build_parser().parse_args(["serve", "--model", str(tmp_path / "m.gguf"), "--mmproj", str(proj)])
     cfg = cli_config.engines_config(args)
     assert "--mmproj" not in cli_plan.engine_argv(cfg, model=str(other))[0]  # another model's engine: none
-    with pytest.raises(SystemExit, match="--mmproj .*missing.gguf not found"):
+    with pytest.raises(SystemExit, match=r"--mmproj .*missing\.gguf not found"):
         llama_argv(tmp_path, monkeypatch, "--mmproj", str(tmp_path / "missing.gguf"))
 
 
