@@ -522,18 +522,7 @@ class Engine:
             proc = await self._sup.instance()
             use_fast = _caps(proc).x_score if fast is None else fast
             hid = tuple(hidden) if _caps(proc).x_hidden else ()
-            if pictures:
-                result = await self._score_pictures(proc, prefix_b, norm, pin, slot, key, tuple(pictures))
-                if more:
-                    extra = await self._score_one(base_b, more, False, slot, key, use_fast, None, first=len(norm))
-                    result = attrs.evolve(
-                        result,
-                        groups=result.groups + extra.groups,
-                        computed=_plus(result.computed, extra.computed),
-                        reused=_plus(result.reused, extra.reused),
-                        disk=_plus(result.disk, extra.disk),
-                    )
-            elif use_fast and more and _caps(proc).x_score_base:
+            if use_fast and more and _caps(proc).x_score_base and not pictures:
                 try:
                     result = await self._score_fast(
                         prefix_b, norm + more, pin, slot, key, len(norm), len(base_b), hidden=hid
@@ -543,7 +532,10 @@ class Engine:
                         raise
                     result = await self._score_folded([(prefix_b, norm, key), (base_b, more, None)], slot)
             else:
-                result = await self._score_one(prefix_b, norm, pin, slot, key, use_fast, key, hidden=hid)
+                if pictures:
+                    result = await self._score_pictures(proc, prefix_b, norm, pin, slot, key, tuple(pictures))
+                else:
+                    result = await self._score_one(prefix_b, norm, pin, slot, key, use_fast, key, hidden=hid)
                 if more:
                     extra = await self._score_one(base_b, more, False, slot, key, use_fast, None, first=len(norm))
                     result = attrs.evolve(

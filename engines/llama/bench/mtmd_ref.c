@@ -73,17 +73,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "llama-mtmd-ref: cannot load %s\n", mmproj);
         return 1;
     }
-    struct llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = 4096;
-    cp.n_batch = 2048;
-    cp.n_ubatch = 512;
-    cp.n_threads = threads;
-    cp.n_threads_batch = threads;
-    cp.kv_unified = true;
-    cp.no_perf = true;
-    cp.type_k = GGML_TYPE_F32;
-    cp.type_v = GGML_TYPE_F32;
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    struct llama_context_params cp = ref_engine_context(4096, 1, threads);
     struct llama_context *ctx = llama_init_from_model(model, cp);
     if (!ctx) {
         fprintf(stderr, "llama-mtmd-ref: cannot create a context\n");
