@@ -631,8 +631,11 @@ static int load(engine *e, options *o)
         char err[512];
         if (access(o->mmproj, R_OK) != 0)
             return load_fail(e, "io", "--mmproj %s: %s", o->mmproj, strerror(errno));
-        if (picture_load(e, o->mmproj, o->threads, gpu, log_cb, e, err, sizeof err) != 0)
-            return load_fail(e, "unsupported", "%s: %s", err, log_detail());
+        g_log_tail[0] = '\0';
+        if (picture_load(e, o->mmproj, o->threads, gpu, log_cb, e, err, sizeof err) != 0) {
+            const char *why = log_detail();
+            return load_fail(e, "unsupported", "%s%s%s", err, *why ? ": " : "", why);
+        }
     }
     return open_score_cache(e, o, invariant);
 }
@@ -759,18 +762,17 @@ static void on_request(void *eng, sp_request *rq)
         /* what follows IMAGEs must be their request: else they are answered BAD_REQUEST (section 4) */
         if (e->pics_in && e->pics_in->id != rq->id) {
             sp_write_error(&e->w, e->pics_in->id, "BAD_REQUEST", "IMAGE: not followed by its SUBMIT or SCORE");
+            e->skip_submit_id = e->pics_in->id; /* answered: its request, should it come later, is dropped */
             picture_set_free(e->pics_in);
             e->pics_in = NULL;
         }
-        if (e->skip_submit_id && e->skip_submit_id != rq->id)
-            e->skip_submit_id = 0;
     }
     if (rq->kind == SP_IMAGE) {
         on_image(e, rq);
         return;
     }
     if (rq->kind == SP_DECIDE) {
-        if (e->pics_in) { /* a DECIDE of the IMAGEs' id */
+        if (e->pics_in) { /* a DECIDE of the IMAGEs' id: one answer for both */
             sp_write_error(&e->w, rq->id, "BAD_REQUEST", "IMAGE: not followed by its SUBMIT or SCORE");
             picture_set_free(e->pics_in);
             e->pics_in = NULL;

@@ -251,3 +251,15 @@ def test_an_image_without_its_request_is_refused_and_without_a_projector_not_sup
     assert lines[1] == b"ACCEPT 2 1" and lines[2].startswith(b"DONE 2 ")  # then served on its own
     lines = raw_session(files, image + b"SUBMIT 1 0 5 0 0 1 logprobs=1\nHello\nPING 3\n")
     assert lines == [b"ERROR 1 NOT_SUPPORTED this engine has no image tower (vision=0; --mmproj)", b"PONG 3 active=0"]
+
+
+def test_a_projector_that_is_not_one_for_the_model_is_a_load_fail(files):
+    missing = files["dir"] / "missing.gguf"
+    for mmproj, kind, says in (
+        (missing, "io", f"--mmproj {missing}: No such file or directory"),
+        (files["model"], "unsupported", f"--mmproj {files['model']}: not a projector for this model"),
+    ):
+        argv = [str(ENGINE), "--model", str(files["model"]), "--threads", "1", "--mmproj", str(mmproj)]
+        done = subprocess.run(argv, input=b"", capture_output=True, timeout=120)
+        line = done.stdout.decode().splitlines()[0]
+        assert done.returncode != 0 and line.startswith(f"LOAD_FAIL kind={kind} {says}"), line
