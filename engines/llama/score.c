@@ -134,11 +134,18 @@ static int pictures_refused(const sp_score_request *sr, char *msg, size_t cap)
 }
 
 /* The job of the text after the prefix's last picture (job_parse) made the job of the whole prefix: the
- * prelude's n positions (PICTURE_TOKEN) before every option's tokens. Returns 0, or -1 with the reason in
- * msg: no token after the pictures that every option shares (a picture's positions have no logits, so
- * the trunk's last position must be text), or more positions than a slot holds. */
+ * prelude's n positions (PICTURE_TOKEN) before every option's tokens, in place of the BOS their whole-text
+ * tokenization starts with where the model adds one (the text after a picture has none, as mtmd_tokenize
+ * tokenizes it). Returns 0, or -1 with the reason in msg: no token after the pictures that every option
+ * shares (a picture's positions have no logits, so the trunk's last position must be text), or more
+ * positions than a slot holds. */
 static int shift_for_pictures(engine *e, score_job *job, int n, char *msg, size_t cap)
 {
+    int bos = llama_vocab_get_add_bos(e->vocab) ? 1 : 0;
+    for (int j = 0; bos && j < job->n_opts; j++)
+        bos = job->opts[j].n > 0 && job->opts[j].toks[0] == llama_vocab_bos(e->vocab);
+    job->trunk -= bos;
+    job->longest -= bos;
     if (job->trunk == 0) {
         snprintf(msg, cap, "prefix: no token after its last picture that every option shares (a picture's positions "
                            "have no logits to score the next token from)");
@@ -158,13 +165,13 @@ static int shift_for_pictures(engine *e, score_job *job, int n, char *msg, size_
         }
         for (int i = 0; i < n; i++)
             toks[i] = PICTURE_TOKEN;
-        memcpy(toks + n, ot->toks, (size_t)ot->n * sizeof *toks);
+        memcpy(toks + n, ot->toks + bos, (size_t)(ot->n - bos) * sizeof *toks);
         free(ot->toks);
         ot->toks = toks;
-        ot->n += n;
-        ot->ctx += n;
-        ot->from += n;
-        ot->from0 += n;
+        ot->n += n - bos;
+        ot->ctx += n - bos;
+        ot->from += n - bos;
+        ot->from0 += n - bos;
     }
     job->trunk += n;
     job->longest += n;

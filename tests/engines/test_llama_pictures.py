@@ -63,12 +63,20 @@ def engine(files):
         yield eng
 
 
-def reference(files, prompt: str, *seeds: int) -> tuple[int, list[tuple[int, int, float]]]:
+def reference(files, prompt: str, *seeds: int, model=None) -> tuple[int, list[tuple[int, int, float]]]:
     """llama-mtmd-ref on ``prompt`` with the pictures of ``seeds``: (positions before the text after the
     last picture, [(position, token id, logprob) for that text's tokens but its first, which has none])."""
     pf = files["dir"] / "prompt.txt"
     pf.write_text(prompt)
-    argv = [str(REF), "--model", str(files["model"]), "--mmproj", str(files["mmproj"]), "--prompt-file", str(pf)]
+    argv = [
+        str(REF),
+        "--model",
+        str(model or files["model"]),
+        "--mmproj",
+        str(files["mmproj"]),
+        "--prompt-file",
+        str(pf),
+    ]
     for s in seeds:
         argv += ["--image", str(files["pics"][s][2])]
     out = subprocess.run(
@@ -263,3 +271,28 @@ def test_a_projector_that_is_not_one_for_the_model_is_a_load_fail(files):
         done = subprocess.run(argv, input=b"", capture_output=True, timeout=120)
         line = done.stdout.decode().splitlines()[0]
         assert done.returncode != 0 and line.startswith(f"LOAD_FAIL kind={kind} {says}"), line
+
+
+def test_on_a_model_that_adds_bos_the_text_after_the_picture_has_none(files):
+    """mtmd_tokenize puts BOS before the prelude only: the engine's SUBMIT and SCORE read the text after
+    the picture without one too (a Llama-like tokenizer; the fixture's SmolLM2 one adds none)."""
+    from fixtures import tiny_gguf
+    from fixtures.sync_engine import SyncEngine
+
+    bos = tiny_gguf.with_bos(files["model"], files["dir"] / "tiny-bos.gguf")
+    argv = [str(ENGINE), "--model", str(bos), "--mmproj", str(files["mmproj"]), "--threads", "1"]
+    with SyncEngine([*argv, "--float-digits", "17"], files["dir"] / "bos.stderr") as eng:
+        n_pos, ref = reference(files, PROMPT, 1, model=bos)
+        evs = submit(eng, PROMPT, [files["pics"][1][1]])
+        assert [(e.position, e.logprob) for e in evs if isinstance(e, Echo)] == [(p, lp) for p, _, lp in ref]
+        assert evs[0].prompt_tokens == n_pos + len(ref) + 1
+        prefix = HEAD + MARKER + TAIL
+        scored = [
+            e for e in score(eng, prefix, "", ["Yes", "No"], [files["pics"][1][1]], slot=0) if isinstance(e, Scored)
+        ]
+        for opt, sc in zip(["Yes", "No"], scored):
+            _, ref = reference(files, prefix + opt, 1, model=bos)
+            assert [lp for _, _, lp in ref[-len(sc.logprobs) :]] == list(sc.logprobs)
+            assert sc.context_tokens == ref[-len(sc.logprobs)][0]
+        plain = eng.request(Submit(eng.new_id(), 0, b"Hello", 0, 0.0, 1.0, logprobs=1))
+        assert plain[0].prompt_tokens == 2  # this model does add BOS to a plain prompt
