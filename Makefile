@@ -1,6 +1,6 @@
 # serveproto: the two commands of the README.
 #   make serve   start the decision server on the default model (HOST, PORT, MODEL, THREADS, DEBIAS, PRECISION,
-#                LOG_DECISIONS, PIN_SLOTS, STRICT, SERVEPROTO_API_KEY)
+#                LOG_DECISIONS, PIN_SLOTS, STRICT, MMPROJ, SERVEPROTO_API_KEY)
 #   make test    run the tests: every tier, lint first (.ci/run runs this one)
 #   make test-quick  the quick tier alone (tests/protocol, tests/gateway: no engine process, no model; under a
 #                minute); tests/engines and tests/e2e start the engines (README, "Tests")
@@ -18,12 +18,13 @@ PRECISION ?=
 LOG_DECISIONS ?=
 PIN_SLOTS ?=
 STRICT ?=
+MMPROJ ?=
 export SERVEPROTO_CACHE ?= $(HOME)/.cache/serveproto
 
 .PHONY: serve test test-quick lint venv venv-test engines engines-stock model browser nginx clean
 
 serve: venv engines model
-	$(VENV)/bin/serveproto serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL)) $(if $(THREADS),--threads $(THREADS)) $(if $(DEBIAS),--debias $(DEBIAS)) $(if $(PRECISION),--precision $(PRECISION)) $(if $(LOG_DECISIONS),--log-decisions $(LOG_DECISIONS)) $(if $(PIN_SLOTS),--pin-slots $(PIN_SLOTS)) $(if $(STRICT),--strict)
+	$(VENV)/bin/serveproto serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL)) $(if $(THREADS),--threads $(THREADS)) $(if $(DEBIAS),--debias $(DEBIAS)) $(if $(PRECISION),--precision $(PRECISION)) $(if $(LOG_DECISIONS),--log-decisions $(LOG_DECISIONS)) $(if $(PIN_SLOTS),--pin-slots $(PIN_SLOTS)) $(if $(STRICT),--strict) $(if $(MMPROJ),--mmproj $(MMPROJ))
 
 test: lint engines engines-stock model browser nginx
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

@@ -152,7 +152,8 @@ class GatewayConnection(_Connection):
     advertise in CAPS (NOT_SUPPORTED: ``Score`` without ``x_score``,
     ``Ping`` without ``x_health``, ``counters=True`` without
     ``x_counters``, ``Decide`` without ``decide``, ``Image`` without
-    ``vision``), or anything between an ``Image`` and its ``Submit``.
+    ``vision``), or anything but another ``Image`` of its id between an
+    ``Image`` and its ``Submit`` or ``Score``.
     """
 
     def __init__(self, max_line: int = g.MAX_LINE, max_payload: int = g.MAX_PAYLOAD) -> None:
@@ -328,15 +329,19 @@ class GatewayConnection(_Connection):
         caps = self._caps
         assert caps is not None
         i = getattr(e, "id", 0)
-        if self._image_id is not None and not (cls is ev.Submit and i == self._image_id):
-            raise LocalProtocolError(f"IMAGE {self._image_id} must be followed by its SUBMIT", "BAD_SEQUENCE", i)
+        if self._image_id is not None and not (cls in (ev.Submit, ev.Score, ev.Image) and i == self._image_id):
+            raise LocalProtocolError(
+                f"IMAGE {self._image_id} must be followed by its SUBMIT or SCORE (or another IMAGE of it)",
+                "BAD_SEQUENCE",
+                i,
+            )
         if cls in st.KIND_REPLIES or cls is ev.Ping or cls is ev.Image:
             need = _NEEDS.get(cls)
             if isinstance(e, ev.Submit) and e.counters:
                 need = "x_counters"
             if need is not None and not getattr(caps, need):
                 raise LocalProtocolError(f"the engine did not advertise {need}=1 in CAPS", "NOT_SUPPORTED", i)
-            if i in self._requests or i in self._pings or (cls is not ev.Submit and i == self._image_id):
+            if i in self._requests or i in self._pings or (cls is ev.Decide and i == self._image_id):
                 raise LocalProtocolError(f"id {i} is already in flight", "DUPLICATE_ID", i)
         elif cls not in (ev.Stop, ev.Cancel):
             raise LocalProtocolError(f"{cls.__name__} is not a request", "BAD_SEQUENCE", i)

@@ -387,10 +387,12 @@ class Submit(Event):
 
 @attrs.frozen
 class Image(Event):
-    """``IMAGE``: the image for the SUBMIT with the same ``id``, which must come next (section 4).
+    """``IMAGE``: a picture for the SUBMIT or SCORE with the same ``id``, which must come next, after
+    the request's other IMAGEs (section 4).
 
-    ``data``: the image payload (bytes, the tower's input, e.g. little-endian
-    float32 patches); ``grid_h``, ``grid_w``: the patch grid (uints).
+    ``data``: the picture: an encoded file (PNG, JPEG, ...) when ``grid_h`` and
+    ``grid_w`` are 0, else ``grid_h`` rows of ``grid_w`` RGB pixels, 8 bits a
+    channel (uints).
     """
 
     id: int

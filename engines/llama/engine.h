@@ -22,6 +22,7 @@
 #include "score_request.h"
 #include "llama.h"
 #include "llamax.h" /* what our llama.cpp patches add: only through it */
+#include "picture.h" /* pictures (--mmproj): only through it */
 
 #define ENGINE_MAX_LOGPROBS   SP_MAX_LOGPROBS /* CAPS max_logprobs */
 #define ENGINE_AUTO_SLOTS_MAX 4               /* --slots unset: at most this many, sized from memory (main.c) */
@@ -97,6 +98,7 @@ typedef struct task {
     int row0, rows; /* its rows in the batch being decoded (rows 0: none) */
     int pending;    /* its rows are in the decode left in flight, not read yet (gpu_pipe.c, the pipeline) */
     uint64_t in_us; /* SERVEPROTO_PROFILE: when it was taken from stdin (profile_now_us), for its answer's time */
+    picture_set *pics; /* its IMAGE frames' pictures, owned (NULL: none); it starts only with no decode in flight */
     void *st;       /* its kind's state (submit.c's or score.c's) */
 } task;
 
@@ -319,7 +321,9 @@ typedef struct engine {
     int pad_seq;                /* the padding's sequence, above the carries */
     int padded;                 /* rows of padding in the decode being built */
     uint64_t polled_us;         /* when the abort callback last read stdin (CLOCK_MONOTONIC) */
-    uint64_t skip_submit_id;    /* a refused IMAGE's id: its SUBMIT is dropped */
+    uint64_t skip_submit_id;    /* a refused IMAGE's id: its SUBMIT or SCORE (and further IMAGEs) are dropped */
+    struct mtmd_context *mtmd;  /* --mmproj: the projector (picture.c); NULL: CAPS vision=0 */
+    picture_set *pics_in;       /* IMAGE frames read, waiting for their SUBMIT or SCORE (main.c) */
     engine_profile prof;        /* SERVEPROTO_PROFILE (profile.c) */
 } engine;
 

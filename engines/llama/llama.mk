@@ -83,12 +83,15 @@ LLAMA_LIBS  := $(LLAMA_BUILD)/src/libllama.a $(LLAMA_GGML_LIBS)
 LLAMA_STAMP := $(LLAMA_BUILD)/.serveproto-built
 LLAMA_INC   := -I$(LLAMA_SRC)/include -I$(LLAMA_SRC)/ggml/include
 
+include llama/mtmd.mk
+
 LLAMA_ENGINE_SRCS := $(wildcard llama/*.c)
 LLAMA_ENGINE_HDRS := $(wildcard llama/*.h)
 
 .PHONY: llama-libs llama-src
 ifeq ($(LLAMA_STOCK),)
-all: $(BIN)/serveproto-llama $(BIN)/llama-prefill-ref $(BIN)/llama-tokenize-ref $(BIN)/llama-logit-hash $(BIN)/ggml-rpc-server
+all: $(BIN)/serveproto-llama $(BIN)/llama-prefill-ref $(BIN)/llama-tokenize-ref $(BIN)/llama-logit-hash $(BIN)/ggml-rpc-server \
+  $(BIN)/llama-mtmd-ref
 else
 all: $(BIN)/serveproto-llama-stock
 endif
@@ -152,13 +155,16 @@ $(LLAMA_SRC)/.extracted:
 	touch $@
 endif
 
-llama-src: $(LLAMA_PATCHED)/.extracted $(LLAMA_RPC_TOOL)/.extracted
+llama-src: $(LLAMA_PATCHED)/.extracted $(LLAMA_RPC_TOOL)/.extracted $(LLAMA_MTMD_TOOL)/.extracted
 	test -n "$(DEST)" || { echo "usage: make -C engines llama-src DEST=DIR" >&2; exit 1; }
-	mkdir -p $(DEST)/tools/rpc && cp -a $(LLAMA_PATCHED)/. $(DEST)/ && cp -a $(LLAMA_RPC_TOOL)/. $(DEST)/tools/rpc/
+	mkdir -p $(DEST)/tools/rpc $(DEST)/tools/mtmd && cp -a $(LLAMA_PATCHED)/. $(DEST)/ && \
+	  cp -a $(LLAMA_RPC_TOOL)/. $(DEST)/tools/rpc/ && cp -a $(LLAMA_MTMD_TOOL)/. $(DEST)/tools/mtmd/
 
 # -O3 -fno-trapping-math: the log-softmax loops of model.c vectorize (branch-free clamps).
 LLAMA_CFLAGS := $(CFLAGS) -O3 -fno-trapping-math -pthread -fopenmp $(LLAMA_INC) $(COMMON_CFLAGS)
 LLAMA_LDLIBS := $(LLAMA_LIBS) $(LLAMA_SYS_LIBS) -lstdc++ -lm -fopenmp -lpthread
+# The engine and llama-mtmd-ref link libmtmd (llama/mtmd.mk) before llama.cpp's libraries.
+LLAMA_MTMD_LDLIBS := $(LLAMA_MTMD_LIB) $(LLAMA_LDLIBS)
 
 # Which variant the binaries in $(BIN) were linked against: switching CPU <-> CUDA relinks.
 LLAMA_VARIANT_FILE := $(BIN)/.llama-$(LLAMA_VARIANT)
@@ -174,9 +180,9 @@ SP_BUILD_ID := $(shell { cat $(sort $(LLAMA_ENGINE_SRCS) $(LLAMA_ENGINE_HDRS)) $
 
 # The frame codec and JSON reader come from engines/common ($(COMMON_LIB)). The stock build's engine is
 # bin/serveproto-llama-stock (llama/llamax.c turns off what needs a patch).
-$(BIN)/serveproto-llama$(LLAMA_STOCK): $(LLAMA_ENGINE_SRCS) $(LLAMA_ENGINE_HDRS) $(COMMON_LIB) $(COMMON_HDR) $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
-	$(CC) $(LLAMA_CFLAGS) -I$(LLAMA_VENDOR_HASH) -DSP_BUILD_ID='"$(SP_BUILD_ID)"' -o $@ $(LLAMA_ENGINE_SRCS) \
-	  $(LLAMA_VENDOR_HASH)/sha256/sha256.c $(COMMON_LIB) $(COMMON_LDFLAGS) $(LLAMA_LDLIBS)
+$(BIN)/serveproto-llama$(LLAMA_STOCK): $(LLAMA_ENGINE_SRCS) $(LLAMA_ENGINE_HDRS) $(COMMON_LIB) $(COMMON_HDR) $(LLAMA_STAMP) $(LLAMA_MTMD_LIB) $(LLAMA_VARIANT_FILE) | $(BIN)
+	$(CC) $(LLAMA_CFLAGS) $(LLAMA_MTMD_INC) -I$(LLAMA_VENDOR_HASH) -DSP_BUILD_ID='"$(SP_BUILD_ID)"' -o $@ $(LLAMA_ENGINE_SRCS) \
+	  $(LLAMA_VENDOR_HASH)/sha256/sha256.c $(COMMON_LIB) $(COMMON_LDFLAGS) $(LLAMA_MTMD_LDLIBS)
 
 # The reference for bench/engine.py: llama.cpp's own batched decode of a prompt, nothing else.
 $(BIN)/llama-prefill-ref: llama/bench/prefill_ref.c llama/bench/ref_common.h $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
@@ -185,6 +191,12 @@ $(BIN)/llama-prefill-ref: llama/bench/prefill_ref.c llama/bench/ref_common.h $(L
 # Every logit of a few decodes hashed: two builds' kernels compared bit for bit (bench/README.md, "Long documents").
 $(BIN)/llama-logit-hash: llama/bench/logit_hash.c llama/bench/ref_common.h $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)
 	$(CC) $(LLAMA_CFLAGS) -o $@ $< $(LLAMA_LDLIBS)
+
+# llama.cpp's own multimodal path (mtmd_tokenize, mtmd_helper_eval_chunk_single) on a prompt with pictures: the
+# reference of the engine's pictures (tests/engines/test_llama_pictures.py). Its logprobs are written over the
+# engine's logsumexp (llama/lse.h) and number format (engines/common).
+$(BIN)/llama-mtmd-ref: llama/bench/mtmd_ref.c llama/bench/ref_common.h llama/lse.h $(COMMON_LIB) $(LLAMA_STAMP) $(LLAMA_MTMD_LIB) $(LLAMA_VARIANT_FILE) | $(BIN)
+	$(CC) $(LLAMA_CFLAGS) $(LLAMA_MTMD_INC) -Illama -o $@ $< $(COMMON_LIB) $(LLAMA_MTMD_LDLIBS)
 
 # llama.cpp's llama_tokenize of texts, timed (bench/README.md, "Tokenizing"; tests/engines/test_llama_tokenize.py).
 $(BIN)/llama-tokenize-ref: llama/bench/tokenize_ref.c llama/bench/ref_common.h $(LLAMA_STAMP) $(LLAMA_VARIANT_FILE) | $(BIN)

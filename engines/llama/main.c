@@ -44,6 +44,7 @@ typedef struct options {
     const char *model_sha256; /* --model-sha256: the model's identity there, else hashed at first use */
     int cache_disk_mb;        /* --cache-disk-mb: the directory's disk budget */
     int cache_read_only;      /* --cache-read-only: read the directory, never write it */
+    const char *mmproj;       /* --mmproj: a vision projector for the model (picture.c; CAPS vision=1) */
 } options;
 
 static void usage(void)
@@ -56,6 +57,7 @@ static void usage(void)
             "                        [--split-mode none|layer|row] [--tensor-split A,B,...] [--main-gpu N]\n"
             "                        [--rpc HOST:PORT,...]\n"
             "                        [--cache-dir DIR [--cache-disk-mb N] [--cache-read-only] [--model-sha256 HEX]]\n"
+            "                        [--mmproj PATH]\n"
             "Speaks the serve protocol (spec/serve-protocol.md) on stdin/stdout.\n");
 }
 
@@ -160,6 +162,8 @@ static int parse_options(int argc, char **argv, options *o)
             rc = parse_int_arg(a, v, 0, 1 << 20, &o->score_cache_mb);
         } else if (!strcmp(a, "--cache-dir")) {
             o->cache_dir = v;
+        } else if (!strcmp(a, "--mmproj")) {
+            o->mmproj = v;
         } else if (!strcmp(a, "--model-sha256")) {
             o->model_sha256 = v;
         } else if (!strcmp(a, "--cache-disk-mb")) {
@@ -623,6 +627,16 @@ static int load(engine *e, options *o)
         return -1;
     if (schedule_config(e, o, gpu) != 0 || alloc_buffers(e, o, gpu) != 0)
         return -1;
+    if (o->mmproj) {
+        char err[512];
+        if (access(o->mmproj, R_OK) != 0)
+            return load_fail(e, "io", "--mmproj %s: %s", o->mmproj, strerror(errno));
+        g_log_tail[0] = '\0';
+        if (picture_load(e, o->mmproj, o->threads, gpu, log_cb, e, err, sizeof err) != 0) {
+            const char *why = log_detail();
+            return load_fail(e, "unsupported", "%s%s%s", err, *why ? ": " : "", why);
+        }
+    }
     return open_score_cache(e, o, invariant);
 }
 
@@ -647,6 +661,8 @@ static void engine_free(engine *e)
     free(e->row_logits);
     free(e->row_index);
     prefix_tokens_free(e);
+    picture_set_free(e->pics_in);
+    picture_unload(e);
     if (e->disk) {
         persist_close(e->disk); /* the results not yet written go now */
         e->disk = NULL;
@@ -676,10 +692,11 @@ static void handshake(engine *e)
 {
     char caps[2048];
     snprintf(caps, sizeof caps,
-             "chat=1 slots=%d n_ctx=%d x_max_prompt=%d n_vocab=%d model=%s pin_slots=%d max_logprobs=%d x_score=1 x_score_base=1 "
+             "chat=1 slots=%d n_ctx=%d x_max_prompt=%d n_vocab=%d model=%s pin_slots=%d max_logprobs=%d x_score=1 x_score_base=1%s "
              "x_hidden=%d x_hidden_dim=%d x_counters=1 x_health=1 x_numerics=%s x_batched=1 n_ubatch=%d n_chunk=%d x_threads=%s%d%s%s " SP_STACK_CAPS
              " x_patches=%s",
-             e->n_slots, e->n_ctx, e->n_ctx_max, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS, e->no_hidden ? 0 : hidden_layers(e),
+             e->n_slots, e->n_ctx, e->n_ctx_max, e->n_vocab, e->model_name, e->n_pins, ENGINE_MAX_LOGPROBS,
+             e->mtmd ? " vision=1" : "", e->no_hidden ? 0 : hidden_layers(e),
              hidden_dim(e), e->numerics, e->n_ubatch,
              e->n_chunk, e->threads_auto ? "auto:" : "", e->threads_max, e->devices_caps,
              e->disk ? " x_persist=1" : "", llamax_patches());
@@ -700,40 +717,95 @@ static void *find_task(void *eng, uint64_t id)
     return NULL;
 }
 
-/* A work request: SUBMIT and SCORE become a task (or are refused), IMAGE and
- * DECIDE are refused. Takes *rq's buffers into the task. */
-static void on_request(void *eng, sp_request *rq)
+/* An IMAGE frame (section 4): without a projector refused, its request dropped when it comes; else
+ * kept for the SUBMIT or SCORE of its id (several IMAGEs of one id: one picture each, in order). */
+static void on_image(engine *e, sp_request *rq)
 {
-    engine *e = eng;
-    if (rq->kind == SP_IMAGE) {
-        sp_write_error(&e->w, rq->id, "NOT_SUPPORTED", "this engine has no image tower (vision=0)");
+    if (!e->mtmd || e->skip_submit_id == rq->id) {
+        if (e->skip_submit_id != rq->id)
+            sp_write_error(&e->w, rq->id, "NOT_SUPPORTED", "this engine has no image tower (vision=0; --mmproj)");
         e->skip_submit_id = rq->id;
         return;
     }
+    picture_set *ps = e->pics_in;
+    if (!ps && !(ps = e->pics_in = calloc(1, sizeof *ps))) {
+        sp_write_error(&e->w, rq->id, "BAD_REQUEST", "out of memory");
+        e->skip_submit_id = rq->id;
+        return;
+    }
+    ps->id = rq->id;
+    if (ps->n == PICTURE_MAX || rq->grid_h > UINT32_MAX || rq->grid_w > UINT32_MAX) {
+        if (ps->n == PICTURE_MAX)
+            sp_write_error(&e->w, rq->id, "BAD_REQUEST", "IMAGE: more than %d pictures for one request", PICTURE_MAX);
+        else
+            sp_write_error(&e->w, rq->id, "BAD_REQUEST", "IMAGE: grid_h or grid_w over %u", UINT32_MAX);
+        picture_set_free(ps);
+        e->pics_in = NULL;
+        e->skip_submit_id = rq->id;
+        return;
+    }
+    picture *p = &ps->p[ps->n++];
+    p->bytes = rq->payload;
+    p->len = rq->payload_len;
+    p->grid_h = (uint32_t)rq->grid_h;
+    p->grid_w = (uint32_t)rq->grid_w;
+    rq->payload = NULL;
+    rq->payload_len = 0;
+}
+
+/* A work request: SUBMIT and SCORE become a task (or are refused), IMAGE is
+ * kept for them, DECIDE is refused. Takes *rq's buffers into the task. */
+static void on_request(void *eng, sp_request *rq)
+{
+    engine *e = eng;
+    if (rq->kind == SP_SUBMIT || rq->kind == SP_SCORE || rq->kind == SP_IMAGE || rq->kind == SP_DECIDE) {
+        /* what follows IMAGEs must be their request: else they are answered BAD_REQUEST (section 4) */
+        if (e->pics_in && e->pics_in->id != rq->id) {
+            sp_write_error(&e->w, e->pics_in->id, "BAD_REQUEST", "IMAGE: not followed by its SUBMIT or SCORE");
+            e->skip_submit_id = e->pics_in->id; /* answered: its request, should it come later, is dropped */
+            picture_set_free(e->pics_in);
+            e->pics_in = NULL;
+        }
+    }
+    if (rq->kind == SP_IMAGE) {
+        on_image(e, rq);
+        return;
+    }
     if (rq->kind == SP_DECIDE) {
+        if (e->pics_in) { /* a DECIDE of the IMAGEs' id: one answer for both */
+            sp_write_error(&e->w, rq->id, "BAD_REQUEST", "IMAGE: not followed by its SUBMIT or SCORE");
+            picture_set_free(e->pics_in);
+            e->pics_in = NULL;
+            return;
+        }
         sp_write_error(&e->w, rq->id, "NOT_SUPPORTED", "this engine has no decision mode (decide=0)");
         return;
     }
     if (rq->kind != SP_SUBMIT && rq->kind != SP_SCORE)
         return; /* STOP, CANCEL, PING: the loop's */
-    if (rq->kind == SP_SUBMIT && e->skip_submit_id == rq->id) {
+    if (e->skip_submit_id == rq->id) {
         e->skip_submit_id = 0; /* its IMAGE was already refused */
         return;
     }
+    picture_set *pics = e->pics_in;
+    e->pics_in = NULL;
     task *t = find_task(e, rq->id);
     if (t) {
         sp_write_error(&e->w, rq->id, "DUPLICATE_ID", "id %llu is in flight", (unsigned long long)rq->id);
+        picture_set_free(pics);
         return;
     }
     if (rq->slot >= (uint64_t)e->n_slots) {
         sp_write_error(&e->w, rq->id, "BAD_REQUEST", "slot %llu is out of range 0..%d",
                        (unsigned long long)rq->slot, e->n_slots - 1);
+        picture_set_free(pics);
         return;
     }
     for (int j = 0; j < ENGINE_QUEUE_MAX; j++)
         if (e->tasks[j].state != TASK_FREE && e->tasks[j].rq.slot == rq->slot) {
             sp_write_error(&e->w, rq->id, "SLOT_BUSY", "slot %llu is serving request %llu",
                            (unsigned long long)rq->slot, (unsigned long long)e->tasks[j].rq.id);
+            picture_set_free(pics);
             return;
         }
     for (int j = 0; j < ENGINE_QUEUE_MAX && !t; j++)
@@ -741,6 +813,7 @@ static void on_request(void *eng, sp_request *rq)
             t = &e->tasks[j];
     if (!t) {
         sp_write_error(&e->w, rq->id, "BAD_REQUEST", "too many requests in flight (%d)", ENGINE_QUEUE_MAX);
+        picture_set_free(pics);
         return;
     }
     memset(t, 0, sizeof *t);
@@ -749,6 +822,7 @@ static void on_request(void *eng, sp_request *rq)
     t->rq = *rq;
     t->arrival = ++e->arrivals;
     t->in_us = e->prof.on ? profile_now_us() : 0;
+    t->pics = pics;
     e->n_tasks++;
     memset(rq, 0, sizeof *rq);
 }

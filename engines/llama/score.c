@@ -93,10 +93,97 @@ static void job_free(score_job *j)
     memset(j, 0, sizeof *j);
 }
 
+/* With a projector: a picture marker in a stem or an option (only the prefix's are read), or 0. */
+static int markers_outside_prefix(const sp_score_request *sr, const sp_score_rules *rules, char *msg, size_t cap)
+{
+    char f[96];
+    for (size_t g = 0; g < sr->n_groups; g++) {
+        const spj_value *stem = sr->groups[g].stem, *os = sr->groups[g].options;
+        if (picture_markers(stem->str, stem->len)) {
+            snprintf(msg, cap, "groups[%zu].stem: the picture marker %s is only read in the prefix", g, picture_marker());
+            return -1;
+        }
+        for (size_t o = 0; o < os->n; o++)
+            if (picture_markers(os->items[o].str, os->items[o].len)) {
+                snprintf(msg, cap, "%s: the picture marker %s is only read in the prefix",
+                         sp_score_field(rules, g, o, f, sizeof f), picture_marker());
+                return -1;
+            }
+    }
+    return 0;
+}
+
+/* With pictures (picture.h): what a SCORE with them cannot carry, or 0. Its groups continue the whole
+ * prefix, with no hidden layers and no pin (no snapshot of a picture). */
+static int pictures_refused(const sp_score_request *sr, char *msg, size_t cap)
+{
+    if (sr->pin) {
+        snprintf(msg, cap, "pin: a prefix with pictures takes no snapshot");
+        return -1;
+    }
+    if (sr->n_hidden) {
+        snprintf(msg, cap, "hidden: not read with pictures");
+        return -1;
+    }
+    for (size_t g = 0; g < sr->n_groups; g++)
+        if (sr->groups[g].base < sr->prefix->len) {
+            snprintf(msg, cap, "groups[%zu].base: not served with pictures (the group continues the whole prefix)", g);
+            return -1;
+        }
+    return 0;
+}
+
+/* The job of the text after the prefix's last picture (job_parse) made the job of the whole prefix: the
+ * prelude's n positions (PICTURE_TOKEN) before every option's tokens, in place of the BOS their whole-text
+ * tokenization starts with where the model adds one (the text after a picture has none, as mtmd_tokenize
+ * tokenizes it). Returns 0, or -1 with the reason in msg: no token after the pictures that every option
+ * shares (a picture's positions have no logits, so the trunk's last position must be text), or more
+ * positions than a slot holds. */
+static int shift_for_pictures(engine *e, score_job *job, int n, char *msg, size_t cap)
+{
+    int bos = llama_vocab_get_add_bos(e->vocab) ? 1 : 0;
+    for (int j = 0; bos && j < job->n_opts; j++)
+        bos = job->opts[j].n > 0 && job->opts[j].toks[0] == llama_vocab_bos(e->vocab);
+    job->trunk -= bos;
+    job->longest -= bos;
+    if (job->trunk == 0) {
+        snprintf(msg, cap, "prefix: no token after its last picture that every option shares (a picture's positions "
+                           "have no logits to score the next token from)");
+        return -1;
+    }
+    if (job->longest + n > e->n_ctx) {
+        snprintf(msg, cap, "prefix: %d positions with its pictures and the longest option, a slot holds %d",
+                 job->longest + n, e->n_ctx);
+        return -1;
+    }
+    for (int j = 0; j < job->n_opts; j++) {
+        option_tokens *ot = &job->opts[j];
+        llama_token *toks = malloc((size_t)(ot->n + n) * sizeof *toks);
+        if (!toks) {
+            snprintf(msg, cap, "payload: out of memory");
+            return -1;
+        }
+        for (int i = 0; i < n; i++)
+            toks[i] = PICTURE_TOKEN;
+        memcpy(toks + n, ot->toks + bos, (size_t)(ot->n - bos) * sizeof *toks);
+        free(ot->toks);
+        ot->toks = toks;
+        ot->n += n - bos;
+        ot->ctx += n - bos;
+        ot->from += n - bos;
+        ot->from0 += n - bos;
+    }
+    job->trunk += n;
+    job->longest += n;
+    return 0;
+}
+
 /* Reads the payload into a job: its grammar (engines/common/score_request.h, with base and this engine's
- * hidden layers), then each text tokenized and its tokens checked. Returns 0, or -1 with the reason in msg
- * (answered as BAD_REQUEST, the field path first). */
-static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, char *msg, size_t cap)
+ * hidden layers), then each text tokenized and its tokens checked. With pictures (pics not NULL) the
+ * prefix's prelude is tokenized into *pp and the texts are the rest (picture.h). Returns 0, or -1 with
+ * the reason in msg (answered as BAD_REQUEST, the field path first). */
+static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, char *msg, size_t cap,
+                     const picture_set *pics, picture_prelude *pp)
 {
     const sp_score_rules rules = { .base = 1, .hidden_layers = e->no_hidden ? 0 : hidden_layers(e) };
     sp_score_request sr;
@@ -110,6 +197,23 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
     const llama_token *ptoks = NULL;
     int np = 0;
     const spj_value *prefix = sr.prefix;
+    const char *ptext = prefix->str; /* the text the options continue: after the last picture, if any */
+    size_t plen = prefix->len;
+    if (e->mtmd && markers_outside_prefix(&sr, &rules, msg, cap) != 0)
+        goto out;
+    if (e->mtmd && !pics && picture_markers(prefix->str, prefix->len) > 0) {
+        snprintf(msg, cap, "prefix: %d picture marker%s %s for 0 pictures (IMAGE frames)",
+                 picture_markers(prefix->str, prefix->len), picture_markers(prefix->str, prefix->len) == 1 ? "" : "s",
+                 picture_marker());
+        goto out;
+    }
+    if (pics) {
+        if (pictures_refused(&sr, msg, cap) != 0 ||
+            picture_prepare(e, pics, "prefix", prefix->str, prefix->len, pp, msg, cap) != 0)
+            goto out;
+        ptext += pp->tail_off;
+        plen -= pp->tail_off;
+    }
     *pin = sr.pin;
     job->n_hidden = sr.n_hidden;
     memcpy(job->hidden, sr.hidden, sizeof sr.hidden);
@@ -125,7 +229,7 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
         snprintf(msg, cap, "payload: out of memory");
         goto out;
     }
-    const prefix_tokens *pt = prefix_tokens_get(e, prefix->str, prefix->len);
+    const prefix_tokens *pt = prefix_tokens_get(e, ptext, plen);
     if (!pt) {
         snprintf(msg, cap, "prefix: could not be tokenized");
         goto out;
@@ -145,7 +249,7 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
                 goto out;
             }
             /* pt was the most recent entry, so gp's lookup evicted another: this finds it again */
-            pt = prefix_tokens_get(e, prefix->str, prefix->len);
+            pt = prefix_tokens_get(e, ptext, plen);
             if (!pt) {
                 snprintf(msg, cap, "prefix: could not be tokenized");
                 goto out;
@@ -222,6 +326,8 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
             ot->from = ot->ctx - 1;
         ot->from0 = ot->from;
     }
+    if (pics && shift_for_pictures(e, job, pp->n_pos, msg, cap) != 0)
+        goto out;
     rc = 0;
 out:
     sp_score_free(&sr);
@@ -272,6 +378,7 @@ typedef struct score_state {
     int carry_next;      /* the group whose stem the decode being run tags with the carry, -1 none */
     int carry_next_end;
     int carry_used;      /* the carry sequence holds cells: drop them at the end */
+    picture_prelude pp;  /* with pictures: the prefix's prelude (picture.h), evaluated at the start */
 } score_state;
 
 /* The slot's carry sequence: above the slots and the scratch ones (main.c). */
@@ -300,6 +407,7 @@ static void score_free(engine *e, task *t)
     free(st->cached);
     free(st->pred);
     job_free(&st->job);
+    picture_prelude_free(&st->pp);
     free(st);
     t->st = NULL;
 }
@@ -380,7 +488,7 @@ static int score_start(engine *e, task *t)
     t->st = st;
     st->carry_group = st->carry_next = -1;
     score_job *job = &st->job;
-    if (job_parse(e, rq, job, &st->pin, msg, sizeof msg) != 0) {
+    if (job_parse(e, rq, job, &st->pin, msg, sizeof msg, t->pics, &st->pp) != 0) {
         sp_write_error(&e->w, rq->id, "BAD_REQUEST", "%s", msg);
         return -1;
     }
@@ -418,8 +526,9 @@ static int score_start(engine *e, task *t)
             score_key_init(&ot->key);
             score_key_add(&ot->key, ot->toks, ot->n);
         }
-        /* an anchor is computed: its context end's hidden states are not kept */
-        ot->n_lps = ot->anchor ? -1
+        /* an anchor is computed: its context end's hidden states are not kept; a picture's options are
+         * never looked up (their tokens do not say what the picture shows) */
+        ot->n_lps = ot->anchor || t->pics ? -1
                                : persist_scores_get(e->disk, &e->scores, &ot->key, ot->ctx, ot->lps,
                                                     ENGINE_MAX_SCORED, &ot->disk);
         if (ot->n_lps >= 0) {
@@ -455,7 +564,18 @@ static int score_start(engine *e, task *t)
      * or a shallower snapshot and the rest computed (the live rows have no
      * logits: the trunk's last position is always recomputed) */
     int stale = 0;
-    if (trunk == 0) {
+    if (t->pics) {
+        /* the prelude into the slot from position 0, the rest of the trunk (at least its last position,
+         * shift_for_pictures) computed on it; no snapshot restored, none taken */
+        if (picture_eval(e, &st->pp, slot, msg, sizeof msg) != 0) {
+            sp_write_error(&e->w, rq->id, "BAD_REQUEST", "%s", msg);
+            return -1;
+        }
+        st->computed += st->pp.n_pos;
+        picture_prelude_free(&st->pp);
+        st->trunk_a = slot_resume(e, slot, job->opts[job->src].toks, trunk, NULL);
+        st->ri.reused = 0;
+    } else if (trunk == 0) {
         slot_truncate(e, slot, 0);
         trunk_loaded(e, t, NAN, NULL);
     } else {
@@ -737,7 +857,8 @@ static void score_decoded(engine *e, task *t)
             lps[n++] = (double)logits[ot->toks[p]] - lse;
         }
         ot->n_lps = n;
-        persist_scores_put(e->disk, &e->scores, &ot->key, ot->ctx, lps, n);
+        if (!t->pics) /* a picture's options are not kept: their tokens do not say what it shows */
+            persist_scores_put(e->disk, &e->scores, &ot->key, ot->ctx, lps, n);
     }
     drop_scratch(e, st);
     if (st->carry_next >= 0) {

@@ -222,6 +222,75 @@ static void gen_step(engine *e, task *t, const float *logits)
     st->next = tok;
 }
 
+/* A prompt with pictures (picture.h): its prelude evaluated into the slot now, the text after the last
+ * picture read on it as a prompt resumed there. No snapshot restored or taken (pin=1 is refused), nothing
+ * of the slot reused; read-out starts at the second position after the pictures (the first one's
+ * prediction would be a picture position's logits, which llama.cpp's multimodal path does not keep).
+ * Returns 0 (ACCEPT written), or -1 after its ERROR. */
+static int start_pictures(engine *e, task *t, submit_state *st)
+{
+    sp_request *rq = &t->rq;
+    const int slot = (int)rq->slot;
+    char msg[SP_REASON_MAX];
+    picture_prelude pp;
+    llama_token *tail = NULL;
+    int nt = 0, rc = -1;
+    memset(&pp, 0, sizeof pp);
+    if (rq->payload_len == 0) {
+        sp_write_error(&e->w, rq->id, "EMPTY_PROMPT", "the prompt is empty");
+        return -1;
+    }
+    if (rq->ids || rq->pin) {
+        sp_write_error(&e->w, rq->id, "BAD_REQUEST", rq->ids ? "ids: a prompt with pictures is text (picture markers)"
+                                                             : "pin: a prompt with pictures takes no snapshot");
+        return -1;
+    }
+    const char *text = (const char *)rq->payload;
+    if (picture_prepare(e, t->pics, "prompt", text, rq->payload_len, &pp, msg, sizeof msg) != 0) {
+        sp_write_error(&e->w, rq->id, "BAD_REQUEST", "%s", msg);
+        return -1;
+    }
+    if (model_tokenize_ex(e, text + pp.tail_off, rq->payload_len - pp.tail_off, 0, &tail, &nt) != 0) {
+        sp_write_error(&e->w, rq->id, "BAD_REQUEST", "the prompt could not be tokenized");
+        goto out;
+    }
+    const int n = pp.n_pos + nt;
+    if (nt == 0 || n > e->n_ctx) {
+        if (nt == 0)
+            sp_write_error(&e->w, rq->id, "BAD_REQUEST", "prompt: no text after its last picture marker (a picture's "
+                                                         "positions have no logits to read the next token from)");
+        else
+            sp_write_error(&e->w, rq->id, "BAD_REQUEST", "prompt: %d positions with its pictures, a slot holds %d", n,
+                           e->n_ctx);
+        goto out;
+    }
+    if (!(st->toks = malloc((size_t)n * sizeof *st->toks))) {
+        sp_write_error(&e->w, rq->id, "BAD_REQUEST", "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < pp.n_pos; i++)
+        st->toks[i] = PICTURE_TOKEN;
+    memcpy(st->toks + pp.n_pos, tail, (size_t)nt * sizeof *tail);
+    st->n = n;
+    st->readout = rq->logprobs > 0;
+    if (picture_eval(e, &pp, slot, msg, sizeof msg) != 0) {
+        sp_write_error(&e->w, rq->id, "BAD_REQUEST", "%s", msg);
+        goto out;
+    }
+    st->base = st->a = pp.n_pos;
+    st->d.prompt_tokens = (uint64_t)n;
+    st->d.has_counters = rq->counters;
+    st->d.computed = (uint64_t)n;
+    st->d.reused = 0;
+    st->d.snapshot = "none";
+    sp_write_accept(&e->w, rq->id, (uint64_t)n);
+    rc = 0;
+out:
+    free(tail);
+    picture_prelude_free(&pp);
+    return rc;
+}
+
 static int submit_start(engine *e, task *t)
 {
     sp_request *rq = &t->rq;
@@ -230,6 +299,21 @@ static int submit_start(engine *e, task *t)
     int n = 0;
     if (rq->grammar_len > 0) {
         sp_write_error(&e->w, rq->id, "NOT_SUPPORTED", "constraint grammars are not supported");
+        return -1;
+    }
+    if (t->pics) {
+        submit_state *st = calloc(1, sizeof *st);
+        if (!st) {
+            sp_write_error(&e->w, rq->id, "BAD_REQUEST", "out of memory");
+            return -1;
+        }
+        t->st = st;
+        return start_pictures(e, t, st);
+    }
+    if (e->mtmd && !rq->ids && picture_markers((const char *)rq->payload, rq->payload_len) > 0) {
+        sp_write_error(&e->w, rq->id, "BAD_REQUEST", "prompt: %d picture marker%s %s for 0 pictures (IMAGE frames)",
+                       picture_markers((const char *)rq->payload, rq->payload_len),
+                       picture_markers((const char *)rq->payload, rq->payload_len) == 1 ? "" : "s", picture_marker());
         return -1;
     }
     if (prompt_tokens(e, rq, &toks, &n) != 0)

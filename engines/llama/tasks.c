@@ -16,6 +16,7 @@ void task_end(engine *e, task *t)
     }
     if (task_started(t))
         t->ops->free(e, t);
+    picture_set_free(t->pics);
     sp_request_free(&t->rq);
     memset(t, 0, sizeof *t);
     e->n_tasks--;
@@ -28,13 +29,16 @@ static int by_arrival(const void *pa, const void *pb)
 }
 
 /* Starts the tasks that arrived since the last step, in arrival order.
- * Returns how many. */
+ * A task with pictures evaluates them in its start (picture.c: llama_decode
+ * calls of its own), so it waits while a decode is in flight (the pipeline's
+ * rows not read yet), whose outputs those calls would replace. Returns how
+ * many started. */
 int tasks_start_new(engine *e)
 {
     task *list[ENGINE_QUEUE_MAX];
     int n = 0;
     for (int i = 0; i < ENGINE_QUEUE_MAX; i++)
-        if (e->tasks[i].state == TASK_QUEUED)
+        if (e->tasks[i].state == TASK_QUEUED && !(e->tasks[i].pics && e->n_pend > 0))
             list[n++] = &e->tasks[i];
     qsort(list, (size_t)n, sizeof *list, by_arrival);
     for (int i = 0; i < n; i++) {

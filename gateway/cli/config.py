@@ -50,7 +50,8 @@ class LlamaOptions:
     ``cache_disk_mb`` (its budget, MB), ``cache_read_only`` (default False) and ``precision``
     (``native``, the default, or a transcode: ``f32``, ``f16``, ``bf16``; ``gateway.engine.precision``),
     ``ubatch`` (the rows of one ``llama_decode``, 1 to 2048), ``pin_slots`` (snapshots the engine keeps,
-    1 to 1024; the engine's default 4).
+    1 to 1024; the engine's default 4), ``mmproj`` (a vision projector of the default model: its engines
+    read pictures, spec/llama-engine.md "Pictures"; ``None``: none).
     """
 
     slots: int | None = None
@@ -69,6 +70,7 @@ class LlamaOptions:
     precision: str = "native"
     ubatch: int | None = None
     pin_slots: int | None = None
+    mmproj: str | None = None
 
 
 @dataclass(frozen=True)

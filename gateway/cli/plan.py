@@ -88,6 +88,8 @@ def engine_argv(
             raise SystemExit(f"serveproto serve: model {model} not found (run `make model`, or pass --model PATH)")
     else:
         model = str(default_model_or_exit("serveproto serve"))
+    if cfg.llama.mmproj and not Path(cfg.llama.mmproj).exists():
+        raise SystemExit(f"serveproto serve: --mmproj {cfg.llama.mmproj} not found")
     llama = cfg.llama
     if threads is None:
         threads = default_threads(llama.threads)
@@ -105,6 +107,8 @@ def engine_argv(
         ("--tensor-split", llama.tensor_split),
         ("--main-gpu", llama.main_gpu),
         ("--pin-slots", llama.pin_slots),
+        # the projector belongs to the default model: another model's engines read no pictures
+        ("--mmproj", llama.mmproj if model == (cfg.default_model_path or model) else None),
     ):
         if value is not None:
             argv += [flag, str(value)]

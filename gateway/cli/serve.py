@@ -210,6 +210,13 @@ def _add_llama_flags(p: argparse.ArgumentParser) -> None:
         "1 to 1024 (default: the engine's, 4; CAPS pin_slots says what it took): nested snapshots and many "
         "states served at once each need their own (spec/llama-engine.md)",
     )
+    p.add_argument(
+        "--mmproj",
+        default=None,
+        metavar="PATH",
+        help="a vision projector (llama.cpp mmproj GGUF) for the default model: its llama engines read "
+        "pictures, and /v1/systemone reads Jev image assets in state (docs/http-api.md, Pictures)",
+    )
     p.add_argument("--ctx", type=int, default=None, help="context size per slot of the llama engine")
     p.add_argument(
         "--ctx-max",

@@ -27,7 +27,7 @@ from typing import Any, Protocol, TypeVar
 import anyio
 import attrs
 
-from gateway.decision import debias, readers, readings, record, refusals, scoring
+from gateway.decision import debias, pictures, readers, readings, record, refusals, scoring
 from gateway.decision.arithmetic import option_scores, softmax
 from gateway.decision.calibration import IDENTITY, Calibration
 from gateway.decision.errors import DecisionTimeout, Refused, UnusableDecision, UnusableScores
@@ -91,6 +91,7 @@ class DecisionEngine(Protocol):
         route: str | None = ...,
         beside: tuple[str, Groups] | None = ...,
         hidden: tuple[int, ...] = ...,
+        pictures: Sequence[bytes] = ...,
     ) -> ScoreResult: ...
 
     async def decide(self, record: bytes, *, slot: int = ...) -> tuple[dict[str, Any], Done]: ...
@@ -357,6 +358,13 @@ async def _score_path(
 ) -> None:
     prompts = settings.prompts
     prefix_text = prompts.prefix(request.state, request.prefix)
+    # pictures (gateway.decision.pictures): their markers in the prefix, read in one SCORE with them, which
+    # takes no snapshot, reads no hidden state (no head answers) and photographs no fixed prefix
+    shown: tuple[bytes, ...] = ()
+    keys: tuple[str, ...] = ()
+    if request.pictures:
+        prefix_text, keys = pictures.place(prefix_text, request.pictures)
+        shown = tuple(request.pictures[k] for k in keys)
     if request.cache_slot is not None:
         _check_slot(engine, request)
     methods = request.debias if request.debias is not None else settings.debias
@@ -370,7 +378,7 @@ async def _score_path(
     # the questions a head answers (gateway.decision.heads): read under the head's x_debias (none: one
     # prompt), its layer's hidden state read in the same SCORE; the others as the request says
     matched: dict[str, Any] = {}
-    if settings.heads is not None and request.head != "none" and engine.caps.x_hidden:
+    if settings.heads is not None and request.head != "none" and engine.caps.x_hidden and not shown:
         for q in questions:
             h = settings.heads.match(q)
             if h is not None:
@@ -389,9 +397,10 @@ async def _score_path(
             groups.append((prompts.stem(rd.text), list(rd.scored)))
             read_owners.append(rd.owner)
             owners.append(q)
-    layers = tuple(sorted({*settings.hidden, *(h.layer for h in matched.values())}))
+    layers = () if shown else tuple(sorted({*settings.hidden, *(h.layer for h in matched.values())}))
     seen = mem.seen(prefix_text)
     pin = request.pin_state if request.pin_state is not None else (len(questions) >= 2 or seen)
+    pin = pin and not shown
     slot = request.cache_slot
     # With no cache_slot the supervisor routes a request to the slot that last
     # served its prefix; a fixed prefix routes by itself, so the frames that
@@ -400,7 +409,7 @@ async def _score_path(
     t0 = time.perf_counter()
     fixed_key: tuple[int | None, str] | None = None
     photographed: int | None = None  # the photograph's tokens, when this request took it
-    if request.prefix:
+    if request.prefix and not shown:
         fixed = prompts.fixed_prefix(request.prefix)
         route = {"route": fixed}
         fixed_key = (slot, fixed)
@@ -436,8 +445,14 @@ async def _score_path(
             extra: dict[str, Any] = {"beside": beside} if beside else {}
             if layers:
                 extra["hidden"] = layers
+            if shown:
+                extra["pictures"] = shown
             result = await _call(settings, engine.score, prefix_text, groups, pin=pin, slot=slot, **route, **extra)
         except Exception as exc:
+            if shown and isinstance(exc, RequestError) and exc.code == "BAD_REQUEST":
+                entry = pictures.refusal(exc.reason or "", keys)
+                if entry is not None:
+                    raise Refused([entry]) from None
             _refuse(
                 engine,
                 exc,

@@ -11,11 +11,12 @@ See ``../shared/notes/jev-contract.md`` and the seed's "The HTTP endpoint".
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
-from gateway.decision import debias, readers
+from gateway.decision import debias, pictures, readers
 from gateway.decision.arithmetic import check_normalize
 from gateway.decision.prompts import as_text
 
@@ -93,6 +94,8 @@ class SystemOneRequest:
     the path of each field the body sent that this server does not read (:data:`TOP_FIELDS`,
     :data:`QUESTION_FIELDS`, :data:`NOUL_SIDES`): the body's own first, then each question's (in
     request order, a question's own fields before its ``criteria``'s), each object's in its key order.
+    ``pictures``: the ``assets`` read (placeholder -> the picture's bytes, :mod:`gateway.decision.pictures`),
+    only where the engine reads pictures.
     """
 
     state: Any
@@ -107,6 +110,7 @@ class SystemOneRequest:
     unknown: tuple[tuple[str, ...], ...] = ()
     reader: str | None = None
     readers: dict[str, str] = attrs.field(factory=dict)
+    pictures: dict[str, bytes] = attrs.field(factory=dict)
 
     def reader_of(self, qid: str, default: str) -> str:
         """Who reads question ``qid``: its own ``x_reader``, else the request's, else ``default``."""
@@ -290,14 +294,19 @@ def unknown_field_error(path: tuple[str, ...]) -> dict[str, Any]:
     return _err(list(path), "Extra inputs are not permitted", "extra_forbidden")
 
 
-def parse_request(body: Any, *, strict: bool = False) -> SystemOneRequest:
+def parse_request(
+    body: Any, *, strict: bool = False, vision: bool = False, parts: Mapping[str, bytes] | None = None
+) -> SystemOneRequest:
     """Validate a decoded ``/v1/systemone`` body. Raises :class:`JevValidationError` with every error.
 
     A field this server does not read, at any level (the body, a question, a noul's ``criteria``), is
     kept in ``SystemOneRequest.unknown`` (its ``x_warnings``), so a Jev client's extra field still gets
     its answer while a typo (``"critera"``) is reported; ``strict`` (``serve --strict``) refuses each
     one instead (:func:`unknown_field_error`, after the other errors). ``assets`` (Jev's image assets)
-    is refused by name (``not_implemented``), as is a ``box`` question: this server reads no images.
+    is refused by name (``not_implemented``) unless ``vision`` (the engine has a projector: the pictures
+    are read, :func:`gateway.decision.pictures.parse_assets`, ``parts`` a multipart body's parts by name,
+    and placed only in the state, :func:`gateway.decision.pictures.misplaced`); a ``box`` question is
+    refused by name either way.
     ``model`` may be any string or absent. Our extensions read here are ``x_debias``
     (:mod:`gateway.decision.debias`), ``x_head`` and ``x_reader`` (:func:`gateway.decision.readers.parse`).
     """
@@ -383,7 +392,12 @@ def parse_request(body: Any, *, strict: bool = False) -> SystemOneRequest:
         errors.append(_err(["x_head"], "Input should be 'none' (answer without the served heads)", "literal_error"))
     reader, per_question, reader_errors = readers.parse(body)
     errors.extend(reader_errors)
-    if body.get("assets") is not None:  # Jev's image assets: refused by name, never answered on the text alone
+    shown: dict[str, bytes] = {}
+    if vision:  # the engine reads pictures: the assets are read and must sit in the state
+        if body.get("assets") is not None:
+            shown = pictures.parse_assets(body["assets"], parts or {}, errors)
+        errors.extend(pictures.misplaced(body.get("state"), questions, shown))
+    elif body.get("assets") is not None:  # Jev's image assets: refused by name, never answered on the text alone
         errors.append(
             _err(
                 ["assets"],
@@ -409,4 +423,5 @@ def parse_request(body: Any, *, strict: bool = False) -> SystemOneRequest:
         unknown=tuple(unknown),
         reader=reader,
         readers=per_question,
+        pictures=shown,
     )

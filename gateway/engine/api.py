@@ -35,7 +35,22 @@ from gateway.engine.request import RequestStream
 from gateway.engine.score import OptionScore, option_tokens
 from gateway.engine.slots import SlotLease
 from gateway.engine.supervisor import Supervisor
-from serveproto import Accept, Caps, Decide, Decision, Done, Echo, Event, Hidden, Ping, Pong, Score, Scored, Submit
+from serveproto import (
+    Accept,
+    Caps,
+    Decide,
+    Decision,
+    Done,
+    Echo,
+    Event,
+    Hidden,
+    Image,
+    Ping,
+    Pong,
+    Score,
+    Scored,
+    Submit,
+)
 
 Text = Union[str, bytes]  # noqa: UP007  (a runtime alias: keep the typing.Union object)
 #: ``score()`` groups: ``[(stem, [option, ...]), ...]``, or a flat ``[option, ...]``
@@ -302,7 +317,7 @@ class Engine:
 
     def request(
         self,
-        make: Callable[[int, int], Event],
+        make: Callable[[int, int], Event | tuple[Event, ...]],
         *,
         slot: int | None = None,
         route: Text | None = None,
@@ -313,7 +328,8 @@ class Engine:
         """Low level: send the request ``make(id, slot)`` builds, stream its replies.
 
         ``make`` gets a fresh id and the KV slot chosen (explicit ``slot``, or
-        routed by ``route``) and returns a ``serveproto`` request event.
+        routed by ``route``) and returns a ``serveproto`` request event, or a
+        tuple of events written together (``Image`` frames, then their request).
         ``slotless`` (PING) takes no slot. ``pin``: the request pins ``route``'s
         state; once it has ended with DONE, later requests on that state may
         take any free slot (:class:`gateway.engine.slots.SlotRouter`).
@@ -451,9 +467,18 @@ class Engine:
         fast: bool | None = None,
         beside: tuple[Text, Groups] | None = None,
         hidden: tuple[int, ...] = (),
+        pictures: Sequence[bytes] = (),
     ) -> ScoreResult:
         """Log-probabilities of options in context: option ``o`` of group ``g`` is
         the text ``prefix + stem_g + option_o``, scored on its own tokens (spec 9.1).
+
+        ``pictures``: encoded pictures (PNG, JPEG, ...) the prefix marks with the engine's
+        marker ``<__media__>``, one each, in order (spec/serve-protocol.md section 4,
+        "Pictures"): sent as IMAGE frames before one SCORE, on an engine that advertises
+        ``vision`` and ``x_score`` (else :class:`RequestError` ``NOT_SUPPORTED``). Such a
+        SCORE pins nothing (``pin`` must be False), reads no ``hidden``, is never folded
+        nor read by the fallback; ``beside`` groups are then a second SCORE of their own,
+        without the pictures.
 
         ``groups``: ``[(stem, [option, ...]), ...]``, or ``[option, ...]`` for
         one group with an empty stem. ``pin``: keep a snapshot of the prefix.
@@ -497,7 +522,7 @@ class Engine:
             proc = await self._sup.instance()
             use_fast = _caps(proc).x_score if fast is None else fast
             hid = tuple(hidden) if _caps(proc).x_hidden else ()
-            if use_fast and more and _caps(proc).x_score_base:
+            if use_fast and more and _caps(proc).x_score_base and not pictures:
                 try:
                     result = await self._score_fast(
                         prefix_b, norm + more, pin, slot, key, len(norm), len(base_b), hidden=hid
@@ -507,7 +532,10 @@ class Engine:
                         raise
                     result = await self._score_folded([(prefix_b, norm, key), (base_b, more, None)], slot)
             else:
-                result = await self._score_one(prefix_b, norm, pin, slot, key, use_fast, key, hidden=hid)
+                if pictures:
+                    result = await self._score_pictures(proc, prefix_b, norm, pin, slot, key, tuple(pictures))
+                else:
+                    result = await self._score_one(prefix_b, norm, pin, slot, key, use_fast, key, hidden=hid)
                 if more:
                     extra = await self._score_one(base_b, more, False, slot, key, use_fast, None, first=len(norm))
                     result = attrs.evolve(
@@ -526,6 +554,24 @@ class Engine:
             )
         return result
 
+    async def _score_pictures(
+        self,
+        proc: EngineProcess,
+        prefix: bytes,
+        groups: _Groups,
+        pin: bool,
+        slot: int | None,
+        key: bytes,
+        pictures: tuple[bytes, ...],
+    ) -> ScoreResult:
+        """One SCORE after IMAGE frames of ``pictures`` (:meth:`score`'s ``pictures``)."""
+        caps = _caps(proc)
+        if not (caps.vision and caps.x_score):
+            raise RequestError("NOT_SUPPORTED", f"engine {self.name!r} reads no pictures (CAPS vision=1 and x_score=1)")
+        if pin:
+            raise ValueError("pin: a prefix with pictures takes no snapshot")
+        return await self._score_fast(prefix, groups, False, slot, key, pictures=pictures)
+
     async def _score_fast(
         self,
         prefix: bytes,
@@ -536,6 +582,7 @@ class Engine:
         n_plain: int | None = None,
         base: int = 0,
         hidden: tuple[int, ...] = (),
+        pictures: tuple[bytes, ...] = (),
     ) -> ScoreResult:
         # groups[n_plain:] continue the prefix's first `base` bytes (spec 9.1, x_score_base)
         n_plain = len(groups) if n_plain is None else n_plain
@@ -553,9 +600,12 @@ class Engine:
         table: dict[tuple[int, int], OptionScore] = {}
         vectors: dict[tuple[int, int], tuple[float, ...]] = {}
         done = None
-        stream = self.request(
-            lambda rid, s: Score(id=rid, slot=s, payload=payload), slot=slot, route=key, timeout=None, pin=pin
-        )
+
+        def make(rid: int, s: int) -> Event | tuple[Event, ...]:
+            score = Score(id=rid, slot=s, payload=payload)
+            return (*(Image(id=rid, data=p, grid_h=0, grid_w=0) for p in pictures), score) if pictures else score
+
+        stream = self.request(make, slot=slot, route=key, timeout=None, pin=pin)
         async with stream:
             async for ev in stream:
                 if isinstance(ev, Scored):

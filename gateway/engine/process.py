@@ -676,12 +676,18 @@ class EngineProcess:
         return await self.router.acquire(slot, key, pin)
 
     async def begin(
-        self, make: Callable[[int, int], serveproto.Event], lease: SlotLease | None, *, shield: bool = True
+        self,
+        make: Callable[[int, int], serveproto.Event | tuple[serveproto.Event, ...]],
+        lease: SlotLease | None,
+        *,
+        shield: bool = True,
     ) -> Inflight:
         """Send one request and return its :class:`Inflight`.
 
         ``make(id, slot)`` builds the request event (``Submit``, ``Score``, ...)
-        with a fresh id; ``lease`` is the slot it runs on (``None`` for PING).
+        with a fresh id, or a tuple of events written at once, nothing between them
+        (``Image`` frames, then their ``Submit`` or ``Score``: one request);
+        ``lease`` is the slot it runs on (``None`` for PING).
         The write is shielded from cancellation (a frame is never cut) unless
         ``shield`` is False. Raises the engine's failure if it is gone,
         ``LocalProtocolError`` if the connection refuses the event (nothing was
@@ -690,7 +696,8 @@ class EngineProcess:
         self._check_open()
         rid = self._next_id
         self._next_id += 1
-        event = make(rid, lease.slot if lease is not None else 0)
+        made = make(rid, lease.slot if lease is not None else 0)
+        events = made if isinstance(made, tuple) else (made,)
         req = Inflight(rid, lease)
         self._inflight[rid] = req
         if lease is not None:
@@ -701,7 +708,7 @@ class EngineProcess:
             )
         try:
             with anyio.CancelScope(shield=shield):
-                await self._write(event)
+                await self._write(*events)
         except LocalProtocolError:
             if self._inflight.pop(rid, None) is not None:
                 req.send.close()
@@ -728,12 +735,12 @@ class EngineProcess:
             except LocalProtocolError as exc:
                 log.warning("engine %s: could not cancel %d: %s", self.name, req.id, exc)
 
-    async def _write(self, event: serveproto.Event) -> None:
+    async def _write(self, *events: serveproto.Event) -> None:
         async with self._write_lock:
             if self._failure is not None or self._closing or self._eof:
                 # Not sent: the request is failed with the engine's error shortly.
                 return
-            data = self._conn.send(event)
+            data = b"".join(self._conn.send(event) for event in events)
             try:
                 await self._stdin.send(data)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:

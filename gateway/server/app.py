@@ -26,6 +26,7 @@ from gateway.decision import pipeline
 from gateway.decision.calibration import Calibration
 from gateway.decision.chat_template import ChatTemplate, read_gguf
 from gateway.decision.decision_log import DecisionLog
+from gateway.engine.errors import EngineUnavailable
 from gateway.http import HTTPError, Request, Response, Router, access_line
 from gateway.server import auth, routes_ops, routing
 from gateway.server.errors import RETRY_AFTER, http_error, log_note
@@ -268,6 +269,17 @@ class App:
         self._decision_log = log
         for b in self.backends:
             b.decision_log = log
+
+    def reads_pictures(self, model: Any = None) -> bool:
+        """Whether requests on ``model`` (a served name, else the default model) may carry pictures: every
+        engine serving it has a vision projector (CAPS ``vision=1``: ``serve --mmproj``). False while one
+        of them has no serving process (its CAPS unknown)."""
+        name = model if isinstance(model, str) and model in self.served else self.default
+        mine = [b for b in self.backends if self.pool is None or b.served.name == name]
+        try:
+            return bool(mine) and all(getattr(b.caps, "vision", False) for b in mine)
+        except EngineUnavailable:
+            return False
 
     def backend(self, model: str | None = None, route: str | None = None) -> Backend:
         """The engine a request on ``model`` (a served name, else the default model) with routing key

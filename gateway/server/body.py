@@ -18,13 +18,19 @@ def parse_json(request: Request) -> Any:
     ctype = (request.header("content-type") or "").lower()
     if ctype.startswith("multipart/"):
         raise HTTPError(415, "unsupported_media_type", "multipart bodies (image assets) are not supported: send JSON")
+    return parse_json_bytes(request.body)
+
+
+def parse_json_bytes(body: bytes) -> Any:
+    """``body`` as JSON, refused as :func:`parse_json` refuses a request's (a multipart body's ``request``
+    part, :mod:`gateway.decision.pictures`)."""
     try:
-        value = orjson.loads(request.body)
+        value = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         detail = [{"loc": ["body", exc.pos], "msg": f"JSON decode error: {exc.msg}", "type": "json_invalid"}]
         message = f"the body is not valid JSON: {exc.msg} (at character {exc.pos})"
         raise HTTPError(422, "invalid_request_error", message, body=validation_body(detail, message, "")) from None
-    dup = duplicate_key(request.body) if isinstance(value, (dict, list)) else None
+    dup = duplicate_key(body) if isinstance(value, (dict, list)) else None
     if dup is not None:
         path, key = dup
         loc = ["body", *path, key]

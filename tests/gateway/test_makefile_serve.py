@@ -10,7 +10,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-VARIABLES = ("HOST", "PORT", "MODEL", "THREADS", "DEBIAS", "PRECISION", "LOG_DECISIONS", "PIN_SLOTS", "STRICT")
+VARIABLES = (
+    "HOST",
+    "PORT",
+    "MODEL",
+    "THREADS",
+    "DEBIAS",
+    "PRECISION",
+    "LOG_DECISIONS",
+    "PIN_SLOTS",
+    "STRICT",
+    "MMPROJ",
+)
 
 
 def serve_line(**variables: str) -> str:
@@ -40,4 +51,12 @@ def test_make_serve_passes_pin_slots_and_strict_as_their_flags():
     assert serve_line(PIN_SLOTS="8") == ".venv/bin/serveproto serve --host 127.0.0.1 --port 8000 --pin-slots 8"
     assert serve_line(STRICT="1", PIN_SLOTS="2") == (
         ".venv/bin/serveproto serve --host 127.0.0.1 --port 8000 --pin-slots 2 --strict"
+    )
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_serve_passes_mmproj_as_its_flag():
+    """Issue 48, item 2: a vision projector for the served model (``--mmproj``)."""
+    assert serve_line(MMPROJ="/m/p.gguf", STRICT="1") == (
+        ".venv/bin/serveproto serve --host 127.0.0.1 --port 8000 --strict --mmproj /m/p.gguf"
     )

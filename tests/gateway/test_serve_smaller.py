@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from gateway.cli import build_parser
+from gateway.cli import config as cli_config
 from gateway.cli import plan as cli_plan
 from gateway.cli import serve as cli_serve
 from gateway.decision import calibration as cal
@@ -42,6 +43,22 @@ def test_pin_slots_reaches_the_engine(tmp_path, monkeypatch):
     argv = llama_argv(tmp_path, monkeypatch, "--pin-slots", "8")
     assert argv[argv.index("--pin-slots") : argv.index("--pin-slots") + 2] == ["--pin-slots", "8"]
     assert "--pin-slots" not in llama_argv(tmp_path, monkeypatch)  # the engine's own default (4)
+
+
+def test_mmproj_reaches_the_default_models_engine_only(tmp_path, monkeypatch):
+    """Issue 48, item 2: ``serve --mmproj PATH`` is the default model's projector; a missing file is refused."""
+    proj = tmp_path / "p.gguf"
+    proj.write_bytes(b"GGUF")
+    argv = llama_argv(tmp_path, monkeypatch, "--mmproj", str(proj))
+    assert argv[argv.index("--mmproj") : argv.index("--mmproj") + 2] == ["--mmproj", str(proj)]
+    assert "--mmproj" not in llama_argv(tmp_path, monkeypatch)
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"GGUF")
+    args = build_parser().parse_args(["serve", "--model", str(tmp_path / "m.gguf"), "--mmproj", str(proj)])
+    cfg = cli_config.engines_config(args)
+    assert "--mmproj" not in cli_plan.engine_argv(cfg, model=str(other))[0]  # another model's engine: none
+    with pytest.raises(SystemExit, match=r"--mmproj .*missing\.gguf not found"):
+        llama_argv(tmp_path, monkeypatch, "--mmproj", str(tmp_path / "missing.gguf"))
 
 
 @pytest.mark.parametrize(

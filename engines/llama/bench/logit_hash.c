@@ -92,19 +92,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < longest; i++)
         seq[i] = toks[i % n];
 
-    struct llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = 16384;
-    cp.n_batch = 2048;
-    cp.n_ubatch = 512;
-    cp.n_seq_max = 129;
-    cp.n_threads = threads;
-    cp.n_threads_batch = threads;
-    cp.kv_unified = true;
-    cp.no_perf = true;
-    cp.type_k = GGML_TYPE_F32;
-    cp.type_v = GGML_TYPE_F32;
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
-    struct llama_context *c = llama_init_from_model(model, cp);
+    struct llama_context *c = llama_init_from_model(model, ref_engine_context(16384, 129, threads));
     if (!c) {
         fprintf(stderr, "llama-logit-hash: cannot create the context\n");
         return 1;

@@ -80,4 +80,24 @@ static inline struct llama_model *ref_load_model(const char *prog, const char *p
     return model;
 }
 
+/* The engine's CPU context settings (F32 keys and values, flash attention, one unified KV cache, batches
+ * of 2048 in ubatches of 512) with n_ctx cells, n_seq sequences and `threads` threads: what llama-logit-hash
+ * and llama-mtmd-ref decode with. */
+static inline struct llama_context_params ref_engine_context(int n_ctx, int n_seq, int threads)
+{
+    struct llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = (uint32_t)n_ctx;
+    cp.n_batch = 2048;
+    cp.n_ubatch = 512;
+    cp.n_seq_max = (uint32_t)n_seq;
+    cp.n_threads = threads;
+    cp.n_threads_batch = threads;
+    cp.kv_unified = true;
+    cp.no_perf = true;
+    cp.type_k = GGML_TYPE_F32;
+    cp.type_v = GGML_TYPE_F32;
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    return cp;
+}
+
 #endif

@@ -18,7 +18,7 @@ import anyio
 import anyio.abc
 import attrs
 
-from gateway.decision import batch, schema, scoring
+from gateway.decision import batch, pictures, schema, scoring
 from gateway.decision.calibration import IDENTITY
 from gateway.decision.errors import Refused
 from gateway.decision.pipeline import Decided
@@ -26,7 +26,7 @@ from gateway.decision.prompts import as_text
 from gateway.decision.schema import JevValidationError, SystemOneRequest
 from gateway.http import Request, Response
 from gateway.server import deciding
-from gateway.server.body import parse_json
+from gateway.server.body import parse_json, parse_json_bytes
 from gateway.server.errors import openai_error
 from gateway.server.jev import protocol
 from gateway.server.routing import HEADER as ROUTE_HEADER
@@ -55,9 +55,37 @@ def _refuse_multipart(request: Request) -> None:
         )
 
 
+def _body_and_parts(app: App, request: Request) -> tuple[Any, dict[str, bytes], bool]:
+    """A ``/v1/systemone`` body, the parts of a multipart one by name, and whether its model reads
+    pictures (:meth:`App.reads_pictures`). A multipart body (the SDK's ``Image`` assets) is read only
+    where a served model reads pictures, else refused as before (:func:`_refuse_multipart`), as is one
+    whose model does not."""
+    ctype = request.header("content-type") or ""
+    if not ctype.lower().startswith("multipart/"):
+        body = parse_json(request)
+        return body, {}, app.reads_pictures(body.get("model") if isinstance(body, dict) else None)
+    if not any(app.reads_pictures(name) for name in app.served):
+        _refuse_multipart(request)
+    split = pictures.multipart_body(ctype, request.body)
+    if split is None:
+        raise JevValidationError(
+            [
+                {
+                    "loc": ["body"],
+                    "msg": "A multipart body needs a part named 'request' holding the JSON request",
+                    "type": "value_error",
+                }
+            ]
+        )
+    body = parse_json_bytes(split[0])
+    if not app.reads_pictures(body.get("model") if isinstance(body, dict) else None):
+        _refuse_multipart(request)
+    return body, split[1], True
+
+
 async def systemone(app: App, request: Request) -> Response:
-    _refuse_multipart(request)
-    parsed = schema.parse_request(parse_json(request), strict=app.config.strict)
+    body, parts, vision = _body_and_parts(app, request)
+    parsed = schema.parse_request(body, strict=app.config.strict, vision=vision, parts=parts)
     key = routing_key(parsed.state, parsed.prefix)
     here = app.backend(parsed.model, key)  # the model named (else the default), by state affinity then load
     body, decided = await answer_one(here, parsed, request.request_id)
