@@ -16,7 +16,7 @@ server (``--threads``, nothing kept on disk):
   to the top of a long list shows there).
 
     .venv/bin/python -m bench.many_options [--debias default,none,...] [--states 16] [--threads 2]
-        [--words short] [--json PATH]
+        [--words short] [--json PATH] [--tree DIR]
 
 ``--words short`` describes each label in five words (``Tickets routed to queue 17``, the request the
 issue measured first: the states name no queue, so its quality columns mean nothing); ``pair`` (the
@@ -31,6 +31,7 @@ import json
 import statistics
 from pathlib import Path
 
+from bench import ROOT
 from bench.servers import Server
 
 PRODUCTS = (
@@ -86,9 +87,9 @@ def body(state: str, criteria: dict[str, str], debias: str) -> dict:
     return b
 
 
-def run_setting(debias: str, n_states: int, threads: int, words: str) -> dict:
+def run_setting(debias: str, n_states: int, threads: int, words: str, tree: Path = ROOT) -> dict:
     criteria = labels(words)
-    server = Server("--threads", str(threads), "--cache-dir", "off")
+    server = Server("--threads", str(threads), "--cache-dir", "off", tree=tree)
     rows = []
     try:
         for k in range(n_states + 1):
@@ -130,13 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--words", choices=("pair", "long", "short"), default="pair")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    ap.add_argument("--tree", type=Path, default=ROOT, help="the source tree whose gateway serves (another commit's)")
     args = ap.parse_args(argv)
     settings = [s.strip() for s in args.debias.split(";")]
     print(f"255 labels ({args.words}), {args.states + 1} requests a setting, {args.threads} threads")
-    print(f"{'x_debias':<40} {'cold s':>7} {'pos':>6} {'known s':>8} {'pos':>6} {'acc':>6} {'p_right':>8} {'top 10%':>8}")
+    print(
+        f"{'x_debias':<40} {'cold s':>7} {'pos':>6} {'known s':>8} {'pos':>6} {'acc':>6} {'p_right':>8} {'top 10%':>8}"
+    )
     out = []
     for debias in settings:
-        r = run_setting(debias, args.states, args.threads, args.words)
+        r = run_setting(debias, args.states, args.threads, args.words, args.tree)
         out.append(r)
         print(
             f"{debias:<40} {r['cold_s']:7.1f} {r['cold_computed']:6d} {r['known_s'] or 0:8.1f} "
