@@ -133,6 +133,30 @@ static int pictures_refused(const sp_score_request *sr, char *msg, size_t cap)
     return 0;
 }
 
+/* With a projector, the SCORE's picture markers checked against its pictures (pics, NULL for none); with
+ * pictures, the prefix's prelude prepared into *pp and *skip set to the bytes of the prefix it covers.
+ * Returns 0, or -1 with the reason in msg. */
+static int job_pictures(engine *e, const sp_score_request *sr, const sp_score_rules *rules, const picture_set *pics,
+                        picture_prelude *pp, size_t *skip, char *msg, size_t cap)
+{
+    const spj_value *prefix = sr->prefix;
+    if (e->mtmd && markers_outside_prefix(sr, rules, msg, cap) != 0)
+        return -1;
+    const int markers = e->mtmd && !pics ? picture_markers(prefix->str, prefix->len) : 0;
+    if (markers > 0) {
+        snprintf(msg, cap, "prefix: %d picture marker%s %s for 0 pictures (IMAGE frames)", markers,
+                 markers == 1 ? "" : "s", picture_marker());
+        return -1;
+    }
+    if (!pics)
+        return 0;
+    if (pictures_refused(sr, msg, cap) != 0 ||
+        picture_prepare(e, pics, "prefix", prefix->str, prefix->len, pp, msg, cap) != 0)
+        return -1;
+    *skip = pp->tail_off;
+    return 0;
+}
+
 /* The job of the text after the prefix's last picture (job_parse) made the job of the whole prefix: the
  * prelude's n positions (PICTURE_TOKEN) before every option's tokens, in place of the BOS their whole-text
  * tokenization starts with where the model adds one (the text after a picture has none, as mtmd_tokenize
@@ -197,23 +221,11 @@ static int job_parse(engine *e, const sp_request *rq, score_job *job, int *pin, 
     const llama_token *ptoks = NULL;
     int np = 0;
     const spj_value *prefix = sr.prefix;
-    const char *ptext = prefix->str; /* the text the options continue: after the last picture, if any */
-    size_t plen = prefix->len;
-    if (e->mtmd && markers_outside_prefix(&sr, &rules, msg, cap) != 0)
+    size_t skip = 0; /* the options continue the prefix's text after its last picture, if any */
+    if (job_pictures(e, &sr, &rules, pics, pp, &skip, msg, cap) != 0)
         goto out;
-    if (e->mtmd && !pics && picture_markers(prefix->str, prefix->len) > 0) {
-        snprintf(msg, cap, "prefix: %d picture marker%s %s for 0 pictures (IMAGE frames)",
-                 picture_markers(prefix->str, prefix->len), picture_markers(prefix->str, prefix->len) == 1 ? "" : "s",
-                 picture_marker());
-        goto out;
-    }
-    if (pics) {
-        if (pictures_refused(&sr, msg, cap) != 0 ||
-            picture_prepare(e, pics, "prefix", prefix->str, prefix->len, pp, msg, cap) != 0)
-            goto out;
-        ptext += pp->tail_off;
-        plen -= pp->tail_off;
-    }
+    const char *ptext = prefix->str + skip;
+    size_t plen = prefix->len - skip;
     *pin = sr.pin;
     job->n_hidden = sr.n_hidden;
     memcpy(job->hidden, sr.hidden, sizeof sr.hidden);
