@@ -401,7 +401,7 @@ def parse_request(
         errors.append(
             _err(
                 ["assets"],
-                f"{NOT_IMPLEMENTED}image assets need a vision model, and this server reads no images: "
+                f"{NOT_IMPLEMENTED}image assets need a vision model (serve --mmproj), and this server reads no images: "
                 "send the request without assets (describe the picture in state)",
                 "not_implemented",
             )

@@ -16,11 +16,11 @@ from test_routes_support import TICKET, FakeEngine, Recorder, make_app, running
 pytestmark = pytest.mark.anyio
 
 ASSETS_MSG = (
-    "not implemented: image assets need a vision model, and this server reads no images: "
+    "not implemented: image assets need a vision model (serve --mmproj), and this server reads no images: "
     "send the request without assets (describe the picture in state)"
 )
 MULTIPART_MSG = (
-    "not implemented: image assets need a vision model, and this server reads no images: a multipart "
+    "not implemented: image assets need a vision model (serve --mmproj), and this server reads no images: a multipart "
     "body (the SDK's Image assets) is not read; send the request as JSON without assets"
 )
 BOX_MSG = (

@@ -46,7 +46,7 @@ def _refuse_multipart(request: Request) -> None:
             [
                 {
                     "loc": ["body", "assets"],
-                    "msg": f"{schema.NOT_IMPLEMENTED}image assets need a vision model, and this server reads no "
+                    "msg": f"{schema.NOT_IMPLEMENTED}image assets need a vision model (serve --mmproj), and this server reads no "
                     "images: a multipart body (the SDK's Image assets) is not read; send the request as JSON "
                     "without assets",
                     "type": "not_implemented",
