@@ -46,9 +46,9 @@ def _refuse_multipart(request: Request) -> None:
             [
                 {
                     "loc": ["body", "assets"],
-                    "msg": f"{schema.NOT_IMPLEMENTED}image assets need a vision model (serve --mmproj), and this server reads no "
-                    "images: a multipart body (the SDK's Image assets) is not read; send the request as JSON "
-                    "without assets",
+                    "msg": f"{schema.NOT_IMPLEMENTED}image assets need a vision model (serve --mmproj), and this "
+                    "server reads no images: a multipart body (the SDK's Image assets) is not read; send the request "
+                    "as JSON without assets",
                     "type": "not_implemented",
                 }
             ]
