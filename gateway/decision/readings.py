@@ -185,10 +185,11 @@ def content_free_plan(
     that list the same options share it, and a new question on known options reads nothing extra.
     A choice of more than :data:`LISTING_DESCRIBED_MAX` labels is listed there without its labels'
     descriptions (the same labels, order and scored texts): reading the whole listing a second time
-    would double the cost of a long question the first time its labels are seen (255 labels with a
-    sentence each: 37 s against 19, ``bench/many_options.py``), while what the correction removes, the
-    model's lean to a place in the list and to a label, is in the labels. Raises ``ValueError`` as
-    :func:`plan`.
+    nearly doubled the cost of a long question the first time its labels were seen (255 labels with a
+    sentence each, cold: 37.0 s with the whole listing, 22.3 s with the labels alone, 17.5 s without the
+    correction; ``bench/many_options.py``, bench/results/NOTEBOOK.md "Many options"), while what the
+    correction removes, the model's lean to a place in the list and to a label, is in the labels. Raises
+    ``ValueError`` as :func:`plan`.
     """
     if method.listing_only and qtype == "choice" and n_options > LISTING_DESCRIBED_MAX:
         criteria = dict.fromkeys(criteria)
