@@ -55,6 +55,16 @@ int picture_markers(const char *text, size_t len)
     return n;
 }
 
+int picture_count_check(const char *field, const char *text, size_t len, int n, char *msg, size_t cap)
+{
+    const int markers = picture_markers(text, len);
+    if (markers == n)
+        return 0;
+    snprintf(msg, cap, "%s: %d picture marker%s %s for %d picture%s%s", field, markers, markers == 1 ? "" : "s",
+             mtmd_default_marker(), n, n == 1 ? "" : "s", n == 0 ? " (IMAGE frames)" : "");
+    return -1;
+}
+
 /* Picture k of ps as an mtmd bitmap, or NULL with the reason in msg. */
 static mtmd_bitmap *bitmap_of(engine *e, const picture_set *ps, int k, char *msg, size_t cap)
 {
@@ -96,12 +106,8 @@ int picture_prepare(engine *e, const picture_set *ps, const char *field, const c
     memset(out, 0, sizeof *out);
     const char *mk = mtmd_default_marker();
     const size_t ml = strlen(mk);
-    int markers = picture_markers(text, len);
-    if (markers != ps->n) {
-        snprintf(msg, cap, "%s: %d picture marker%s %s for %d picture%s", field, markers, markers == 1 ? "" : "s", mk,
-                 ps->n, ps->n == 1 ? "" : "s");
+    if (picture_count_check(field, text, len, ps->n, msg, cap) != 0)
         return -1;
-    }
     const char *last = NULL;
     for (const char *p = text, *end = text + len; (p = memmem(p, (size_t)(end - p), mk, ml)) != NULL; p += ml)
         last = p;

@@ -59,6 +59,9 @@ void picture_unload(struct engine *e);
 const char *picture_marker(void);
 /* Occurrences of the marker in text[0..len). */
 int picture_markers(const char *text, size_t len);
+/* 0 when text[0..len) holds exactly n markers (n: the request's pictures), else -1 with a BAD_REQUEST
+ * reason in msg naming field ("prompt", "prefix"). */
+int picture_count_check(const char *field, const char *text, size_t len, int n, char *msg, size_t cap);
 
 /* Tokenizes the prelude of text[0..len) (field: the name of that text in errors, "prompt" or "prefix")
  * with the pictures of ps (decoded here). Returns 0, or -1 with a BAD_REQUEST reason in msg, the field

@@ -142,14 +142,8 @@ static int job_pictures(engine *e, const sp_score_request *sr, const sp_score_ru
     const spj_value *prefix = sr->prefix;
     if (e->mtmd && markers_outside_prefix(sr, rules, msg, cap) != 0)
         return -1;
-    const int markers = e->mtmd && !pics ? picture_markers(prefix->str, prefix->len) : 0;
-    if (markers > 0) {
-        snprintf(msg, cap, "prefix: %d picture marker%s %s for 0 pictures (IMAGE frames)", markers,
-                 markers == 1 ? "" : "s", picture_marker());
-        return -1;
-    }
     if (!pics)
-        return 0;
+        return e->mtmd ? picture_count_check("prefix", prefix->str, prefix->len, 0, msg, cap) : 0;
     if (pictures_refused(sr, msg, cap) != 0 ||
         picture_prepare(e, pics, "prefix", prefix->str, prefix->len, pp, msg, cap) != 0)
         return -1;

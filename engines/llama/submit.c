@@ -310,10 +310,10 @@ static int submit_start(engine *e, task *t)
         t->st = st;
         return start_pictures(e, t, st);
     }
-    if (e->mtmd && !rq->ids && picture_markers((const char *)rq->payload, rq->payload_len) > 0) {
-        sp_write_error(&e->w, rq->id, "BAD_REQUEST", "prompt: %d picture marker%s %s for 0 pictures (IMAGE frames)",
-                       picture_markers((const char *)rq->payload, rq->payload_len),
-                       picture_markers((const char *)rq->payload, rq->payload_len) == 1 ? "" : "s", picture_marker());
+    char msg[SP_REASON_MAX];
+    if (e->mtmd && !rq->ids &&
+        picture_count_check("prompt", (const char *)rq->payload, rq->payload_len, 0, msg, sizeof msg) != 0) {
+        sp_write_error(&e->w, rq->id, "BAD_REQUEST", "%s", msg);
         return -1;
     }
     if (prompt_tokens(e, rq, &toks, &n) != 0)
