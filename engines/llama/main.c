@@ -717,6 +717,13 @@ static void *find_task(void *eng, uint64_t id)
     return NULL;
 }
 
+/* The IMAGE frames read and not taken by their request, dropped. */
+static void pics_drop(engine *e)
+{
+    picture_set_free(e->pics_in);
+    e->pics_in = NULL;
+}
+
 /* An IMAGE frame (section 4): without a projector refused, its request dropped when it comes; else
  * kept for the SUBMIT or SCORE of its id (several IMAGEs of one id: one picture each, in order). */
 static void on_image(engine *e, sp_request *rq)
@@ -739,8 +746,7 @@ static void on_image(engine *e, sp_request *rq)
             sp_write_error(&e->w, rq->id, "BAD_REQUEST", "IMAGE: more than %d pictures for one request", PICTURE_MAX);
         else
             sp_write_error(&e->w, rq->id, "BAD_REQUEST", "IMAGE: grid_h or grid_w over %u", UINT32_MAX);
-        picture_set_free(ps);
-        e->pics_in = NULL;
+        pics_drop(e);
         e->skip_submit_id = rq->id;
         return;
     }
@@ -753,6 +759,32 @@ static void on_image(engine *e, sp_request *rq)
     rq->payload_len = 0;
 }
 
+/* A free task for a SUBMIT or SCORE, or NULL once its refusal is written: its id in flight, its slot out
+ * of range or serving another request, or the queue full. */
+static task *task_for(engine *e, const sp_request *rq)
+{
+    if (find_task(e, rq->id)) {
+        sp_write_error(&e->w, rq->id, "DUPLICATE_ID", "id %llu is in flight", (unsigned long long)rq->id);
+        return NULL;
+    }
+    if (rq->slot >= (uint64_t)e->n_slots) {
+        sp_write_error(&e->w, rq->id, "BAD_REQUEST", "slot %llu is out of range 0..%d",
+                       (unsigned long long)rq->slot, e->n_slots - 1);
+        return NULL;
+    }
+    for (int j = 0; j < ENGINE_QUEUE_MAX; j++)
+        if (e->tasks[j].state != TASK_FREE && e->tasks[j].rq.slot == rq->slot) {
+            sp_write_error(&e->w, rq->id, "SLOT_BUSY", "slot %llu is serving request %llu",
+                           (unsigned long long)rq->slot, (unsigned long long)e->tasks[j].rq.id);
+            return NULL;
+        }
+    for (int j = 0; j < ENGINE_QUEUE_MAX; j++)
+        if (e->tasks[j].state == TASK_FREE)
+            return &e->tasks[j];
+    sp_write_error(&e->w, rq->id, "BAD_REQUEST", "too many requests in flight (%d)", ENGINE_QUEUE_MAX);
+    return NULL;
+}
+
 /* A work request: SUBMIT and SCORE become a task (or are refused), IMAGE is
  * kept for them, DECIDE is refused. Takes *rq's buffers into the task. */
 static void on_request(void *eng, sp_request *rq)
@@ -763,8 +795,7 @@ static void on_request(void *eng, sp_request *rq)
         if (e->pics_in && e->pics_in->id != rq->id) {
             sp_write_error(&e->w, e->pics_in->id, "BAD_REQUEST", "IMAGE: not followed by its SUBMIT or SCORE");
             e->skip_submit_id = e->pics_in->id; /* answered: its request, should it come later, is dropped */
-            picture_set_free(e->pics_in);
-            e->pics_in = NULL;
+            pics_drop(e);
         }
     }
     if (rq->kind == SP_IMAGE) {
@@ -774,8 +805,7 @@ static void on_request(void *eng, sp_request *rq)
     if (rq->kind == SP_DECIDE) {
         if (e->pics_in) { /* a DECIDE of the IMAGEs' id: one answer for both */
             sp_write_error(&e->w, rq->id, "BAD_REQUEST", "IMAGE: not followed by its SUBMIT or SCORE");
-            picture_set_free(e->pics_in);
-            e->pics_in = NULL;
+            pics_drop(e);
             return;
         }
         sp_write_error(&e->w, rq->id, "NOT_SUPPORTED", "this engine has no decision mode (decide=0)");
@@ -787,33 +817,9 @@ static void on_request(void *eng, sp_request *rq)
         e->skip_submit_id = 0; /* its IMAGE was already refused */
         return;
     }
-    picture_set *pics = e->pics_in;
-    e->pics_in = NULL;
-    task *t = find_task(e, rq->id);
-    if (t) {
-        sp_write_error(&e->w, rq->id, "DUPLICATE_ID", "id %llu is in flight", (unsigned long long)rq->id);
-        picture_set_free(pics);
-        return;
-    }
-    if (rq->slot >= (uint64_t)e->n_slots) {
-        sp_write_error(&e->w, rq->id, "BAD_REQUEST", "slot %llu is out of range 0..%d",
-                       (unsigned long long)rq->slot, e->n_slots - 1);
-        picture_set_free(pics);
-        return;
-    }
-    for (int j = 0; j < ENGINE_QUEUE_MAX; j++)
-        if (e->tasks[j].state != TASK_FREE && e->tasks[j].rq.slot == rq->slot) {
-            sp_write_error(&e->w, rq->id, "SLOT_BUSY", "slot %llu is serving request %llu",
-                           (unsigned long long)rq->slot, (unsigned long long)e->tasks[j].rq.id);
-            picture_set_free(pics);
-            return;
-        }
-    for (int j = 0; j < ENGINE_QUEUE_MAX && !t; j++)
-        if (e->tasks[j].state == TASK_FREE)
-            t = &e->tasks[j];
+    task *t = task_for(e, rq);
     if (!t) {
-        sp_write_error(&e->w, rq->id, "BAD_REQUEST", "too many requests in flight (%d)", ENGINE_QUEUE_MAX);
-        picture_set_free(pics);
+        pics_drop(e); /* its IMAGEs go with its refusal */
         return;
     }
     memset(t, 0, sizeof *t);
@@ -822,7 +828,8 @@ static void on_request(void *eng, sp_request *rq)
     t->rq = *rq;
     t->arrival = ++e->arrivals;
     t->in_us = e->prof.on ? profile_now_us() : 0;
-    t->pics = pics;
+    t->pics = e->pics_in; /* the IMAGEs of its id, if any (the check above dropped others) */
+    e->pics_in = NULL;
     e->n_tasks++;
     memset(rq, 0, sizeof *rq);
 }
