@@ -52,6 +52,9 @@
 #ifndef SERVEPROTO_PATCH_CPU_Q4_1_EIGHT_COLUMNS
 #define SERVEPROTO_PATCH_CPU_Q4_1_EIGHT_COLUMNS 0
 #endif
+#ifndef SERVEPROTO_PATCH_CPU_FA_TILE_LANES
+#define SERVEPROTO_PATCH_CPU_FA_TILE_LANES 0
+#endif
 #ifndef SERVEPROTO_PATCH_OUTPUT_RING
 #define SERVEPROTO_PATCH_OUTPUT_RING 0
 #endif
@@ -81,6 +84,7 @@ static const struct {
     { "q4_1_four_columns", SERVEPROTO_PATCH_CPU_Q4_1_FOUR_COLUMNS }, /* speed/0015 */
     { "fa_mask_bits", SERVEPROTO_PATCH_CPU_FA_MASK_BITS_PER_OP },   /* speed/0016 */
     { "q4_1_eight_columns", SERVEPROTO_PATCH_CPU_Q4_1_EIGHT_COLUMNS }, /* speed/0017 */
+    { "fa_tile_lanes", SERVEPROTO_PATCH_CPU_FA_TILE_LANES },       /* speed/0018 */
     { "output_ring", SERVEPROTO_PATCH_OUTPUT_RING },              /* api/0010 */
     { "ring_copies", SERVEPROTO_PATCH_RING_SCHED_COPIES },        /* api/0011 */
     { "decode_profile", SERVEPROTO_PATCH_DECODE_PROFILE },        /* profile/0007 */

@@ -251,7 +251,7 @@ def test_handshake_announces_caps(tiny):
             # the llama.cpp patches this build has (engines/llama/patches/README.md), in their order
             "x_patches": "use_ref,fa_keep_f32,kv_in_order,cuda_invariant,kv_used_cells,eval_sync,isolated_numbers,"
             "bpe_word_cache,cuda_graph_shapes,fa_own_cells,fa_row_blocks,q4_1_four_columns,fa_mask_bits,"
-            "q4_1_eight_columns,output_ring,ring_copies,"
+            "q4_1_eight_columns,fa_tile_lanes,output_ring,ring_copies,"
             "decode_profile",
         }
         stat = eng.handshake[-1]
