@@ -27,7 +27,7 @@ STOCK = engine_bin("serveproto-llama-stock")
 def stock(monkeypatch) -> None:
     """test_llama_engine's Engine runs the stock build in this test."""
     if not os.access(STOCK, os.X_OK):
-        pytest.skip(f"{STOCK} is not built yet (make -C engines all LLAMA_PATCHES=none)")
+        pytest.skip(f"{STOCK} is not built yet (make engines-stock)")
     monkeypatch.setattr(tle, "ENGINE", STOCK)
 
 
