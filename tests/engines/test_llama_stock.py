@@ -100,8 +100,8 @@ def test_stock_engine_cancels_a_running_submit_and_keeps_serving(stock):
         assert eng.close() == 0
 
 
-#: 40-odd tokens: the default model's Q4_1 matmuls take them in patch 0017's groups of eight columns (and 0015's
-#: four for what is left), not only the column-by-column loop a short prompt would.
+#: 22 tokens: the default model's Q4_1 matmuls take them as two of patch 0017's groups of eight columns, one of
+#: 0015's four and two columns alone, where a short prompt would take only the last two ways.
 READ_TEXT = b"The weather today is calm. The river is low, the fields are dry and the farmers wait for rain."
 
 
